@@ -1,0 +1,189 @@
+"""``Dataset``: a committed dataset (manifest + shards) at any fsspec prefix."""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from . import storage
+from .arrowshard import open_arrow
+from .errors import CorruptShardError
+from .manifest import Manifest, ShardInfo, read_manifest
+from .tarshard import Sample, iter_samples
+from .wdsindex import SampleIndex, parse_index
+
+__all__ = ["Dataset", "TarShardReader"]
+
+
+class Dataset:
+    """A committed dataset. ``Dataset.open("s3://bucket/ds/")`` reads and checks its manifest.
+
+    >>> ds = Dataset.open("/data/imagenet-wds")          # doctest: +SKIP
+    >>> ds.manifest.num_samples, len(ds.shards)           # doctest: +SKIP
+    (1281167, 1024)
+    """
+
+    def __init__(
+        self, url: str, manifest: Manifest, *, storage_options: dict[str, Any] | None = None
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.manifest = manifest
+        self.storage_options = storage_options
+
+    @classmethod
+    def open(cls, url: str, *, storage_options: dict[str, Any] | None = None) -> Dataset:
+        return cls(
+            url,
+            read_manifest(url, storage_options=storage_options),
+            storage_options=storage_options,
+        )
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (
+            f"Dataset({self.url!r}, format={m.shard_format}, shards={len(m.shards)}, "
+            f"samples={m.num_samples})"
+        )
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    @property
+    def shards(self) -> tuple[ShardInfo, ...]:
+        return self.manifest.shards
+
+    def shard(self, shard: int | str | ShardInfo) -> ShardInfo:
+        if isinstance(shard, ShardInfo):
+            return shard
+        if isinstance(shard, int):
+            return self.shards[shard]
+        for s in self.shards:
+            if s.path == shard:
+                return s
+        raise KeyError(f"{self.url}: no shard {shard!r}")
+
+    def shard_url(self, shard: int | str | ShardInfo) -> str:
+        return storage.join(self.url, self.shard(shard).path)
+
+    def index_url(self, shard: int | str | ShardInfo) -> str | None:
+        info = self.shard(shard)
+        return storage.join(self.url, info.index) if info.index else None
+
+    def read_shard(self, shard: int | str | ShardInfo, *, verify: bool = True) -> bytes:
+        """A shard's bytes, checked against the manifest's size and checksum."""
+        info = self.shard(shard)
+        url = self.shard_url(info)
+        try:
+            data = storage.read_bytes(url, storage_options=self.storage_options)
+        except FileNotFoundError:
+            raise CorruptShardError(
+                f"shard {info.path} of dataset {self.url} is missing ({url} not found)"
+            ) from None
+        if verify:
+            check_shard_bytes(data, info, dataset=self.url)
+        return data
+
+    def read_index(self, shard: int | str | ShardInfo) -> list[SampleIndex]:
+        info = self.shard(shard)
+        url = self.index_url(info)
+        if url is None:
+            raise CorruptShardError(f"shard {info.path} of dataset {self.url} has no index")
+        try:
+            text = storage.read_bytes(url, storage_options=self.storage_options)
+        except FileNotFoundError:
+            raise CorruptShardError(f"index {url} of dataset {self.url} is missing") from None
+        return parse_index(text, source=url)
+
+    def iter_shard(self, shard: int | str | ShardInfo) -> Iterator[Sample]:
+        """Every sample of one shard in stored order: ``(key, {field: value})``.
+
+        Tar fields are bytes; Arrow rows come back as Python values keyed by column.
+        """
+        info = self.shard(shard)
+        data = self.read_shard(info)
+        if self.manifest.shard_format == "arrow":
+            table = open_arrow(data, name=self.shard_url(info))
+            for i, row in enumerate(table.to_pylist()):
+                yield str(row.get("__key__", f"{info.path}:{i}")), row
+        else:
+            yield from iter_samples(io.BytesIO(data), source=self.shard_url(info))
+
+    def __iter__(self) -> Iterator[Sample]:
+        for info in self.shards:
+            yield from self.iter_shard(info)
+
+    def verify(self, shard: int | str | ShardInfo) -> None:
+        """Raise ``CorruptShardError`` naming the shard if its bytes do not match."""
+        self.read_shard(shard, verify=True)
+
+
+def check_shard_bytes(data: bytes | memoryview, info: ShardInfo, *, dataset: str) -> None:
+    if len(data) != info.bytes:
+        raise CorruptShardError(
+            f"shard {info.path} of dataset {dataset} has {len(data)} bytes, "
+            f"the manifest says {info.bytes} (truncated or replaced)"
+        )
+    got = storage.checksum(data)
+    if got != info.checksum:
+        raise CorruptShardError(
+            f"shard {info.path} of dataset {dataset} fails its checksum "
+            f"(manifest {info.checksum}, read {got}): corrupt or replaced"
+        )
+
+
+class TarShardReader:
+    """Random access by sample index into one tar shard through its ``.idx``.
+
+    A local file is memory-mapped; a remote one costs one ranged GET per sample.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        index: list[SampleIndex],
+        *,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.index = index
+        self.storage_options = storage_options
+        self._mmap: mmap.mmap | None = None
+        if storage.is_local(url):
+            _, path = storage.filesystem(url)
+            with open(path, "rb") as f:
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            size = os.path.getsize(path)
+            if index and index[-1].end > size:
+                raise CorruptShardError(f"{url}: index points past the end of the file")
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> Sample:
+        s = self.index[i]
+        start, end = s.start, s.end
+        if self._mmap is not None:
+            view: bytes | memoryview = memoryview(self._mmap)[start:end]
+        else:
+            view = storage.read_bytes(
+                self.url, start=start, end=end, storage_options=self.storage_options
+            )
+            if len(view) != end - start:
+                raise CorruptShardError(f"{self.url}: sample {s.key!r} is truncated")
+        return s.key, {
+            c.ext: bytes(view[c.offset - start : c.offset - start + c.size]) for c in s.components
+        }
+
+    def close(self) -> None:
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+
+    def __enter__(self) -> TarShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,415 @@
+"""The one storage layer: fsspec, with bounded retries and atomic writes.
+
+Every byte flashfeed reads or writes goes through these functions. URLs are fsspec URLs
+(``s3://bucket/key``, ``file:///path``, plain local paths). S3 is configured from the
+standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``) or from ``storage_options``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import fsspec
+import xxhash
+from fsspec.core import split_protocol
+
+from .errors import StorageError
+
+__all__ = [
+    "RetryPolicy",
+    "checksum",
+    "exists",
+    "filesystem",
+    "is_local",
+    "join",
+    "list_files",
+    "read_bytes",
+    "redact",
+    "size",
+    "write_bytes",
+]
+
+T = TypeVar("T")
+
+CHECKSUM_PREFIX = "xxh3_128:"
+
+
+def checksum(data: bytes | memoryview) -> str:
+    """The manifest's checksum of a shard's bytes: ``xxh3_128:<hex>``."""
+    return CHECKSUM_PREFIX + xxhash.xxh3_128_hexdigest(data)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, bounded in attempts and in total time."""
+
+    attempts: int = 6
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+    deadline: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
+        if self.base_delay < 0 or self.max_delay < 0 or self.deadline <= 0:
+            raise ValueError("base_delay and max_delay must be >= 0 and deadline > 0")
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def _env_retry() -> RetryPolicy:
+    """Tests and impatient users shorten the retry budget with FLASHFEED_RETRY_DEADLINE."""
+    deadline = os.environ.get("FLASHFEED_RETRY_DEADLINE")
+    return RetryPolicy(deadline=float(deadline)) if deadline else DEFAULT_RETRY
+
+
+def is_local(url: str) -> bool:
+    protocol, _ = split_protocol(url)
+    return protocol in (None, "file", "local")
+
+
+def join(base: str, *parts: str) -> str:
+    """Join URL parts with single slashes: ``join("s3://b/ds/", "shards/0.tar")``."""
+    out = base.rstrip("/")
+    for p in parts:
+        out = out + "/" + p.strip("/")
+    return out
+
+
+def redact(text: str) -> str:
+    """Remove any known secret (the AWS secret key, session token) from a message."""
+    for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "FLASHFEED_ENCRYPTION_KEY"):
+        secret = os.environ.get(var)
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
+# --- filesystems -------------------------------------------------------------------------
+
+_FS_CACHE: dict[tuple, Any] = {}
+_FS_LOCK = threading.Lock()
+
+
+def _s3_options(storage_options: dict[str, Any]) -> dict[str, Any]:
+    opts = dict(storage_options)
+    client_kwargs = dict(opts.pop("client_kwargs", {}) or {})
+    endpoint = opts.pop("endpoint_url", None) or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and "endpoint_url" not in client_kwargs:
+        client_kwargs["endpoint_url"] = endpoint
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+    client_kwargs.setdefault("region_name", region or "us-east-1")
+    opts["client_kwargs"] = client_kwargs
+    config_kwargs = dict(opts.pop("config_kwargs", {}) or {})
+    # flashfeed retries itself (bounded, with jitter); botocore's own retries multiply that.
+    config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+    config_kwargs.setdefault("connect_timeout", 5)
+    config_kwargs.setdefault("read_timeout", 60)
+    opts["config_kwargs"] = config_kwargs
+    if "key" not in opts and os.environ.get("AWS_ACCESS_KEY_ID"):
+        opts["key"] = os.environ["AWS_ACCESS_KEY_ID"]
+        opts["secret"] = os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if os.environ.get("AWS_SESSION_TOKEN"):
+            opts["token"] = os.environ["AWS_SESSION_TOKEN"]
+    return opts
+
+
+def _freeze(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in obj.items()))
+    if isinstance(obj, list | tuple):
+        return tuple(_freeze(v) for v in obj)
+    return obj
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """``(fs, path)`` for a URL. Instances are cached per (protocol, options, credentials).
+
+    The credentials read from the environment are part of the key, so a changed secret never
+    reuses a client built with the old one.
+    """
+    protocol, path = split_protocol(url)
+    protocol = protocol or "file"
+    if protocol in ("s3", "s3a"):
+        protocol = "s3"
+        opts = _s3_options(storage_options or {})
+    else:
+        opts = dict(storage_options or {})
+    if protocol in ("file", "local"):
+        path = os.path.abspath(os.path.expanduser(path))
+    key = (protocol, _freeze(opts), os.getpid())
+    with _FS_LOCK:
+        fs = _FS_CACHE.get(key)
+        if fs is None:
+            fs = fsspec.filesystem(protocol, skip_instance_cache=True, **opts)
+            if protocol == "s3":
+                fs.retries = 1  # one attempt per call: ``call`` owns the retry budget
+            _FS_CACHE[key] = fs
+    return fs, path
+
+
+def _endpoint(url: str, storage_options: dict[str, Any] | None) -> str:
+    if is_local(url):
+        return "local disk"
+    opts = storage_options or {}
+    return (
+        opts.get("endpoint_url")
+        or (opts.get("client_kwargs") or {}).get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL")
+        or "the default AWS endpoint"
+    )
+
+
+# --- errors and retries ------------------------------------------------------------------
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        import aiohttp
+
+        types.append(aiohttp.ClientError)
+    except ImportError:  # pragma: no cover - s3fs depends on aiohttp
+        pass
+    try:
+        from botocore import exceptions as bexc
+
+        types += [
+            bexc.EndpointConnectionError,
+            bexc.ConnectionClosedError,
+            bexc.ReadTimeoutError,
+            bexc.ConnectTimeoutError,
+        ]
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+_TRANSIENT_MARKERS = (
+    "SlowDown",
+    "503",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "Connection reset",
+    "Connection refused",
+    "Cannot connect",
+    "Server disconnected",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: throttling, resets, a server that is (re)starting."""
+    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
+        return False
+    if isinstance(exc, _transient_types()):
+        return True
+    text = f"{type(exc).__name__}: {exc}"
+    return any(m in text for m in _TRANSIENT_MARKERS)
+
+
+def _is_auth_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, PermissionError) or any(
+        m in text
+        for m in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "Forbidden")
+    )
+
+
+def call(
+    fn: Callable[[], T],
+    *,
+    url: str,
+    what: str,
+    storage_options: dict[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
+) -> T:
+    """Run one storage operation, retrying transient failures with backoff and jitter.
+
+    Missing objects raise ``FileNotFoundError`` as they are (callers decide what that means);
+    everything else that fails ends as one ``StorageError`` naming the URL and the endpoint.
+    """
+    policy = retry or _env_retry()
+    start = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            attempt += 1
+            elapsed = time.monotonic() - start
+            if is_transient(exc) and attempt < policy.attempts and elapsed < policy.deadline:
+                time.sleep(min(policy.delay(attempt), max(0.0, policy.deadline - elapsed)))
+                continue
+            endpoint = _endpoint(url, storage_options)
+            if _is_auth_error(exc):
+                hint = "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or storage_options)"
+            elif is_transient(exc):
+                hint = f"gave up after {attempt} attempts in {elapsed:.1f}s; is the server up?"
+            else:
+                hint = "see the cause above"
+            detail = redact(f"{type(exc).__name__}: {exc}")
+            raise StorageError(f"could not {what} {url} at {endpoint}: {detail} ({hint})") from None
+
+
+# --- operations --------------------------------------------------------------------------
+
+
+def read_bytes(
+    url: str,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> bytes:
+    """The object's bytes, or the range ``[start, end)``."""
+    fs, path = filesystem(url, storage_options)
+
+    def op() -> bytes:
+        if start is None and end is None:
+            return fs.cat_file(path)
+        return fs.cat_file(path, start=start, end=end)
+
+    return call(op, url=url, what="read", storage_options=storage_options)
+
+
+def exists(url: str, *, storage_options: dict[str, Any] | None = None) -> bool:
+    fs, path = filesystem(url, storage_options)
+
+    def op() -> bool:
+        if not is_local(url):
+            fs.invalidate_cache(path)
+        return fs.exists(path)
+
+    return call(op, url=url, what="look up", storage_options=storage_options)
+
+
+def size(url: str, *, storage_options: dict[str, Any] | None = None) -> int:
+    fs, path = filesystem(url, storage_options)
+    return int(call(lambda: fs.size(path), url=url, what="stat", storage_options=storage_options))
+
+
+def list_files(
+    url: str, *, suffix: str = "", storage_options: dict[str, Any] | None = None
+) -> list[str]:
+    """Every file under a prefix (recursively), as full URLs, sorted. Empty if none."""
+    fs, path = filesystem(url, storage_options)
+
+    def op() -> list[str]:
+        if not is_local(url):
+            fs.invalidate_cache()
+        if not fs.exists(path):
+            return []
+        return sorted(p for p in fs.find(path) if p.endswith(suffix))
+
+    found = call(op, url=url, what="list", storage_options=storage_options)
+    if is_local(url):
+        return found
+    protocol, _ = split_protocol(url)
+    return [f"{protocol}://{p}" for p in found]
+
+
+def write_bytes(
+    url: str,
+    data: bytes | memoryview,
+    *,
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Write an object so that it is either absent or complete, never partial.
+
+    Local: a temporary file in the same directory, fsync, rename. S3: one PUT (or a
+    multipart upload that becomes visible only when completed).
+    """
+    if is_local(url):
+        _, path = filesystem(url, storage_options)
+        call(lambda: _atomic_local_write(path, data), url=url, what="write")
+        return
+    fs, path = filesystem(url, storage_options)
+    call(
+        lambda: fs.pipe_file(path, bytes(data)),
+        url=url,
+        what="write",
+        storage_options=storage_options,
+    )
+
+
+def put_file(local_path: str, url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    """Upload a local file atomically (see ``write_bytes``)."""
+    if is_local(url):
+        _, path = filesystem(url, storage_options)
+
+        def op() -> None:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
+            os.close(fd)
+            try:
+                with open(local_path, "rb") as src, open(tmp, "wb") as dst:
+                    while chunk := src.read(8 << 20):
+                        dst.write(chunk)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, path)
+            except BaseException:
+                _unlink_quietly(tmp)
+                raise
+
+        call(op, url=url, what="write")
+        return
+    fs, path = filesystem(url, storage_options)
+    call(
+        lambda: fs.put_file(local_path, path),
+        url=url,
+        what="upload",
+        storage_options=storage_options,
+    )
+
+
+def delete(url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    """Remove an object if it exists."""
+    fs, path = filesystem(url, storage_options)
+
+    def op() -> None:
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+    call(op, url=url, what="delete", storage_options=storage_options)
+
+
+def _atomic_local_write(path: str, data: bytes | memoryview) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,96 @@
+"""Shared fixtures: one real SeaweedFS server and one real Ray per test session.
+
+Both start once (Ray alone takes seconds and ~1 GiB), listen on 127.0.0.1 only, and stop in
+``finally`` even when the session fails. Tests get unique prefixes, never shared names.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Set before anything imports Ray: no usage stats, no token auth files, loopback only.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("FLASHFEED_RETRY_DEADLINE", "20")
+
+from flashfeed.store import EmbeddedStore, StoreInfo
+
+REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
+
+
+@pytest.fixture(scope="session")
+def s3_store() -> Iterator[EmbeddedStore]:
+    """The real S3 server. Its AWS_* variables are exported for the whole session, so every
+    client (fsspec, DALI, Ray workers) finds it as a user's shell would."""
+    root = tempfile.mkdtemp(prefix="ffs3-", dir="/tmp")
+    store = EmbeddedStore(root, port=None)
+    saved = {k: os.environ.get(k) for k in store.info.env()}
+    try:
+        store.start()
+        store.make_bucket("flashfeed")
+        os.environ.update(store.info.env())
+        yield store
+    finally:
+        store.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_info(s3_store: EmbeddedStore) -> StoreInfo:
+    return s3_store.info
+
+
+@pytest.fixture
+def s3_prefix(s3_store: EmbeddedStore, request: pytest.FixtureRequest) -> str:
+    """A fresh ``s3://flashfeed/<test>-<uuid>`` prefix for one test."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:40]
+    return f"s3://flashfeed/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_prefix(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Conformance: the same test on a local directory and on the real S3 server."""
+    if request.param == "local":
+        return str(tmp_path / "ds")
+    return request.getfixturevalue("s3_prefix")
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One embedded Ray for the session: 2 CPUs, capped object store, short temp dir."""
+    import ray
+
+    temp = tempfile.mkdtemp(prefix="ffray-", dir="/tmp")
+    ray.init(
+        num_cpus=2,
+        object_store_memory=300 * 1024 * 1024,
+        include_dashboard=False,
+        _temp_dir=temp,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def realdata() -> Path:
+    if not REALDATA.is_dir():
+        pytest.skip(f"shared real data not found at {REALDATA}")
+    return REALDATA
