@@ -1,0 +1,76 @@
+"""``flashfeed inspect``: what a committed dataset holds, as a dict or as readable text."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .manifest import Manifest
+from .units import format_size
+
+__all__ = ["format_summary", "summarize"]
+
+
+def summarize(manifest: Manifest, *, url: str, shards: bool = False) -> dict[str, Any]:
+    """A JSON-ready summary: counts, sizes, schema, skips, provenance (and every shard if
+    ``shards``)."""
+    sizes = [s.bytes for s in manifest.shards]
+    out: dict[str, Any] = {
+        "url": url,
+        "name": manifest.name,
+        "format_version": manifest.format_version,
+        "shard_format": manifest.shard_format,
+        "shards": len(manifest.shards),
+        "samples": manifest.num_samples,
+        "bytes": manifest.num_bytes,
+        "shard_bytes": {
+            "min": min(sizes, default=0),
+            "median": int(statistics.median(sizes)) if sizes else 0,
+            "max": max(sizes, default=0),
+        },
+        "indexed": sum(1 for s in manifest.shards if s.index),
+        "schema": dict(manifest.schema),
+        "skipped": dict(manifest.skipped),
+        "skipped_total": sum(manifest.skipped.values()),
+        "classes": len(manifest.classes) if manifest.classes is not None else None,
+        "source": manifest.source,
+        "config": manifest.config,
+    }
+    if shards:
+        out["shard_list"] = [
+            {"path": s.path, "samples": s.samples, "bytes": s.bytes, "checksum": s.checksum}
+            for s in manifest.shards
+        ]
+    return out
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary as aligned text lines for a terminal."""
+    sb = summary["shard_bytes"]
+    lines = [
+        f"dataset   {summary['name']}  ({summary['url']})",
+        f"format    {summary['shard_format']} (manifest version {summary['format_version']})",
+        f"shards    {summary['shards']}  ({summary['indexed']} with .idx; size min "
+        f"{format_size(sb['min'])}, median {format_size(sb['median'])}, "
+        f"max {format_size(sb['max'])})",
+        f"samples   {summary['samples']}",
+        f"bytes     {summary['bytes']}  ({format_size(summary['bytes'])})",
+    ]
+    if summary.get("classes") is not None:
+        lines.append(f"classes   {summary['classes']}")
+    lines.append("schema")
+    width = max((len(k) for k in summary["schema"]), default=0)
+    for field, kind in sorted(summary["schema"].items()):
+        lines.append(f"  {field:<{width}}  {kind}")
+    if summary["skipped"]:
+        lines.append(f"skipped   {summary['skipped_total']}")
+        for reason, n in sorted(summary["skipped"].items()):
+            lines.append(f"  {reason}: {n}")
+    else:
+        lines.append("skipped   0")
+    if summary["source"]:
+        src = ", ".join(f"{k}={v}" for k, v in sorted(summary["source"].items()))
+        lines.append(f"source    {src}")
+    for s in summary.get("shard_list", []):
+        lines.append(f"  {s['path']}  {s['samples']} samples  {format_size(s['bytes'])}")
+    return "\n".join(lines)
