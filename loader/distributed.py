@@ -1,0 +1,80 @@
+"""Who am I in the job: rank, world size and ranks per node, injectable for tests.
+
+Explicit arguments win; then an initialised ``torch.distributed``; then the launcher's
+environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``); then a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["DistContext", "resolve_context"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place in the job."""
+
+    rank: int = 0
+    world_size: int = 1
+    ranks_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        rpn = self.ranks_per_node
+        if rpn is not None and (rpn < 1 or self.world_size % rpn):
+            raise ValueError(
+                f"ranks_per_node must divide world_size ({self.world_size}), got {rpn}"
+            )
+
+    @property
+    def local_rank(self) -> int:
+        return self.rank % (self.ranks_per_node or self.world_size)
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def _torch_dist() -> tuple[int, int] | None:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def resolve_context(
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    ranks_per_node: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> DistContext:
+    """Fill what was not given from torch.distributed, then the environment, then 0/1."""
+    env = os.environ if env is None else env
+    if rank is None or world_size is None:
+        found = _torch_dist()
+        if found is None:
+            env_rank, env_world = _env_int(env, "RANK"), _env_int(env, "WORLD_SIZE")
+            found = (env_rank or 0, env_world or 1)
+        rank = found[0] if rank is None else rank
+        world_size = found[1] if world_size is None else world_size
+    if ranks_per_node is None:
+        local = _env_int(env, "LOCAL_WORLD_SIZE")
+        if local is not None and local >= 1 and world_size % local == 0:
+            ranks_per_node = local
+    return DistContext(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)

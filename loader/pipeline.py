@@ -1,0 +1,157 @@
+"""The DALI side: one pipeline definition, GPU (``mixed``) decode when a GPU exists, CPU
+operators otherwise; samples come in plan order from a ``BatchSource``.
+
+A user ``pipeline=`` function receives the DALI nodes of the encoded fields (labels already
+int64) and returns a dict of outputs; the default is image classification.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .fields import FieldSpec
+from .reader import BatchSource
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "AugmentOptions",
+    "build_pipeline",
+    "decode_device",
+    "default_image_pipeline",
+    "gpu_count",
+]
+
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+PipelineFn = Callable[[dict[str, Any]], Mapping[str, Any]]
+
+
+def _dali() -> tuple[Any, Any]:
+    """``(nvidia.dali.fn, nvidia.dali.types)``, imported on first use."""
+    return importlib.import_module("nvidia.dali.fn"), importlib.import_module("nvidia.dali.types")
+
+
+def gpu_count() -> int:
+    """CUDA devices DALI sees (0 on CPU-only machines, also without a driver)."""
+    try:
+        backend: Any = importlib.import_module("nvidia.dali.backend")
+        return int(backend.GetCUDADeviceCount())
+    except Exception:  # no driver, no runtime: a CPU machine
+        return 0
+
+
+def decode_device(device: str = "auto") -> str:
+    """``"gpu"`` or ``"cpu"``: where decoding and augmentation run."""
+    if device not in ("auto", "cpu", "gpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
+    if device == "auto":
+        return "gpu" if gpu_count() > 0 else "cpu"
+    if device in ("gpu", "cuda") and gpu_count() == 0:
+        raise ValueError(f"device={device!r} but DALI sees no CUDA device")
+    return "gpu" if device == "cuda" else device
+
+
+@dataclass(frozen=True)
+class AugmentOptions:
+    """The default pipeline's knobs."""
+
+    image_size: int = 224
+    train: bool = True
+    device: str = "cpu"
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    resize_ratio: float = 0.875
+
+    def __post_init__(self) -> None:
+        if self.image_size < 1:
+            raise ValueError(f"image_size must be >= 1, got {self.image_size}")
+        if not 0 < self.resize_ratio <= 1:
+            raise ValueError(f"resize_ratio must be in (0, 1], got {self.resize_ratio}")
+
+
+def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[str, Any]:
+    """Decode; random resized crop + flip (train) or resize + center crop (eval); normalize;
+    NCHW float32. Every other field passes through."""
+    fn, types = _dali()
+    if "image" not in nodes:
+        raise ValueError("the default pipeline needs an 'image' field; give pipeline= otherwise")
+    dev = "mixed" if opts.device == "gpu" else "cpu"
+    size = opts.image_size
+    mirror: Any = 0
+    crop: tuple[int, int] | None = None
+    if opts.train:
+        images = fn.decoders.image_random_crop(nodes["image"], device=dev, output_type=types.RGB)
+        images = fn.resize(images, size=(size, size))
+        mirror = fn.random.coin_flip(probability=0.5)
+    else:
+        images = fn.decoders.image(nodes["image"], device=dev, output_type=types.RGB)
+        images = fn.resize(images, resize_shorter=round(size / opts.resize_ratio))
+        crop = (size, size)
+    images = fn.crop_mirror_normalize(
+        images,
+        crop=crop,
+        mirror=mirror,
+        mean=list(opts.mean),
+        std=list(opts.std),
+        dtype=types.FLOAT,
+        output_layout="CHW",
+    )
+    return {**nodes, "image": images}
+
+
+def build_pipeline(
+    source: BatchSource,
+    *,
+    specs: tuple[FieldSpec, ...],
+    batch_size: int,
+    num_threads: int,
+    py_workers: int,
+    augment: AugmentOptions,
+    user_fn: PipelineFn | None,
+    seed: int,
+    prefetch: int = 2,
+    py_start_method: str = "fork",
+) -> tuple[Any, list[str]]:
+    """A built DALI pipeline reading ``source`` and the names of its outputs, in order."""
+    from nvidia.dali.pipeline import Pipeline
+
+    fn, types = _dali()
+
+    parallel = py_workers > 0
+    pipe = Pipeline(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=0 if augment.device == "gpu" else None,
+        seed=seed & 0x7FFFFFFF,
+        prefetch_queue_depth=prefetch,
+        py_num_workers=max(py_workers, 1),
+        py_start_method=py_start_method,
+        exec_dynamic=True,
+    )
+    names: list[str] = []
+    with pipe:
+        raw = fn.external_source(
+            source=source,
+            num_outputs=len(specs),
+            batch=True,
+            batch_info=True,
+            parallel=parallel,
+            dtype=[types.INT64 if s.is_label else types.UINT8 for s in specs],
+        )
+        raw = raw if isinstance(raw, (list, tuple)) else [raw]
+        nodes = {s.name: node for s, node in zip(specs, raw, strict=True)}
+        outputs = user_fn(nodes) if user_fn else default_image_pipeline(nodes, augment)
+        if not isinstance(outputs, Mapping) or not outputs:
+            raise ValueError(
+                "pipeline= must return a non-empty dict of output name -> DALI node, got "
+                f"{type(outputs).__name__}"
+            )
+        names = list(outputs)
+        pipe.set_outputs(*outputs.values())
+    pipe.build()
+    return pipe, names

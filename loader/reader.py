@@ -1,0 +1,149 @@
+"""Sample bytes by plan position, memory-mapped from local shards through their ``.idx``.
+
+``ShardReader`` keeps a few shards of one process open; ``BatchSource`` is the callback a
+DALI ``fn.external_source`` calls with a batch number: it returns that batch of the plan,
+one list per field. Both are picklable and open their files lazily in the process that
+uses them.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from flashfeed.errors import CorruptShardError
+from flashfeed.wdsindex import SampleIndex
+
+from .fields import FieldSpec
+from .labels import parse_label
+from .sources import ShardSource
+
+__all__ = ["BatchSource", "ShardReader"]
+
+
+class _OpenShard:
+    def __init__(self, path: str, index: list[SampleIndex], name: str) -> None:
+        with open(path, "rb") as f:
+            self.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.index = index
+        self.name = name
+        if index and index[-1].end > len(self.mmap):
+            size = len(self.mmap)
+            self.mmap.close()
+            raise CorruptShardError(f"shard {name}: its index points past the end ({size} bytes)")
+
+
+class ShardReader:
+    """Random access to samples of local shards; at most ``max_open`` stay mapped."""
+
+    def __init__(self, source: ShardSource, shard_names: list[str], *, max_open: int = 16) -> None:
+        self.source = source
+        self.shard_names = shard_names
+        self.max_open = max_open
+        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_open"] = OrderedDict()
+        return state
+
+    def _shard(self, shard: int) -> _OpenShard:
+        s = self._open.get(shard)
+        if s is None:
+            s = _OpenShard(
+                self.source.local_path(shard), self.source.index(shard), self.shard_names[shard]
+            )
+            self._open[shard] = s
+            while len(self._open) > self.max_open:
+                self._open.popitem(last=False)[1].mmap.close()
+        else:
+            self._open.move_to_end(shard)
+        return s
+
+    def key(self, shard: int, row: int) -> str:
+        return self._shard(shard).index[row].key
+
+    def members(self, shard: int, row: int) -> tuple[str, dict[str, np.ndarray]]:
+        """``(key, {ext: uint8 view})``: views into the mapped shard, no copy."""
+        s = self._shard(shard)
+        if not 0 <= row < len(s.index):
+            raise CorruptShardError(
+                f"shard {s.name}: sample {row} requested but its index has {len(s.index)}"
+            )
+        entry = s.index[row]
+        return entry.key, {
+            c.ext: np.frombuffer(s.mmap, dtype=np.uint8, count=c.size, offset=c.offset)
+            for c in entry.components
+        }
+
+    def fields(
+        self, shard: int, row: int, specs: tuple[FieldSpec, ...]
+    ) -> tuple[str, list[np.ndarray]]:
+        """One sample's fields in ``specs`` order: labels as int64 scalars, the rest bytes."""
+        key, members = self.members(shard, row)
+        out = []
+        for spec in specs:
+            ext = spec.pick(members)
+            if ext is None:
+                if spec.optional:
+                    out.append(np.zeros(0, np.uint8))
+                    continue
+                raise CorruptShardError(
+                    f"shard {self.shard_names[shard]}: sample {key!r} has no "
+                    f"{'/'.join(spec.exts)} member for field {spec.name!r} "
+                    f"(it has {sorted(members)})"
+                )
+            data = members[ext]
+            if spec.is_label:
+                where = f"shard {self.shard_names[shard]} sample {key!r}"
+                label = parse_label(data.tobytes(), ext, where=where)
+                out.append(np.array(label, dtype=np.int64))
+            else:
+                out.append(data)
+        return key, out
+
+    def close(self) -> None:
+        for s in self._open.values():
+            s.mmap.close()
+        self._open.clear()
+
+
+class BatchSource:
+    """``external_source`` callback: batch ``i`` of a pass -> one list of samples per field.
+
+    ``shards``/``rows`` are the pass's samples in plan order; the last batch may be short
+    (``drop_last=False``); past the end it raises ``StopIteration``, which ends the pass.
+    """
+
+    def __init__(
+        self,
+        reader: ShardReader,
+        shards: np.ndarray,
+        rows: np.ndarray,
+        *,
+        batch_size: int,
+        specs: tuple[FieldSpec, ...],
+        num_batches: int,
+    ) -> None:
+        self.reader = reader
+        self.shards = np.ascontiguousarray(shards, dtype=np.int64)
+        self.rows = np.ascontiguousarray(rows, dtype=np.int64)
+        self.batch_size = batch_size
+        self.specs = specs
+        self.num_batches = num_batches
+
+    def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
+        i = info if isinstance(info, int) else int(info.iteration)
+        if i >= self.num_batches:
+            raise StopIteration
+        lo = i * self.batch_size
+        hi = min(lo + self.batch_size, len(self.shards))
+        cols: tuple[list[np.ndarray], ...] = tuple([] for _ in self.specs)
+        for shard, row in zip(self.shards[lo:hi].tolist(), self.rows[lo:hi].tolist(), strict=True):
+            _, values = self.reader.fields(shard, row, self.specs)
+            for col, v in zip(cols, values, strict=True):
+                col.append(v)
+        return cols

@@ -1,0 +1,204 @@
+"""Where shard bytes come from: a local dataset read in place, or the node cache.
+
+A ``ShardSource`` turns a shard number into a local file path (fetching it first if needed)
+and knows its sample index. Sources are picklable, so DALI's reader processes and torch
+``DataLoader`` workers use the same one; the plan tells a source what comes next.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from flashfeed import storage
+from flashfeed.dataset import Dataset, check_shard_bytes
+from flashfeed.errors import CorruptShardError
+from flashfeed.wdsindex import SampleIndex, parse_index
+
+__all__ = [
+    "CacheShardSource",
+    "LocalShardSource",
+    "ShardSource",
+    "open_dataset",
+    "open_source",
+]
+
+
+@runtime_checkable
+class ShardSource(Protocol):
+    """The loader's view of shard storage."""
+
+    def local_path(self, shard: int) -> str:
+        """A local, verified copy of ``shard`` (blocks until it is there)."""
+        ...
+
+    def index(self, shard: int) -> list[SampleIndex]:
+        """The ``.idx`` entries of a tar shard."""
+        ...
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        """Start fetching these shards in the background (a hint)."""
+        ...
+
+    def set_future(self, shards: Sequence[int]) -> None:
+        """The shards this process reads next, in order (for eviction)."""
+        ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def open_dataset(dataset: str | Dataset, storage_options: dict[str, Any] | None = None) -> Dataset:
+    if isinstance(dataset, Dataset):
+        return dataset
+    if not isinstance(dataset, str):
+        raise ValueError(f"dataset must be a URL or a Dataset, got {type(dataset).__name__}")
+    return Dataset.open(dataset, storage_options=storage_options)
+
+
+class LocalShardSource:
+    """Shards of a dataset on a local file system, read in place.
+
+    The first use of a shard in a process checks its size and checksum against the manifest
+    (``verify=True``), so a truncated or replaced shard fails with its name, not mid-decode.
+    """
+
+    def __init__(self, dataset: Dataset, *, verify: bool = True) -> None:
+        if not storage.is_local(dataset.url):
+            raise ValueError(
+                f"{dataset.url} is not on a local file system: give cache_dir= (or a "
+                "ShardCache) so its shards are fetched to node-local storage first"
+            )
+        self.dataset = dataset
+        self.verify = verify
+        self._checked: set[int] = set()
+        self._hits = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_checked"] = set()
+        return state
+
+    def local_path(self, shard: int) -> str:
+        info = self.dataset.shards[shard]
+        _, path = storage.filesystem(self.dataset.shard_url(shard))
+        if shard not in self._checked:
+            if not os.path.isfile(path):
+                raise CorruptShardError(
+                    f"shard {info.path} of dataset {self.dataset.url} is missing ({path})"
+                )
+            if self.verify:
+                _verify_file(path, info, dataset=self.dataset.url)
+            self._checked.add(shard)
+        self._hits += 1
+        return str(path)
+
+    def index(self, shard: int) -> list[SampleIndex]:
+        return self.dataset.read_index(shard)
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        return None
+
+    def set_future(self, shards: Sequence[int]) -> None:
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        return {"kind": "local", "hits": self._hits, "misses": 0}
+
+
+def _verify_file(path: str, info: Any, *, dataset: str) -> None:
+    size = os.path.getsize(path)
+    if size == 0 or size != info.bytes:
+        raise CorruptShardError(
+            f"shard {info.path} of dataset {dataset} has {size} bytes, the manifest says "
+            f"{info.bytes} (truncated or replaced)"
+        )
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        check_shard_bytes(memoryview(m), info, dataset=dataset)
+
+
+class CacheShardSource:
+    """Shards through the node-local ``flashfeed.cache.ShardCache`` (shared by all ranks
+    and workers of the node; one download per shard per node)."""
+
+    def __init__(self, dataset: Dataset, cache: Any) -> None:
+        self.dataset = dataset
+        self.cache = cache
+        self._paths: dict[int, str] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_paths"] = {}
+        return state
+
+    def local_path(self, shard: int) -> str:
+        path = self._paths.get(shard)
+        if path is None or not os.path.exists(path):
+            try:
+                path = str(self.cache.get(self.dataset, shard))
+            except FileNotFoundError as exc:
+                info = self.dataset.shards[shard]
+                raise CorruptShardError(
+                    f"shard {info.path} of dataset {self.dataset.url} is missing ({exc})"
+                ) from None
+            self._paths[shard] = path
+        return path
+
+    def index(self, shard: int) -> list[SampleIndex]:
+        path = self.local_path(shard) + ".idx"
+        with open(path, "rb") as f:
+            return parse_index(f.read(), source=path)
+
+    def prefetch(self, shards: Sequence[int]) -> None:
+        self.cache.prefetch(self.dataset, list(shards))
+
+    def set_future(self, shards: Sequence[int]) -> None:
+        self.cache.set_future(self.dataset, list(shards))
+
+    def stats(self) -> dict[str, Any]:
+        out = {"kind": "cache"}
+        try:
+            raw = self.cache.stats()
+        except Exception as exc:  # a stats failure must not stop training
+            return {**out, "error": str(exc)}
+        if isinstance(raw, dict):
+            out.update(raw)
+        else:
+            out.update({k: v for k, v in vars(raw).items() if not k.startswith("_")})
+        return out
+
+
+def open_source(
+    dataset: Dataset,
+    *,
+    cache_dir: str | None = None,
+    cache: Any = None,
+    cache_capacity: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> ShardSource:
+    """The source a loader reads from: an explicit cache, a cache in ``cache_dir``, or the
+    dataset in place when it is local."""
+    if cache is not None:
+        return CacheShardSource(dataset, cache)
+    if cache_dir is None and not storage.is_local(dataset.url):
+        cache_dir = os.environ.get("FLASHFEED_CACHE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".cache", "flashfeed"
+        )
+    if cache_dir is None:
+        return LocalShardSource(dataset)
+    try:
+        from flashfeed.cache import ShardCache  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise ValueError(
+            f"cache_dir={cache_dir!r} needs flashfeed.cache.ShardCache, which is not "
+            f"importable ({exc})"
+        ) from None
+    if cache_capacity is None:
+        os.makedirs(cache_dir, exist_ok=True)
+        cache_capacity = int(shutil.disk_usage(cache_dir).free * 0.8)
+    return CacheShardSource(
+        dataset,
+        ShardCache(cache_dir, capacity=cache_capacity, storage_options=storage_options),
+    )

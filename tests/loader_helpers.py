@@ -1,0 +1,97 @@
+"""Small datasets for the loader tests: tiny JPEGs with known labels, Arrow token shards."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pyarrow as pa
+from PIL import Image
+
+from flashfeed.manifest import Manifest, commit_manifest
+from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
+
+__all__ = ["label_of", "make_image_dataset", "make_token_dataset"]
+
+
+def label_of(key: str, classes: int) -> int:
+    return int(key.rsplit("-", 1)[1]) % classes
+
+
+def _jpeg(rng: np.random.Generator, label: int, size: int) -> bytes:
+    base = np.full((size, size, 3), (label * 37) % 256, np.uint8)
+    noise = rng.integers(0, 40, (size, size, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(base + noise).save(buf, format="JPEG", quality=80)
+    return buf.getvalue()
+
+
+def make_image_dataset(
+    prefix: str,
+    shard_sizes: list[int],
+    *,
+    classes: int = 10,
+    size: int = 32,
+    label_ext: str = "cls",
+    sorted_classes: bool = False,
+    storage_options: dict | None = None,
+) -> Manifest:
+    """Shards of JPEG samples keyed ``s<shard>-<n>``; label = n % classes (or the shard's
+    class when ``sorted_classes``), as ``.cls`` text or ``.json``."""
+    rng = np.random.default_rng(0)
+    infos, n = [], 0
+    jpegs = [_jpeg(rng, c, size) for c in range(classes)]
+    for i, count in enumerate(shard_sizes):
+        samples = []
+        for _ in range(count):
+            label = i % classes if sorted_classes else n % classes
+            key = f"s{i:04d}-{n:06d}" if not sorted_classes else f"s{i:04d}-{n:06d}-{label}"
+            enc = (
+                str(label).encode() if label_ext == "cls" else json.dumps({"label": label}).encode()
+            )
+            samples.append((key, {"jpg": jpegs[label], label_ext: enc}))
+            n += 1
+        infos.append(
+            write_tar_shard(prefix, shard_name(i, "tar"), samples, storage_options=storage_options)
+        )
+    manifest = Manifest(
+        name="test-images",
+        shard_format="webdataset",
+        schema={"jpg": "image/jpeg", label_ext: "label"},
+        shards=tuple(infos),
+    )
+    commit_manifest(prefix, manifest, storage_options=storage_options)
+    return manifest
+
+
+def make_token_dataset(
+    prefix: str,
+    shard_sizes: list[int],
+    *,
+    seq_len: int = 16,
+    dtype: str = "int32",
+    storage_options: dict | None = None,
+) -> Manifest:
+    """Arrow shards with a fixed-size ``tokens`` column; row n holds n, n+1, ... (so each
+    sequence names its own global id) and ``__key__`` ``t<n>``."""
+    infos, n = [], 0
+    for i, count in enumerate(shard_sizes):
+        ids = np.arange(n, n + count)
+        values = (ids[:, None] * 7 + np.arange(seq_len)[None, :]).astype(dtype)
+        tokens = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), seq_len)
+        table = pa.table({"__key__": [f"t{j:07d}" for j in ids], "tokens": tokens})
+        infos.append(
+            write_arrow_shard(
+                prefix, shard_name(i, "arrow"), table, storage_options=storage_options
+            )
+        )
+        n += count
+    manifest = Manifest(
+        name="test-tokens",
+        shard_format="arrow",
+        schema={"__key__": "string", "tokens": f"fixed_size_list<{dtype}>[{seq_len}]"},
+        shards=tuple(infos),
+    )
+    commit_manifest(prefix, manifest, storage_options=storage_options)
+    return manifest
