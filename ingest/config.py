@@ -1,0 +1,144 @@
+"""``IngestConfig``: every option of one ingest run, validated once, frozen."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import xxhash
+
+from flashfeed.units import parse_size
+
+__all__ = ["OUTPUT_FORMATS", "SOURCE_FORMATS", "IngestConfig"]
+
+OUTPUT_FORMATS = ("webdataset", "arrow")
+SOURCE_FORMATS = (
+    "auto",
+    "imagefolder",
+    "jsonl",
+    "csv",
+    "parquet",
+    "webdataset",
+    "tfrecord",
+    "lmdb",
+)
+LMDB_DECODERS = ("raw", "json")
+DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own bomb threshold
+_FIELD_RE = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+
+#: Options that change where or how fast a run goes, never the bytes it writes.
+_RUNTIME_ONLY = frozenset(
+    {"source", "dest", "ray_address", "num_cpus", "overwrite", "storage_options", "progress"}
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngestConfig:
+    """One ingest run: SOURCE -> DEST. Keyword-only; a bad value is a ``ValueError`` naming it.
+
+    >>> IngestConfig(source="./photos", dest="s3://bucket/photos-v1", shard_size="64MiB")
+    ... # doctest: +ELLIPSIS
+    IngestConfig(...)
+    """
+
+    source: str
+    dest: str
+    format: str = "webdataset"
+    source_format: str = "auto"
+    shard_size: int | str = "256MiB"
+    samples_per_shard: int | None = None
+    seed: int = 0
+    shuffle: bool = True
+    validate: bool = False
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    dedup: bool = False
+    max_image_side: int | None = None
+    jpeg_quality: int | None = None
+    keep_original_size: bool = False
+    normalize_text: bool = True
+    fields: dict[str, str] = field(default_factory=dict)
+    lmdb_decoder: str = "raw"
+    tokenizer: str | None = None
+    seq_len: int | None = None
+    eos_token: str | None = None
+    name: str | None = None
+    ray_address: str | None = None
+    num_cpus: int | None = None
+    overwrite: bool = False
+    storage_options: dict[str, Any] | None = None
+    progress: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ValueError(f"source must be a path or URL, got {self.source!r}")
+        if not isinstance(self.dest, str) or not self.dest.strip():
+            raise ValueError(f"dest must be a path or URL, got {self.dest!r}")
+        if self.format not in OUTPUT_FORMATS:
+            raise ValueError(f"format must be one of {OUTPUT_FORMATS}, got {self.format!r}")
+        if self.source_format not in SOURCE_FORMATS:
+            raise ValueError(
+                f"source_format must be one of {SOURCE_FORMATS}, got {self.source_format!r}"
+            )
+        object.__setattr__(self, "shard_size", parse_size(self.shard_size, name="shard_size"))
+        if self.samples_per_shard is not None:
+            _positive("samples_per_shard", self.samples_per_shard)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        _positive("max_pixels", self.max_pixels)
+        if self.max_image_side is not None:
+            _positive("max_image_side", self.max_image_side)
+        if self.jpeg_quality is not None and not (
+            isinstance(self.jpeg_quality, int) and 1 <= self.jpeg_quality <= 100
+        ):
+            raise ValueError(
+                f"jpeg_quality must be an integer in 1..100, got {self.jpeg_quality!r}"
+            )
+        if self.lmdb_decoder not in LMDB_DECODERS:
+            raise ValueError(
+                f"lmdb_decoder must be one of {LMDB_DECODERS}, got {self.lmdb_decoder!r}"
+            )
+        for name, column in self.fields.items():
+            if not _FIELD_RE.match(name) or not isinstance(column, str) or not column:
+                raise ValueError(
+                    f"fields must map NAME (letters, digits, '_', '-', '.') to a COLUMN, "
+                    f"got {name!r}={column!r}"
+                )
+        if (self.tokenizer is None) != (self.seq_len is None):
+            raise ValueError("tokenizer and seq_len go together: give both or neither")
+        if self.tokenizer is not None:
+            if self.format != "arrow":
+                raise ValueError("tokenization writes Arrow token datasets: use format='arrow'")
+            _positive("seq_len", self.seq_len)
+            if not os.path.isfile(self.tokenizer):
+                raise ValueError(f"tokenizer file {self.tokenizer!r} does not exist")
+        if self.num_cpus is not None:
+            _positive("num_cpus", self.num_cpus)
+        if self.progress not in ("auto", "bar", "lines", "none"):
+            raise ValueError(
+                f"progress must be one of auto, bar, lines, none, got {self.progress!r}"
+            )
+
+    @property
+    def shard_bytes(self) -> int:
+        assert isinstance(self.shard_size, int)  # normalised in __post_init__
+        return self.shard_size
+
+    @property
+    def reencode(self) -> bool:
+        return self.max_image_side is not None or self.jpeg_quality is not None
+
+    def provenance(self) -> dict[str, Any]:
+        """The options that determine the output bytes: recorded in the manifest and in
+        each shard's done-record (a resumed run with other values rebuilds the shard)."""
+        d = {k: v for k, v in asdict(self).items() if k not in _RUNTIME_ONLY}
+        if self.tokenizer is not None:
+            with open(self.tokenizer, "rb") as f:
+                d["tokenizer"] = "xxh3_128:" + xxhash.xxh3_128_hexdigest(f.read())
+        return d
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be an integer > 0, got {value!r}")

@@ -1,0 +1,69 @@
+"""Pure, seeded shard planning: which items go to which shard, in which order. No I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["assign_shards", "item_order", "size_spread"]
+
+
+def item_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
+    """Positions ``0..n-1`` in output order: a seeded permutation, or source order."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng(seed).permutation(n).astype(np.int64)
+
+
+def assign_shards(
+    sizes: Sequence[int],
+    *,
+    target_bytes: int,
+    samples_per_shard: int | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+) -> list[list[int]]:
+    """Split items (by position) into shards, in a seeded order.
+
+    With ``samples_per_shard`` every shard but the last holds exactly that many. Otherwise a
+    shard closes when one more item would take it further past ``target_bytes`` than it stands
+    below it: each shard is within half an item of the target, the last one takes the rest.
+    """
+    if target_bytes <= 0:
+        raise ValueError(f"target_bytes must be > 0, got {target_bytes}")
+    if samples_per_shard is not None and samples_per_shard <= 0:
+        raise ValueError(f"samples_per_shard must be > 0, got {samples_per_shard}")
+    order = item_order(len(sizes), seed=seed, shuffle=shuffle).tolist()
+    if samples_per_shard is not None:
+        return [order[i : i + samples_per_shard] for i in range(0, len(order), samples_per_shard)]
+    shards: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for pos in order:
+        size = max(0, int(sizes[pos]))
+        if (
+            current
+            and total + size > target_bytes
+            and total + size - target_bytes > (target_bytes - total)
+        ):
+            shards.append(current)
+            current, total = [], 0
+        current.append(pos)
+        total += size
+        if total >= target_bytes:
+            shards.append(current)
+            current, total = [], 0
+    if current:
+        shards.append(current)
+    return shards
+
+
+def size_spread(shard_sizes: Sequence[int], target_bytes: int) -> float:
+    """The largest relative distance from the target among all shards but the last."""
+    body = shard_sizes[:-1]
+    if not body:
+        return 0.0
+    return max(abs(s - target_bytes) / target_bytes for s in body)

@@ -1,0 +1,207 @@
+"""One shard, start to finish: read its items, transform, write tar + ``.idx`` or Arrow,
+then a small done-record under ``<dest>/_work/`` that a resumed run trusts after checking
+the shard's checksum. Runs inside a Ray task; pure of driver state."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from flashfeed import storage
+from flashfeed.manifest import ShardInfo
+from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
+
+from .sources import Item, Reject, StorageContext, reader_for
+from .tokenize import TokenPacker
+from .transforms import TransformOptions, transform_record
+
+__all__ = ["ShardJob", "ShardResult", "TaskSpec", "arrow_type", "done_url", "run_shard"]
+
+WORK_DIR = "_work"
+_ARROW_TYPES = {
+    "image": pa.binary(),
+    "bytes": pa.binary(),
+    "text": pa.string(),
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "json": pa.string(),
+}
+
+
+def arrow_type(kind: str) -> pa.DataType:
+    return _ARROW_TYPES[kind]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every shard task shares."""
+
+    dest: str
+    source_format: str
+    out_format: str
+    kinds: dict[str, str]
+    out_fields: dict[str, str]
+    transform: TransformOptions
+    shared: dict[str, Any]
+    ctx: StorageContext
+    tokenizer: str | None = None
+    seq_len: int | None = None
+    eos_token: str | None = None
+    text_field: str | None = None
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    number: int
+    items: tuple[Item, ...]
+    fingerprint: str
+
+
+@dataclass
+class ShardResult:
+    number: int
+    info: dict[str, Any] | None
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    bytes_in: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    reused: bool = False
+
+    def shard_info(self) -> ShardInfo | None:
+        return ShardInfo(**self.info) if self.info else None
+
+
+def done_url(dest: str, number: int) -> str:
+    return storage.join(dest, WORK_DIR, f"shard-{number:06d}.json")
+
+
+def _reusable(spec: TaskSpec, job: ShardJob) -> ShardResult | None:
+    """The finished shard's result if its done-record matches and its bytes check out."""
+    url = done_url(spec.dest, job.number)
+    opts = spec.ctx.options(url)
+    try:
+        record = json.loads(storage.read_bytes(url, storage_options=opts))
+    except (FileNotFoundError, ValueError):
+        return None
+    if record.get("fingerprint") != job.fingerprint:
+        return None
+    result = ShardResult(**record["result"])
+    if result.info is not None:
+        shard_url = storage.join(spec.dest, result.info["path"])
+        try:
+            data = storage.read_bytes(shard_url, storage_options=opts)
+        except FileNotFoundError:
+            return None
+        if storage.checksum(data) != result.info["checksum"]:
+            return None
+        index = result.info.get("index")
+        if index and not storage.exists(storage.join(spec.dest, index), storage_options=opts):
+            return None
+    result.reused = True
+    return result
+
+
+def _samples(spec: TaskSpec, job: ShardJob, result: ShardResult) -> Iterator[tuple[Item, dict]]:
+    """Read and transform the shard's items, in plan order; rejects go to ``result``."""
+    read = reader_for(spec.source_format)
+    cache: dict[str, Any] = {"shared": spec.shared}
+    t_read = t_transform = 0.0
+    by_source = sorted(range(len(job.items)), key=lambda i: job.items[i].index)
+    records: dict[int, dict | None] = {}
+    for i in by_source:
+        item = job.items[i]
+        t0 = time.perf_counter()
+        try:
+            raw = read(item, spec.ctx, cache)
+            result.bytes_in += _nbytes(raw)
+            t1 = time.perf_counter()
+            t_read += t1 - t0
+            records[i] = transform_record(raw, spec.kinds, spec.transform)
+            t_transform += time.perf_counter() - t1
+        except Reject as r:
+            records[i] = None
+            result.rejects.append(
+                {"index": item.index, "source": item.source, "reason": r.reason, "detail": r.detail}
+            )
+    env = cache.pop("lmdb_env", None)
+    if env is not None:
+        env.close()
+    result.timings["read"] = t_read
+    result.timings["transform"] = t_transform
+    result.rejects.sort(key=lambda d: d["index"])
+    for i, item in enumerate(job.items):
+        rec = records[i]
+        if rec is not None:
+            yield item, rec
+
+
+def _nbytes(record: dict) -> int:
+    return sum(len(v) for v in record.values() if isinstance(v, bytes | str))
+
+
+def _member(kind: str, value: Any) -> bytes:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if kind == "float":
+        return repr(float(value)).encode()
+    return str(value).encode("utf-8")
+
+
+def _arrow_table(spec: TaskSpec, samples: list[tuple[Item, dict]]) -> pa.Table:
+    columns: dict[str, Any] = {"__key__": pa.array([f"{it.index:09d}" for it, _ in samples])}
+    for name, kind in spec.out_fields.items():
+        values = [rec.get(name) for _, rec in samples]
+        if kind == "int":
+            values = [int(v) if v is not None else None for v in values]
+        columns[name] = pa.array(values, type=arrow_type(kind))
+    return pa.table(columns)
+
+
+def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
+    """Build, upload and record one shard; reuse it if a previous run finished it."""
+    reused = _reusable(spec, job)
+    if reused is not None:
+        return reused
+    result = ShardResult(number=job.number, info=None)
+    samples = list(_samples(spec, job, result))
+    t0 = time.perf_counter()
+    opts = spec.ctx.options(spec.dest)
+    info: ShardInfo | None = None
+    if spec.tokenizer is not None:
+        packer = TokenPacker(spec.tokenizer, seq_len=spec.seq_len or 0, eos_token=spec.eos_token)
+        field_name = spec.text_field or "txt"
+        docs = [str(rec[field_name]) for _, rec in samples if rec.get(field_name)]
+        table, result.stats = packer.pack(docs)
+        if table.num_rows:
+            info = write_arrow_shard(
+                spec.dest, shard_name(job.number, "arrow"), table, storage_options=opts
+            )
+    elif samples and spec.out_format == "arrow":
+        table = _arrow_table(spec, samples)
+        info = write_arrow_shard(
+            spec.dest, shard_name(job.number, "arrow"), table, storage_options=opts
+        )
+    elif samples:
+        tar_samples = (
+            (
+                f"{it.index:09d}",
+                {k: _member(spec.out_fields.get(k, "bytes"), v) for k, v in rec.items()},
+            )
+            for it, rec in samples
+        )
+        info = write_tar_shard(
+            spec.dest, shard_name(job.number, "tar"), tar_samples, storage_options=opts
+        )
+    result.timings["write"] = time.perf_counter() - t0
+    result.info = asdict(info) if info is not None else None
+    record = {"fingerprint": job.fingerprint, "result": asdict(result)}
+    url = done_url(spec.dest, job.number)
+    storage.write_bytes(
+        url, json.dumps(record, sort_keys=True).encode(), storage_options=spec.ctx.options(url)
+    )
+    return result

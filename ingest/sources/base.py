@@ -1,0 +1,178 @@
+"""What every source gives the planner (items) and the shard tasks (records).
+
+An ``Item`` is one future sample: its position in source order (its identity and key), a
+human-readable origin for error messages and rejects, an estimated size for planning, and
+the small reference its reader needs. A ``Record`` is the sample read back: field -> value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashfeed import storage
+
+__all__ = [
+    "IMAGE_EXTS",
+    "Item",
+    "Mapper",
+    "Record",
+    "Reject",
+    "RejectInfo",
+    "SourcePlan",
+    "StorageContext",
+    "kind_of_ext",
+    "serial_map",
+]
+
+Record = dict[str, Any]
+Mapper = Callable[[Callable[[Any], Any], list[Any]], Iterable[Any]]
+
+IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
+_TEXT_EXTS = frozenset({"txt", "text", "caption"})
+_INT_EXTS = frozenset({"cls", "label"})
+
+#: field kinds: how a value is typed in a Record, in Arrow, and in a tar member
+KINDS = ("image", "bytes", "text", "int", "float", "json")
+
+
+def kind_of_ext(ext: str) -> str:
+    """The kind of a WebDataset-style field from its extension (``jpg`` -> ``image``)."""
+    last = ext.lower().rsplit(".", 1)[-1]
+    if last in IMAGE_EXTS:
+        return "image"
+    if last in _TEXT_EXTS:
+        return "text"
+    if last in _INT_EXTS:
+        return "int"
+    if last == "json":
+        return "json"
+    return "bytes"
+
+
+@dataclass(frozen=True)
+class Item:
+    index: int
+    source: str
+    size: int
+    ref: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RejectInfo:
+    """One skipped sample: where it came from and why (a manifest ``skipped`` reason)."""
+
+    index: int
+    source: str
+    reason: str
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "source": self.source,
+            "reason": self.reason,
+            "detail": self.detail,
+        }
+
+
+class Reject(Exception):
+    """Raised by readers and transforms: skip this sample, count it under ``reason``."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class SourcePlan:
+    """What scanning a source found: the items in source order, their fields, and rejects
+    already known (hostile tar members, for one)."""
+
+    format: str
+    items: list[Item]
+    fields: dict[str, str]
+    classes: tuple[str, ...] | None = None
+    rejects: list[RejectInfo] = field(default_factory=list)
+    description: dict[str, Any] = field(default_factory=dict)
+    shared: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StorageContext:
+    """Storage options per URL, resolved on the driver and shipped to every task (Ray
+    workers may not share the driver's environment). Never printed nor written anywhere."""
+
+    s3: dict[str, Any] | None = None
+
+    def options(self, url: str) -> dict[str, Any] | None:
+        return None if storage.is_local(url) else self.s3
+
+    @classmethod
+    def resolve(cls, user: dict[str, Any] | None) -> StorageContext:
+        opts: dict[str, Any] = {}
+        env = os.environ
+        if env.get("AWS_ENDPOINT_URL"):
+            opts["endpoint_url"] = env["AWS_ENDPOINT_URL"]
+        if env.get("AWS_ACCESS_KEY_ID"):
+            opts["key"] = env["AWS_ACCESS_KEY_ID"]
+            opts["secret"] = env.get("AWS_SECRET_ACCESS_KEY")
+        if env.get("AWS_SESSION_TOKEN"):
+            opts["token"] = env["AWS_SESSION_TOKEN"]
+        opts.update(user or {})
+        return cls(s3=opts or None)
+
+
+def serial_map(fn: Callable[[Any], Any], args: list[Any]) -> Iterator[Any]:
+    """The in-process ``Mapper``: the runner passes a Ray-parallel one instead."""
+    return (fn(a) for a in args)
+
+
+def relative_key(path: str, root: str) -> str:
+    """``path`` relative to ``root``, with forward slashes."""
+    rel = path[len(root.rstrip("/")) :].lstrip("/")
+    return rel.replace("\\", "/")
+
+
+def list_sized(url: str, ctx: StorageContext) -> list[tuple[str, int]]:
+    """Every file under ``url`` with its size, as full URLs, sorted. Empty if none."""
+    opts = ctx.options(url)
+    fs, path = storage.filesystem(url, opts)
+    local = storage.is_local(url)
+
+    def op() -> list[tuple[str, int]]:
+        if not local:
+            fs.invalidate_cache()
+        if not fs.exists(path):
+            return []
+        if fs.isfile(path):
+            return [(path, int(fs.size(path)))]
+        found = fs.find(path, detail=True)
+        return sorted((p, int(info.get("size") or 0)) for p, info in found.items())
+
+    found = storage.call(op, url=url, what="list", storage_options=opts)
+    if local:
+        return found
+    protocol = url.split("://", 1)[0]
+    return [(f"{protocol}://{p}", s) for p, s in found]
+
+
+def read(
+    url: str, ctx: StorageContext, *, start: int | None = None, end: int | None = None
+) -> bytes:
+    return storage.read_bytes(url, start=start, end=end, storage_options=ctx.options(url))
+
+
+def missing_source(url: str) -> FileNotFoundError:
+    return FileNotFoundError(f"source {url} does not exist (or holds no files)")
+
+
+def source_root(url: str) -> str:
+    """The prefix that listed paths start with: an absolute path for local sources."""
+    if storage.is_local(url):
+        path = url[7:] if url.startswith("file://") else url
+        return os.path.abspath(os.path.expanduser(path))
+    return url.rstrip("/")

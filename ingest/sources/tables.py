@@ -1,0 +1,182 @@
+"""Tables (JSONL, CSV, Parquet): each row a sample; columns map to fields.
+
+``fields`` maps output field -> column (``--field jpg=image_path``). Without it, well-known
+column names get WebDataset names (``image`` -> ``jpg``, ``text`` -> ``txt``, ``label`` ->
+``cls``) and other columns keep theirs. A string in an image field is a reference to a media
+file: relative to the table's folder, or a full URL on the same store.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from .base import (
+    Item,
+    Record,
+    Reject,
+    SourcePlan,
+    StorageContext,
+    kind_of_ext,
+    list_sized,
+    missing_source,
+    read,
+)
+
+__all__ = ["TABLE_EXTS", "read_table_item", "scan_table"]
+
+TABLE_EXTS = {"jsonl": (".jsonl", ".ndjson"), "csv": (".csv",), "parquet": (".parquet",)}
+DEFAULT_NAMES = {
+    "image": "jpg",
+    "img": "jpg",
+    "image_path": "jpg",
+    "path": "jpg",
+    "text": "txt",
+    "caption": "txt",
+    "label": "cls",
+    "class": "cls",
+}
+_BAD_NAME = re.compile(r"[^A-Za-z0-9_\-]+")
+
+
+def _rows(url: str, fmt: str, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line_or_row_number, row)`` of one table file; malformed rows are errors that name
+    the file and line: a table is data a person wrote, a silent skip would hide a bug."""
+    if fmt == "jsonl":
+        for n, line in enumerate(io.StringIO(data.decode("utf-8")), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{url}:{n}: not a JSON object ({exc})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{url}:{n}: a JSONL row must be an object, got {row!r:.60}")
+            yield n, row
+    elif fmt == "csv":
+        reader = csv.DictReader(io.StringIO(data.decode("utf-8")))
+        for n, row in enumerate(reader, 2):
+            if None in row:
+                raise ValueError(f"{url}:{n}: more values than the header has columns")
+            yield n, dict(row)
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(io.BytesIO(data))
+        for n, row in enumerate(table.to_pylist()):
+            yield n, row
+
+
+def _mapping(columns: list[str], fields: dict[str, str]) -> dict[str, str]:
+    """Output field -> column."""
+    if fields:
+        return dict(fields)
+    out: dict[str, str] = {}
+    for c in columns:
+        name = DEFAULT_NAMES.get(c.lower()) or _BAD_NAME.sub("_", c).strip("_") or "field"
+        out.setdefault(name, c)
+    return out
+
+
+def _kind(name: str, value: Any) -> str:
+    kind = kind_of_ext(name)
+    if kind != "bytes" or value is None:
+        return kind
+    if isinstance(value, bool | int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, dict | list):
+        return "json"
+    return "bytes"
+
+
+def scan_table(url: str, fmt: str, ctx: StorageContext, fields: dict[str, str]) -> SourcePlan:
+    listed = list_sized(url, ctx)
+    if not listed:
+        raise missing_source(url)
+    tables = [p for p, _ in listed if p.lower().endswith(TABLE_EXTS[fmt])]
+    if not tables:
+        raise ValueError(f"{url} holds no {fmt} files ({', '.join(TABLE_EXTS[fmt])})")
+    rows: list[tuple[str, int, dict[str, Any]]] = []
+    for t in tables:
+        rows.extend((t, n, row) for n, row in _rows(t, fmt, read(t, ctx)))
+    if not rows:
+        raise ValueError(f"{url}: the {fmt} source has no rows")
+    columns: list[str] = []
+    for _, _, row in rows:
+        columns.extend(c for c in row if c not in columns)
+    mapping = _mapping(columns, fields)
+    missing = [c for c in mapping.values() if c not in columns]
+    if missing:
+        raise ValueError(f"{url}: no column {missing[0]!r}; the columns are {columns}")
+    kinds: dict[str, str] = {}
+    for name, col in mapping.items():
+        sample = next((r[col] for _, _, r in rows if r.get(col) is not None), None)
+        kinds[name] = _kind(name, sample)
+    sizes = _media_sizes(rows, mapping, kinds, ctx)
+    items = []
+    for i, (t, n, row) in enumerate(rows):
+        values: dict[str, Any] = {}
+        media: dict[str, str] = {}
+        size = 0
+        for name, col in mapping.items():
+            v = row.get(col)
+            if kinds[name] == "image" and isinstance(v, str):
+                media[name] = _resolve(t, v)
+                size += sizes.get(media[name], 0)
+            else:
+                values[name] = v
+                size += len(str(v)) if v is not None else 0
+        items.append(
+            Item(index=i, source=f"{t}:{n}", size=size, ref={"values": values, "media": media})
+        )
+    return SourcePlan(
+        format=fmt,
+        items=items,
+        fields=kinds,
+        description={"tables": len(tables), "columns": mapping},
+    )
+
+
+def _resolve(table_url: str, ref: str) -> str:
+    if "://" in ref or ref.startswith("/"):
+        return ref
+    base = table_url.rsplit("/", 1)[0]
+    if "://" in base:
+        proto, rest = base.split("://", 1)
+        return f"{proto}://{posixpath.normpath(posixpath.join(rest, ref))}"
+    return posixpath.normpath(posixpath.join(base, ref))
+
+
+def _media_sizes(
+    rows: list[tuple[str, int, dict[str, Any]]],
+    mapping: dict[str, str],
+    kinds: dict[str, str],
+    ctx: StorageContext,
+) -> dict[str, int]:
+    """Sizes of the referenced media, from one listing per table folder."""
+    if not any(k == "image" for k in kinds.values()):
+        return {}
+    folders = sorted({t.rsplit("/", 1)[0] for t, _, _ in rows})
+    sizes: dict[str, int] = {}
+    for f in folders:
+        sizes.update(list_sized(f, ctx))
+    return sizes
+
+
+def read_table_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> Record:
+    record: Record = dict(item.ref["values"])
+    for name, url in item.ref["media"].items():
+        try:
+            record[name] = read(url, ctx)
+        except FileNotFoundError:
+            raise Reject("missing_media", f"{name} refers to {url}, which does not exist") from None
+    return record

@@ -1,0 +1,163 @@
+"""Per-sample cleaning and conversion: text normalisation, image checks and re-encoding,
+content hashes for dedup, and the output field names these imply. Each raises ``Reject``
+to skip a sample under a counted reason."""
+
+from __future__ import annotations
+
+import io
+import json
+import unicodedata
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+from PIL import Image
+
+from .sources.base import Record, Reject
+
+__all__ = [
+    "TransformOptions",
+    "content_hash",
+    "output_fields",
+    "reencoded_name",
+    "transform_record",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformOptions:
+    validate: bool = False
+    max_pixels: int = 89_478_485
+    max_image_side: int | None = None
+    jpeg_quality: int | None = None
+    keep_original_size: bool = False
+    normalize_text: bool = True
+
+    @property
+    def reencode(self) -> bool:
+        return self.max_image_side is not None or self.jpeg_quality is not None
+
+
+def reencoded_name(name: str) -> str:
+    """``png`` -> ``jpg``, ``left.png`` -> ``left.jpg``: re-encoded images are JPEGs."""
+    head, _, _ = name.rpartition(".")
+    return f"{head}.jpg" if head else "jpg"
+
+
+def output_fields(kinds: dict[str, str], opts: TransformOptions) -> dict[str, str]:
+    """The fields (name -> kind) samples have after transforms, sorted by name."""
+    out: dict[str, str] = {}
+    for name, kind in kinds.items():
+        if kind == "image" and opts.reencode:
+            out[reencoded_name(name)] = "image"
+            if opts.keep_original_size:
+                out["orig_size"] = "text"
+        else:
+            out[name] = kind
+    return dict(sorted(out.items()))
+
+
+def content_hash(record: Record) -> str:
+    """Exact-duplicate identity: every field's bytes but the label (one image filed under
+    two classes is still one image)."""
+    h = xxhash.xxh3_128()
+    for name in sorted(record):
+        if name == "cls":
+            continue
+        value = record[name]
+        if value is None:
+            continue
+        h.update(name.encode() + b"\0")
+        if isinstance(value, bytes | bytearray | memoryview):
+            h.update(value)
+        elif isinstance(value, str):
+            h.update(value.encode("utf-8"))
+        else:
+            h.update(json.dumps(value, sort_keys=True).encode())
+        h.update(b"\0\0")
+    return h.hexdigest()
+
+
+def _open_image(data: bytes, name: str, max_pixels: int) -> Image.Image:
+    """Open without decoding and refuse decompression bombs from the header alone."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise Reject("too_many_pixels", f"{name}: {exc}") from None
+    except Exception as exc:
+        raise Reject("undecodable", f"{name}: {type(exc).__name__}: {exc}") from None
+    w, h = img.size
+    if w * h > max_pixels:
+        raise Reject("too_many_pixels", f"{name}: {w}x{h} exceeds the {max_pixels} pixel limit")
+    return img
+
+
+def _decode(img: Image.Image, name: str) -> Image.Image:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img.load()
+    except Exception as exc:
+        raise Reject("undecodable", f"{name}: {type(exc).__name__}: {exc}") from None
+    return img
+
+
+def _reencode(img: Image.Image, opts: TransformOptions) -> bytes:
+    if img.mode not in ("RGB", "L"):
+        img = img.convert("RGB")
+    side = opts.max_image_side
+    if side is not None and max(img.size) > side:
+        w, h = img.size
+        scale = side / max(w, h)
+        img = img.resize(
+            (max(1, round(w * scale)), max(1, round(h * scale))), Image.Resampling.LANCZOS
+        )
+    out = io.BytesIO()
+    img.save(out, format="JPEG", quality=opts.jpeg_quality or 90, optimize=False)
+    return out.getvalue()
+
+
+def transform_record(record: Record, kinds: dict[str, str], opts: TransformOptions) -> Record:
+    """The sample after cleaning, or ``Reject``. ``kinds`` are the source's field kinds."""
+    out: Record = {}
+    has_text = has_content = False
+    for name, value in record.items():
+        if value is None:
+            continue
+        kind = kinds.get(name, "bytes")
+        if kind == "text":
+            has_text = True
+            text = str(value)
+            if opts.normalize_text:
+                text = unicodedata.normalize("NFC", text).strip()
+            if text:
+                out[name] = text
+        elif kind == "image":
+            has_content = True
+            if not isinstance(value, bytes | bytearray):
+                raise Reject("bad_value", f"{name}: image field holds {type(value).__name__}")
+            out.update(_image(name, bytes(value), opts))
+        else:
+            if kind in ("bytes", "json"):
+                has_content = True
+            out[name] = value
+    if has_text and not has_content and not any(kinds.get(n) == "text" for n in out):
+        raise Reject("empty_text", "every text field is empty after normalisation")
+    return out
+
+
+def _image(name: str, data: bytes, opts: TransformOptions) -> dict[str, Any]:
+    if not (opts.validate or opts.reencode):
+        return {name: data}
+    img = _open_image(data, name, opts.max_pixels)
+    size = img.size
+    img = _decode(img, name)
+    if not opts.reencode:
+        return {name: data}
+    out: dict[str, Any] = {reencoded_name(name): _reencode(img, opts)}
+    if opts.keep_original_size:
+        out["orig_size"] = f"{size[0]}x{size[1]}"
+    return out

@@ -1,0 +1,137 @@
+"""Ingest's pure parts: config validation, shard planning, TFRecord framing, transforms."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from flashfeed.ingest import IngestConfig
+from flashfeed.ingest.plan import assign_shards, size_spread
+from flashfeed.ingest.samplecorpus import jpeg_bytes
+from flashfeed.ingest.sources.base import Reject
+from flashfeed.ingest.sources.tfrecord_format import (
+    crc32c,
+    encode_example,
+    frame_record,
+    iter_records,
+    parse_example,
+)
+from flashfeed.ingest.transforms import (
+    TransformOptions,
+    content_hash,
+    output_fields,
+    transform_record,
+)
+
+
+def test_config_rejects_bad_values_by_name() -> None:
+    with pytest.raises(ValueError, match="shard_size"):
+        IngestConfig(source="a", dest="b", shard_size="lots")
+    with pytest.raises(ValueError, match="format"):
+        IngestConfig(source="a", dest="b", format="zip")
+    with pytest.raises(ValueError, match="jpeg_quality"):
+        IngestConfig(source="a", dest="b", jpeg_quality=0)
+    with pytest.raises(ValueError, match="seq_len go together"):
+        IngestConfig(source="a", dest="b", format="arrow", seq_len=8)
+    with pytest.raises(ValueError, match="use format='arrow'"):
+        IngestConfig(source="a", dest="b", tokenizer="t.json", seq_len=8)
+    with pytest.raises(TypeError):
+        IngestConfig("a", "b")  # type: ignore[misc]
+    cfg = IngestConfig(source="a", dest="b", shard_size="1MiB")
+    assert cfg.shard_bytes == 1 << 20
+    assert "dest" not in cfg.provenance() and "ray_address" not in cfg.provenance()
+
+
+def test_plan_is_seeded_and_sized_within_ten_percent() -> None:
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(50_000, 150_000, size=2000).tolist()
+    target = 4_000_000
+    a = assign_shards(sizes, target_bytes=target, seed=7)
+    assert a == assign_shards(sizes, target_bytes=target, seed=7)
+    assert a != assign_shards(sizes, target_bytes=target, seed=8)
+    flat = sorted(p for s in a for p in s)
+    assert flat == list(range(2000))
+    shard_bytes = [sum(sizes[p] for p in s) for s in a]
+    assert size_spread(shard_bytes, target) <= 0.10
+    assert shard_bytes[-1] <= target * 1.1
+
+
+def test_plan_shuffles_a_sorted_source_and_keeps_order_without_shuffle() -> None:
+    sizes = [10] * 100
+    shuffled = assign_shards(sizes, target_bytes=100, seed=0)
+    assert any(s != sorted(s) for s in shuffled)
+    ordered = assign_shards(sizes, target_bytes=100, shuffle=False)
+    assert ordered[0] == list(range(10))
+    fixed = assign_shards(sizes, target_bytes=1, samples_per_shard=30, shuffle=False)
+    assert [len(s) for s in fixed] == [30, 30, 30, 10]
+
+
+def test_crc32c_and_tfrecord_round_trip() -> None:
+    assert crc32c(b"123456789") == 0xE3069283
+    ex = encode_example({"image/encoded": b"\xff\xd8x", "label": 3, "score": [0.5, 1.5]})
+    blob = frame_record(ex) + frame_record(b"\x0a\x00")
+    recs = list(iter_records(blob, source="t"))
+    assert [ok for _, _, ok in recs] == [True, True]
+    start, length, _ = recs[0]
+    parsed = parse_example(blob[start : start + length])
+    assert parsed["label"] == ("int", [3])
+    assert parsed["image/encoded"] == ("bytes", [b"\xff\xd8x"])
+    assert parsed["score"] == ("float", [0.5, 1.5])
+    corrupt = bytearray(blob)
+    corrupt[start + 2] ^= 0xFF
+    assert [ok for _, _, ok in iter_records(bytes(corrupt), source="t")] == [False, True]
+    with pytest.raises(ValueError, match="length CRC"):
+        list(iter_records(b"\x01" + blob[1:], source="f.tfrecord"))
+
+
+def _bomb_png(w: int, h: int) -> bytes:
+    """A PNG header that claims w x h pixels; opening it must not decode anything."""
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    end = struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND"))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + struct.pack(">I", len(ihdr))
+        + chunk
+        + struct.pack(">I", zlib.crc32(chunk))
+        + end
+    )
+
+
+def test_transforms_validate_reencode_and_text() -> None:
+    kinds = {"jpg": "image", "png": "image", "txt": "text", "cls": "int"}
+    opts = TransformOptions(validate=True, max_pixels=10_000_000)
+    good = jpeg_bytes(np.random.default_rng(0), size=(64, 48))
+    assert transform_record({"jpg": good, "cls": 1}, kinds, opts)["jpg"] == good
+    with pytest.raises(Reject) as r:
+        transform_record({"jpg": good[: len(good) // 2]}, kinds, opts)
+    assert r.value.reason == "undecodable"
+    with pytest.raises(Reject) as r:
+        transform_record({"png": _bomb_png(100_000, 100_000)}, kinds, opts)
+    assert r.value.reason == "too_many_pixels"
+    with pytest.raises(Reject) as r:
+        transform_record({"txt": "  \n "}, kinds, opts)
+    assert r.value.reason == "empty_text"
+    assert transform_record({"txt": " Cafe\u0301 "}, kinds, opts)["txt"] == "Caf\u00e9"
+    small = TransformOptions(max_image_side=32, jpeg_quality=80, keep_original_size=True)
+    png = io.BytesIO()
+    Image.new("RGB", (100, 50), (200, 10, 10)).save(png, format="PNG")
+    out = transform_record({"png": png.getvalue()}, kinds, small)
+    assert set(out) == {"jpg", "orig_size"} and out["orig_size"] == "100x50"
+    assert Image.open(io.BytesIO(out["jpg"])).size == (32, 16)
+    assert output_fields(kinds, small) == {
+        "cls": "int",
+        "jpg": "image",
+        "orig_size": "text",
+        "txt": "text",
+    }
+
+
+def test_content_hash_ignores_label_only() -> None:
+    assert content_hash({"jpg": b"x", "cls": 1}) == content_hash({"jpg": b"x", "cls": 2})
+    assert content_hash({"jpg": b"x"}) != content_hash({"jpg": b"y"})
