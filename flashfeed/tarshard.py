@@ -11,10 +11,13 @@ import io
 import re
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from .errors import CorruptShardError, HostileInputError
 from .wdsindex import Component, SampleIndex, format_index, split_name
+
+if TYPE_CHECKING:
+    from typing import Self
 
 __all__ = [
     "FIXED_MTIME",
@@ -146,6 +149,31 @@ def _check_member(m: tarfile.TarInfo, source: str) -> str | None:
     return name
 
 
+class _BadHeader(Exception):
+    """Raised from inside tarfile, which would otherwise take a bad header for the end."""
+
+
+class _StrictTarInfo(tarfile.TarInfo):
+    """Headers that must be whole and valid until the end-of-archive block.
+
+    ``tarfile`` ends iteration quietly at a truncated or garbled header past the first
+    member, which would drop the rest of a shard without a word; this refuses instead.
+    """
+
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
+        if len(buf) == 0:
+            raise _BadHeader("it ends without the end-of-archive marker (cut after a member)")
+        if len(buf) != tarfile.BLOCKSIZE:
+            raise _BadHeader(f"a header is cut short ({len(buf)} of {tarfile.BLOCKSIZE} bytes)")
+        if buf.count(0) == tarfile.BLOCKSIZE:
+            return super().frombuf(buf, encoding, errors)  # the end-of-archive block
+        try:
+            return super().frombuf(buf, encoding, errors)
+        except tarfile.HeaderError as exc:
+            raise _BadHeader(f"a header is invalid ({exc})") from None
+
+
 def iter_members(fileobj: IO[bytes], *, source: str = "tar") -> Iterator[tuple[str, bytes]]:
     """Regular-file members of a (possibly gzip-compressed) tar stream, in order.
 
@@ -154,7 +182,7 @@ def iter_members(fileobj: IO[bytes], *, source: str = "tar") -> Iterator[tuple[s
     """
     last = "<start>"
     try:
-        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        with tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=_StrictTarInfo) as tar:
             for m in tar:
                 name = _check_member(m, source)
                 if name is None:
@@ -167,6 +195,10 @@ def iter_members(fileobj: IO[bytes], *, source: str = "tar") -> Iterator[tuple[s
                         f"{source}: member {name!r} is truncated ({len(data)} of {m.size} bytes)"
                     )
                 yield name, data
+    except _BadHeader as exc:
+        raise CorruptShardError(
+            f"{source}: truncated or corrupt after member {last!r}: {exc}"
+        ) from None
     except (tarfile.TarError, EOFError, OSError, ValueError, UnicodeError) as exc:
         if isinstance(exc, CorruptShardError):
             raise
@@ -213,7 +245,7 @@ def scan_index(fileobj: IO[bytes], *, source: str = "tar") -> list[SampleIndex]:
 
     members: list[tuple[str, int, int]] = []
     try:
-        with tarfile.open(fileobj=fileobj, mode="r:") as tar:
+        with tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_StrictTarInfo) as tar:
             for m in tar:
                 name = _check_member(m, source)
                 if name is None:
@@ -224,8 +256,17 @@ def scan_index(fileobj: IO[bytes], *, source: str = "tar") -> list[SampleIndex]:
                         "format cannot hold; re-shard it with `flashfeed ingest`"
                     )
                 members.append((name, m.offset_data, m.size))
+    except _BadHeader as exc:
+        last = members[-1][0] if members else "<start>"
+        raise CorruptShardError(
+            f"{source}: truncated or corrupt after member {last!r}: {exc}"
+        ) from None
+    except CorruptShardError:
+        raise
     except (tarfile.TarError, EOFError, ValueError) as exc:
-        raise CorruptShardError(f"{source}: not a readable uncompressed tar ({exc})") from None
+        raise CorruptShardError(
+            f"{source}: not a readable uncompressed tar ({exc}); it is truncated or corrupt"
+        ) from None
     samples = samples_from_members(members)
     end = _tar_length(fileobj)
     for s in samples:
