@@ -115,8 +115,12 @@ def _verify_file(path: str, info: Any, *, dataset: str) -> None:
             f"shard {info.path} of dataset {dataset} has {size} bytes, the manifest says "
             f"{info.bytes} (truncated or replaced)"
         )
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        check_shard_bytes(memoryview(m), info, dataset=dataset)
+    with (
+        open(path, "rb") as f,
+        mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
+        memoryview(m) as view,
+    ):
+        check_shard_bytes(view, info, dataset=dataset)
 
 
 class CacheShardSource:

@@ -20,7 +20,7 @@ def label_of(key: str, classes: int) -> int:
 
 
 def _jpeg(rng: np.random.Generator, label: int, size: int) -> bytes:
-    base = np.full((size, size, 3), (label * 37) % 256, np.uint8)
+    base = np.full((size, size, 3), (label * 37) % 200, np.uint8)
     noise = rng.integers(0, 40, (size, size, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(base + noise).save(buf, format="JPEG", quality=80)
@@ -95,3 +95,39 @@ def make_token_dataset(
     )
     commit_manifest(prefix, manifest, storage_options=storage_options)
     return manifest
+
+
+def run_epochs(loader, epochs, *, stop_after: int | None = None):
+    """Iterate ``epochs`` with ``set_epoch``; return the state after ``stop_after`` batches of
+    the first one (or after the last epoch) and how many batches were seen."""
+    seen = 0
+    for e in epochs:
+        loader.set_epoch(e)
+        for _ in loader:
+            seen += 1
+            if stop_after is not None and seen == stop_after:
+                return loader.state_dict(), seen
+    return loader.state_dict(), seen
+
+
+def resume_scenario(factory, tmp_path, *, before: int, after: int, stop: int, epochs: int = 2):
+    """Ledgers of one uninterrupted run on ``before`` ranks and of a run interrupted after
+    ``stop`` batches of epoch 0 and resumed on ``after`` ranks: ``(full, resumed)``, each
+    ``{epoch: [hash, ...]}``. Every rank is its own loader; ranks advance in lock-step."""
+    from flashfeed.loader.ledger import read_ledger
+
+    full_dir, res_dir = str(tmp_path / "full"), str(tmp_path / "resumed")
+    for r in range(before):
+        run_epochs(factory(r, before, full_dir), range(epochs))
+    states = []
+    for r in range(before):
+        state, seen = run_epochs(factory(r, before, res_dir), range(epochs), stop_after=stop)
+        assert seen == stop, f"rank {r} ran out after {seen} batches"
+        states.append(state)
+    # every rank saved the same position; any one of them resumes the job
+    assert all(s == states[0] for s in states)
+    for r in range(after):
+        loader = factory(r, after, res_dir)
+        loader.load_state_dict(states[r % before])
+        run_epochs(loader, range(states[0]["epoch"], epochs))
+    return read_ledger(full_dir), read_ledger(res_dir)
