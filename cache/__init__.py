@@ -1,0 +1,12 @@
+"""Node-local shard cache: one download per shard per node, verified, bounded, plan-aware.
+
+``ShardCache`` is the library; ``flashfeed cache warm|status|verify|evict`` the commands.
+"""
+
+from __future__ import annotations
+
+from .errors import CacheCapacityError, CacheError, CacheFullError
+from .options import CacheOptions
+from .shardcache import ShardCache
+
+__all__ = ["CacheCapacityError", "CacheError", "CacheFullError", "CacheOptions", "ShardCache"]

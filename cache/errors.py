@@ -1,0 +1,19 @@
+"""The exceptions the cache raises, all ``FlashfeedError`` subclasses."""
+
+from __future__ import annotations
+
+from flashfeed.errors import FlashfeedError
+
+__all__ = ["CacheCapacityError", "CacheError", "CacheFullError"]
+
+
+class CacheError(FlashfeedError):
+    """Base class of cache failures."""
+
+
+class CacheCapacityError(CacheError, ValueError):
+    """The capacity cannot hold even one shard of a dataset: a configuration error."""
+
+
+class CacheFullError(CacheError, OSError):
+    """No room for a fill: the disk is full (ENOSPC), or every cached shard is pinned or in use."""

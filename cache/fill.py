@@ -1,0 +1,134 @@
+"""One fill: fetch a shard into its reserved part file, verify it, rename it into place.
+
+The shard becomes visible only by ``rename`` after its checksum matched, its index first;
+any failure removes the part files, so a reader sees a complete, verified shard or none.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from collections.abc import Callable
+from typing import Any
+
+from flashfeed import storage
+from flashfeed.dataset import Dataset
+from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
+from flashfeed.manifest import ShardInfo
+from flashfeed.units import format_size
+
+from .errors import CacheFullError
+from .layout import DatasetDir, make_private_dir
+from .ranged import FetchReport, RangedFetcher
+
+__all__ = ["file_checksum", "fill_shard"]
+
+Reserve = Callable[[int, str], int]
+
+
+def file_checksum(path: str) -> str:
+    """The manifest checksum (xxh3-128) of a local file, read through a memory map."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return storage.checksum(b"")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return storage.checksum(memoryview(m))
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def _fetch_to(
+    fetcher: RangedFetcher, dataset: Dataset, info: ShardInfo, fd: int, opts: dict[str, Any] | None
+) -> FetchReport:
+    url = dataset.shard_url(info)
+    fs, path = storage.filesystem(url, opts)
+
+    def fetch(start: int, end: int) -> bytes:
+        return fs.cat_file(path, start=start, end=end)
+
+    try:
+        return fetcher.fetch_into(fetch, info.bytes, lambda off, data: _pwrite_all(fd, data, off))
+    except (FlashfeedError, CacheFullError):
+        raise
+    except FileNotFoundError:
+        raise CorruptShardError(
+            f"shard {info.path} of dataset {dataset.url} is missing ({url} not found)"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise
+        raise StorageError(
+            f"could not fetch shard {info.path} of {dataset.url} ({url}): "
+            f"{storage.redact(f'{type(exc).__name__}: {exc}')}"
+        ) from None
+    except Exception as exc:
+        raise StorageError(
+            f"could not fetch shard {info.path} of {dataset.url} ({url}): "
+            f"{storage.redact(f'{type(exc).__name__}: {exc}')} (retries exhausted)"
+        ) from None
+
+
+def fill_shard(
+    d: DatasetDir,
+    shard: int,
+    dataset: Dataset,
+    *,
+    fetcher: RangedFetcher,
+    reserve: Reserve,
+    storage_options: dict[str, Any] | None,
+) -> FetchReport:
+    """Fetch shard ``shard`` into the cache; the caller holds its fill lock."""
+    info = dataset.shards[shard]
+    final = d.shard_path(shard)
+    part = d.new_part(shard)
+    idx_part = d.new_part(shard, "idx")
+    opts = storage_options if storage_options is not None else dataset.storage_options
+    try:
+        fd = reserve(info.bytes, part)
+        try:
+            report = _fetch_to(fetcher, dataset, info, fd, opts)
+        finally:
+            os.close(fd)
+        got = file_checksum(part)
+        if got != info.checksum:
+            raise CorruptShardError(
+                f"shard {info.path} of dataset {dataset.url} arrived with checksum {got}, "
+                f"the manifest says {info.checksum}: the object was replaced or corrupted"
+            )
+        make_private_dir(os.path.dirname(final))
+        index_url = dataset.index_url(info)
+        if index_url is not None:
+            try:
+                text = storage.read_bytes(index_url, storage_options=opts)
+            except FileNotFoundError:
+                raise CorruptShardError(
+                    f"index {index_url} of shard {info.path} of {dataset.url} is missing"
+                ) from None
+            fd = os.open(idx_part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(text)
+            os.replace(idx_part, final + ".idx")
+        os.replace(part, final)
+        return report
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC and not isinstance(exc, CacheFullError):
+            raise CacheFullError(
+                f"disk full (ENOSPC) under cache {d.root} while filling shard {info.path} "
+                f"of {dataset.url} ({format_size(info.bytes)}): free space on that disk or "
+                "lower the cache capacity below what it can hold; the cache is unchanged"
+            ) from None
+        raise
+    finally:
+        for p in (part, idx_part):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,206 @@
+"""Where everything lives in a cache directory. The files are the state: no journal.
+
+::
+
+    <root>/cache.json                 capacity last configured (for ``cache status``)
+    <root>/stats.json                 persisted counters (see ``stats.py``)
+    <root>/.locks/space.lock          held while sizing, evicting and reserving room
+    <root>/<dataset key>/dataset.json the dataset URL
+    <root>/<dataset key>/manifest.json a copy of its manifest (checksums for verify)
+    <root>/<dataset key>/future.json  the last known read order (for status)
+    <root>/<dataset key>/data/<shard path>[.idx]   complete, verified shards only
+    <root>/<dataset key>/.parts/<i>.<pid>.<token>  fills in progress (or left by a crash)
+    <root>/<dataset key>/.locks/<i>.fill|<i>.use   per-shard locks
+    <root>/<dataset key>/.pins/<i>    present while shard i is pinned
+
+Directories are created 0700 and files 0600: cached data is as private as the credentials
+that fetched it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from flashfeed.manifest import Manifest
+
+__all__ = [
+    "CachedEntry",
+    "DatasetDir",
+    "atomic_write_json",
+    "dataset_key",
+    "list_dataset_dirs",
+    "make_private_dir",
+    "read_json",
+]
+
+
+def make_private_dir(path: str) -> str:
+    """``mkdir -p`` creating every missing directory with mode 0700."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+    return path
+
+
+def atomic_write_json(path: str, obj: Any) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it into place (mode 0600)."""
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return default
+
+
+def dataset_key(url: str, manifest: Manifest) -> str:
+    """A directory name for one committed dataset: readable name + hash of URL and manifest.
+
+    A dataset rewritten at the same URL gets a new key, so stale shards are never served.
+    """
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "ds"
+    digest = xxhash.xxh3_64_hexdigest(url.rstrip("/") + "\n" + manifest.to_json())
+    return f"{name}-{digest[:16]}"
+
+
+@dataclass(frozen=True)
+class CachedEntry:
+    """One complete shard file in the cache."""
+
+    dataset: str
+    shard: int
+    path: str
+    size: int
+    last_used: float
+    pinned: bool
+
+
+class DatasetDir:
+    """The paths of one dataset inside a cache root."""
+
+    def __init__(self, root: str, key: str) -> None:
+        self.root = root
+        self.key = key
+        self.dir = os.path.join(root, key)
+        self.data_dir = os.path.join(self.dir, "data")
+        self.parts_dir = os.path.join(self.dir, ".parts")
+        self.locks_dir = os.path.join(self.dir, ".locks")
+        self.pins_dir = os.path.join(self.dir, ".pins")
+        self.manifest_path = os.path.join(self.dir, "manifest.json")
+        self.meta_path = os.path.join(self.dir, "dataset.json")
+        self.future_path = os.path.join(self.dir, "future.json")
+        self._manifest: Manifest | None = None
+
+    def create(self, url: str, manifest: Manifest) -> None:
+        for d in (self.dir, self.data_dir, self.parts_dir, self.locks_dir, self.pins_dir):
+            make_private_dir(d)
+        if not os.path.exists(self.manifest_path):
+            atomic_write_json(self.manifest_path, manifest.to_dict())
+        if not os.path.exists(self.meta_path):
+            atomic_write_json(self.meta_path, {"url": url.rstrip("/"), "name": manifest.name})
+        self._manifest = manifest
+
+    @property
+    def url(self) -> str:
+        return str((read_json(self.meta_path) or {}).get("url", self.key))
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            with open(self.manifest_path) as f:
+                self._manifest = Manifest.from_dict(json.load(f), source=self.manifest_path)
+        return self._manifest
+
+    def shard_path(self, shard: int) -> str:
+        return os.path.join(self.data_dir, self.manifest.shards[shard].path)
+
+    def fill_lock(self, shard: int) -> str:
+        return os.path.join(self.locks_dir, f"{shard}.fill")
+
+    def use_lock(self, shard: int) -> str:
+        return os.path.join(self.locks_dir, f"{shard}.use")
+
+    def pin_path(self, shard: int) -> str:
+        return os.path.join(self.pins_dir, str(shard))
+
+    def new_part(self, shard: int, what: str = "data") -> str:
+        return os.path.join(self.parts_dir, f"{shard}.{what}.{os.getpid()}.{secrets.token_hex(4)}")
+
+    def parts(self) -> list[tuple[int, str]]:
+        """``(shard, path)`` of every part file: fills in progress or left by dead ones."""
+        try:
+            names = os.listdir(self.parts_dir)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            head = name.split(".", 1)[0]
+            if head.isdigit():
+                out.append((int(head), os.path.join(self.parts_dir, name)))
+        return out
+
+    def entries(self) -> list[CachedEntry]:
+        """Every complete shard file present now."""
+        out = []
+        for i, info in enumerate(self.manifest.shards):
+            path = os.path.join(self.data_dir, info.path)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            size = st.st_size
+            try:
+                size += os.stat(path + ".idx").st_size
+            except FileNotFoundError:
+                pass
+            out.append(
+                CachedEntry(self.key, i, path, size, st.st_mtime, os.path.exists(self.pin_path(i)))
+            )
+        return out
+
+    def part_bytes(self) -> int:
+        total = 0
+        for _, path in self.parts():
+            try:
+                total += os.stat(path).st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+
+def list_dataset_dirs(root: str) -> list[DatasetDir]:
+    """Every dataset directory with a manifest copy under ``root``."""
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    return [
+        DatasetDir(root, n) for n in names if os.path.isfile(os.path.join(root, n, "manifest.json"))
+    ]

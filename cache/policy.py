@@ -1,0 +1,112 @@
+"""Which cached shard to evict: Belady when the read order is known, LRU otherwise.
+
+Pure functions of what is cached and of the future read order; no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Candidate", "FutureOrder", "belady_hits", "eviction_order", "lru_hits"]
+
+
+class FutureOrder:
+    """The upcoming read order of one dataset's shards, and where the reader stands in it.
+
+    ``advance(shard)`` moves the position past the shard's next occurrence when that is
+    within ``lookahead`` positions (a read in plan order); repeated reads of a shard being
+    consumed do not jump ahead. Shards among the last ``active`` positions read count as
+    in use now (distance 0): they are still being read.
+    """
+
+    def __init__(self, order: Sequence[int], *, lookahead: int = 64, active: int = 4) -> None:
+        if lookahead < 1 or active < 0:
+            raise ValueError(f"need lookahead >= 1 and active >= 0, got {lookahead}, {active}")
+        self.order = [int(s) for s in order]
+        self.lookahead = lookahead
+        self.active = active
+        self.position = 0
+        self._at: dict[int, list[int]] = {}
+        for pos, shard in enumerate(self.order):
+            self._at.setdefault(shard, []).append(pos)
+
+    def next_use(self, shard: int) -> float:
+        """Positions until ``shard`` is read again (0 if being read), ``inf`` if never."""
+        positions = self._at.get(shard)
+        if not positions:
+            return math.inf
+        k = bisect.bisect_left(positions, self.position)
+        if k > 0 and positions[k - 1] >= self.position - self.active:
+            return 0.0
+        if k == len(positions):
+            return math.inf
+        return float(positions[k] - self.position + 1)
+
+    def advance(self, shard: int) -> None:
+        positions = self._at.get(shard)
+        if not positions:
+            return
+        k = bisect.bisect_left(positions, self.position)
+        if k < len(positions) and positions[k] - self.position < self.lookahead:
+            self.position = positions[k] + 1
+
+    def upcoming(self, limit: int) -> list[int]:
+        """The next ``limit`` distinct shards from the current position."""
+        out: list[int] = []
+        seen: set[int] = set()
+        for s in self.order[self.position :]:
+            if s not in seen:
+                seen.add(s)
+                out.append(s)
+                if len(out) >= limit:
+                    break
+        return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A cached entry that could be evicted."""
+
+    key: Hashable
+    size: int
+    last_used: float
+    next_use: float = math.inf
+
+
+def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Furthest next use first (never-again first of all); ties by least recently used."""
+    return sorted(candidates, key=lambda c: (-c.next_use, c.last_used))
+
+
+def lru_hits(order: Sequence[int], capacity: int) -> int:
+    """Hits of an LRU cache holding ``capacity`` equal-size shards over ``order``."""
+    held: dict[int, int] = {}
+    hits = 0
+    for t, s in enumerate(order):
+        if s in held:
+            hits += 1
+        elif len(held) >= capacity:
+            del held[min(held, key=held.__getitem__)]
+        held[s] = t
+    return hits
+
+
+def belady_hits(order: Sequence[int], capacity: int) -> int:
+    """Hits of Belady's MIN (the optimum for equal-size shards) over ``order``."""
+    nxt = [math.inf] * len(order)
+    last: dict[int, int] = {}
+    for t in range(len(order) - 1, -1, -1):
+        nxt[t] = last.get(order[t], math.inf)
+        last[order[t]] = t
+    held: dict[int, float] = {}
+    hits = 0
+    for t, s in enumerate(order):
+        if s in held:
+            hits += 1
+        elif len(held) >= capacity:
+            del held[max(held, key=held.__getitem__)]
+        held[s] = nxt[t]
+    return hits

@@ -1,0 +1,136 @@
+"""Parallel ranged reads of one object, seen only through ``fetch(start, end) -> bytes``.
+
+Parts run on a shared thread pool, gated by an ``AdaptiveLimit``: a throttling answer shrinks
+the number of requests in flight, successes grow it back. Each part retries transient
+failures with exponential backoff and full jitter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from flashfeed.storage import RetryPolicy, is_transient
+
+from .aimd import AdaptiveLimit
+
+__all__ = ["FetchReport", "RangedFetcher", "is_throttle", "split_ranges"]
+
+Fetch = Callable[[int, int], bytes]
+Write = Callable[[int, bytes], None]
+
+_THROTTLE_MARKERS = (
+    "SlowDown",
+    "slow down",
+    "503",
+    "Throttl",
+    "TooManyRequests",
+    "RequestLimitExceeded",
+    "reduce your request rate",
+)
+
+
+def is_throttle(exc: BaseException) -> bool:
+    """True when the store asked us to slow down (S3 503 SlowDown and its relatives)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(m in text for m in _THROTTLE_MARKERS)
+
+
+def split_ranges(size: int, part_size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges of at most ``part_size`` bytes covering ``size`` bytes."""
+    if part_size <= 0:
+        raise ValueError(f"part_size must be > 0, got {part_size}")
+    return [(s, min(s + part_size, size)) for s in range(0, size, part_size)]
+
+
+class ShortReadError(ConnectionError):
+    """A range came back shorter than asked: retried like a dropped connection."""
+
+
+@dataclass
+class FetchReport:
+    """What one object's fetch cost: requests, retries, throttling answers, seconds."""
+
+    requests: int = 0
+    retries: int = 0
+    throttles: int = 0
+    seconds: float = 0.0
+
+
+class RangedFetcher:
+    """Fetch objects part by part with adaptive concurrency shared by all callers."""
+
+    def __init__(
+        self,
+        *,
+        part_size: int,
+        limit: AdaptiveLimit,
+        pool: ThreadPoolExecutor,
+        retry: RetryPolicy,
+    ) -> None:
+        self.part_size = part_size
+        self.limit = limit
+        self.pool = pool
+        self.retry = retry
+
+    def fetch_into(self, fetch: Fetch, size: int, write: Write) -> FetchReport:
+        """Read ``[0, size)`` with ``fetch`` and hand each part to ``write(offset, data)``.
+
+        Raises the first part's final error (after its retries); the other parts stop.
+        """
+        report = FetchReport()
+        lock = threading.Lock()
+        failed = threading.Event()
+        start = time.monotonic()
+
+        def part(lo: int, hi: int) -> None:
+            attempt = 0
+            first = time.monotonic()
+            while True:
+                if failed.is_set():
+                    return
+                self.limit.acquire()
+                throttled = False
+                try:
+                    data = fetch(lo, hi)
+                    if len(data) != hi - lo:
+                        raise ShortReadError(f"range {lo}-{hi} returned {len(data)} bytes")
+                except Exception as exc:
+                    throttled = is_throttle(exc)
+                    self.limit.release(throttled=throttled)
+                    attempt += 1
+                    with lock:
+                        report.requests += 1
+                        report.throttles += throttled
+                    elapsed = time.monotonic() - first
+                    retry = throttled or is_transient(exc)
+                    if retry and attempt < self.retry.attempts and elapsed < self.retry.deadline:
+                        with lock:
+                            report.retries += 1
+                        time.sleep(self.retry.delay(attempt))
+                        continue
+                    failed.set()
+                    raise
+                self.limit.release()
+                with lock:
+                    report.requests += 1
+                write(lo, data)
+                return
+
+        ranges = split_ranges(size, self.part_size)
+        if len(ranges) <= 1:
+            for lo, hi in ranges:
+                part(lo, hi)
+        else:
+            futures: list[Future[None]] = [self.pool.submit(part, lo, hi) for lo, hi in ranges]
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            errors = [f.exception() for f in done if f.exception() is not None]
+            if errors:
+                failed.set()
+                wait(futures)
+                raise errors[0]  # type: ignore[misc]
+        report.seconds = time.monotonic() - start
+        return report

@@ -1,0 +1,347 @@
+"""``ShardCache``: the node-local shard cache shared by every process on a node."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from typing import Any
+
+from flashfeed.dataset import Dataset
+from flashfeed.manifest import ShardInfo
+from flashfeed.storage import RetryPolicy
+from flashfeed.units import format_size
+
+from .aimd import AdaptiveLimit
+from .errors import CacheCapacityError
+from .fill import file_checksum, fill_shard
+from .layout import DatasetDir, atomic_write_json, dataset_key, make_private_dir
+from .locks import FileLock
+from .options import CacheOptions
+from .policy import FutureOrder
+from .ranged import RangedFetcher
+from .space import SpaceManager, sweep_dead_parts
+from .stats import Counters
+
+__all__ = ["ShardCache"]
+
+log = logging.getLogger("flashfeed.cache")
+
+
+class ShardCache:
+    """Shards of committed datasets on local disk: fetched once per node, verified, bounded.
+
+    >>> cache = ShardCache("/nvme/ff-cache", capacity="500GiB")      # doctest: +SKIP
+    >>> path = cache.get(Dataset.open("s3://flashfeed/photos"), 0)    # doctest: +SKIP
+
+    ``get`` returns the path of a complete, checksum-verified copy. A shard may be evicted
+    once ``get`` has returned unless it is pinned or read inside ``with cache.open(...)``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        capacity: int | str,
+        storage_options: dict[str, Any] | None = None,
+        part_size: int | str = "16MiB",
+        concurrency: int = 8,
+        min_concurrency: int = 1,
+        prefetch_workers: int = 4,
+        verify: str = "once",
+        space_timeout: float = 10.0,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.options = CacheOptions.build(
+            capacity=capacity,
+            part_size=part_size,
+            concurrency=concurrency,
+            min_concurrency=min_concurrency,
+            prefetch_workers=prefetch_workers,
+            verify=verify,
+            space_timeout=space_timeout,
+            retry=retry,
+        )
+        self.root = os.path.abspath(os.fspath(root))
+        make_private_dir(self.root)
+        self.storage_options = storage_options
+        self.counters = Counters(self.root)
+        self.limit = AdaptiveLimit(concurrency, minimum=min_concurrency)
+        self._parts = ThreadPoolExecutor(concurrency, thread_name_prefix="ff-cache-part")
+        self._prefetcher = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="ff-prefetch")
+        self.fetcher = RangedFetcher(
+            part_size=self.options.part_size,
+            limit=self.limit,
+            pool=self._parts,
+            retry=self.options.retry_policy,
+        )
+        self.space = SpaceManager(
+            self.root,
+            capacity=self.options.capacity,
+            counters=self.counters,
+            next_use=self._next_use,
+            timeout=self.options.space_timeout,
+        )
+        self._lock = threading.Lock()
+        self._dirs: dict[int, tuple[Any, DatasetDir, dict[str, int]]] = {}
+        self._futures: dict[str, FutureOrder] = {}
+        self._verified: dict[str, tuple[int, int, int]] = {}
+        self._pending: dict[tuple[str, int], Future[str]] = {}
+        self.prefetch_errors: dict[tuple[str, int], BaseException] = {}
+        self._closed = False
+        atomic_write_json(os.path.join(self.root, "cache.json"), {"capacity": self.capacity})
+        self.space.used_bytes()  # sweeps the part files of dead fills
+        atexit.register(self.counters.flush)
+
+    @property
+    def capacity(self) -> int:
+        return self.options.capacity
+
+    # -- datasets ---------------------------------------------------------------------------
+    def dataset_dir(self, dataset: Dataset) -> DatasetDir:
+        """The cache directory of a dataset; checks the capacity on first sight."""
+        return self._register(dataset)[0]
+
+    def _register(self, dataset: Dataset) -> tuple[DatasetDir, dict[str, int]]:
+        with self._lock:
+            known = self._dirs.get(id(dataset.manifest))
+            if known is not None:
+                return known[1], known[2]
+        shards = dataset.shards
+        if shards:
+            biggest = max(shards, key=lambda s: s.bytes)
+            if biggest.bytes > self.capacity:
+                raise CacheCapacityError(
+                    f"cache capacity {format_size(self.capacity)} ({self.root}) is smaller than "
+                    f"shard {biggest.path} of {dataset.url} ({format_size(biggest.bytes)}): "
+                    f"give the cache at least {format_size(biggest.bytes)}, better the node's "
+                    "whole share of the dataset"
+                )
+        d = DatasetDir(self.root, dataset_key(dataset.url, dataset.manifest))
+        d.create(dataset.url, dataset.manifest)
+        sweep_dead_parts(d)
+        by_path = {s.path: i for i, s in enumerate(shards)}
+        with self._lock:
+            self._dirs[id(dataset.manifest)] = (dataset.manifest, d, by_path)
+        return d, by_path
+
+    def _resolve(self, dataset: Dataset, shard: int | ShardInfo) -> tuple[DatasetDir, int]:
+        d, by_path = self._register(dataset)
+        if isinstance(shard, ShardInfo):
+            if shard.path not in by_path:
+                raise KeyError(f"{dataset.url} has no shard {shard.path!r}")
+            return d, by_path[shard.path]
+        n = len(dataset.shards)
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
+            raise IndexError(f"shard must be an int in [0, {n}) for {dataset.url}, got {shard!r}")
+        return d, shard
+
+    # -- reading ----------------------------------------------------------------------------
+    def get(self, dataset: Dataset, shard: int | ShardInfo) -> str:
+        """The local path of a verified copy of the shard, fetching it if needed (blocks).
+
+        Its index, if the shard has one, is beside it as ``path + ".idx"``.
+        """
+        d, i = self._resolve(dataset, shard)
+        with self._lock:
+            future = self._futures.get(d.key)
+            if future is not None:
+                future.advance(i)
+        return self._ensure(dataset, d, i)
+
+    def ensure(self, dataset: Dataset, shard: int | ShardInfo) -> str:
+        """Like ``get`` but not a read: the position in the future order stays where it is."""
+        d, i = self._resolve(dataset, shard)
+        return self._ensure(dataset, d, i)
+
+    @contextmanager
+    def open(self, dataset: Dataset, shard: int | ShardInfo) -> Iterator[str]:
+        """``get`` and keep the shard marked in use (for every process) inside the block."""
+        d, i = self._resolve(dataset, shard)
+        use = FileLock(d.use_lock(i))
+        use.acquire(shared=True)
+        try:
+            yield self.get(dataset, i)
+        finally:
+            use.release()
+
+    def contains(self, dataset: Dataset, shard: int | ShardInfo) -> bool:
+        """True if a complete copy is present (not verified)."""
+        d, i = self._resolve(dataset, shard)
+        return os.path.exists(d.shard_path(i))
+
+    def _ensure(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
+        path = d.shard_path(i)
+        if self._usable(path, dataset.shards[i]) is True:
+            self._touch(path)
+            self.counters.add(hits=1)
+            return path
+        return self._fill(dataset, d, i)
+
+    def _usable(self, path: str, info: ShardInfo) -> bool | None:
+        """True: good copy. False: present but corrupt. None: absent."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        if st.st_size != info.bytes:
+            return False
+        ident = (st.st_dev, st.st_ino, st.st_size)
+        mode = self.options.verify
+        if mode == "never" or (mode == "once" and self._verified.get(path) == ident):
+            return True
+        try:
+            ok = file_checksum(path) == info.checksum
+        except FileNotFoundError:
+            return None
+        if ok:
+            self._verified[path] = ident
+        return ok
+
+    def _touch(self, path: str) -> None:
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+
+    def _fill(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
+        path = d.shard_path(i)
+        lock = FileLock(d.fill_lock(i))
+        waited = not lock.acquire(blocking=False)
+        if waited:
+            lock.acquire()
+        try:
+            state = self._usable(path, dataset.shards[i])
+            if state is True:
+                self._touch(path)
+                self.counters.add(hits=1, shared_waits=int(waited))
+                return path
+            if state is False:
+                log.warning("cached shard %s is corrupt; fetching it again", path)
+                self.counters.add(corrupt_refetches=1)
+                for p in (path, path + ".idx"):
+                    try:
+                        os.unlink(p)
+                    except FileNotFoundError:
+                        pass
+            start = time.monotonic()
+            try:
+                report = fill_shard(
+                    d,
+                    i,
+                    dataset,
+                    fetcher=self.fetcher,
+                    reserve=lambda need, part: self.space.reserve(d, i, need, part),
+                    storage_options=self.storage_options,
+                )
+            except BaseException:
+                self.counters.add(failures=1)
+                raise
+            st = os.stat(path)
+            self._verified[path] = (st.st_dev, st.st_ino, st.st_size)
+            self.counters.add(
+                misses=1,
+                bytes_fetched=dataset.shards[i].bytes,
+                fetch_seconds=time.monotonic() - start,
+                requests=report.requests,
+                retries=report.retries,
+                throttle_events=report.throttles,
+            )
+            self.counters.flush()
+            return path
+        finally:
+            lock.release()
+
+    # -- read-ahead and eviction hints ------------------------------------------------------
+    def prefetch(self, dataset: Dataset, shards: Iterable[int]) -> None:
+        """Fetch shards in the background (in the given order); returns at once.
+
+        Failures are counted and kept in ``prefetch_errors``; a later ``get`` retries.
+        """
+        d, _ = self._register(dataset)
+        for shard in shards:
+            _, i = self._resolve(dataset, shard)
+            key = (d.key, i)
+            with self._lock:
+                pending = self._pending.get(key)
+                if pending is not None and not pending.done():
+                    continue
+                self._pending[key] = self._prefetcher.submit(self._prefetch_one, dataset, d, i)
+
+    def _prefetch_one(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
+        try:
+            return self._ensure(dataset, d, i)
+        except BaseException as exc:
+            self.prefetch_errors[(d.key, i)] = exc
+            log.warning("prefetch of shard %d of %s failed: %s", i, dataset.url, exc)
+            raise
+        finally:
+            with self._lock:
+                self._pending.pop((d.key, i), None)
+
+    def wait_prefetch(self, timeout: float | None = None) -> None:
+        """Block until the prefetches queued so far have finished (or failed)."""
+        with self._lock:
+            pending = list(self._pending.values())
+        wait(pending, timeout=timeout)
+
+    def set_future(self, dataset: Dataset, shards_in_order: Sequence[int]) -> None:
+        """The upcoming read order (the plan's): eviction then removes the shard read last."""
+        d, _ = self._register(dataset)
+        order = FutureOrder(shards_in_order)
+        with self._lock:
+            self._futures[d.key] = order
+        atomic_write_json(d.future_path, {"order": order.order, "updated": time.time()})
+
+    def _next_use(self, key: str, shard: int) -> float:
+        with self._lock:
+            future = self._futures.get(key)
+            return future.next_use(shard) if future is not None else math.inf
+
+    def pin(self, dataset: Dataset, shard: int | ShardInfo) -> None:
+        """Never evict this shard (for every process) until ``unpin``."""
+        d, i = self._resolve(dataset, shard)
+        fd = os.open(d.pin_path(i), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+
+    def unpin(self, dataset: Dataset, shard: int | ShardInfo) -> None:
+        d, i = self._resolve(dataset, shard)
+        try:
+            os.unlink(d.pin_path(i))
+        except FileNotFoundError:
+            pass
+
+    # -- reporting and lifetime -------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """This process's counters, the current and lowest concurrency, and the bytes held."""
+        out: dict[str, Any] = dict(self.counters.snapshot())
+        seconds = out["fetch_seconds"]
+        out["fetch_gbps"] = out["bytes_fetched"] / seconds / 1e9 if seconds else 0.0
+        out["concurrency"] = self.limit.limit
+        out["concurrency_max"] = self.limit.maximum
+        out["concurrency_lowest"] = self.limit.lowest
+        out["capacity"] = self.capacity
+        out["used_bytes"] = self.space.used_bytes()
+        return out
+
+    def close(self) -> None:
+        """Finish queued prefetches, stop the threads and persist the counters."""
+        if self._closed:
+            return
+        self._closed = True
+        self._prefetcher.shutdown(wait=True)
+        self._parts.shutdown(wait=True)
+        self.counters.flush()
+        atexit.unregister(self.counters.flush)
+
+    def __enter__(self) -> ShardCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,185 @@
+"""Room for fills: size what the cache holds, evict, reserve, and sweep dead fills.
+
+All of it runs under one node-wide lock (``<root>/.locks/space.lock``) so that two processes
+never both decide the same free bytes are theirs. A fill's part file is allocated to its
+full size while the lock is held, so it counts against the capacity until it is renamed or
+removed. Part files whose fill lock is free belong to dead fills and are removed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import cast
+
+from flashfeed.units import format_size
+
+from .errors import CacheFullError
+from .layout import CachedEntry, DatasetDir, list_dataset_dirs, make_private_dir
+from .locks import FileLock, locked
+from .policy import Candidate, eviction_order
+from .stats import Counters
+
+__all__ = ["SpaceManager", "remove_entry"]
+
+NextUse = Callable[[str, int], float]
+
+
+def remove_entry(d: DatasetDir, shard: int) -> int | None:
+    """Delete a cached shard (and its index) unless a fill holds it or a process uses it.
+
+    Returns the bytes freed, or None when it was busy. The shard file goes first, so a
+    present shard always has its index beside it.
+    """
+    fill = FileLock(d.fill_lock(shard))
+    if not fill.acquire(blocking=False):
+        return None
+    try:
+        use = FileLock(d.use_lock(shard))
+        if not use.acquire(blocking=False):
+            return None
+        try:
+            freed = 0
+            path = d.shard_path(shard)
+            for p in (path, path + ".idx"):
+                try:
+                    freed += os.stat(p).st_size
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            return freed
+        finally:
+            use.release()
+    finally:
+        fill.release()
+
+
+def sweep_dead_parts(d: DatasetDir) -> int:
+    """Remove part files left by fills whose process died; returns how many."""
+    removed = 0
+    for shard, path in d.parts():
+        lock = FileLock(d.fill_lock(shard))
+        if not lock.acquire(blocking=False):
+            continue  # a live fill of this shard: its part files are in use
+        try:
+            os.unlink(path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+        finally:
+            lock.release()
+    return removed
+
+
+class SpaceManager:
+    """Keeps the bytes in ``root`` within ``capacity``."""
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        capacity: int,
+        counters: Counters,
+        next_use: NextUse,
+        timeout: float,
+    ) -> None:
+        self.root = root
+        self.capacity = capacity
+        self.counters = counters
+        self.next_use = next_use
+        self.timeout = timeout
+        self.lock_path = os.path.join(make_private_dir(os.path.join(root, ".locks")), "space.lock")
+
+    def scan(self) -> tuple[list[tuple[DatasetDir, CachedEntry]], int]:
+        """Every complete entry, and the bytes used (entries + part files of live fills)."""
+        entries = []
+        used = 0
+        for d in list_dataset_dirs(self.root):
+            sweep_dead_parts(d)
+            used += d.part_bytes()
+            for e in d.entries():
+                entries.append((d, e))
+                used += e.size
+        return entries, used
+
+    def used_bytes(self) -> int:
+        with locked(self.lock_path):
+            return self.scan()[1]
+
+    def reserve(self, d: DatasetDir, shard: int, need: int, part: str) -> int:
+        """Create ``part`` allocated to ``need`` bytes, evicting first if needed; its fd."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            with locked(self.lock_path):
+                entries, used = self.scan()
+                if used + need > self.capacity:
+                    used -= self._evict(entries, used + need - self.capacity, (d.key, shard))
+                if used + need <= self.capacity:
+                    return _allocate(part, need)
+                pinned = sum(e.pinned for _, e in entries)
+            if time.monotonic() >= deadline:
+                raise CacheFullError(
+                    f"no room in cache {self.root} for shard {shard} of {d.url} "
+                    f"({format_size(need)}): {format_size(used)} of {format_size(self.capacity)} "
+                    f"held by {len(entries)} shards, {pinned} pinned, the rest in use or being "
+                    f"filled; unpin shards, close readers or raise the capacity"
+                )
+            time.sleep(0.1)
+
+    def _evict(
+        self, entries: list[tuple[DatasetDir, CachedEntry]], amount: int, exclude: tuple
+    ) -> int:
+        dirs = {d.key: d for d, _ in entries}
+        candidates = [
+            Candidate(
+                key=(e.dataset, e.shard),
+                size=e.size,
+                last_used=e.last_used,
+                next_use=self.next_use(e.dataset, e.shard),
+            )
+            for _, e in entries
+            if not e.pinned and (e.dataset, e.shard) != exclude
+        ]
+        freed = 0
+        for c in eviction_order(candidates):
+            if freed >= amount:
+                break
+            key, shard = cast(tuple[str, int], c.key)
+            got = remove_entry(dirs[key], shard)
+            if got is not None:
+                freed += got
+                self.counters.add(evictions=1, evicted_bytes=got)
+        return freed
+
+    def evict_all(self, dirs: list[DatasetDir]) -> tuple[int, int, int]:
+        """Evict every unpinned entry not in use: ``(evicted, bytes, kept)``."""
+        evicted = freed = kept = 0
+        with locked(self.lock_path):
+            for d in dirs:
+                sweep_dead_parts(d)
+                for e in d.entries():
+                    got = None if e.pinned else remove_entry(d, e.shard)
+                    if got is None:
+                        kept += 1
+                    else:
+                        evicted += 1
+                        freed += got
+        if evicted:
+            self.counters.add(evictions=evicted, evicted_bytes=freed)
+        return evicted, freed, kept
+
+
+def _allocate(part: str, size: int) -> int:
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        if size:
+            os.posix_fallocate(fd, 0, size)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(part)
+        except FileNotFoundError:
+            pass
+        raise
+    return fd
