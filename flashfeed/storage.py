@@ -49,9 +49,13 @@ def checksum(data: bytes | memoryview) -> str:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter, bounded in attempts and in total time."""
+    """Exponential backoff with full jitter, bounded in attempts and in total time.
 
-    attempts: int = 6
+    The attempts allow ~20 s of waiting on average, so a server that restarts (a few seconds
+    down) is ridden out; ``deadline`` is the bound that callers tune.
+    """
+
+    attempts: int = 12
     base_delay: float = 0.2
     max_delay: float = 5.0
     deadline: float = 60.0
