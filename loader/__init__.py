@@ -13,6 +13,7 @@ from .ledger import Ledger, read_ledger
 from .pipeline import decode_device
 from .position import PlanOptions, Position
 from .sources import CacheShardSource, LocalShardSource, ShardSource
+from .tokens import TokenLoader
 
 __all__ = [
     "CacheShardSource",
@@ -23,6 +24,7 @@ __all__ = [
     "PlanOptions",
     "Position",
     "ShardSource",
+    "TokenLoader",
     "decode_device",
     "read_ledger",
     "resolve_context",

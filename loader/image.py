@@ -6,26 +6,25 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
 
+from .base import PlannedLoader
 from .convert import to_torch
 from .distributed import resolve_context
 from .fields import parse_fields
-from .ledger import Ledger
-from .passplan import PassPlan, ShardFeeder, make_pass
+from .passplan import PassPlan, ShardFeeder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, decode_device
-from .position import PlanOptions, Position
+from .position import PlanOptions
 from .reader import BatchSource, ShardReader
 from .sources import ShardSource, open_dataset, open_source
-from .stats import BatchTiming, StatsRecorder
+from .stats import BatchTiming
 
 __all__ = ["Loader"]
 
 
-class Loader:
+class Loader(PlannedLoader):
     """Batches of a WebDataset-format dataset, decoded by DALI in the order of the plan.
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
@@ -62,23 +61,18 @@ class Loader:
         stats_log: str | None = None,
         prometheus_port: int | None = None,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if py_workers < 0:
             raise ValueError(f"py_workers must be >= 0, got {py_workers}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        self.dataset = open_dataset(dataset, storage_options)
-        if self.dataset.manifest.shard_format != "webdataset":
+        ds = open_dataset(dataset, storage_options)
+        if ds.manifest.shard_format != "webdataset":
             raise ValueError(
-                f"{self.dataset.url} holds {self.dataset.manifest.shard_format} shards; "
+                f"{ds.url} holds {ds.manifest.shard_format} shards; "
                 "Loader reads webdataset shards (use TokenLoader for arrow)"
             )
-        self.ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
-        self.batch_size = batch_size
-        self.drop_last = drop_last
         self.specs = parse_fields(fields)
         self.device_kind = decode_device(device)
         self.augment = AugmentOptions(
@@ -86,92 +80,32 @@ class Loader:
             train=shuffle if train is None else train,
             device=self.device_kind,
         )
+        super().__init__(
+            ds,
+            ctx=resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node),
+            batch_size=batch_size,
+            options=PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window),
+            source=source
+            or open_source(ds, cache_dir=cache_dir, cache=cache, storage_options=storage_options),
+            ledger_dir=ledger_dir,
+            stats_log=stats_log,
+            prometheus_port=prometheus_port,
+        )
         self.user_pipeline = pipeline
         self.num_threads = num_threads
         self.py_workers = py_workers
         self.prefetch = prefetch
         self.readahead = readahead
-        self.source = source or open_source(
-            self.dataset, cache_dir=cache_dir, cache=cache, storage_options=storage_options
-        )
-        sizes = np.array([s.samples for s in self.dataset.shards], dtype=np.int64)
-        self.position = Position(
-            sizes,
-            self.ctx,
-            PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window),
-        )
-        self.ledger = (
-            Ledger(ledger_dir, rank=self.ctx.rank, world_size=self.ctx.world_size)
-            if ledger_dir
-            else None
-        )
-        exporter = None
-        if prometheus_port is not None:
-            from .prometheus import PrometheusExporter
-
-            exporter = PrometheusExporter(port=prometheus_port, rank=self.ctx.rank)
-        self.recorder = StatsRecorder(
-            rank=self.ctx.rank, log=stats_log, cache_stats=self.source.stats, exporter=exporter
-        )
         self.torch_device = (
             torch.device("cuda", torch.cuda.current_device())
             if self.device_kind == "gpu" and torch.cuda.is_available()
             else None
         )
-        self._shard_names = [s.path for s in self.dataset.shards]
         self._index_cache: dict[int, list[str]] = {}
-        self._finished = False
-        self._active = False
-
-    # -- plan and state -------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self.position.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Train epoch ``epoch`` next (the current epoch keeps its position)."""
-        if epoch != self.position.epoch:
-            self._finished = False
-        self.position.set_epoch(epoch)
-
-    def _pass(self) -> PassPlan:
-        return make_pass(
-            self.position.remaining(),
-            self.position.shard_sizes,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-        )
-
-    def __len__(self) -> int:
-        """Batches the next ``for batch in loader`` yields."""
-        if self._finished:
-            ahead = Position(self.position.shard_sizes, self.ctx, self.position.options)
-            ahead.set_epoch(self.position.epoch + 1)
-            n = len(ahead.remaining())
-        else:
-            n = len(self.position.remaining())
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The exact position: after loading it, iteration continues with the next batch."""
-        state = self.position.state_dict()
-        state["finished"] = self._finished
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self._active:
-            raise RuntimeError("load_state_dict() while iterating: finish or close the loop first")
-        self.position.load_state_dict(state)
-        self._finished = bool(state.get("finished", False))
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        if self._active:
-            raise RuntimeError("this Loader is already being iterated")
-        if self._finished:
-            self.position.next_epoch()
-            self._finished = False
-        return self._run(self._pass())
+        return self._run(self._begin_pass())
 
     def _run(self, plan: PassPlan) -> Iterator[dict[str, torch.Tensor]]:
         self._active = True
@@ -183,7 +117,7 @@ class Loader:
                 self.source, plan, lookahead=self.prefetch + 1, readahead=self.readahead
             )
             storage_wait = feeder.ensure(0)
-            reader = ShardReader(self.source, self._shard_names)
+            reader = ShardReader(self.source, self.shard_names)
             batch_source = BatchSource(
                 reader,
                 plan.shards,
@@ -251,7 +185,7 @@ class Loader:
         for shard, row in zip(plan.shards[sl].tolist(), plan.rows[sl].tolist(), strict=True):
             if shard not in self._index_cache:
                 self._index_cache[shard] = [e.key for e in self.source.index(shard)]
-            keys.append(f"{self._shard_names[shard]}/{self._index_cache[shard][row]}")
+            keys.append(f"{self.shard_names[shard]}/{self._index_cache[shard][row]}")
         return keys
 
     def _out_device(self, name: str) -> torch.device | None:
@@ -260,10 +194,3 @@ class Loader:
     def _aug_seed(self) -> int:
         o = self.position.options
         return hash((o.seed, self.position.epoch, self.ctx.rank, self.position.consumed))
-
-    def stats(self) -> dict[str, Any]:
-        """Samples/s, per-kind wait seconds and fractions, cache hits, since construction."""
-        return self.recorder.summary()
-
-    def close(self) -> None:
-        self.recorder.close()

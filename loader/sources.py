@@ -125,29 +125,53 @@ def _verify_file(path: str, info: Any, *, dataset: str) -> None:
 
 class CacheShardSource:
     """Shards through the node-local ``flashfeed.cache.ShardCache`` (shared by all ranks
-    and workers of the node; one download per shard per node)."""
+    and workers of the node; one download per shard per node).
+
+    The process that made it fetches and verifies through the cache. In another process
+    (a DALI reader or ``DataLoader`` worker) a shard the cache already holds is opened
+    directly; one it lacks is fetched through a ``ShardCache`` of that process, on the same
+    directory and file locks.
+    """
 
     def __init__(self, dataset: Dataset, cache: Any) -> None:
         self.dataset = dataset
         self.cache = cache
+        self._data_dir = str(cache.dataset_dir(dataset).data_dir)
+        self._cache_args = (cache.root, cache.capacity, cache.storage_options)
+        self._owner = os.getpid()
         self._paths: dict[int, str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_paths"] = {}
+        state["cache"], state["_paths"], state["_owner"] = None, {}, -1
         return state
+
+    def _cache(self) -> Any:
+        if self._owner != os.getpid():  # a forked or spawned worker: its own cache handle
+            from flashfeed.cache import ShardCache
+
+            root, capacity, options = self._cache_args
+            self.cache = ShardCache(root, capacity=capacity, storage_options=options)
+            self._owner, self._paths = os.getpid(), {}
+        return self.cache
 
     def local_path(self, shard: int) -> str:
         path = self._paths.get(shard)
-        if path is None or not os.path.exists(path):
-            try:
-                path = str(self.cache.get(self.dataset, shard))
-            except FileNotFoundError as exc:
-                info = self.dataset.shards[shard]
-                raise CorruptShardError(
-                    f"shard {info.path} of dataset {self.dataset.url} is missing ({exc})"
-                ) from None
-            self._paths[shard] = path
+        if path is not None and os.path.exists(path):
+            return path
+        info = self.dataset.shards[shard]
+        if self._owner != os.getpid():
+            direct = os.path.join(self._data_dir, info.path)
+            if os.path.exists(direct):
+                self._paths[shard] = direct
+                return direct
+        try:
+            path = str(self._cache().get(self.dataset, shard))
+        except FileNotFoundError as exc:
+            raise CorruptShardError(
+                f"shard {info.path} of dataset {self.dataset.url} is missing ({exc})"
+            ) from None
+        self._paths[shard] = path
         return path
 
     def index(self, shard: int) -> list[SampleIndex]:
@@ -156,21 +180,17 @@ class CacheShardSource:
             return parse_index(f.read(), source=path)
 
     def prefetch(self, shards: Sequence[int]) -> None:
-        self.cache.prefetch(self.dataset, list(shards))
+        self._cache().prefetch(self.dataset, list(shards))
 
     def set_future(self, shards: Sequence[int]) -> None:
-        self.cache.set_future(self.dataset, list(shards))
+        self._cache().set_future(self.dataset, list(shards))
 
     def stats(self) -> dict[str, Any]:
-        out = {"kind": "cache"}
+        out: dict[str, Any] = {"kind": "cache"}
         try:
-            raw = self.cache.stats()
+            out.update(self._cache().stats())
         except Exception as exc:  # a stats failure must not stop training
-            return {**out, "error": str(exc)}
-        if isinstance(raw, dict):
-            out.update(raw)
-        else:
-            out.update({k: v for k, v in vars(raw).items() if not k.startswith("_")})
+            out["error"] = str(exc)
         return out
 
 

@@ -1,0 +1,80 @@
+"""Fixed-length integer columns of memory-mapped Arrow shards as numpy views (no copy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from flashfeed.arrowshard import open_arrow
+from flashfeed.errors import CorruptShardError
+
+__all__ = ["ArrowShardView", "open_arrow_view"]
+
+
+@dataclass
+class ArrowShardView:
+    """One shard: per column, one 2-D ``(rows, length)`` (or 1-D) view per record batch."""
+
+    name: str
+    num_rows: int
+    starts: np.ndarray  # first row of each record batch
+    columns: dict[str, list[np.ndarray]]
+    keys: pa.ChunkedArray | None
+
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows -> (record batch, row inside it)."""
+        chunk = np.searchsorted(self.starts, rows, side="right") - 1
+        return chunk, rows - self.starts[chunk]
+
+    def key(self, row: int) -> str:
+        if self.keys is None:
+            return str(row)
+        return str(self.keys[row].as_py())
+
+
+def _column_views(col: pa.ChunkedArray, name: str, shard: str) -> list[np.ndarray]:
+    views = []
+    for chunk in col.chunks:
+        t = chunk.type
+        if pa.types.is_integer(t):
+            values, length = chunk, 0
+        elif (pa.types.is_fixed_size_list(t)) and pa.types.is_integer(t.value_type):
+            values, length = chunk.flatten(), t.list_size
+        elif (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(
+            t.value_type
+        ):
+            sizes = np.diff(chunk.offsets.to_numpy())
+            if len(sizes) and (sizes != sizes[0]).any():
+                raise CorruptShardError(
+                    f"shard {shard}: column {name!r} holds sequences of different lengths "
+                    f"({sizes.min()}..{sizes.max()}); TokenLoader needs fixed-length sequences"
+                )
+            values, length = chunk.flatten(), int(sizes[0]) if len(sizes) else 0
+        else:
+            raise CorruptShardError(
+                f"shard {shard}: column {name!r} is {t}, not integers or integer lists"
+            )
+        if values.null_count:
+            raise CorruptShardError(f"shard {shard}: column {name!r} holds nulls")
+        arr = values.to_numpy(zero_copy_only=True)
+        views.append(arr.reshape(len(chunk), length) if length else arr)
+    return views
+
+
+def open_arrow_view(path: str, columns: tuple[str, ...], *, name: str) -> ArrowShardView:
+    """Memory-map ``path`` and view ``columns`` (zero copy; pages load on first touch)."""
+    table = open_arrow(path, name=name)
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise CorruptShardError(f"shard {name}: no column {missing} (it has {table.column_names})")
+    lengths = [len(b) for b in table.column(columns[0]).chunks]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return ArrowShardView(
+        name=name,
+        num_rows=table.num_rows,
+        starts=starts,
+        columns={c: _column_views(table.column(c), c, name) for c in columns},
+        keys=table.column("__key__") if "__key__" in table.column_names else None,
+    )

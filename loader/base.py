@@ -1,0 +1,117 @@
+"""What every flashfeed loader shares: the plan position, epochs, resume state, ledger, stats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from flashfeed.dataset import Dataset
+
+from .distributed import DistContext
+from .ledger import Ledger
+from .passplan import PassPlan, make_pass
+from .position import PlanOptions, Position
+from .sources import ShardSource
+from .stats import StatsRecorder
+
+__all__ = ["PlannedLoader"]
+
+
+class PlannedLoader:
+    """Epoch/position bookkeeping over ``flashfeed.plan`` for one rank.
+
+    One pass (``for batch in loader``) reads what remains of the current epoch; once a pass
+    has run to its end, the next pass starts the next epoch unless ``set_epoch`` says
+    otherwise. ``state_dict()`` after batch k makes a new loader continue with batch k+1.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        ctx: DistContext,
+        batch_size: int,
+        options: PlanOptions,
+        source: ShardSource,
+        ledger_dir: str | None,
+        stats_log: str | None,
+        prometheus_port: int | None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.dataset = dataset
+        self.ctx = ctx
+        self.batch_size = batch_size
+        self.drop_last = options.drop_last
+        self.source = source
+        sizes = np.array([s.samples for s in dataset.shards], dtype=np.int64)
+        self.position = Position(sizes, ctx, options)
+        self.ledger = (
+            Ledger(ledger_dir, rank=ctx.rank, world_size=ctx.world_size) if ledger_dir else None
+        )
+        exporter = None
+        if prometheus_port is not None:
+            from .prometheus import PrometheusExporter
+
+            exporter = PrometheusExporter(port=prometheus_port, rank=ctx.rank)
+        self.recorder = StatsRecorder(
+            rank=ctx.rank, log=stats_log, cache_stats=source.stats, exporter=exporter
+        )
+        self.shard_names = [s.path for s in dataset.shards]
+        self._finished = False
+        self._active = False
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (setting the current epoch keeps its position)."""
+        if epoch != self.position.epoch:
+            self._finished = False
+        self.position.set_epoch(epoch)
+
+    def _batches(self, n: int) -> int:
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __len__(self) -> int:
+        """Batches the next pass yields."""
+        if self._finished:
+            ahead = Position(self.position.shard_sizes, self.ctx, self.position.options)
+            ahead.set_epoch(self.position.epoch + 1)
+            return self._batches(len(ahead.remaining()))
+        return self._batches(len(self.position.remaining()))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position: seed, epoch, world size, segments, samples consumed."""
+        state = self.position.state_dict()
+        state["finished"] = self._finished
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``, saved by any rank, also under another world size."""
+        if self._active:
+            raise RuntimeError("load_state_dict() during a pass: finish or close the loop first")
+        self.position.load_state_dict(state)
+        self._finished = bool(state.get("finished", False))
+
+    def _begin_pass(self) -> PassPlan:
+        if self._active:
+            raise RuntimeError(f"this {type(self).__name__} is already being iterated")
+        if self._finished:
+            self.position.next_epoch()
+            self._finished = False
+        return make_pass(
+            self.position.remaining(),
+            self.position.shard_sizes,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Samples/s, wait seconds and fractions per kind, cache hits, since construction."""
+        return self.recorder.summary()
+
+    def close(self) -> None:
+        self.recorder.close()
