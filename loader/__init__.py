@@ -12,6 +12,7 @@ from .image import Loader
 from .ledger import Ledger, read_ledger
 from .pipeline import decode_device
 from .position import PlanOptions, Position
+from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
 from .sources import CacheShardSource, LocalShardSource, ShardSource
 from .tokens import TokenLoader
 
@@ -23,8 +24,11 @@ __all__ = [
     "LocalShardSource",
     "PlanOptions",
     "Position",
+    "ShardDataLoader",
+    "ShardDataset",
     "ShardSource",
     "TokenLoader",
+    "collate_samples",
     "decode_device",
     "read_ledger",
     "resolve_context",
