@@ -73,6 +73,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--workers", type=int, default=4, help="shards indexed at once (default %(default)s)"
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_index)
 
 
@@ -121,7 +122,16 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    report = index_dataset(args.url, name=args.name, overwrite=args.overwrite, workers=args.workers)
+    lock = threading.Lock()
+    with tqdm(unit="shard", desc="index", file=sys.stderr, disable=args.no_progress) as bar:
+
+        def done(info: Any) -> None:
+            with lock:
+                bar.update(1)
+
+        report = index_dataset(
+            args.url, name=args.name, overwrite=args.overwrite, workers=args.workers, on_shard=done
+        )
     m = report.manifest
     for path in report.empty:
         print(f"flashfeed index: skipped empty tar {path}", file=sys.stderr)
