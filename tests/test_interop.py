@@ -270,3 +270,25 @@ def test_index_handles_gnu_headers_and_empty_members(tmp_path: Path) -> None:
     (tmp_path / "x.tar").write_bytes(buf.getvalue())
     ds = index(str(tmp_path))
     assert_reads_like(ds, [("a", {"jpg": b"x" * 513, "txt": b""}), ("b", {"jpg": b"y"})])
+
+
+def test_index_adopts_pax_tars_with_long_and_unicode_names(tmp_path: Path) -> None:
+    """Python's default tar format (PAX, as webdataset's TarWriter writes): extended headers
+    for names over 100 bytes and non-ASCII names read and index like plain ones."""
+    long_dir = "d" * 150
+    expected = [
+        (f"{long_dir}/k1", {"jpg": b"abc"}),
+        ("ünï/k2", {"jpg": b"de"}),
+        ("k3", {"txt": b"f"}),
+    ]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for key, fields in expected:
+            for ext, data in fields.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                info.pax_headers = {"comment": "written by another tool"}
+                tar.addfile(info, io.BytesIO(data))
+    (tmp_path / "pax.tar").write_bytes(buf.getvalue())
+    ds = index(str(tmp_path))
+    assert_reads_like(ds, expected)
