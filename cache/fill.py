@@ -76,6 +76,28 @@ def _fetch_to(
         ) from None
 
 
+def _fetch_index(
+    fetcher: RangedFetcher,
+    dataset: Dataset,
+    info: ShardInfo,
+    url: str,
+    opts: dict[str, Any] | None,
+    report: FetchReport,
+) -> bytes:
+    fs, path = storage.filesystem(url, opts)
+    try:
+        return fetcher.call(lambda: fs.cat_file(path), report)
+    except FileNotFoundError:
+        raise CorruptShardError(
+            f"index {url} of shard {info.path} of {dataset.url} is missing"
+        ) from None
+    except Exception as exc:
+        raise StorageError(
+            f"could not fetch index {url} of shard {info.path} of {dataset.url}: "
+            f"{storage.redact(f'{type(exc).__name__}: {exc}')} (retries exhausted)"
+        ) from None
+
+
 def fill_shard(
     d: DatasetDir,
     shard: int,
@@ -106,12 +128,7 @@ def fill_shard(
         make_private_dir(os.path.dirname(final))
         index_url = dataset.index_url(info)
         if index_url is not None:
-            try:
-                text = storage.read_bytes(index_url, storage_options=opts)
-            except FileNotFoundError:
-                raise CorruptShardError(
-                    f"index {index_url} of shard {info.path} of {dataset.url} is missing"
-                ) from None
+            text = _fetch_index(fetcher, dataset, info, index_url, opts, report)
             fd = os.open(idx_part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(text)

@@ -17,9 +17,9 @@ class FutureOrder:
     """The upcoming read order of one dataset's shards, and where the reader stands in it.
 
     ``advance(shard)`` moves the position past the shard's next occurrence when that is
-    within ``lookahead`` positions (a read in plan order); repeated reads of a shard being
-    consumed do not jump ahead. Shards among the last ``active`` positions read count as
-    in use now (distance 0): they are still being read.
+    within ``lookahead`` positions (a read in plan order); repeated reads of a shard read in
+    the last ``active`` positions do not jump ahead. Shards read in the last ``active``
+    positions count as in use now (distance 0): they are still being read.
     """
 
     def __init__(self, order: Sequence[int], *, lookahead: int = 64, active: int = 4) -> None:
@@ -50,6 +50,8 @@ class FutureOrder:
         if not positions:
             return
         k = bisect.bisect_left(positions, self.position)
+        if k > 0 and positions[k - 1] >= self.position - max(1, self.active):
+            return  # read again while it is still being consumed
         if k < len(positions) and positions[k] - self.position < self.lookahead:
             self.position = positions[k] + 1
 

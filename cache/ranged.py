@@ -17,7 +17,7 @@ from flashfeed.storage import RetryPolicy, is_transient
 
 from .aimd import AdaptiveLimit
 
-__all__ = ["FetchReport", "RangedFetcher", "is_throttle", "split_ranges"]
+__all__ = ["FetchReport", "RangedFetcher", "is_retryable", "is_throttle", "split_ranges"]
 
 Fetch = Callable[[int, int], bytes]
 Write = Callable[[int, bytes], None]
@@ -39,6 +39,17 @@ def is_throttle(exc: BaseException) -> bool:
     return any(m in text for m in _THROTTLE_MARKERS)
 
 
+_RETRY_MARKERS = ("internal error", "try again", "ServiceUnavailable", "Server disconnected")
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Transient for the storage layer, a throttling answer, or a 5xx asking to try again."""
+    if isinstance(exc, FileNotFoundError | PermissionError):
+        return False
+    text = f"{type(exc).__name__}: {exc}"
+    return is_transient(exc) or is_throttle(exc) or any(m in text for m in _RETRY_MARKERS)
+
+
 def split_ranges(size: int, part_size: int) -> list[tuple[int, int]]:
     """``[start, end)`` ranges of at most ``part_size`` bytes covering ``size`` bytes."""
     if part_size <= 0:
@@ -58,6 +69,7 @@ class FetchReport:
     retries: int = 0
     throttles: int = 0
     seconds: float = 0.0
+    failed: bool = False
 
 
 class RangedFetcher:
@@ -75,6 +87,41 @@ class RangedFetcher:
         self.limit = limit
         self.pool = pool
         self.retry = retry
+        self._report_lock = threading.Lock()
+
+    def call(self, fn: Callable[[], bytes], report: FetchReport, expect: int = -1) -> bytes:
+        """One request through the gate, retried with backoff and jitter while retryable."""
+        attempt = 0
+        first = time.monotonic()
+        while True:
+            self.limit.acquire()
+            try:
+                data = fn()
+                if expect >= 0 and len(data) != expect:
+                    raise ShortReadError(f"asked for {expect} bytes, got {len(data)}")
+            except Exception as exc:
+                throttled = is_throttle(exc)
+                self.limit.release(throttled=throttled)
+                attempt += 1
+                with self._report_lock:
+                    report.requests += 1
+                    report.throttles += throttled
+                elapsed = time.monotonic() - first
+                if (
+                    is_retryable(exc)
+                    and attempt < self.retry.attempts
+                    and elapsed < self.retry.deadline
+                    and not report.failed
+                ):
+                    with self._report_lock:
+                        report.retries += 1
+                    time.sleep(self.retry.delay(attempt))
+                    continue
+                raise
+            self.limit.release()
+            with self._report_lock:
+                report.requests += 1
+            return data
 
     def fetch_into(self, fetch: Fetch, size: int, write: Write) -> FetchReport:
         """Read ``[0, size)`` with ``fetch`` and hand each part to ``write(offset, data)``.
@@ -82,43 +129,17 @@ class RangedFetcher:
         Raises the first part's final error (after its retries); the other parts stop.
         """
         report = FetchReport()
-        lock = threading.Lock()
-        failed = threading.Event()
         start = time.monotonic()
 
         def part(lo: int, hi: int) -> None:
-            attempt = 0
-            first = time.monotonic()
-            while True:
-                if failed.is_set():
-                    return
-                self.limit.acquire()
-                throttled = False
-                try:
-                    data = fetch(lo, hi)
-                    if len(data) != hi - lo:
-                        raise ShortReadError(f"range {lo}-{hi} returned {len(data)} bytes")
-                except Exception as exc:
-                    throttled = is_throttle(exc)
-                    self.limit.release(throttled=throttled)
-                    attempt += 1
-                    with lock:
-                        report.requests += 1
-                        report.throttles += throttled
-                    elapsed = time.monotonic() - first
-                    retry = throttled or is_transient(exc)
-                    if retry and attempt < self.retry.attempts and elapsed < self.retry.deadline:
-                        with lock:
-                            report.retries += 1
-                        time.sleep(self.retry.delay(attempt))
-                        continue
-                    failed.set()
-                    raise
-                self.limit.release()
-                with lock:
-                    report.requests += 1
-                write(lo, data)
+            if report.failed:
                 return
+            try:
+                data = self.call(lambda: fetch(lo, hi), report, expect=hi - lo)
+            except BaseException:
+                report.failed = True
+                raise
+            write(lo, data)
 
         ranges = split_ranges(size, self.part_size)
         if len(ranges) <= 1:
@@ -129,7 +150,7 @@ class RangedFetcher:
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             errors = [f.exception() for f in done if f.exception() is not None]
             if errors:
-                failed.set()
+                report.failed = True
                 wait(futures)
                 raise errors[0]  # type: ignore[misc]
         report.seconds = time.monotonic() - start

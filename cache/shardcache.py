@@ -253,6 +253,9 @@ class ShardCache:
                 retries=report.retries,
                 throttle_events=report.throttles,
             )
+            self.counters.set_gauges(
+                concurrency=self.limit.limit, concurrency_lowest=self.limit.lowest
+            )
             self.counters.flush()
             return path
         finally:
@@ -291,10 +294,16 @@ class ShardCache:
             pending = list(self._pending.values())
         wait(pending, timeout=timeout)
 
-    def set_future(self, dataset: Dataset, shards_in_order: Sequence[int]) -> None:
-        """The upcoming read order (the plan's): eviction then removes the shard read last."""
+    def set_future(
+        self, dataset: Dataset, shards_in_order: Sequence[int], *, active: int = 4
+    ) -> None:
+        """The upcoming read order (the plan's): eviction then removes the shard read last.
+
+        ``get`` advances the position in it; the shards of the last ``active`` reads count
+        as still being read (the plan mixes a window of shards at once).
+        """
         d, _ = self._register(dataset)
-        order = FutureOrder(shards_in_order)
+        order = FutureOrder(shards_in_order, active=active)
         with self._lock:
             self._futures[d.key] = order
         atomic_write_json(d.future_path, {"order": order.order, "updated": time.time()})

@@ -39,7 +39,9 @@ def _stats_path(root: str) -> str:
 def read_persisted(root: str) -> dict[str, Any]:
     """The node-wide counters as last flushed by every process that used ``root``."""
     data = read_json(_stats_path(root), {}) or {}
-    return {k: data.get(k, 0) for k in (*COUNTERS, "updated")}
+    out: dict[str, Any] = {k: data.get(k, 0) for k in (*COUNTERS, "updated")}
+    out["gauges"] = data.get("gauges", {})
+    return out
 
 
 class Counters:
@@ -50,6 +52,7 @@ class Counters:
         self.flush_every = flush_every
         self._total: dict[str, float] = dict.fromkeys(COUNTERS, 0)
         self._delta: dict[str, float] = dict.fromkeys(COUNTERS, 0)
+        self._gauges: dict[str, float] = {}
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
 
@@ -61,6 +64,11 @@ class Counters:
         if time.monotonic() - self._last_flush >= self.flush_every:
             self.flush()
 
+    def set_gauges(self, **values: float) -> None:
+        """Values persisted as they are (not added up), e.g. the current concurrency."""
+        with self._lock:
+            self._gauges.update(values)
+
     def snapshot(self) -> dict[str, float]:
         with self._lock:
             return dict(self._total)
@@ -69,8 +77,9 @@ class Counters:
         """Add the unflushed delta to ``stats.json``."""
         with self._lock:
             delta, self._delta = self._delta, dict.fromkeys(COUNTERS, 0)
+            gauges = dict(self._gauges)
             self._last_flush = time.monotonic()
-        if not any(delta.values()):
+        if not any(delta.values()) and not gauges:
             return
         locks = make_private_dir(os.path.join(self.root, ".locks"))
         try:
@@ -78,6 +87,7 @@ class Counters:
                 data = read_json(_stats_path(self.root), {}) or {}
                 for k, v in delta.items():
                     data[k] = data.get(k, 0) + v
+                data.setdefault("gauges", {}).update(gauges)
                 data["updated"] = time.time()
                 atomic_write_json(_stats_path(self.root), data)
         except OSError:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import random
+
 import numpy as np
 
 from flashfeed import Dataset, Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_tar_shard
+from flashfeed.store import EmbeddedStore, StoreError
 
 
 def make_dataset(
@@ -28,3 +32,23 @@ def make_dataset(
     )
     commit_manifest(prefix, manifest)
     return Dataset.open(prefix)
+
+
+def start_own_store(parent: str) -> EmbeddedStore:
+    """A private SeaweedFS server in a fresh dir under ``parent`` on a random port.
+
+    The default port 8333 is taken by whichever store started first on the machine, and a
+    port found free can be taken before the server binds it: a few attempts cover that race.
+    """
+    last: Exception | None = None
+    for attempt in range(4):
+        store = EmbeddedStore(
+            os.path.join(parent, f"store{attempt}"), port=random.randrange(20000, 45000)
+        )
+        try:
+            store.start()
+            return store
+        except StoreError as exc:
+            store.stop()
+            last = exc
+    raise RuntimeError(f"could not start a private SeaweedFS server: {last}")

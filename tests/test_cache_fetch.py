@@ -1,0 +1,191 @@
+"""Fetch strategies seen only through ``fetch(start, end)``: ranged parts, retries, AIMD
+under throttling; and the eviction policy (Belady with the plan's order vs LRU)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from flashfeed.cache.aimd import AdaptiveLimit
+from flashfeed.cache.policy import (
+    Candidate,
+    FutureOrder,
+    belady_hits,
+    eviction_order,
+    lru_hits,
+)
+from flashfeed.cache.ranged import RangedFetcher, is_retryable, is_throttle, split_ranges
+
+from flashfeed.plan import node_shard_order
+from flashfeed.storage import RetryPolicy
+
+FAST = RetryPolicy(attempts=8, base_delay=0.001, max_delay=0.01, deadline=10)
+
+
+class SlowDown(OSError):
+    """What s3fs raises for a 503 answer."""
+
+    def __init__(self) -> None:
+        super().__init__("SlowDown: Please reduce your request rate. (503)")
+
+
+class Store:
+    """An object behind a ``fetch`` function that throttles while too many are in flight."""
+
+    def __init__(self, data: bytes, *, max_in_flight: int) -> None:
+        self.data = data
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def fetch(self, start: int, end: int) -> bytes:
+        with self.lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            busy = self.in_flight > self.max_in_flight
+        try:
+            time.sleep(0.002)  # a request takes time, so requests overlap
+            if busy:
+                raise SlowDown()
+            return self.data[start:end]
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def fetch_all(fetcher: RangedFetcher, fetch, size: int) -> tuple[bytes, object]:
+    out = bytearray(size)
+
+    def write(offset: int, data: bytes) -> None:
+        out[offset : offset + len(data)] = data
+
+    report = fetcher.fetch_into(fetch, size, write)
+    return bytes(out), report
+
+
+def test_split_ranges_cover_the_object_exactly():
+    assert split_ranges(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert split_ranges(0, 4) == []
+    assert split_ranges(8, 8) == [(0, 8)]
+    with pytest.raises(ValueError, match="part_size"):
+        split_ranges(8, 0)
+
+
+def test_errors_are_told_apart():
+    assert is_throttle(SlowDown()) and is_retryable(SlowDown())
+    assert is_retryable(ConnectionResetError("reset"))
+    assert is_retryable(OSError(121, "We encountered an internal error, please try again."))
+    assert not is_retryable(FileNotFoundError("gone"))
+    assert not is_retryable(PermissionError("AccessDenied"))
+
+
+def test_parts_arrive_in_place_with_bounded_concurrency():
+    data = np.random.default_rng(0).bytes(1_000_003)
+    store = Store(data, max_in_flight=100)
+    limit = AdaptiveLimit(4)
+    with ThreadPoolExecutor(8) as pool:
+        fetcher = RangedFetcher(part_size=10_000, limit=limit, pool=pool, retry=FAST)
+        got, report = fetch_all(fetcher, store.fetch, len(data))
+    assert got == data
+    assert report.requests == 101 and report.throttles == 0
+    assert store.peak <= 4
+
+
+def test_throttling_halves_the_concurrency_and_successes_bring_it_back():
+    data = np.random.default_rng(1).bytes(400_000)
+    store = Store(data, max_in_flight=2)
+    limit = AdaptiveLimit(8, cooldown=0.0)
+    with ThreadPoolExecutor(8) as pool:
+        fetcher = RangedFetcher(part_size=5_000, limit=limit, pool=pool, retry=FAST)
+        got, report = fetch_all(fetcher, store.fetch, len(data))
+        assert got == data
+        assert report.throttles > 0 and report.retries >= report.throttles
+        assert limit.throttle_events == report.throttles
+        assert limit.lowest <= 2  # came down to what the store accepts
+        # the store recovers: additive increase climbs back to the maximum
+        store.max_in_flight = 100
+        got, report = fetch_all(fetcher, store.fetch, len(data))
+    assert got == data and report.throttles == 0
+    assert limit.limit == 8
+
+
+def test_permanent_errors_are_not_retried_and_transient_ones_give_up():
+    limit = AdaptiveLimit(2)
+    calls = []
+
+    def missing(start: int, end: int) -> bytes:
+        calls.append(start)
+        raise FileNotFoundError("no such key")
+
+    with ThreadPoolExecutor(2) as pool:
+        fetcher = RangedFetcher(part_size=10, limit=limit, pool=pool, retry=FAST)
+        with pytest.raises(FileNotFoundError):
+            fetch_all(fetcher, missing, 5)
+        assert calls == [0]
+
+        def reset(start: int, end: int) -> bytes:
+            calls.append(start)
+            raise ConnectionResetError("Connection reset by peer")
+
+        calls.clear()
+        with pytest.raises(ConnectionResetError):
+            fetch_all(fetcher, reset, 5)
+        assert len(calls) == FAST.attempts
+
+        def short(start: int, end: int) -> bytes:
+            return b"x" * (end - start - 1)
+
+        with pytest.raises(ConnectionError, match="asked for"):
+            fetch_all(fetcher, short, 5)
+    assert limit.in_flight == 0
+
+
+def test_adaptive_limit_validates_and_never_goes_below_minimum():
+    with pytest.raises(ValueError):
+        AdaptiveLimit(0)
+    limit = AdaptiveLimit(8, minimum=2, cooldown=0.0)
+    for _ in range(10):
+        limit.acquire()
+        limit.release(throttled=True)
+    assert limit.limit == 2 and limit.lowest == 2 and limit.throttle_events == 10
+
+
+def test_future_order_next_use_and_advance():
+    f = FutureOrder([3, 1, 2, 3, 1, 0], active=1)
+    assert f.next_use(3) == 1 and f.next_use(2) == 3 and f.next_use(9) == math.inf
+    f.advance(3)
+    assert f.position == 1
+    assert f.next_use(3) == 0  # just read: still being read
+    f.advance(3)  # a repeated read of the shard being consumed does not jump ahead
+    assert f.position == 1
+    f.advance(1)
+    f.advance(2)
+    assert f.next_use(3) == 1 and f.next_use(0) == 3
+    assert f.upcoming(2) == [3, 1]
+    f.advance(3)
+    f.advance(1)
+    f.advance(0)
+    assert f.next_use(2) == math.inf
+
+
+def test_eviction_order_is_furthest_next_use_then_least_recent():
+    cands = [
+        Candidate("a", 1, last_used=5.0, next_use=3),
+        Candidate("b", 1, last_used=1.0, next_use=math.inf),
+        Candidate("c", 1, last_used=0.0, next_use=3),
+        Candidate("d", 1, last_used=9.0, next_use=math.inf),
+    ]
+    assert [c.key for c in eviction_order(cands)] == ["b", "d", "c", "a"]
+
+
+def test_with_the_plans_order_belady_beats_lru_over_epochs():
+    order = node_shard_order([100] * 40, seed=0, epochs=range(3))
+    for fraction in (0.5, 0.75):
+        cap = int(40 * fraction)
+        assert belady_hits(order, cap) >= 1.5 * max(1, lru_hits(order, cap))
+    assert belady_hits(order, 40) == lru_hits(order, 40) == 80  # all fit: only cold misses
