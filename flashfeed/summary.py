@@ -71,6 +71,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     if summary["source"]:
         src = ", ".join(f"{k}={v}" for k, v in sorted(summary["source"].items()))
         lines.append(f"source    {src}")
+    if summary.get("shard_list"):
+        lines.append("shard list")
     for s in summary.get("shard_list", []):
         lines.append(f"  {s['path']}  {s['samples']} samples  {format_size(s['bytes'])}")
     return "\n".join(lines)

@@ -53,6 +53,12 @@ def test_inspect_prints_a_readable_summary(
     assert "classes   2" in out
     assert "  jpg  image/jpeg" in out and "  cls  text/plain" in out
     assert "skipped   7" in out and "  decode_error: 2" in out and "  duplicate: 5" in out
+    assert "shard list" not in out
+    assert main(["inspect", dataset, "--shards"]) == 0
+    listing = capsys.readouterr().out.split("shard list\n", 1)[1].splitlines()
+    assert [line.split()[:3] for line in listing] == [
+        [f"shards/00000{i}.tar", str(3 + i), "samples"] for i in range(3)
+    ]
 
 
 def test_inspect_json_matches_the_manifest(
