@@ -53,15 +53,24 @@ class ShardReader:
     def _shard(self, shard: int) -> _OpenShard:
         s = self._open.get(shard)
         if s is None:
-            s = _OpenShard(
-                self.source.local_path(shard), self.source.index(shard), self.shard_names[shard]
-            )
+            s = self._map(shard)
             self._open[shard] = s
             while len(self._open) > self.max_open:
                 self._open.popitem(last=False)[1].mmap.close()
         else:
             self._open.move_to_end(shard)
         return s
+
+    def _map(self, shard: int, attempts: int = 3) -> _OpenShard:
+        # a cache may evict a shard between handing out its path and our open: ask again
+        for attempt in range(attempts):
+            try:
+                index = self.source.index(shard)
+                return _OpenShard(self.source.local_path(shard), index, self.shard_names[shard])
+            except FileNotFoundError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def key(self, shard: int, row: int) -> str:
         return self._shard(shard).index[row].key

@@ -139,11 +139,10 @@ class CacheShardSource:
         self._data_dir = str(cache.dataset_dir(dataset).data_dir)
         self._cache_args = (cache.root, cache.capacity, cache.storage_options)
         self._owner = os.getpid()
-        self._paths: dict[int, str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["cache"], state["_paths"], state["_owner"] = None, {}, -1
+        state["cache"], state["_owner"] = None, -1
         return state
 
     def _cache(self) -> Any:
@@ -152,18 +151,14 @@ class CacheShardSource:
 
             root, capacity, options = self._cache_args
             self.cache = ShardCache(root, capacity=capacity, storage_options=options)
-            self._owner, self._paths = os.getpid(), {}
+            self._owner = os.getpid()
         return self.cache
 
     def local_path(self, shard: int) -> str:
-        path = self._paths.get(shard)
-        if path is not None and os.path.exists(path):
-            return path
         info = self.dataset.shards[shard]
         if self._owner != os.getpid():
             direct = os.path.join(self._data_dir, info.path)
             if os.path.exists(direct):
-                self._paths[shard] = direct
                 return direct
         try:
             path = str(self._cache().get(self.dataset, shard))
@@ -171,7 +166,6 @@ class CacheShardSource:
             raise CorruptShardError(
                 f"shard {info.path} of dataset {self.dataset.url} is missing ({exc})"
             ) from None
-        self._paths[shard] = path
         return path
 
     def index(self, shard: int) -> list[SampleIndex]:
