@@ -86,7 +86,8 @@ def summary_table(summary: dict[str, Any]) -> str:
             "throughput",
             f"{summary['mb_per_s']:.1f} MB/s in, {summary['samples_per_s']:,.0f} samples/s",
         ),
-        ("task time", ", ".join(f"{k} {v:.1f} s" for k, v in t.items())),
+        ("driver time", ", ".join(f"{k} {v:.1f} s" for k, v in summary["phases"].items())),
+        ("task time", ", ".join(f"{k} {v:.1f} s" for k, v in t.items()) + " (summed)"),
     ]
     skipped = summary["skipped"]
     rows.append(

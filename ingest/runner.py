@@ -63,6 +63,7 @@ class IngestResult:
     bytes_in: int
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest
@@ -81,6 +82,7 @@ class IngestResult:
             "mb_per_s": round(self.bytes_in / secs / 1e6, 2),
             "samples_per_s": round(m.num_samples / secs, 1),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "phases": {k: round(v, 3) for k, v in self.phases.items()},
         }
 
 
@@ -174,9 +176,12 @@ def run(config: IngestConfig) -> IngestResult:
         if not plan.items:
             raise ValueError(f"source {config.source} holds no samples")
         items, scan_rejects = plan.items, list(plan.rejects)
+        phases = {"scan": time.monotonic() - start}
         if config.dedup:
+            t0 = time.monotonic()
             items, dup_rejects = _dedup(plan, ctx)
             scan_rejects += dup_rejects
+            phases["dedup"] = time.monotonic() - t0
         opts = TransformOptions(
             validate=config.validate,
             max_pixels=config.max_pixels,
@@ -220,8 +225,15 @@ def run(config: IngestConfig) -> IngestResult:
             jobs.append(
                 ShardJob(n, tuple(shard_items), _fingerprint(config, out_fields, shard_items))
             )
+        t0 = time.monotonic()
         results = _execute(spec, jobs, config.progress)
-    return _commit(config, plan, spec, packer, results, scan_rejects, ctx, start)
+        phases["shards"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    result = _commit(config, plan, spec, packer, results, scan_rejects, ctx, start)
+    phases["commit"] = time.monotonic() - t0
+    result.phases = phases
+    result.seconds = time.monotonic() - start
+    return result
 
 
 def _execute(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResult]:

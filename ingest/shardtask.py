@@ -13,8 +13,9 @@ from typing import Any
 import pyarrow as pa
 
 from flashfeed import storage
+from flashfeed.arrowshard import write_arrow
 from flashfeed.manifest import ShardInfo
-from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
+from flashfeed.shardio import shard_name, tar_shard_bytes
 
 from .sources import Item, Reject, StorageContext, reader_for
 from .tokenize import TokenPacker
@@ -162,6 +163,36 @@ def _arrow_table(spec: TaskSpec, samples: list[tuple[Item, dict]]) -> pa.Table:
     return pa.table(columns)
 
 
+def _upload(
+    spec: TaskSpec,
+    result: ShardResult,
+    t0: float,
+    path: str,
+    data: bytes,
+    samples: int,
+    index: str | None = None,
+) -> ShardInfo:
+    """Upload the shard (index first: the shard's presence implies its index's)."""
+    t1 = time.perf_counter()
+    result.timings["encode"] = t1 - t0
+    opts = spec.ctx.options(spec.dest)
+    index_path = None
+    if index is not None:
+        index_path = path + ".idx"
+        storage.write_bytes(
+            storage.join(spec.dest, index_path), index.encode(), storage_options=opts
+        )
+    storage.write_bytes(storage.join(spec.dest, path), data, storage_options=opts)
+    result.timings["upload"] = time.perf_counter() - t1
+    return ShardInfo(
+        path=path,
+        samples=samples,
+        bytes=len(data),
+        checksum=storage.checksum(data),
+        index=index_path,
+    )
+
+
 def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
     """Build, upload and record one shard; reuse it if a previous run finished it."""
     reused = _reusable(spec, job)
@@ -170,23 +201,20 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
     result = ShardResult(number=job.number, info=None)
     samples = list(_samples(spec, job, result))
     t0 = time.perf_counter()
-    opts = spec.ctx.options(spec.dest)
-    info: ShardInfo | None = None
+    table: pa.Table | None = None
     if spec.tokenizer is not None:
         packer = TokenPacker(spec.tokenizer, seq_len=spec.seq_len or 0, eos_token=spec.eos_token)
         field_name = spec.text_field or "txt"
         docs = [str(rec[field_name]) for _, rec in samples if rec.get(field_name)]
         table, result.stats = packer.pack(docs)
-        if table.num_rows:
-            info = write_arrow_shard(
-                spec.dest, shard_name(job.number, "arrow"), table, storage_options=opts
-            )
     elif samples and spec.out_format == "arrow":
         table = _arrow_table(spec, samples)
-        info = write_arrow_shard(
-            spec.dest, shard_name(job.number, "arrow"), table, storage_options=opts
+    info: ShardInfo | None = None
+    if table is not None and table.num_rows:
+        info = _upload(
+            spec, result, t0, shard_name(job.number, "arrow"), write_arrow(table), table.num_rows
         )
-    elif samples:
+    elif table is None and samples:
         tar_samples = (
             (
                 f"{it.index:09d}",
@@ -194,10 +222,8 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
             )
             for it, rec in samples
         )
-        info = write_tar_shard(
-            spec.dest, shard_name(job.number, "tar"), tar_samples, storage_options=opts
-        )
-    result.timings["write"] = time.perf_counter() - t0
+        data, index, n = tar_shard_bytes(tar_samples)
+        info = _upload(spec, result, t0, shard_name(job.number, "tar"), data, n, index)
     result.info = asdict(info) if info is not None else None
     record = {"fingerprint": job.fingerprint, "result": asdict(result)}
     url = done_url(spec.dest, job.number)

@@ -1,0 +1,244 @@
+"""Ingest benchmark: one ImageFolder corpus, one Ray, one object store, three writers,
+interleaved rounds:
+
+  flashfeed   ``flashfeed.ingest.run`` (one Ray task per shard, tar + .idx, manifest)
+  ray-data    ``read_binary_files`` + ``write_webdataset(encoder=None, min_rows_per_file=N,
+              try_create_dir=False)`` on the same Ray
+  shardwriter webdataset's ``ShardWriter`` in one process, each shard uploaded when closed
+
+Prints MB/s (corpus bytes / wall seconds) and ratios, where flashfeed's time goes (read,
+transform, write+upload, summed over tasks), and raw ceilings (local read, one S3 PUT);
+writes everything as JSON. Not a timed test: run it by hand.
+
+    python benchmarks/corpus.py images .bench/corpus --size 2GB
+    python benchmarks/ingest.py .bench/corpus --rounds 1 --out .bench/ingest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from flashfeed import storage
+from flashfeed.units import format_size, parse_size
+
+METHODS = ("flashfeed", "ray-data", "shardwriter")
+
+
+def _files(corpus: Path) -> list[tuple[Path, int]]:
+    classes = sorted(p.name for p in corpus.iterdir() if p.is_dir())
+    label = {c: i for i, c in enumerate(classes)}
+    return [(p, label[p.parent.name]) for p in sorted(corpus.glob("*/*.jpg"))]
+
+
+def run_flashfeed(corpus: Path, dest: str, shard_size: int, opts: dict[str, Any]) -> dict:
+    from flashfeed.ingest import IngestConfig, run
+
+    t0 = time.perf_counter()
+    result = run(
+        IngestConfig(
+            source=str(corpus),
+            dest=dest,
+            shard_size=shard_size,
+            storage_options=opts,
+            progress="none",
+        )
+    )
+    secs = time.perf_counter() - t0
+    d = result.to_dict()
+    return {
+        "seconds": secs,
+        "shards": d["shards"],
+        "samples": d["samples"],
+        "bytes_out": d["bytes_out"],
+        "task_seconds": d["timings"],
+    }
+
+
+def run_ray_data(corpus: Path, dest: str, rows_per_file: int, opts: dict[str, Any]) -> dict:
+    import pyarrow.fs as pafs
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    endpoint = opts["endpoint_url"]
+    fs = pafs.S3FileSystem(
+        access_key=opts["key"],
+        secret_key=opts["secret"],
+        endpoint_override=endpoint.split("://", 1)[1],
+        scheme=endpoint.split("://", 1)[0],
+        region="us-east-1",
+    )
+    classes = sorted(p.name for p in corpus.iterdir() if p.is_dir())
+    label = {c: i for i, c in enumerate(classes)}
+
+    def to_sample(row: dict[str, Any]) -> dict[str, Any]:
+        path = row["path"]
+        cls = path.rsplit("/", 2)[-2]
+        key = cls + "_" + path.rsplit("/", 1)[-1].split(".")[0]
+        return {"__key__": key, "jpg": row["bytes"], "cls": str(label[cls]).encode()}
+
+    t0 = time.perf_counter()
+    ds = ray.data.read_binary_files(str(corpus), include_paths=True).map(to_sample)
+    ds.write_webdataset(
+        dest.split("://", 1)[1],
+        filesystem=fs,
+        encoder=None,
+        min_rows_per_file=rows_per_file,
+        try_create_dir=False,
+    )
+    secs = time.perf_counter() - t0
+    written = storage.list_files(dest, storage_options=opts)
+    return {
+        "seconds": secs,
+        "shards": len(written),
+        "bytes_out": sum(storage.size(u, storage_options=opts) for u in written),
+    }
+
+
+def run_shardwriter(corpus: Path, dest: str, shard_size: int, opts: dict[str, Any]) -> dict:
+    import webdataset as wds
+
+    tmp = tempfile.mkdtemp(prefix="ffbw-", dir="/tmp")
+    uploaded: list[int] = []
+
+    def upload(path: str) -> None:
+        storage.put_file(path, storage.join(dest, os.path.basename(path)), storage_options=opts)
+        uploaded.append(os.path.getsize(path))
+        os.unlink(path)
+
+    t0 = time.perf_counter()
+    try:
+        with wds.ShardWriter(
+            os.path.join(tmp, "%06d.tar"), maxsize=shard_size, post=upload, verbose=0
+        ) as sink:
+            for path, label in _files(corpus):
+                sink.write(
+                    {
+                        "__key__": f"{path.parent.name}_{path.stem}",
+                        "jpg": path.read_bytes(),
+                        "cls": str(label).encode(),
+                    }
+                )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "seconds": time.perf_counter() - t0,
+        "shards": len(uploaded),
+        "bytes_out": sum(uploaded),
+    }
+
+
+def ceilings(corpus: Path, opts: dict[str, Any], bucket: str) -> dict[str, float]:
+    """Raw speeds the writers cannot beat here: reading the corpus, one 64 MB S3 PUT."""
+    t0 = time.perf_counter()
+    n = sum(len(p.read_bytes()) for p, _ in _files(corpus))
+    read = n / (time.perf_counter() - t0) / 1e6
+    blob = os.urandom(64 << 20)
+    t0 = time.perf_counter()
+    storage.write_bytes(f"s3://{bucket}/ceiling.bin", blob, storage_options=opts)
+    put = len(blob) / (time.perf_counter() - t0) / 1e6
+    return {"local_read_mb_s": round(read, 1), "s3_put_mb_s": round(put, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("corpus", help="ImageFolder corpus (benchmarks/corpus.py images)")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--shard-size", default="64MiB")
+    p.add_argument("--num-cpus", type=int, default=2)
+    p.add_argument("--out", default=".bench/ingest.json")
+    args = p.parse_args(argv)
+
+    from flashfeed.ingest.raysetup import ray_session
+
+    from flashfeed.store import EmbeddedStore
+
+    corpus = Path(args.corpus)
+    files = _files(corpus)
+    if not files:
+        raise SystemExit(f"no corpus at {corpus}: build one with benchmarks/corpus.py images")
+    corpus_bytes = sum(p.stat().st_size for p, _ in files)
+    shard_size = parse_size(args.shard_size)
+    rows_per_file = max(1, round(shard_size / (corpus_bytes / len(files))))
+    print(
+        f"corpus: {len(files)} images, {format_size(corpus_bytes)}; shards ~"
+        f"{format_size(shard_size)} ({rows_per_file} images); {args.num_cpus} Ray CPUs",
+        file=sys.stderr,
+    )
+    root = tempfile.mkdtemp(prefix="ffbs-", dir="/tmp")
+    store = EmbeddedStore(root)
+    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    try:
+        store.start()
+        store.make_bucket("bench")
+        opts = store.info.storage_options()
+        limits = ceilings(corpus, opts, "bench")
+        with ray_session(num_cpus=args.num_cpus):
+            for r in range(args.rounds):
+                order = METHODS[r % 3 :] + METHODS[: r % 3]
+                for method in order:
+                    dest = f"s3://bench/{method}-{r}"
+                    if method == "flashfeed":
+                        out = run_flashfeed(corpus, dest, shard_size, opts)
+                    elif method == "ray-data":
+                        out = run_ray_data(corpus, dest, rows_per_file, opts)
+                    else:
+                        out = run_shardwriter(corpus, dest, shard_size, opts)
+                    out["mb_s"] = corpus_bytes / out["seconds"] / 1e6
+                    runs[method].append(out)
+                    print(
+                        f"round {r} {method:<12} {out['seconds']:7.1f} s {out['mb_s']:7.1f} MB/s",
+                        file=sys.stderr,
+                    )
+    finally:
+        store.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    med = {m: statistics.median(x["mb_s"] for x in runs[m]) for m in METHODS}
+    lines = [f"{'writer':<12} {'MB/s':>8} {'seconds':>8} {'shards':>7} {'vs flashfeed':>13}"]
+    for m in METHODS:
+        secs = statistics.median(x["seconds"] for x in runs[m])
+        lines.append(
+            f"{m:<12} {med[m]:8.1f} {secs:8.1f} {runs[m][0]['shards']:7d} "
+            f"{med['flashfeed'] / med[m]:12.2f}x"
+        )
+    ff = runs["flashfeed"][-1]["task_seconds"]
+    busy = sum(ff.values()) or 1.0
+    where = ", ".join(f"{k} {v:.1f} s ({100 * v / busy:.0f}%)" for k, v in ff.items())
+    print("\n".join(lines))
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in runs["flashfeed"][-1]["phases"].items())
+    print(f"flashfeed driver phases: {phases}")
+    print(f"flashfeed task time (summed over tasks): {where}")
+    print(
+        f"ceilings: local read {limits['local_read_mb_s']} MB/s, "
+        f"one S3 PUT {limits['s3_put_mb_s']} MB/s"
+    )
+    report = {
+        "corpus": {"images": len(files), "bytes": corpus_bytes, "path": str(corpus)},
+        "shard_size": shard_size,
+        "num_cpus": args.num_cpus,
+        "rounds": args.rounds,
+        "median_mb_s": med,
+        "runs": runs,
+        "ceilings": limits,
+        "ratios": {
+            "vs_ray_data": med["flashfeed"] / med["ray-data"],
+            "vs_shardwriter": med["flashfeed"] / med["shardwriter"],
+        },
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
