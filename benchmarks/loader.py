@@ -1,0 +1,287 @@
+"""Loader benchmark: flashfeed's DALI Loader against its peers and the decode ceiling.
+
+Every image loader does the same work: decode, random-resized crop to 224, flip, normalize,
+NCHW float32, batch 64, 2 workers/threads, rounds interleaved, median images/s:
+
+  flashfeed          Loader (plan order, DALI decode: CPU here, "mixed" with --device gpu)
+  dali-reader        plain DALI fn.readers.webdataset pipeline, same operators
+  wds+pil            webdataset + torch DataLoader workers decoding with PIL
+  imagefolder+pil    one JPEG file per image, map-style Dataset, DataLoader workers
+  decode-ceiling     the same DALI operators fed from bytes already in RAM
+
+plus the token loader's GB/s against a plain memory copy and a random-row gather of the same
+bytes, and shuffle quality (label entropy per batch / ideal) on a class-sorted layout.
+Prints a table and writes JSON. Not a timed test: run it by hand.
+
+    python benchmarks/loader.py --images 5000 --out .bench/loader.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loader_peers import (
+    dali_decode_ceiling,
+    dali_webdataset_reader,
+    imagefolder_loader,
+    optional_peers,
+    webdataset_loader,
+)
+
+from flashfeed.manifest import Manifest, commit_manifest
+from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
+
+BATCH = 64
+
+
+def image_corpus(
+    root: Path, images: int, seed: int, existing: str | None = None
+) -> list[tuple[Path, int]]:
+    """``(file, label)`` of the realistic corpus (benchmarks/corpus.py), else synthetic."""
+    folder = Path(existing) if existing else root / "corpus"
+    try:
+        if existing:
+            raise ImportError(f"using the existing corpus {existing}")
+        from corpus import build_image_corpus, find_photos
+
+        if len(find_photos()) < 8:
+            raise ImportError("no photos installed")
+        build_image_corpus(folder, size=int(images * 120e3), classes=50, seed=seed)
+        kind = "photos (benchmarks/corpus.py)"
+    except (ImportError, SystemExit) as exc:
+        kind = f"existing ImageFolder {existing}"
+        if not existing:
+            print(f"corpus.py unusable ({exc}); synthetic PIL JPEGs instead", file=sys.stderr)
+            _synthetic(folder, images, seed)
+            kind = "synthetic PIL JPEGs"
+    files = sorted(folder.glob("class_*/*.jpg"))[:images]
+    if len(files) < images:
+        raise SystemExit(f"the corpus has {len(files)} images, {images} asked")
+    print(f"corpus: {len(files)} images, {kind}", file=sys.stderr)
+    return [(f, int(f.parent.name.split("_")[1])) for f in files]
+
+
+def _synthetic(folder: Path, images: int, seed: int) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for i in range(images):
+        path = folder / f"class_{i % 50:03d}" / f"img_{i:07d}.jpg"
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        h, w = (int(x) for x in rng.integers(300, 500, 2))
+        base = rng.integers(0, 255, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8)
+        img = np.kron(base, np.ones((16, 16, 1), np.uint8))[:h, :w]
+        img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=90)
+        path.write_bytes(buf.getvalue())
+
+
+def write_dataset(prefix: Path, files: list[tuple[Path, int]], shards: int, seed: int) -> list[str]:
+    """A flashfeed webdataset dataset of the corpus, samples scattered as ingest does."""
+    order = np.random.default_rng(seed).permutation(len(files))
+    per = -(-len(files) // shards)
+    infos = []
+    for s in range(shards):
+        picked = order[s * per : (s + 1) * per]
+        samples = [
+            (f"img-{i:07d}", {"jpg": files[i][0].read_bytes(), "cls": str(files[i][1]).encode()})
+            for i in picked.tolist()
+        ]
+        infos.append(write_tar_shard(str(prefix), shard_name(s, "tar"), samples))
+    m = Manifest(
+        name="bench", shard_format="webdataset", schema={"jpg": "image", "cls": "label"},
+        shards=tuple(infos),
+    )  # fmt: skip
+    commit_manifest(str(prefix), m, overwrite=True)
+    return [str(prefix / i.path) for i in infos]
+
+
+def timed(make: Callable[[], Iterable[Any]], batches: int, warm: int = 3) -> float:
+    """Images/s over ``batches`` batches after ``warm`` untimed ones (startup excluded)."""
+    it = iter(make())
+    for _ in range(warm):
+        next(it)
+    t0 = time.perf_counter()
+    n = 0
+    for _ in range(batches):
+        next(it)
+        n += BATCH
+    return n / (time.perf_counter() - t0)
+
+
+def image_rows(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from flashfeed.loader import Loader
+
+    files = image_corpus(root, args.images, args.seed, args.corpus)
+    prefix = root / "wds"
+    shards = write_dataset(prefix, files, args.shards, args.seed)
+    jpegs = [f.read_bytes() for f, _ in files[: 40 * BATCH]]
+    batches = args.images // BATCH - 4
+    dev, thr = args.device, args.threads
+
+    def flashfeed() -> Iterable[Any]:
+        return Loader(str(prefix), batch_size=BATCH, num_threads=thr, device=dev, py_workers=1)
+
+    loaders: dict[str, Callable[[], Iterable[Any]]] = {
+        "flashfeed": flashfeed,
+        "dali-reader": lambda: dali_webdataset_reader(
+            shards, batch_size=BATCH, threads=thr, device=dev, batches=batches + 3
+        ),
+        "wds+pil": lambda: webdataset_loader(shards, batch_size=BATCH, workers=thr),
+        "imagefolder+pil": lambda: imagefolder_loader(files, batch_size=BATCH, workers=thr),
+        "decode-ceiling": lambda: dali_decode_ceiling(
+            jpegs, batch_size=BATCH, threads=thr, device=dev, batches=batches + 3
+        ),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in loaders}
+    for r in range(args.rounds):
+        for name, make in loaders.items():
+            rates[name].append(timed(make, batches))
+            print(f"round {r}: {name:16s} {rates[name][-1]:8.0f} img/s", file=sys.stderr)
+    return {k: statistics.median(v) for k, v in rates.items()} | {"rounds": rates}
+
+
+def token_rows(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """TokenLoader GB/s (stored int32, and widened to int64) vs memcpy and a row gather."""
+    import pyarrow as pa
+    from flashfeed.loader import TokenLoader
+
+    prefix, seq, rows = root / "tokens", 2048, args.token_rows
+    per = rows // 8
+    if not (prefix / "manifest.json").exists():
+        infos = []
+        for s in range(8):
+            vals = np.random.default_rng(s).integers(0, 50000, per * seq, dtype=np.int32)
+            table = pa.table({"tokens": pa.FixedSizeListArray.from_arrays(pa.array(vals), seq)})
+            infos.append(write_arrow_shard(str(prefix), shard_name(s, "arrow"), table))
+        m = Manifest(
+            name="tok", shard_format="arrow", schema={"tokens": "int32"}, shards=tuple(infos)
+        )
+        commit_manifest(str(prefix), m, overwrite=True)
+    out: dict[str, float] = {}
+    for name, dtype in (("tokens-int32", None), ("tokens-int64", "int64")):
+        best = 0.0
+        for _ in range(args.rounds + 1):  # the first pass also maps the pages in
+            loader = TokenLoader(str(prefix), batch_size=BATCH, dtype=dtype)
+            t0 = time.perf_counter()
+            nbytes = sum(b["tokens"].numel() * 4 for b in loader)  # source bytes read
+            best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
+        out[name] = best
+    src = np.random.default_rng(0).integers(0, 50000, (per * 8, seq), dtype=np.int32)
+    dst = np.empty_like(src)
+    copies = []
+    for _ in range(3):  # the first copy also faults the destination pages in
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        copies.append(src.nbytes / (time.perf_counter() - t0) / 1e9)
+    out["memcpy"] = max(copies)
+    idx = np.random.default_rng(1).permutation(len(src))
+    t0 = time.perf_counter()
+    for i in range(0, len(idx), BATCH):
+        np.take(src, idx[i : i + BATCH], axis=0)
+    out["row-gather"] = src.nbytes / (time.perf_counter() - t0) / 1e9
+    return out
+
+
+def shuffle_rows() -> dict[str, dict[str, float]]:
+    """Quality on a class-sorted ImageNet-sized layout (1000 classes in order over 1024
+    shards of 1250): each loader's read order simulated from its shuffle algorithm."""
+    from flashfeed.loader.shuffle_quality import (
+        buffer_shuffle_order,
+        plan_shuffle_quality,
+        shuffle_quality,
+    )
+
+    sizes = [1250] * 1024
+    labels = np.arange(sum(sizes)) * 1000 // sum(sizes)
+    orders = {
+        "flashfeed plan (window 4)": plan_shuffle_quality(sizes, labels, batch_size=BATCH),
+        "flashfeed plan (window 16)": plan_shuffle_quality(
+            sizes, labels, batch_size=BATCH, window=16
+        ),
+        "dali-reader (initial_fill 1024)": shuffle_quality(
+            labels[buffer_shuffle_order(sizes, buffer_size=1024, shuffle_shards=False)],
+            batch_size=BATCH,
+        ),
+        "wds (shardshuffle + shuffle(1000))": shuffle_quality(
+            labels[buffer_shuffle_order(sizes, buffer_size=1000)], batch_size=BATCH
+        ),
+        "imagefolder (full permutation)": shuffle_quality(
+            np.random.default_rng(0).permutation(labels), batch_size=BATCH
+        ),
+    }
+    return {
+        k: {"quality": q.quality, "classes_per_batch": q.classes_per_batch}
+        for k, q in orders.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--images", type=int, default=5000)
+    p.add_argument("--shards", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--token-rows", type=int, default=16384)
+    p.add_argument("--corpus", help="an existing ImageFolder corpus (class_XXX/*.jpg) to use")
+    p.add_argument("--work", default=".bench/loader")
+    p.add_argument("--out", default=".bench/loader.json")
+    args = p.parse_args(argv)
+    root = Path(args.work)
+    root.mkdir(parents=True, exist_ok=True)
+    images = image_rows(args, root)
+    tokens = token_rows(args, root)
+    shuffle = shuffle_rows()
+    peers = optional_peers()
+    ceiling = images["decode-ceiling"]
+    print(
+        f"\nimage loaders, {args.images} images, batch {BATCH}, {args.threads} workers/threads,"
+        f" device {args.device} (median of {args.rounds} interleaved rounds)"
+    )
+    print(
+        f"{'loader':18s} {'img/s':>8s} {'vs dali-reader':>15s} {'vs wds+pil':>11s}"
+        f" {'of ceiling':>11s}"
+    )
+    for name in ("flashfeed", "dali-reader", "wds+pil", "imagefolder+pil", "decode-ceiling"):
+        v = images[name]
+        print(
+            f"{name:18s} {v:8.0f} {v / images['dali-reader']:14.2f}x {v / images['wds+pil']:10.2f}x"
+            f" {100 * v / ceiling:10.0f}%"
+        )
+    for name, why in peers.items():
+        print(f"{name:18s} {why}")
+    print(f"\ntoken loader, {args.token_rows} x 2048 int32 (GB/s of source bytes)")
+    for k, v in tokens.items():
+        print(f"{k:18s} {v:8.2f} GB/s  ({100 * v / tokens['memcpy']:.0f}% of memcpy)")
+    print("\nshuffle quality, class-sorted ImageNet-sized layout (label entropy per batch / ideal)")
+    for k, v in shuffle.items():
+        print(f"{k:40s} {v['quality']:5.2f}  ({v['classes_per_batch']:.1f} classes per batch)")
+    result = {"config": vars(args), "images_per_s": images, "tokens_gbps": tokens,
+              "shuffle": shuffle, "optional_peers": peers}  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
