@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 IMAGES=${IMAGES:-5000}
-THREADS=${THREADS:-4}
+THREADS=${THREADS:-2}
 
 "$PY" - <<'PY'
 from nvidia.dali import backend

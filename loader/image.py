@@ -12,6 +12,7 @@ from flashfeed.dataset import Dataset
 
 from .base import PlannedLoader
 from .convert import to_torch
+from .dali_runner import DaliRunner
 from .distributed import resolve_context
 from .fields import parse_fields
 from .passplan import PassPlan, ShardFeeder
@@ -102,52 +103,46 @@ class Loader(PlannedLoader):
             else None
         )
         self._index_cache: dict[int, list[str]] = {}
+        self.runner = DaliRunner(self._build, self._source)
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         return self._run(self._begin_pass())
 
+    def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
+        return build_pipeline(
+            batch_source,
+            specs=self.specs,
+            batch_size=self.batch_size,
+            num_threads=self.num_threads,
+            py_workers=self.py_workers,
+            augment=self.augment,
+            user_fn=self.user_pipeline,
+            seed=self._aug_seed(),
+            prefetch=self.prefetch,
+            py_start_method="fork" if self.device_kind == "cpu" else "spawn",
+        )
+
+    def _source(self, pass_dir: str) -> BatchSource:
+        reader = ShardReader(self.source, self.shard_names)
+        return BatchSource(reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir)
+
     def _run(self, plan: PassPlan) -> Iterator[dict[str, torch.Tensor]]:
         self._active = True
-        pipe: Any = None
-        names: list[str] = []
-        startup = 0.0
         try:
             feeder = ShardFeeder(
                 self.source, plan, lookahead=self.prefetch + 1, readahead=self.readahead
             )
             storage_wait = feeder.ensure(0)
-            reader = ShardReader(self.source, self.shard_names)
-            batch_source = BatchSource(
-                reader,
-                plan.shards,
-                plan.rows,
-                batch_size=self.batch_size,
-                specs=self.specs,
-                num_batches=plan.num_batches,
-            )
-            if plan.num_batches:
-                t0 = time.perf_counter()
-                pipe, names = build_pipeline(
-                    batch_source,
-                    specs=self.specs,
-                    batch_size=self.batch_size,
-                    num_threads=self.num_threads,
-                    py_workers=self.py_workers,
-                    augment=self.augment,
-                    user_fn=self.user_pipeline,
-                    seed=self._aug_seed(),
-                    prefetch=self.prefetch,
-                    py_start_method="fork" if self.device_kind == "cpu" else "spawn",
-                )
-                startup = time.perf_counter() - t0
+            startup = self.runner.start(plan) if plan.num_batches else 0.0
+            names = self.runner.names
             step_start = time.perf_counter()
             epoch = self.position.epoch
             for k in range(plan.num_batches):
                 asked = time.perf_counter()
                 storage_wait += feeder.ensure(k)
                 t1 = time.perf_counter()
-                outputs = pipe.run()
+                outputs = self.runner.run()
                 t2 = time.perf_counter()
                 batch = {
                     n: to_torch(o, self._out_device(n)) for n, o in zip(names, outputs, strict=True)
@@ -175,10 +170,11 @@ class Loader(PlannedLoader):
                 storage_wait = 0.0
                 yield batch
                 step_start = time.perf_counter()
+            if plan.num_batches:
+                self.runner.finish()
             self._finished = True
         finally:
             self._active = False
-            del pipe
 
     def _keys(self, plan: PassPlan, sl: slice) -> list[str]:
         keys = []
@@ -194,3 +190,8 @@ class Loader(PlannedLoader):
     def _aug_seed(self) -> int:
         o = self.position.options
         return hash((o.seed, self.position.epoch, self.ctx.rank, self.position.consumed))
+
+    def close(self) -> None:
+        """Stop the DALI pipeline and its reader processes; close the stats log."""
+        self.runner.close()
+        super().close()

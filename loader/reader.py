@@ -9,6 +9,7 @@ uses them.
 from __future__ import annotations
 
 import mmap
+import os
 from collections import OrderedDict
 from typing import Any
 
@@ -21,7 +22,7 @@ from .fields import FieldSpec
 from .labels import parse_label
 from .sources import ShardSource
 
-__all__ = ["BatchSource", "ShardReader"]
+__all__ = ["BatchSource", "ShardReader", "pass_path", "write_pass"]
 
 
 class _OpenShard:
@@ -121,38 +122,68 @@ class ShardReader:
 
 
 class BatchSource:
-    """``external_source`` callback: batch ``i`` of a pass -> one list of samples per field.
+    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per field.
 
-    ``shards``/``rows`` are the pass's samples in plan order; the last batch may be short
+    One DALI pipeline serves many passes: DALI's epoch index ``e`` (incremented by each
+    ``reset()``) names the pass file ``pass-<e>.npz`` that ``write_pass`` stored before the
+    pass began, holding its samples in plan order. The last batch may be short
     (``drop_last=False``); past the end it raises ``StopIteration``, which ends the pass.
     """
 
     def __init__(
         self,
         reader: ShardReader,
-        shards: np.ndarray,
-        rows: np.ndarray,
         *,
         batch_size: int,
         specs: tuple[FieldSpec, ...],
-        num_batches: int,
+        pass_dir: str,
     ) -> None:
         self.reader = reader
-        self.shards = np.ascontiguousarray(shards, dtype=np.int64)
-        self.rows = np.ascontiguousarray(rows, dtype=np.int64)
         self.batch_size = batch_size
         self.specs = specs
-        self.num_batches = num_batches
+        self.pass_dir = pass_dir
+        self._epoch = -1
+        self._shards = np.zeros(0, np.int64)
+        self._rows = np.zeros(0, np.int64)
+        self._num_batches = 0
+
+    def _load(self, epoch: int) -> None:
+        with np.load(pass_path(self.pass_dir, epoch)) as f:
+            self._shards, self._rows = f["shards"], f["rows"]
+            self._num_batches = int(f["num_batches"])
+        self._epoch = epoch
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
-        i = info if isinstance(info, int) else int(info.iteration)
-        if i >= self.num_batches:
+        epoch, i = int(info.epoch_idx), int(info.iteration)
+        if epoch != self._epoch:
+            self._load(epoch)
+        if i >= self._num_batches:
             raise StopIteration
         lo = i * self.batch_size
-        hi = min(lo + self.batch_size, len(self.shards))
+        hi = min(lo + self.batch_size, len(self._shards))
         cols: tuple[list[np.ndarray], ...] = tuple([] for _ in self.specs)
-        for shard, row in zip(self.shards[lo:hi].tolist(), self.rows[lo:hi].tolist(), strict=True):
+        for shard, row in zip(
+            self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist(), strict=True
+        ):
             _, values = self.reader.fields(shard, row, self.specs)
             for col, v in zip(cols, values, strict=True):
                 col.append(v)
         return cols
+
+
+def pass_path(pass_dir: str, epoch: int) -> str:
+    return os.path.join(pass_dir, f"pass-{epoch}.npz")
+
+
+def write_pass(
+    pass_dir: str, epoch: int, shards: np.ndarray, rows: np.ndarray, num_batches: int
+) -> None:
+    """Store a pass for ``BatchSource`` (atomically; the pass before last is removed)."""
+    tmp = os.path.join(pass_dir, f".pass-{epoch}.tmp.npz")
+    np.savez(tmp, shards=shards.astype(np.int64), rows=rows.astype(np.int64),
+             num_batches=np.int64(num_batches))  # fmt: skip
+    os.replace(tmp, pass_path(pass_dir, epoch))
+    try:
+        os.remove(pass_path(pass_dir, epoch - 2))
+    except FileNotFoundError:
+        pass

@@ -219,3 +219,22 @@ def test_rank_and_world_size_come_from_the_environment(monkeypatch, images):
         loader.position.remaining(),
         plan_epoch(SIZES, seed=0, epoch=0, world_size=4, ranks_per_node=2).per_rank[2],
     )
+
+
+def test_one_pipeline_serves_every_epoch_until_a_pass_is_left_early(images):
+    keys = _keys(images)
+    labels_of = np.array([label_of(k.rsplit("/", 1)[1], 10) for k in keys])
+    loader = Loader(images, batch_size=16, image_size=16, py_workers=1, seed=2)
+    for epoch in range(2):
+        got = torch.cat([b["label"] for b in loader]).numpy()
+        assert np.array_equal(got, labels_of[plan_epoch(SIZES, seed=2, epoch=epoch).per_rank[0]])
+    assert loader.runner.builds == 1
+    it = iter(loader)
+    first = next(it)["label"].numpy()
+    del it  # left early: batches in flight, the next pass needs a fresh pipeline
+    rest = torch.cat([b["label"] for b in loader]).numpy()
+    expected = labels_of[plan_epoch(SIZES, seed=2, epoch=2).per_rank[0]]
+    assert np.array_equal(np.concatenate([first, rest]), expected)
+    assert loader.runner.builds == 2
+    loader.close()
+    assert not os.path.exists(loader.runner.pass_dir)
