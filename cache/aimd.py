@@ -52,14 +52,23 @@ class AdaptiveLimit:
     def release(self, *, throttled: bool = False) -> None:
         with self._cond:
             self._in_flight -= 1
-            if throttled:
-                self.throttle_events += 1
-                now = time.monotonic()
-                if now - self._last_decrease >= self.cooldown:
-                    self._last_decrease = now
-                    self._limit = max(float(self.minimum), self._limit * self.decrease)
-                    self.decreases += 1
-                    self.lowest = min(self.lowest, self.limit)
-            else:
-                self._limit = min(float(self.maximum), self._limit + 1.0 / self.limit)
+            self._record(throttled)
             self._cond.notify_all()
+
+    def record_throttle(self) -> None:
+        """A throttling answer to a request that did not hold a slot."""
+        with self._cond:
+            self._record(True)
+
+    def _record(self, throttled: bool) -> None:
+        """Additive increase on success, multiplicative decrease on throttling (held lock)."""
+        if not throttled:
+            self._limit = min(float(self.maximum), self._limit + 1.0 / self.limit)
+            return
+        self.throttle_events += 1
+        now = time.monotonic()
+        if now - self._last_decrease >= self.cooldown:
+            self._last_decrease = now
+            self._limit = max(float(self.minimum), self._limit * self.decrease)
+            self.decreases += 1
+            self.lowest = min(self.lowest, self.limit)

@@ -46,7 +46,12 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
 
 
 def _fetch_to(
-    fetcher: RangedFetcher, dataset: Dataset, info: ShardInfo, fd: int, opts: dict[str, Any] | None
+    fetcher: RangedFetcher,
+    dataset: Dataset,
+    info: ShardInfo,
+    fd: int,
+    opts: dict[str, Any] | None,
+    meanwhile: Callable[[FetchReport], None] | None = None,
 ) -> FetchReport:
     url = dataset.shard_url(info)
     fs, path = storage.filesystem(url, opts)
@@ -55,7 +60,9 @@ def _fetch_to(
         return fs.cat_file(path, start=start, end=end)
 
     try:
-        return fetcher.fetch_into(fetch, info.bytes, lambda off, data: _pwrite_all(fd, data, off))
+        return fetcher.fetch_into(
+            fetch, info.bytes, lambda off, data: _pwrite_all(fd, data, off), meanwhile=meanwhile
+        )
     except (FlashfeedError, CacheFullError):
         raise
     except FileNotFoundError:
@@ -86,7 +93,7 @@ def _fetch_index(
 ) -> bytes:
     fs, path = storage.filesystem(url, opts)
     try:
-        return fetcher.call(lambda: fs.cat_file(path), report)
+        return fetcher.call(lambda: fs.cat_file(path), report, gated=False)
     except FileNotFoundError:
         raise CorruptShardError(
             f"index {url} of shard {info.path} of {dataset.url} is missing"
@@ -115,8 +122,15 @@ def fill_shard(
     opts = storage_options if storage_options is not None else dataset.storage_options
     try:
         fd = reserve(info.bytes, part)
+        index_url = dataset.index_url(info)
+        index: list[bytes] = []
+
+        def fetch_index(report: FetchReport) -> None:
+            if index_url is not None:
+                index.append(_fetch_index(fetcher, dataset, info, index_url, opts, report))
+
         try:
-            report = _fetch_to(fetcher, dataset, info, fd, opts)
+            report = _fetch_to(fetcher, dataset, info, fd, opts, meanwhile=fetch_index)
         finally:
             os.close(fd)
         got = file_checksum(part)
@@ -126,9 +140,8 @@ def fill_shard(
                 f"the manifest says {info.checksum}: the object was replaced or corrupted"
             )
         make_private_dir(os.path.dirname(final))
-        index_url = dataset.index_url(info)
-        if index_url is not None:
-            text = _fetch_index(fetcher, dataset, info, index_url, opts, report)
+        if index:
+            text = index[0]
             fd = os.open(idx_part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(text)

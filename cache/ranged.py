@@ -7,6 +7,7 @@ failures with exponential backoff and full jitter.
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -34,19 +35,31 @@ _THROTTLE_MARKERS = (
 
 
 def is_throttle(exc: BaseException) -> bool:
-    """True when the store asked us to slow down (S3 503 SlowDown and its relatives)."""
+    """True when the store asked us to slow down (S3 503 SlowDown and its relatives).
+
+    s3fs turns a 503 answer into ``OSError(EBUSY, <server message>)``.
+    """
+    if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
+        return True
     text = f"{type(exc).__name__}: {exc}"
     return any(m in text for m in _THROTTLE_MARKERS)
 
 
-_RETRY_MARKERS = ("internal error", "try again", "ServiceUnavailable", "Server disconnected")
+_RETRY_MARKERS = ("internal error", "internal server error", "try again", "serviceunavailable")
+_EREMOTEIO = getattr(errno, "EREMOTEIO", errno.EIO)
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """Transient for the storage layer, a throttling answer, or a 5xx asking to try again."""
+    """Transient for the storage layer, a throttling answer, or a 5xx server error.
+
+    s3fs turns a 500 answer into ``OSError(EREMOTEIO, ...)``; SeaweedFS answers 500 while
+    it restarts. Missing objects and refused credentials are never retried.
+    """
     if isinstance(exc, FileNotFoundError | PermissionError):
         return False
-    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno == _EREMOTEIO:
+        return True
+    text = f"{type(exc).__name__}: {exc}".lower()
     return is_transient(exc) or is_throttle(exc) or any(m in text for m in _RETRY_MARKERS)
 
 
@@ -89,19 +102,29 @@ class RangedFetcher:
         self.retry = retry
         self._report_lock = threading.Lock()
 
-    def call(self, fn: Callable[[], bytes], report: FetchReport, expect: int = -1) -> bytes:
-        """One request through the gate, retried with backoff and jitter while retryable."""
+    def call(
+        self, fn: Callable[[], bytes], report: FetchReport, expect: int = -1, gated: bool = True
+    ) -> bytes:
+        """One request, retried with backoff and jitter while retryable.
+
+        ``gated`` requests count against the adaptive limit; small side requests (an index
+        next to its shard) skip the queue but still report throttling to it.
+        """
         attempt = 0
         first = time.monotonic()
         while True:
-            self.limit.acquire()
+            if gated:
+                self.limit.acquire()
             try:
                 data = fn()
                 if expect >= 0 and len(data) != expect:
                     raise ShortReadError(f"asked for {expect} bytes, got {len(data)}")
             except Exception as exc:
                 throttled = is_throttle(exc)
-                self.limit.release(throttled=throttled)
+                if gated:
+                    self.limit.release(throttled=throttled)
+                elif throttled:
+                    self.limit.record_throttle()
                 attempt += 1
                 with self._report_lock:
                     report.requests += 1
@@ -118,15 +141,25 @@ class RangedFetcher:
                     time.sleep(self.retry.delay(attempt))
                     continue
                 raise
-            self.limit.release()
+            if gated:
+                self.limit.release()
             with self._report_lock:
                 report.requests += 1
             return data
 
-    def fetch_into(self, fetch: Fetch, size: int, write: Write) -> FetchReport:
+    def fetch_into(
+        self,
+        fetch: Fetch,
+        size: int,
+        write: Write,
+        *,
+        meanwhile: Callable[[FetchReport], None] | None = None,
+    ) -> FetchReport:
         """Read ``[0, size)`` with ``fetch`` and hand each part to ``write(offset, data)``.
 
-        Raises the first part's final error (after its retries); the other parts stop.
+        ``meanwhile(report)`` runs in the calling thread while the parts download (the
+        shard's index, say). Raises the first part's final error (after its retries), the
+        other parts stop; then any error of ``meanwhile``.
         """
         report = FetchReport()
         start = time.monotonic()
@@ -142,16 +175,24 @@ class RangedFetcher:
             write(lo, data)
 
         ranges = split_ranges(size, self.part_size)
-        if len(ranges) <= 1:
+        side_error: BaseException | None = None
+        if len(ranges) <= 1 and meanwhile is None:
             for lo, hi in ranges:
                 part(lo, hi)
         else:
             futures: list[Future[None]] = [self.pool.submit(part, lo, hi) for lo, hi in ranges]
+            if meanwhile is not None:
+                try:
+                    meanwhile(report)
+                except BaseException as exc:
+                    side_error = exc
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             errors = [f.exception() for f in done if f.exception() is not None]
             if errors:
                 report.failed = True
                 wait(futures)
                 raise errors[0]  # type: ignore[misc]
+        if side_error is not None:
+            raise side_error
         report.seconds = time.monotonic() - start
         return report

@@ -95,8 +95,9 @@ class ShardCache:
         self._pending: dict[tuple[str, int], Future[str]] = {}
         self.prefetch_errors: dict[tuple[str, int], BaseException] = {}
         self._closed = False
+        self._used, self._used_at = 0, -1e9
         atomic_write_json(os.path.join(self.root, "cache.json"), {"capacity": self.capacity})
-        self.space.used_bytes()  # sweeps the part files of dead fills
+        self._used = self.space.used_bytes()  # also sweeps the part files of dead fills
         atexit.register(self.counters.flush)
 
     @property
@@ -336,8 +337,15 @@ class ShardCache:
         out["concurrency_max"] = self.limit.maximum
         out["concurrency_lowest"] = self.limit.lowest
         out["capacity"] = self.capacity
-        out["used_bytes"] = self.space.used_bytes()
+        now = time.monotonic()
+        if now - self._used_at > 2.0:  # a directory scan: at most every 2 s
+            self._used, self._used_at = self.space.used_bytes(), now
+        out["used_bytes"] = self._used
         return out
+
+    def used_bytes(self) -> int:
+        """Bytes held now (complete shards, indexes and fills in progress), by a scan."""
+        return self.space.used_bytes()
 
     def close(self) -> None:
         """Finish queued prefetches, stop the threads and persist the counters."""

@@ -99,6 +99,17 @@ class WarmResult:
         return asdict(self)
 
 
+def _shard_workers(cache: ShardCache, dataset: Dataset, shards: Sequence[int]) -> int:
+    """Shards fetched at once: enough parts to keep every request slot busy, plus one shard
+    whose checksum and rename overlap the next downloads; more would finish all shards late.
+    """
+    if not shards:
+        return 1
+    sizes = sorted(dataset.shards[i].bytes for i in shards)
+    parts = max(1, -(-sizes[len(sizes) // 2] // cache.options.part_size))
+    return max(1, -(-cache.options.concurrency // parts)) + 1
+
+
 def warm(
     cache: ShardCache,
     dataset: Dataset,
@@ -132,7 +143,7 @@ def warm(
         smoothing=0.1,
     )
     done = 0
-    with bar, ThreadPoolExecutor(workers or cache.options.concurrency) as pool:
+    with bar, ThreadPoolExecutor(workers or _shard_workers(cache, dataset, wanted)) as pool:
         futures = {pool.submit(cache.ensure, dataset, i): i for i in wanted}
         for fut in as_completed(futures):
             i = futures[fut]

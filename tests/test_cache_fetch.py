@@ -3,6 +3,7 @@ under throttling; and the eviction policy (Belady with the plan's order vs LRU).
 
 from __future__ import annotations
 
+import errno
 import math
 import threading
 import time
@@ -80,6 +81,8 @@ def test_errors_are_told_apart():
     assert is_throttle(SlowDown()) and is_retryable(SlowDown())
     assert is_retryable(ConnectionResetError("reset"))
     assert is_retryable(OSError(121, "We encountered an internal error, please try again."))
+    assert is_retryable(OSError(errno.EREMOTEIO, "Internal Server Error"))
+    assert is_throttle(OSError(errno.EBUSY, "Please reduce your request rate."))
     assert not is_retryable(FileNotFoundError("gone"))
     assert not is_retryable(PermissionError("AccessDenied"))
 

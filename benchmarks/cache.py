@@ -1,0 +1,341 @@
+"""Cache benchmark: the node cache against the physical limits measured in the same run.
+
+  cold warm-up   ``warm`` into an empty cache from a private SeaweedFS server, vs the raw
+                 parallel-GET limit of the same objects (same ranges, same concurrency, bytes
+                 dropped on arrival: no disk, no checksum), rounds interleaved
+  hit path       ``cache.get`` + reading the file, vs reading the same files directly
+  single flight  8 processes ask for one shard at once: how many downloads
+  eviction       hit rate of plan-aware (Belady on the plan's order) vs LRU at 50% and 75%
+                 of the dataset over 3 epochs, with Belady's optimum
+
+Prints a table and writes JSON. Not a timed test: run it by hand.
+
+    python benchmarks/cache.py --shards 12 --shard-size 32MiB --out .bench/cache.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from flashfeed.cache import ShardCache
+from flashfeed.cache.policy import belady_hits, lru_hits
+from flashfeed.cache.ranged import split_ranges
+from flashfeed.cache.stats import read_persisted
+from flashfeed.cache.warm import warm
+
+from flashfeed import Dataset, Manifest, commit_manifest, storage
+from flashfeed.plan import node_shard_order
+from flashfeed.shardio import shard_name, write_tar_shard
+from flashfeed.store import EmbeddedStore, StoreError
+from flashfeed.units import parse_size
+
+
+def start_store(parent: str) -> EmbeddedStore:
+    for attempt in range(4):
+        store = EmbeddedStore(
+            os.path.join(parent, f"s{attempt}"), port=random.randrange(20000, 45000)
+        )
+        try:
+            store.start()
+            return store
+        except StoreError:
+            store.stop()
+    raise SystemExit("could not start SeaweedFS")
+
+
+def make_dataset(prefix: str, n: int, size: int, opts: dict[str, Any] | None) -> Dataset:
+    """``n`` tar shards of ``size`` bytes of random data each (4 samples a shard)."""
+    rng = np.random.default_rng(0)
+    infos = []
+    for i in range(n):
+        samples = [(f"s{i:04d}-{j:04d}", {"bin": rng.bytes(size // 4 - 1024)}) for j in range(4)]
+        infos.append(write_tar_shard(prefix, shard_name(i, "tar"), samples, storage_options=opts))
+    m = Manifest(
+        name="bench", shard_format="webdataset", schema={"bin": "bytes"}, shards=tuple(infos)
+    )
+    commit_manifest(prefix, m, storage_options=opts)
+    return Dataset.open(prefix, storage_options=opts)
+
+
+def raw_parallel_get(
+    ds: Dataset, opts: dict[str, Any], concurrency: int, part_size: int, write_to: str | None
+) -> float:
+    """GB/s of the same ranged GETs the cache makes: data dropped on arrival, or only written
+    to plain files in ``write_to`` (no checksum, no locks, no rename)."""
+    jobs = []
+    fds = []
+    if write_to:
+        shutil.rmtree(write_to, ignore_errors=True)
+        os.makedirs(write_to)
+    for i, info in enumerate(ds.shards):
+        fs, path = storage.filesystem(ds.shard_url(i), opts)
+        fd = os.open(os.path.join(write_to, str(i)), os.O_WRONLY | os.O_CREAT) if write_to else -1
+        fds.append(fd)
+        jobs += [(fs, path, lo, hi, fd) for lo, hi in split_ranges(info.bytes, part_size)]
+
+    def one(job: tuple[Any, str, int, int, int]) -> int:
+        fs, path, lo, hi, fd = job
+        data = fs.cat_file(path, start=lo, end=hi)
+        if fd >= 0:
+            os.pwrite(fd, data, lo)
+        return len(data)
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        got = sum(pool.map(one, jobs))
+    secs = time.perf_counter() - t
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
+    if write_to:
+        shutil.rmtree(write_to, ignore_errors=True)
+    assert got == ds.manifest.num_bytes
+    return got / secs / 1e9
+
+
+def cold_warm(ds: Dataset, opts: dict[str, Any], root: str, concurrency: int, part: int) -> float:
+    shutil.rmtree(root, ignore_errors=True)
+    t = time.perf_counter()
+    with ShardCache(
+        root,
+        capacity=2 * ds.manifest.num_bytes,
+        storage_options=opts,
+        concurrency=concurrency,
+        part_size=part,
+    ) as cache:
+        result = warm(cache, ds, list(range(len(ds.shards))), progress=False)
+    secs = time.perf_counter() - t
+    assert result.ok and result.fetched == len(ds.shards)
+    return ds.manifest.num_bytes / secs / 1e9
+
+
+def read_file(path: str, buf: bytearray) -> int:
+    with open(path, "rb", buffering=0) as f:
+        n = total = 0
+        view = memoryview(buf)
+        while n := f.readinto(view):
+            total += n
+        return total
+
+
+def hit_path(ds: Dataset, opts: dict[str, Any], root: str, rounds: int) -> dict[str, float]:
+    cache = ShardCache(root, capacity=2 * ds.manifest.num_bytes, storage_options=opts)
+    paths = [cache.get(ds, i) for i in range(len(ds.shards))]  # verified once: the hit path
+    buf = bytearray(max(s.bytes for s in ds.shards))
+    total = ds.manifest.num_bytes
+    plain, cached = [], []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        assert sum(read_file(p, buf) for p in paths) == total
+        plain.append(total / (time.perf_counter() - t) / 1e9)
+        t = time.perf_counter()
+        assert sum(read_file(cache.get(ds, i), buf) for i in range(len(paths))) == total
+        cached.append(total / (time.perf_counter() - t) / 1e9)
+    cache.close()
+    fresh = ShardCache(root, capacity=2 * ds.manifest.num_bytes, storage_options=opts)
+    t = time.perf_counter()
+    assert sum(read_file(fresh.get(ds, i), buf) for i in range(len(paths))) == total
+    first = total / (time.perf_counter() - t) / 1e9
+    fresh.close()
+    return {
+        "plain_gbps": statistics.median(plain),
+        "cache_gbps": statistics.median(cached),
+        "first_get_in_process_gbps": first,
+    }
+
+
+WORKER = """
+import os, sys, time
+from flashfeed import Dataset
+from flashfeed.cache import ShardCache
+root, url, barrier = sys.argv[1:4]
+ds = Dataset.open(url)
+cache = ShardCache(root, capacity="4GiB", part_size="4MiB")
+while not os.path.exists(barrier):
+    time.sleep(0.002)
+cache.get(ds, 0)
+cache.close()
+"""
+
+
+def single_flight(ds: Dataset, env: dict[str, str], work: str, procs: int) -> dict[str, Any]:
+    root = os.path.join(work, "sf-cache")
+    barrier = os.path.join(work, "sf-go")
+    argv = [sys.executable, "-c", WORKER, root, ds.url, barrier]
+    ps = [subprocess.Popen(argv, env={**os.environ, **env}) for _ in range(procs)]
+    time.sleep(3.0)
+    open(barrier, "w").close()
+    rcs = [p.wait() for p in ps]
+    s = read_persisted(root)
+    return {
+        "processes": procs,
+        "ok": rcs.count(0),
+        "downloads": s["misses"],
+        "bytes_fetched": s["bytes_fetched"],
+        "shard_bytes": ds.shards[0].bytes,
+        "waited_for_another": s["shared_waits"],
+    }
+
+
+def eviction(work: str, shards: int, epochs: int) -> list[dict[str, Any]]:
+    """Hit rates of the real ShardCache on a local dataset: LRU vs the plan's order."""
+    prefix = os.path.join(work, "evict-ds")
+    infos = []
+    for i in range(shards):
+        samples = [(f"s{i:04d}-{j:04d}", {"bin": bytes([i % 256]) * 16000}) for j in range(4)]
+        infos.append(write_tar_shard(prefix, shard_name(i, "tar"), samples))
+    m = Manifest(name="ev", shard_format="webdataset", schema={"bin": "bytes"}, shards=tuple(infos))
+    commit_manifest(prefix, m)
+    ds = Dataset.open(prefix)
+    order = node_shard_order([s.samples for s in ds.shards], seed=0, epochs=range(epochs))
+    entry = ds.shards[0].bytes + len(storage.read_bytes(ds.index_url(0)))
+    rows = []
+    for fraction in (0.5, 0.75):
+        slots = int(shards * fraction)
+        hits = {}
+        for mode in ("lru", "plan"):
+            root = os.path.join(work, f"ev-{mode}-{fraction}")
+            with ShardCache(root, capacity=slots * entry) as cache:
+                if mode == "plan":
+                    cache.set_future(ds, order)
+                for i in order:
+                    cache.get(ds, i)
+                hits[mode] = cache.stats()["hits"]
+        n = len(order)
+        rows.append(
+            {
+                "capacity": fraction,
+                "slots": slots,
+                "reads": n,
+                "lru": hits["lru"] / n,
+                "plan_aware": hits["plan"] / n,
+                "optimum": belady_hits(order, slots) / n,
+                "lru_simulated": lru_hits(order, slots) / n,
+                "ratio_vs_lru": hits["plan"] / max(1, hits["lru"]),
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shards", type=int, default=12)
+    ap.add_argument("--shard-size", default="32MiB")
+    ap.add_argument("--part-size", default="8MiB")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results/cache.json")
+    ap.add_argument(
+        "--cache-parent", default="/tmp", help="file system for the cache (default /tmp)"
+    )
+    args = ap.parse_args()
+    size, part = parse_size(args.shard_size), parse_size(args.part_size)
+    work = tempfile.mkdtemp(prefix="ffcb-", dir="/tmp")
+    store = start_store(work)
+    disk = ""
+    out: dict[str, Any] = {"config": vars(args), "machine": {"cpus": os.cpu_count()}}
+    try:
+        store.make_bucket("flashfeed")
+        opts = store.info.storage_options()
+        t = time.perf_counter()
+        ds = make_dataset("s3://flashfeed/bench", args.shards, size, opts)
+        secs = time.perf_counter() - t
+        print(
+            f"dataset: {args.shards} x {args.shard_size} uploaded in {secs:.1f}s", file=sys.stderr
+        )
+        raw, raw_write, cold = [], [], []
+        disk = tempfile.mkdtemp(prefix="ffcb-disk-", dir=args.cache_parent)
+        root = os.path.join(disk, "cache")
+        for r in range(args.rounds):
+            raw.append(raw_parallel_get(ds, opts, args.concurrency, part, None))
+            raw_write.append(
+                raw_parallel_get(ds, opts, args.concurrency, part, os.path.join(disk, "raw"))
+            )
+            cold.append(cold_warm(ds, opts, root, args.concurrency, part))
+            print(
+                f"round {r}: raw GET {raw[-1]:.2f} GB/s, raw GET + write {raw_write[-1]:.2f} "
+                f"GB/s, cold warm {cold[-1]:.2f} GB/s",
+                file=sys.stderr,
+            )
+        out["cold"] = {
+            "cache_parent": args.cache_parent,
+            "raw_gbps": raw,
+            "raw_write_gbps": raw_write,
+            "warm_gbps": cold,
+            "raw_median": statistics.median(raw),
+            "raw_write_median": statistics.median(raw_write),
+            "warm_median": statistics.median(cold),
+        }
+        out["hit"] = hit_path(ds, opts, root, rounds=5)
+        out["single_flight"] = single_flight(ds, store.info.env(), work, 8)
+        out["eviction"] = eviction(work, shards=40, epochs=3)
+    finally:
+        store.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        if disk:
+            shutil.rmtree(disk, ignore_errors=True)
+    c, h, s = out["cold"], out["hit"], out["single_flight"]
+    rows = [
+        (
+            "cold warm-up from S3 (GB/s)",
+            c["warm_median"],
+            c["raw_median"],
+            "raw parallel GET",
+            0.90,
+        ),
+        (
+            "cold warm-up from S3 (GB/s)",
+            c["warm_median"],
+            c["raw_write_median"],
+            "raw GET + write",
+            None,
+        ),
+        ("hit path: get + read (GB/s)", h["cache_gbps"], h["plain_gbps"], "plain file read", 0.95),
+        (
+            "first get in a process, verifies (GB/s)",
+            h["first_get_in_process_gbps"],
+            h["plain_gbps"],
+            "plain file read",
+            None,
+        ),
+    ]
+    print(
+        f"\n{'measure':44} {'flashfeed':>10} {'reference':>10}  {'ratio':>6}  target  reference is"
+    )
+    for name, mine, ref, what, target in rows:
+        tgt = f">={target:.2f}" if target else "  -  "
+        print(f"{name:44} {mine:10.2f} {ref:10.2f}  {mine / ref:6.2f}  {tgt}  {what}")
+    print(
+        f"{'8 processes, one shard: downloads':44} {s['downloads']:10d} {1:10d}  {'':6}  ==1"
+        f"     ({s['waited_for_another']} waited, {s['ok']}/8 ok)"
+    )
+    head = f"{'LRU':>7} {'plan-aware':>11} {'optimum':>8} {'plan/LRU':>9}  target"
+    print(f"\n{'hit rate over 3 epochs':24} {head}")
+    for e in out["eviction"]:
+        name = f"capacity {e['capacity']:.0%} of dataset"
+        print(
+            f"{name:24} {e['lru']:7.1%} {e['plan_aware']:11.1%} {e['optimum']:8.1%} "
+            f"{e['ratio_vs_lru']:9.2f}  >=1.50"
+        )
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=2)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
