@@ -44,10 +44,10 @@ def _dataset_status(
     }
     dataset = Dataset(d.url, manifest)
     if share is not None:
-        order, source = share.order(dataset), f"plan {share}"
+        order, source = share.order(dataset), f"plan: {share.describe()}"
     else:
         order = (read_json(d.future_path) or {}).get("order") or []
-        source = "last read order given to the cache (warm or loader)"
+        source = "the last read order given to the cache"
     if order:
         distinct = list(dict.fromkeys(order))
         need = sum(manifest.shards[i].bytes for i in distinct)
@@ -87,7 +87,7 @@ def status(
                 order = share.order(dataset)
                 need = sum(dataset.shards[i].bytes for i in set(order))
                 out_ds["share"] = {
-                    "source": f"plan {share}",
+                    "source": f"plan: {share.describe()}",
                     "shards": len(set(order)),
                     "bytes": need,
                     "fits": capacity is not None and need <= capacity,

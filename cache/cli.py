@@ -258,10 +258,11 @@ def _status(args: argparse.Namespace) -> int:
         share = d.get("share")
         if share:
             verdict = "fits" if share["fits"] else "does NOT fit"
+            beyond = share.get("over_capacity")
             print(
                 f"  this node's share ({share['source']}): {share['shards']} shards, "
                 f"{format_size(share['bytes'])}: {verdict} in the capacity; "
-                f"{share['cached']} cached"
+                f"{share['cached']} cached" + (f", {beyond} beyond the capacity" if beyond else "")
             )
         if d.get("next"):
             print(f"  next to fetch: {', '.join(d['next'])}")

@@ -38,6 +38,7 @@ __all__ = [
     "list_dataset_dirs",
     "make_private_dir",
     "read_json",
+    "sweep_dead_tmp",
 ]
 
 
@@ -70,6 +71,35 @@ def atomic_write_json(path: str, obj: Any) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead_tmp(directory: str) -> int:
+    """Remove ``*.tmp`` files of ``atomic_write_json`` whose writer died; returns how many."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        parts = name.rsplit(".", 3)
+        dead = len(parts) == 4 and parts[3] == "tmp" and parts[1].isdigit()
+        if dead and not _pid_alive(int(parts[1])):
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
 
 
 def read_json(path: str, default: Any = None) -> Any:

@@ -21,7 +21,14 @@ from flashfeed.units import format_size
 from .aimd import AdaptiveLimit
 from .errors import CacheCapacityError
 from .fill import file_checksum, fill_shard
-from .layout import DatasetDir, atomic_write_json, dataset_key, make_private_dir
+from .layout import (
+    DatasetDir,
+    atomic_write_json,
+    dataset_key,
+    list_dataset_dirs,
+    make_private_dir,
+    sweep_dead_tmp,
+)
 from .locks import FileLock
 from .options import CacheOptions
 from .policy import FutureOrder
@@ -98,6 +105,8 @@ class ShardCache:
         self._used, self._used_at = 0, -1e9
         atomic_write_json(os.path.join(self.root, "cache.json"), {"capacity": self.capacity})
         self._used = self.space.used_bytes()  # also sweeps the part files of dead fills
+        for directory in [self.root, *(d.dir for d in list_dataset_dirs(self.root))]:
+            sweep_dead_tmp(directory)
         atexit.register(self.counters.flush)
 
     @property

@@ -42,6 +42,12 @@ class NodeShare:
         if not 0 <= self.node_rank < self.num_nodes:
             raise ValueError(f"node_rank must be in [0, {self.num_nodes}), got {self.node_rank}")
 
+    def describe(self) -> str:
+        return (
+            f"node {self.node_rank} of {self.num_nodes}, {self.ranks_per_node} ranks per node, "
+            f"seed {self.seed}, {self.epochs} epochs"
+        )
+
     def order(self, dataset: Dataset) -> list[int]:
         """The node's shards in the order it reads them, epoch after epoch (with repeats)."""
         return node_shard_order(

@@ -134,9 +134,11 @@ def test_kill_9_mid_fill_leaves_a_consistent_cache(s3_prefix: str, tmp_path: Pat
     p.wait()
     leftovers = parts_of(root)
     assert leftovers, "the fill should have been in progress"
+    dead_json = root / f"stats.json.{p.pid}.0badc0de.tmp"  # a JSON write cut short too
+    dead_json.write_text("{")
     assert not list(root.rglob("000000.tar"))  # the final name was never created
     with ShardCache(root, capacity="8MiB") as cache:  # opening sweeps the dead fill
-        assert not parts_of(root)
+        assert not parts_of(root) and not dead_json.exists()
         assert cache.stats()["used_bytes"] == 0
         assert Path(cache.get(ds, 0)).read_bytes() == ds.read_shard(0)
 
