@@ -60,6 +60,7 @@ def run_flashfeed(corpus: Path, dest: str, shard_size: int, opts: dict[str, Any]
         "samples": d["samples"],
         "bytes_out": d["bytes_out"],
         "task_seconds": d["timings"],
+        "phases": d["phases"],
     }
 
 

@@ -198,8 +198,10 @@ def run(config: IngestConfig) -> IngestResult:
             packer = TokenPacker(
                 config.tokenizer, seq_len=config.seq_len or 0, eos_token=config.eos_token
             )
+        # a tar member costs a 512-byte header and up to 511 bytes of padding
+        overhead = 768 * len(out_fields) if config.format == "webdataset" else 0
         groups = assign_shards(
-            [it.size for it in items],
+            [it.size + overhead for it in items],
             target_bytes=config.shard_bytes,
             samples_per_shard=config.samples_per_shard,
             seed=config.seed,

@@ -93,9 +93,9 @@ def test_every_skip_reason_is_counted_and_listed(tmp_path: Path, s3_prefix: str)
     ]
     (tmp_path / "src" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "text").mkdir()
-    (tmp_path / "text" / "t.jsonl").write_text(
-        "".join(json.dumps({"text": t}) + "\n" for t in ["keep me", "   ", "\u00a0\n", "me too"])
-    )
+    texts = [{"text": t} for t in ["keep me", "   ", "\u00a0\n", "me too"]]
+    texts.append({"text": "bad label", "label": "seven"})
+    (tmp_path / "text" / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in texts))
     result = run(
         IngestConfig(
             source=str(tmp_path / "src" / "rows.jsonl"),
@@ -125,7 +125,7 @@ def test_every_skip_reason_is_counted_and_listed(tmp_path: Path, s3_prefix: str)
     text = run(
         IngestConfig(source=str(tmp_path / "text"), dest=f"{s3_prefix}/txt", progress="none")
     )
-    assert text.manifest.skipped == {"empty_text": 2}
+    assert text.manifest.skipped == {"bad_value": 1, "empty_text": 2}
     assert sorted(f["txt"] for _, f in Dataset.open(f"{s3_prefix}/txt")) == [b"keep me", b"me too"]
 
 

@@ -204,3 +204,31 @@ def test_lmdb_raw_values(tmp_path: Path, s3_prefix: str) -> None:
     ds = Dataset.open(s3_prefix)
     assert ds.manifest.source["format"] == "lmdb" and len(ds.shards) == 3
     assert sorted(f["jpg"] for _, f in ds) == sorted(imgs)
+
+
+def test_real_tgz_shard_from_others_becomes_loadable(
+    tmp_path: Path, s3_prefix: str, realdata: Path
+) -> None:
+    tgz = realdata / "webdataset-testdata" / "sample.tgz"
+    storage.put_file(str(tgz), f"{s3_prefix}/src/sample.tgz")
+    with tarfile.open(tgz) as tar:
+        pngs = sorted(
+            tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.name.endswith(".png")
+        )
+    result = run(
+        IngestConfig(
+            source=f"{s3_prefix}/src",
+            dest=f"{s3_prefix}/ds",
+            validate=True,
+            samples_per_shard=40,
+            progress="none",
+        )
+    )
+    assert result.manifest.skipped == {}
+    ds = Dataset.open(f"{s3_prefix}/ds")
+    assert ds.manifest.num_samples == len(pngs) == 90 and len(ds.shards) == 3
+    assert ds.manifest.schema == {"cls": "int", "png": "image/png"}
+    assert sorted(f["png"] for _, f in ds) == pngs
+    assert ds.read_index(0)  # every shard has its DALI index

@@ -143,6 +143,7 @@ def scan_table(url: str, fmt: str, ctx: StorageContext, fields: dict[str, str]) 
         items=items,
         fields=kinds,
         description={"tables": len(tables), "columns": mapping},
+        shared={"kinds": kinds},
     )
 
 
@@ -172,8 +173,31 @@ def _media_sizes(
     return sizes
 
 
+def typed(name: str, value: Any, kind: str) -> Any:
+    """A cell as the value its field's kind promises (CSV cells are all strings)."""
+    if value is None:
+        return None
+    try:
+        if kind == "int" and not isinstance(value, int):
+            return int(str(value).strip())
+        if kind == "float" and not isinstance(value, float):
+            return float(str(value).strip())
+    except ValueError:
+        raise Reject("bad_value", f"{name}={value!r} is not a {kind}") from None
+    if kind == "int":
+        return int(value)
+    if kind == "json" and not isinstance(value, str):
+        return json.dumps(value, sort_keys=True)
+    if kind == "text" and not isinstance(value, str):
+        return str(value)
+    return value
+
+
 def read_table_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> Record:
-    record: Record = dict(item.ref["values"])
+    kinds = cache["shared"]["kinds"]
+    record: Record = {
+        name: typed(name, v, kinds.get(name, "bytes")) for name, v in item.ref["values"].items()
+    }
     for name, url in item.ref["media"].items():
         try:
             record[name] = read(url, ctx)
