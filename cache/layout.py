@@ -147,6 +147,7 @@ class DatasetDir:
         self.meta_path = os.path.join(self.dir, "dataset.json")
         self.future_path = os.path.join(self.dir, "future.json")
         self._manifest: Manifest | None = None
+        self._by_path: dict[str, int] | None = None
 
     def create(self, url: str, manifest: Manifest) -> None:
         for d in (self.dir, self.data_dir, self.parts_dir, self.locks_dir, self.pins_dir):
@@ -197,23 +198,32 @@ class DatasetDir:
         return out
 
     def entries(self) -> list[CachedEntry]:
-        """Every complete shard file present now."""
+        """Every complete shard file present now (a walk of what is cached, not of the
+        manifest: the cost follows the cached files, not the dataset's size)."""
+        if self._by_path is None:
+            self._by_path = {s.path: i for i, s in enumerate(self.manifest.shards)}
+        try:
+            pinned = {int(n) for n in os.listdir(self.pins_dir) if n.isdigit()}
+        except FileNotFoundError:
+            pinned = set()
+        files: dict[str, os.stat_result] = {}
+        for dirpath, _, names in os.walk(self.data_dir):
+            for name in names:
+                full = os.path.join(dirpath, name)
+                try:
+                    files[os.path.relpath(full, self.data_dir)] = os.stat(full)
+                except FileNotFoundError:
+                    pass
         out = []
-        for i, info in enumerate(self.manifest.shards):
-            path = os.path.join(self.data_dir, info.path)
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                continue
-            size = st.st_size
-            try:
-                size += os.stat(path + ".idx").st_size
-            except FileNotFoundError:
-                pass
-            out.append(
-                CachedEntry(self.key, i, path, size, st.st_mtime, os.path.exists(self.pin_path(i)))
-            )
-        return out
+        for rel, st in files.items():
+            i = self._by_path.get(rel.replace(os.sep, "/"))
+            if i is None:
+                continue  # an index, or a file that is not a shard of this dataset
+            idx = files.get(rel + ".idx")
+            size = st.st_size + (idx.st_size if idx is not None else 0)
+            path = os.path.join(self.data_dir, rel)
+            out.append(CachedEntry(self.key, i, path, size, st.st_mtime, i in pinned))
+        return sorted(out, key=lambda e: e.shard)
 
     def part_bytes(self) -> int:
         total = 0
