@@ -9,8 +9,11 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import xxhash
 
 from flashfeed import storage
 from flashfeed.dataset import Dataset
@@ -22,7 +25,7 @@ from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
 from .ranged import FetchReport, RangedFetcher
 
-__all__ = ["file_checksum", "fill_shard"]
+__all__ = ["OrderedHasher", "file_checksum", "fill_shard"]
 
 Reserve = Callable[[int, str], int]
 
@@ -45,6 +48,32 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         offset += n
 
 
+class OrderedHasher:
+    """The manifest checksum of parts that arrive out of order, hashed in order as soon as
+    they are contiguous: the bytes are checked in transit, without reading the file back.
+    Holds at most the parts that arrived ahead of a slower one."""
+
+    def __init__(self) -> None:
+        self._hash = xxhash.xxh3_128()
+        self._next = 0
+        self._waiting: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    def add(self, offset: int, data: bytes) -> None:
+        with self._lock:
+            self._waiting[offset] = data
+            while self._next in self._waiting:
+                chunk = self._waiting.pop(self._next)
+                self._hash.update(chunk)
+                self._next += len(chunk)
+
+    def checksum(self, size: int) -> str:
+        with self._lock:
+            if self._next != size or self._waiting:
+                raise RuntimeError(f"hashed {self._next} of {size} bytes: a part is missing")
+            return storage.CHECKSUM_PREFIX + self._hash.hexdigest()
+
+
 def _fetch_to(
     fetcher: RangedFetcher,
     dataset: Dataset,
@@ -52,6 +81,7 @@ def _fetch_to(
     fd: int,
     opts: dict[str, Any] | None,
     meanwhile: Callable[[FetchReport], None] | None = None,
+    hasher: OrderedHasher | None = None,
 ) -> FetchReport:
     url = dataset.shard_url(info)
     fs, path = storage.filesystem(url, opts)
@@ -60,9 +90,13 @@ def _fetch_to(
         return fs.cat_file(path, start=start, end=end)
 
     try:
-        return fetcher.fetch_into(
-            fetch, info.bytes, lambda off, data: _pwrite_all(fd, data, off), meanwhile=meanwhile
-        )
+
+        def write(offset: int, data: bytes) -> None:
+            _pwrite_all(fd, data, offset)
+            if hasher is not None:
+                hasher.add(offset, data)
+
+        return fetcher.fetch_into(fetch, info.bytes, write, meanwhile=meanwhile)
     except (FlashfeedError, CacheFullError):
         raise
     except FileNotFoundError:
@@ -129,11 +163,12 @@ def fill_shard(
             if index_url is not None:
                 index.append(_fetch_index(fetcher, dataset, info, index_url, opts, report))
 
+        hasher = OrderedHasher()
         try:
-            report = _fetch_to(fetcher, dataset, info, fd, opts, meanwhile=fetch_index)
+            report = _fetch_to(fetcher, dataset, info, fd, opts, fetch_index, hasher)
         finally:
             os.close(fd)
-        got = file_checksum(part)
+        got = hasher.checksum(info.bytes)
         if got != info.checksum:
             raise CorruptShardError(
                 f"shard {info.path} of dataset {dataset.url} arrived with checksum {got}, "

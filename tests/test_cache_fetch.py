@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from flashfeed.cache.aimd import AdaptiveLimit
+from flashfeed.cache.fill import OrderedHasher
 from flashfeed.cache.policy import (
     Candidate,
     FutureOrder,
@@ -21,6 +22,7 @@ from flashfeed.cache.policy import (
 )
 from flashfeed.cache.ranged import RangedFetcher, is_retryable, is_throttle, split_ranges
 
+from flashfeed import storage
 from flashfeed.plan import node_shard_order
 from flashfeed.storage import RetryPolicy
 
@@ -192,3 +194,17 @@ def test_with_the_plans_order_belady_beats_lru_over_epochs():
         cap = int(40 * fraction)
         assert belady_hits(order, cap) >= 1.5 * max(1, lru_hits(order, cap))
     assert belady_hits(order, 40) == lru_hits(order, 40) == 80  # all fit: only cold misses
+
+
+def test_parts_hashed_in_transit_in_any_arrival_order():
+    data = np.random.default_rng(2).bytes(100_000)
+    parts = split_ranges(len(data), 7_000)
+    for seed in range(3):
+        hasher = OrderedHasher()
+        for lo, hi in np.random.default_rng(seed).permutation(parts).tolist():
+            hasher.add(lo, data[lo:hi])
+        assert hasher.checksum(len(data)) == storage.checksum(data)
+    partial = OrderedHasher()
+    partial.add(7_000, data[7_000:14_000])
+    with pytest.raises(RuntimeError, match="missing"):
+        partial.checksum(len(data))
