@@ -19,7 +19,7 @@ from flashfeed.storage import RetryPolicy
 from flashfeed.units import format_size
 
 from .aimd import AdaptiveLimit
-from .errors import CacheCapacityError
+from .errors import CacheCapacityError, CacheFullError
 from .fill import file_checksum, fill_shard
 from .layout import (
     DatasetDir,
@@ -166,9 +166,11 @@ class ShardCache:
         return self._ensure(dataset, d, i)
 
     def ensure(self, dataset: Dataset, shard: int | ShardInfo) -> str:
-        """Like ``get`` but not a read: the position in the future order stays where it is."""
+        """Fetch ahead (``warm``): like ``get`` but not a read, so the position in the future
+        order stays where it is, and only shards needed later than this one are evicted for
+        it (``CacheFullError`` at once otherwise)."""
         d, i = self._resolve(dataset, shard)
-        return self._ensure(dataset, d, i)
+        return self._ensure(dataset, d, i, speculative=True)
 
     @contextmanager
     def open(self, dataset: Dataset, shard: int | ShardInfo) -> Iterator[str]:
@@ -186,13 +188,13 @@ class ShardCache:
         d, i = self._resolve(dataset, shard)
         return os.path.exists(d.shard_path(i))
 
-    def _ensure(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
+    def _ensure(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool = False) -> str:
         path = d.shard_path(i)
         if self._usable(path, dataset.shards[i]) is True:
             self._touch(path)
             self.counters.add(hits=1)
             return path
-        return self._fill(dataset, d, i)
+        return self._fill(dataset, d, i, speculative)
 
     def _usable(self, path: str, info: ShardInfo) -> bool | None:
         """True: good copy. False: present but corrupt. None: absent."""
@@ -220,7 +222,7 @@ class ShardCache:
         except OSError:
             pass
 
-    def _fill(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
+    def _fill(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool) -> str:
         path = d.shard_path(i)
         lock = FileLock(d.fill_lock(i))
         waited = not lock.acquire(blocking=False)
@@ -247,9 +249,14 @@ class ShardCache:
                     i,
                     dataset,
                     fetcher=self.fetcher,
-                    reserve=lambda need, part: self.space.reserve(d, i, need, part),
+                    reserve=lambda need, part: self.space.reserve(
+                        d, i, need, part, speculative=speculative
+                    ),
                     storage_options=self.storage_options,
                 )
+            except CacheFullError:
+                self.counters.add(**{"fetch_ahead_skipped" if speculative else "failures": 1})
+                raise
             except BaseException:
                 self.counters.add(failures=1)
                 raise
@@ -275,7 +282,8 @@ class ShardCache:
     def prefetch(self, dataset: Dataset, shards: Iterable[int]) -> None:
         """Fetch shards in the background (in the given order); returns at once.
 
-        Failures are counted and kept in ``prefetch_errors``; a later ``get`` retries.
+        A prefetch never evicts a shard needed sooner than the one it fetches. Failures are
+        counted and kept in ``prefetch_errors``; a later ``get`` retries.
         """
         d, _ = self._register(dataset)
         for shard in shards:
@@ -289,7 +297,9 @@ class ShardCache:
 
     def _prefetch_one(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
         try:
-            return self._ensure(dataset, d, i)
+            path = self._ensure(dataset, d, i, speculative=True)
+            self.prefetch_errors.pop((d.key, i), None)
+            return path
         except BaseException as exc:
             self.prefetch_errors[(d.key, i)] = exc
             log.warning("prefetch of shard %d of %s failed: %s", i, dataset.url, exc)

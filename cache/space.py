@@ -8,6 +8,7 @@ removed. Part files whose fill lock is free belong to dead fills and are removed
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -107,17 +108,32 @@ class SpaceManager:
         with locked(self.lock_path):
             return self.scan()[1]
 
-    def reserve(self, d: DatasetDir, shard: int, need: int, part: str) -> int:
-        """Create ``part`` allocated to ``need`` bytes, evicting first if needed; its fd."""
+    def reserve(
+        self, d: DatasetDir, shard: int, need: int, part: str, *, speculative: bool = False
+    ) -> int:
+        """Create ``part`` allocated to ``need`` bytes, evicting first if needed; its fd.
+
+        A ``speculative`` fill (prefetch, warm) only evicts shards needed later than the one
+        it fetches, and fails at once rather than wait for room.
+        """
         deadline = time.monotonic() + self.timeout
+        later_than = self.next_use(d.key, shard) if speculative else None
+        if later_than == math.inf:
+            later_than = None  # not in a known order: plain LRU
         while True:
             with locked(self.lock_path):
                 entries, used = self.scan()
                 if used + need > self.capacity:
-                    used -= self._evict(entries, used + need - self.capacity, (d.key, shard))
+                    amount = used + need - self.capacity
+                    used -= self._evict(entries, amount, (d.key, shard), later_than)
                 if used + need <= self.capacity:
                     return _allocate(part, need)
                 pinned = sum(e.pinned for _, e in entries)
+            if speculative:
+                raise CacheFullError(
+                    f"no room in cache {self.root} to fetch ahead shard {shard} of {d.url}: "
+                    f"every cached shard is needed sooner, pinned or in use"
+                )
             if time.monotonic() >= deadline:
                 raise CacheFullError(
                     f"no room in cache {self.root} for shard {shard} of {d.url} "
@@ -128,8 +144,14 @@ class SpaceManager:
             time.sleep(0.1)
 
     def _evict(
-        self, entries: list[tuple[DatasetDir, CachedEntry]], amount: int, exclude: tuple
+        self,
+        entries: list[tuple[DatasetDir, CachedEntry]],
+        amount: int,
+        exclude: tuple,
+        later_than: float | None = None,
     ) -> int:
+        """Evict in policy order until ``amount`` bytes are free; only shards whose next use
+        is after ``later_than`` when given (and none if they could not make enough room)."""
         dirs = {d.key: d for d, _ in entries}
         candidates = [
             Candidate(
@@ -141,6 +163,10 @@ class SpaceManager:
             for _, e in entries
             if not e.pinned and (e.dataset, e.shard) != exclude
         ]
+        if later_than is not None:
+            candidates = [c for c in candidates if c.next_use > later_than]
+            if sum(c.size for c in candidates) < amount:
+                return 0
         freed = 0
         for c in eviction_order(candidates):
             if freed >= amount:

@@ -29,6 +29,7 @@ COUNTERS = (
     "evicted_bytes",
     "corrupt_refetches",
     "failures",
+    "fetch_ahead_skipped",
 )
 
 
