@@ -58,7 +58,10 @@ def image_corpus(
 
         if len(find_photos()) < 8:
             raise ImportError("no photos installed")
-        build_image_corpus(folder, size=int(images * 120e3), classes=50, seed=seed)
+        build_image_corpus(
+            folder, size=int(images * 120e3), classes=50, seed=seed,
+            workers=min(8, os.cpu_count() or 2),
+        )  # fmt: skip
         kind = "photos (benchmarks/corpus.py)"
     except (ImportError, SystemExit) as exc:
         kind = f"existing ImageFolder {existing}"

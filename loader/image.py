@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -110,6 +111,10 @@ class Loader(PlannedLoader):
         return self._run(self._begin_pass())
 
     def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
+        if self.py_workers:
+            # a dropped pipeline (this loader's or another's) still waiting in a reference
+            # cycle must shut its workers down here, not in the reader processes forked next
+            gc.collect()
         return build_pipeline(
             batch_source,
             specs=self.specs,
@@ -121,6 +126,7 @@ class Loader(PlannedLoader):
             seed=self._aug_seed(),
             prefetch=self.prefetch,
             py_start_method="fork" if self.device_kind == "cpu" else "spawn",
+            device_id=self.torch_device.index or 0 if self.torch_device is not None else 0,
         )
 
     def _source(self, pass_dir: str) -> BatchSource:

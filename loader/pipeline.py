@@ -116,6 +116,7 @@ def build_pipeline(
     seed: int,
     prefetch: int = 2,
     py_start_method: str = "fork",
+    device_id: int = 0,
 ) -> tuple[Any, list[str]]:
     """A built DALI pipeline reading ``source`` and the names of its outputs, in order."""
     from nvidia.dali.pipeline import Pipeline
@@ -126,7 +127,7 @@ def build_pipeline(
     pipe = Pipeline(
         batch_size=batch_size,
         num_threads=num_threads,
-        device_id=0 if augment.device == "gpu" else None,
+        device_id=device_id if augment.device == "gpu" else None,
         seed=seed & 0x7FFFFFFF,
         prefetch_queue_depth=prefetch,
         py_num_workers=max(py_workers, 1),
