@@ -48,11 +48,17 @@ examples:
 
 def _plan_options(p: argparse.ArgumentParser, *, defaults: bool) -> None:
     g = p.add_argument_group("the run's plan (the same values the loader gets)")
-    g.add_argument("--node-rank", type=int, default=0 if defaults else None, metavar="R")
-    g.add_argument("--num-nodes", type=int, default=1 if defaults else None, metavar="N")
-    g.add_argument("--ranks-per-node", type=int, default=1 if defaults else None, metavar="K")
-    g.add_argument("--epochs", type=int, default=1 if defaults else None, metavar="E")
-    g.add_argument("--seed", type=int, default=0 if defaults else None, metavar="S")
+
+    def dflt(value: int) -> int | None:  # status: None means "not given", use the last plan
+        return value if defaults else None
+
+    g.add_argument("--node-rank", type=int, default=dflt(0), metavar="R", help="this node (0)")
+    g.add_argument("--num-nodes", type=int, default=dflt(1), metavar="N", help="nodes (1)")
+    g.add_argument(
+        "--ranks-per-node", type=int, default=dflt(1), metavar="K", help="ranks per node (1)"
+    )
+    g.add_argument("--epochs", type=int, default=dflt(1), metavar="E", help="epochs to cover (1)")
+    g.add_argument("--seed", type=int, default=dflt(0), metavar="S", help="the plan's seed (0)")
 
 
 def register(subparsers: Any) -> None:
@@ -66,7 +72,7 @@ def register(subparsers: Any) -> None:
     w = sub.add_parser(
         "warm",
         help="fetch this node's shards before a run",
-        description="Fetch the shards this node will read (from the loader's plan), in read "
+        description="Fetch the shards this node will read (from the loader's plan), in read\n"
         "order, until the capacity is reached. Re-running continues an interrupted warm.",
         epilog=WARM_EPILOG,
         formatter_class=_RAW,
@@ -104,7 +110,7 @@ def register(subparsers: Any) -> None:
     s = sub.add_parser(
         "status",
         help="what the cache holds, whether a share fits, counters",
-        description="Capacity and use, whether each dataset's share for this node fits, "
+        description="Capacity and use, whether each dataset's share for this node fits,\n"
         "hit/miss/byte counters, throttling events, and the next shards to fetch.",
         epilog=STATUS_EPILOG,
         formatter_class=_RAW,
@@ -118,7 +124,7 @@ def register(subparsers: Any) -> None:
     v = sub.add_parser(
         "verify",
         help="check every cached shard's checksum",
-        description="Check every cached shard against its manifest checksum; corrupt "
+        description="Check every cached shard against its manifest checksum; corrupt\n"
         "shards are removed (they are fetched again on next use).",
         epilog=VERIFY_EPILOG,
         formatter_class=_RAW,
@@ -129,7 +135,7 @@ def register(subparsers: Any) -> None:
     e = sub.add_parser(
         "evict",
         help="remove cached shards",
-        description="Remove the cached shards of one dataset or of all; pinned shards and "
+        description="Remove the cached shards of one dataset or of all; pinned shards and\n"
         "shards in use by a process are kept.",
         epilog=EVICT_EPILOG,
         formatter_class=_RAW,
