@@ -165,6 +165,7 @@ def run(config: IngestConfig) -> IngestResult:
     ctx = StorageContext.resolve(config.storage_options)
     _prepare_dest(config, ctx)
     with ray_session(address=config.ray_address, num_cpus=config.num_cpus):
+        ray_ready = time.monotonic()
         plan = scan_source(
             config.source,
             config.source_format,
@@ -176,7 +177,7 @@ def run(config: IngestConfig) -> IngestResult:
         if not plan.items:
             raise ValueError(f"source {config.source} holds no samples")
         items, scan_rejects = plan.items, list(plan.rejects)
-        phases = {"scan": time.monotonic() - start}
+        phases = {"ray_start": ray_ready - start, "scan": time.monotonic() - ray_ready}
         if config.dedup:
             t0 = time.monotonic()
             items, dup_rejects = _dedup(plan, ctx)
