@@ -99,7 +99,14 @@ def _dali_iter(pipe: Any, batches: int) -> Iterator[Any]:
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else None
     for _ in range(batches):
-        yield [to_torch(o, device) for o in pipe.run()]
+        outputs = pipe.run()
+        batch = [to_torch(outputs[0], device)]
+        if len(outputs) > 1:  # .cls text labels: bytes of varying length, parsed here
+            labels = outputs[1]
+            batch.append(
+                torch.tensor([int(np.array(labels[i]).tobytes()) for i in range(len(labels))])
+            )
+        yield batch
 
 
 def dali_webdataset_reader(
