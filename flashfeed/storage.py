@@ -8,6 +8,7 @@ standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import tempfile
@@ -211,7 +212,11 @@ _TRANSIENT_MARKERS = (
     "Connection refused",
     "Cannot connect",
     "Server disconnected",
+    "Internal Server Error",
+    "reduce your request rate",
 )
+# s3fs maps a 500 during a server restart to EREMOTEIO and a 503 SlowDown to EBUSY
+_TRANSIENT_ERRNOS = frozenset({errno.EREMOTEIO, errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT})
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -219,6 +224,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
         return False
     if isinstance(exc, _transient_types()):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
     text = f"{type(exc).__name__}: {exc}"
     return any(m in text for m in _TRANSIENT_MARKERS)

@@ -82,6 +82,13 @@ def _port_taken(port: int) -> bool:
     return False
 
 
+def _default_s3_port(*, any_port: bool) -> int:
+    """8333, S3 gateways' usual port, when free; else (or with ``any_port``) a free one."""
+    if not any_port and not _port_taken(8333):
+        return 8333
+    return _free_port()
+
+
 @dataclass
 class StoreInfo:
     dir: str
@@ -120,9 +127,13 @@ class EmbeddedStore:
     """
 
     def __init__(self, dir: str | os.PathLike[str], *, port: int | None = None) -> None:
+        """``port``: the S3 port; None for 8333 when free, 0 for any free port."""
+        if port is not None and not 0 <= port < 65536:
+            raise ValueError(f"port must be in 0..65535, got {port}")
         self.dir = Path(dir).absolute()
         self.requested_port = port
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
         self.info = self._load_or_create()
 
     # -- state --------------------------------------------------------------------------
@@ -134,12 +145,12 @@ class EmbeddedStore:
         if self._state_file.exists():
             d = json.loads(self._state_file.read_text())
             info = StoreInfo(**d)
-            if self.requested_port and self.requested_port != info.s3_port:
+            if self.requested_port and self.requested_port != info.s3_port:  # 0: keep it
                 info.s3_port = self.requested_port
             return info
         return StoreInfo(
             dir=str(self.dir),
-            s3_port=self.requested_port or (8333 if not _port_taken(8333) else _free_port()),
+            s3_port=self.requested_port or _default_s3_port(any_port=self.requested_port == 0),
             ports={name: _free_port() for name in _SERVICES},
             access_key="ff" + secrets.token_hex(8),
             secret_key=secrets.token_urlsafe(30),
@@ -189,31 +200,56 @@ class EmbeddedStore:
         return True
 
     def start(self, *, timeout: float = 60.0) -> StoreInfo:
-        """Start the server in the background and return once a signed request succeeds."""
+        """Start the server in the background and return once a signed request succeeds.
+
+        Internal ports lost to a race with another process are picked again (up to three
+        tries); the S3 port is kept when it was asked for or used before (clients know it).
+        """
         if self.pid_alive() and self.ready():
             return self.info
         weed = find_weed()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        data = self.dir / "data"
-        logs = self.dir / "log"
-        data.mkdir(exist_ok=True)
-        logs.mkdir(exist_ok=True)
+        (self.dir / "data").mkdir(exist_ok=True)
+        (self.dir / "log").mkdir(exist_ok=True)
         # weed saves its flags here and reloads them; ours must win on every start.
-        (data / "mini.options").unlink(missing_ok=True)
-        if _port_taken(self.info.s3_port):
-            raise StoreError(
-                f"port {self.info.s3_port} on 127.0.0.1 is already in use: stop what holds "
-                f"it or choose another with --port"
-            )
-        for name, port in list(self.info.ports.items()):
-            if _port_taken(port):
-                self.info.ports[name] = _free_port()
+        (self.dir / "data" / "mini.options").unlink(missing_ok=True)
+        s3_port_fixed = bool(self.requested_port) or self._state_file.exists()
+        for attempt in range(3):
+            if _port_taken(self.info.s3_port):
+                if s3_port_fixed:
+                    raise StoreError(
+                        f"port {self.info.s3_port} on 127.0.0.1 is already in use: stop what "
+                        "holds it or choose another with --port"
+                    )
+                self.info.s3_port = _free_port()
+            for name, port in list(self.info.ports.items()):
+                if _port_taken(port):
+                    self.info.ports[name] = _free_port()
+            outcome = self._wait_ready(self._launch(weed), timeout)
+            if outcome == "ready":
+                return self.info
+            if outcome == "port-race" and attempt < 2:
+                self.info.ports = {name: _free_port() for name in _SERVICES}
+                if not s3_port_fixed:
+                    self.info.s3_port = _free_port()
+                continue
+            if outcome == "timeout":
+                self.stop()
+                raise StoreError(
+                    f"SeaweedFS did not answer at {self.info.endpoint} within {timeout:.0f}s; "
+                    f"last log lines:\n{self.log_tail()}"
+                )
+            break
+        rc = self._proc.returncode if self._proc is not None else None
+        raise StoreError(f"SeaweedFS exited at start (rc={rc}); last log lines:\n{self.log_tail()}")
+
+    def _launch(self, weed: str) -> subprocess.Popen[bytes]:
         config = self._write_s3_config()
         args = [
             weed,
-            f"-logdir={logs}",
+            f"-logdir={self.dir / 'log'}",
             "mini",
-            f"-dir={data}",
+            f"-dir={self.dir / 'data'}",
             "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1",
             f"-s3.port={self.info.s3_port}",
@@ -227,8 +263,8 @@ class EmbeddedStore:
             f"-s3.localSocket={self.dir / 's3.sock'}",
         ]
         args += [f"-{name}={port}" for name, port in self.info.ports.items()]
-        out = open(logs / "weed.out", "ab")
-        try:
+        self._log_start = self._log_size()
+        with open(self.dir / "log" / "weed.out", "ab") as out:
             self._proc = subprocess.Popen(
                 args,
                 stdout=out,
@@ -236,25 +272,36 @@ class EmbeddedStore:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        finally:
-            out.close()
         self.info.pid = self._proc.pid
         self._save()
+        return self._proc
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], timeout: float) -> str:
+        """``ready``, ``timeout``, ``port-race`` (lost a port to another process) or ``exited``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise StoreError(
-                    f"SeaweedFS exited at start (rc={self._proc.returncode}); "
-                    f"last log lines:\n{self.log_tail()}"
-                )
+            if proc.poll() is not None:
+                self.info.pid = None
+                log = self._log_since(self._log_start)
+                return "port-race" if "address already in use" in log else "exited"
             if self.ready():
-                return self.info
+                return "ready"
             time.sleep(0.25)
-        self.stop()
-        raise StoreError(
-            f"SeaweedFS did not answer at {self.info.endpoint} within {timeout:.0f}s; "
-            f"last log lines:\n{self.log_tail()}"
-        )
+        return "timeout"
+
+    def _log_size(self) -> int:
+        try:
+            return (self.dir / "log" / "weed.out").stat().st_size
+        except OSError:
+            return 0
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.dir / "log" / "weed.out", "rb") as f:
+                f.seek(offset)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def ready(self) -> bool:
         """True when a signed ListBuckets request succeeds."""

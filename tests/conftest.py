@@ -31,7 +31,7 @@ def s3_store() -> Iterator[EmbeddedStore]:
     """The real S3 server. Its AWS_* variables are exported for the whole session, so every
     client (fsspec, DALI, Ray workers) finds it as a user's shell would."""
     root = tempfile.mkdtemp(prefix="ffs3-", dir="/tmp")
-    store = EmbeddedStore(root, port=None)
+    store = EmbeddedStore(root, port=0)  # any free port: never races another store for 8333
     saved = {k: os.environ.get(k) for k in store.info.env()}
     try:
         store.start()
