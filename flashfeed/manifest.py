@@ -155,7 +155,7 @@ class Manifest:
         if not isinstance(d, dict):
             raise ManifestError(f"{source}: a manifest must be a JSON object")
         version = d.get("format_version")
-        if version != FORMAT_VERSION:
+        if type(version) is not int or version != FORMAT_VERSION:
             raise ManifestError(
                 f"{source}: manifest format version {version!r} is not supported; "
                 f"this flashfeed reads version {FORMAT_VERSION} (upgrade flashfeed to read it)"
@@ -169,6 +169,11 @@ class Manifest:
             )
         if not isinstance(d["schema"], dict) or not isinstance(d["shards"], list):
             raise ManifestError(f"{source}: 'schema' must be an object and 'shards' a list")
+        if not isinstance(d["name"], str):
+            raise ManifestError(f"{source}: 'name' must be a string, got {d['name']!r:.80}")
+        for k in ("source", "config", "extra"):
+            if not isinstance(d.get(k) or {}, dict):
+                raise ManifestError(f"{source}: {k!r} must be an object")
         shards = tuple(
             ShardInfo.from_dict(s, source=source, i=i) for i, s in enumerate(d["shards"])
         )
@@ -176,10 +181,14 @@ class Manifest:
             raise ManifestError(f"{source}: two shards share one path")
         skipped = d.get("skipped") or {}
         if not isinstance(skipped, dict) or not all(
-            isinstance(v, int) and v >= 0 for v in skipped.values()
+            type(v) is int and v >= 0 for v in skipped.values()
         ):
             raise ManifestError(f"{source}: 'skipped' must map reasons to counts")
         classes = d.get("classes")
+        if classes is not None and (
+            not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
+        ):
+            raise ManifestError(f"{source}: 'classes' must be a list of strings")
         m = cls(
             name=str(d["name"]),
             shard_format=d["shard_format"],

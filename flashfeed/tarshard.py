@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 __all__ = [
     "FIXED_MTIME",
     "Sample",
+    "StrictTarInfo",
+    "TarHeaderError",
     "TarShardWriter",
     "iter_members",
     "iter_samples",
@@ -149,11 +151,12 @@ def _check_member(m: tarfile.TarInfo, source: str) -> str | None:
     return name
 
 
-class _BadHeader(Exception):
-    """Raised from inside tarfile, which would otherwise take a bad header for the end."""
+class TarHeaderError(CorruptShardError):
+    """A truncated or invalid tar header (raised from inside tarfile, which would otherwise
+    take a bad header for the end of the archive)."""
 
 
-class _StrictTarInfo(tarfile.TarInfo):
+class StrictTarInfo(tarfile.TarInfo):
     """Headers that must be whole and valid until the end-of-archive block.
 
     ``tarfile`` ends iteration quietly at a truncated or garbled header past the first
@@ -163,15 +166,15 @@ class _StrictTarInfo(tarfile.TarInfo):
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
         if len(buf) == 0:
-            raise _BadHeader("it ends without the end-of-archive marker (cut after a member)")
+            raise TarHeaderError("it ends without the end-of-archive marker (cut after a member)")
         if len(buf) != tarfile.BLOCKSIZE:
-            raise _BadHeader(f"a header is cut short ({len(buf)} of {tarfile.BLOCKSIZE} bytes)")
+            raise TarHeaderError(f"a header is cut short ({len(buf)} of {tarfile.BLOCKSIZE} bytes)")
         if buf.count(0) == tarfile.BLOCKSIZE:
             return super().frombuf(buf, encoding, errors)  # the end-of-archive block
         try:
             return super().frombuf(buf, encoding, errors)
         except tarfile.HeaderError as exc:
-            raise _BadHeader(f"a header is invalid ({exc})") from None
+            raise TarHeaderError(f"a header is invalid ({exc})") from None
 
 
 def iter_members(fileobj: IO[bytes], *, source: str = "tar") -> Iterator[tuple[str, bytes]]:
@@ -182,7 +185,7 @@ def iter_members(fileobj: IO[bytes], *, source: str = "tar") -> Iterator[tuple[s
     """
     last = "<start>"
     try:
-        with tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=_StrictTarInfo) as tar:
+        with tarfile.open(fileobj=fileobj, mode="r|*", tarinfo=StrictTarInfo) as tar:
             for m in tar:
                 name = _check_member(m, source)
                 if name is None:
@@ -195,7 +198,7 @@ def iter_members(fileobj: IO[bytes], *, source: str = "tar") -> Iterator[tuple[s
                         f"{source}: member {name!r} is truncated ({len(data)} of {m.size} bytes)"
                     )
                 yield name, data
-    except _BadHeader as exc:
+    except TarHeaderError as exc:
         raise CorruptShardError(
             f"{source}: truncated or corrupt after member {last!r}: {exc}"
         ) from None
@@ -245,7 +248,7 @@ def scan_index(fileobj: IO[bytes], *, source: str = "tar") -> list[SampleIndex]:
 
     members: list[tuple[str, int, int]] = []
     try:
-        with tarfile.open(fileobj=fileobj, mode="r:", tarinfo=_StrictTarInfo) as tar:
+        with tarfile.open(fileobj=fileobj, mode="r:", tarinfo=StrictTarInfo) as tar:
             for m in tar:
                 name = _check_member(m, source)
                 if name is None:
@@ -256,7 +259,7 @@ def scan_index(fileobj: IO[bytes], *, source: str = "tar") -> list[SampleIndex]:
                         "format cannot hold; re-shard it with `flashfeed ingest`"
                     )
                 members.append((name, m.offset_data, m.size))
-    except _BadHeader as exc:
+    except TarHeaderError as exc:
         last = members[-1][0] if members else "<start>"
         raise CorruptShardError(
             f"{source}: truncated or corrupt after member {last!r}: {exc}"
@@ -268,12 +271,26 @@ def scan_index(fileobj: IO[bytes], *, source: str = "tar") -> list[SampleIndex]:
             f"{source}: not a readable uncompressed tar ({exc}); it is truncated or corrupt"
         ) from None
     samples = samples_from_members(members)
+    _check_unique(samples, source)
     end = _tar_length(fileobj)
     for s in samples:
         for c in s.components:
             if c.offset + c.size > end:
                 raise CorruptShardError(f"{source}: member {c.name!r} is truncated")
     return samples
+
+
+def _check_unique(samples: list[SampleIndex], source: str) -> None:
+    """The index must agree with ``iter_samples``: one entry per key, one member per ext."""
+    seen: set[str] = set()
+    for s in samples:
+        if s.key in seen:
+            raise CorruptShardError(f"{source}: sample key {s.key!r} appears twice")
+        seen.add(s.key)
+        exts = [c.ext for c in s.components]
+        if len(set(exts)) != len(exts):
+            dup = next(e for e in exts if exts.count(e) > 1)
+            raise CorruptShardError(f"{source}: sample {s.key!r} has two {dup!r} members")
 
 
 def _tar_length(fileobj: IO[bytes]) -> int:

@@ -68,7 +68,7 @@ def parse_index(text: str | bytes, *, source: str = "index") -> list[SampleIndex
     if not lines:
         raise CorruptShardError(f"{source}: index is empty")
     head = lines[0].split()
-    if len(head) != 2 or head[0] != VERSION or not head[1].isdigit():
+    if len(head) != 2 or head[0] != VERSION or not _is_count(head[1]):
         raise CorruptShardError(
             f"{source}: index must start with '{VERSION} <num_samples>', got {lines[0][:80]!r}"
         )
@@ -81,6 +81,11 @@ def parse_index(text: str | bytes, *, source: str = "index") -> list[SampleIndex
     return [_parse_line(ln, lineno, source) for lineno, ln in enumerate(body, start=2)]
 
 
+def _is_count(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also takes ``'²'``, which ``int`` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _parse_line(line: str, lineno: int, source: str) -> SampleIndex:
     fields = line.split()
     if not fields or len(fields) % 4:
@@ -90,7 +95,7 @@ def _parse_line(line: str, lineno: int, source: str) -> SampleIndex:
     comps = []
     for i in range(0, len(fields), 4):
         ext, off, size, name = fields[i : i + 4]
-        if not (off.isdigit() and size.isdigit()):
+        if not (_is_count(off) and _is_count(size)):
             raise CorruptShardError(f"{source}:{lineno}: offset and size must be integers")
         comps.append(Component(ext, int(off), int(size), name))
     return SampleIndex(split_name(comps[0].name)[0], tuple(comps))

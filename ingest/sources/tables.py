@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import pyarrow as pa
+
 from .base import (
     Item,
     Record,
@@ -44,11 +46,18 @@ DEFAULT_NAMES = {
 _BAD_NAME = re.compile(r"[^A-Za-z0-9_\-]+")
 
 
+def _text(url: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{url}: not UTF-8 text ({exc}); convert it to UTF-8") from None
+
+
 def _rows(url: str, fmt: str, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line_or_row_number, row)`` of one table file; malformed rows are errors that name
     the file and line: a table is data a person wrote, a silent skip would hide a bug."""
     if fmt == "jsonl":
-        for n, line in enumerate(io.StringIO(data.decode("utf-8")), 1):
+        for n, line in enumerate(io.StringIO(_text(url, data)), 1):
             if not line.strip():
                 continue
             try:
@@ -59,15 +68,20 @@ def _rows(url: str, fmt: str, data: bytes) -> Iterator[tuple[int, dict[str, Any]
                 raise ValueError(f"{url}:{n}: a JSONL row must be an object, got {row!r:.60}")
             yield n, row
     elif fmt == "csv":
-        reader = csv.DictReader(io.StringIO(data.decode("utf-8")))
+        reader = csv.DictReader(io.StringIO(_text(url, data)))
         for n, row in enumerate(reader, 2):
             if None in row:
                 raise ValueError(f"{url}:{n}: more values than the header has columns")
+            if None in row.values():
+                raise ValueError(f"{url}:{n}: fewer values than the header has columns")
             yield n, dict(row)
     else:
         import pyarrow.parquet as pq
 
-        table = pq.read_table(io.BytesIO(data))
+        try:
+            table = pq.read_table(io.BytesIO(data))
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{url}: not a readable Parquet file ({exc})") from None
         for n, row in enumerate(table.to_pylist()):
             yield n, row
 

@@ -15,6 +15,7 @@ import tarfile
 from functools import partial
 from typing import Any
 
+from flashfeed.tarshard import StrictTarInfo, TarHeaderError
 from flashfeed.wdsindex import split_name
 
 from .base import (
@@ -39,6 +40,11 @@ TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 def member_problem(m: tarfile.TarInfo) -> str | None:
     """Why a tar member is refused (it names the member), or None if it is a plain file."""
     name = m.name
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = name.encode("utf-8", "surrogateescape")
+        return f"member name {shown!r} is not UTF-8; refused"
     if m.issym() or m.islnk():
         return f"member {name!r} is a link to {m.linkname!r}; links are refused"
     if m.ischr() or m.isblk() or m.isfifo() or not (m.isfile() or m.isdir()):
@@ -55,13 +61,13 @@ def _scan_one(url: str, ctx: StorageContext) -> dict[str, Any]:
     compressed = data[:2] == b"\x1f\x8b"
     samples: dict[str, list[tuple[str, int, int]]] = {}
     order: list[str] = []
-    rejects: list[tuple[str, str]] = []
+    rejects: list[tuple[str, str, str]] = []
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tar:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|*", tarinfo=StrictTarInfo) as tar:
             for m in tar:
                 problem = member_problem(m)
                 if problem is not None:
-                    rejects.append((f"{url}:{m.name}", problem))
+                    rejects.append((f"{url}:{m.name}", "hostile_member", problem))
                     continue
                 if m.isdir():
                     continue
@@ -72,7 +78,13 @@ def _scan_one(url: str, ctx: StorageContext) -> dict[str, Any]:
                 if key not in samples:
                     samples[key] = []
                     order.append(key)
+                if any(e == ext for e, _, _ in samples[key]):
+                    problem = f"member {name!r} repeats a member of sample {key!r}; refused"
+                    rejects.append((f"{url}:{name}", "duplicate_member", problem))
+                    continue
                 samples[key].append((ext, m.offset_data, m.size))
+    except TarHeaderError as exc:
+        raise ValueError(f"{url}: a truncated or corrupt tar shard ({exc})") from None
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise ValueError(f"{url}: not a readable tar shard ({exc})") from None
     return {
@@ -94,8 +106,8 @@ def scan_wds(url: str, ctx: StorageContext, mapper: Mapper) -> SourcePlan:
     rejects: list[RejectInfo] = []
     exts: set[str] = set()
     for found in mapper(partial(_scan_one, ctx=ctx), shards):
-        for source, problem in found["rejects"]:
-            rejects.append(RejectInfo(-1, source, "hostile_member", problem))
+        for source, reason, problem in found["rejects"]:
+            rejects.append(RejectInfo(-1, source, reason, problem))
         for key, members in found["samples"]:
             exts.update(e for e, _, _ in members)
             items.append(
