@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["DistContext", "resolve_context"]
+__all__ = ["DistContext", "cuda_device_index", "resolve_context"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +78,15 @@ def resolve_context(
         if local is not None and local >= 1 and world_size % local == 0:
             ranks_per_node = local
     return DistContext(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
+
+
+def cuda_device_index(env: Mapping[str, str] | None = None) -> int:
+    """The GPU of this process: ``LOCAL_RANK`` when the launcher set it (torchrun does),
+    else torch's current device."""
+    env = os.environ if env is None else env
+    local = _env_int(env, "LOCAL_RANK")
+    if local is not None:
+        return local
+    import torch
+
+    return int(torch.cuda.current_device())

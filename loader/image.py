@@ -14,7 +14,7 @@ from flashfeed.dataset import Dataset
 from .base import PlannedLoader
 from .convert import to_torch
 from .dali_runner import DaliRunner
-from .distributed import resolve_context
+from .distributed import cuda_device_index, resolve_context
 from .fields import parse_fields
 from .passplan import PassPlan, ShardFeeder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, decode_device
@@ -99,7 +99,7 @@ class Loader(PlannedLoader):
         self.prefetch = prefetch
         self.readahead = readahead
         self.torch_device = (
-            torch.device("cuda", torch.cuda.current_device())
+            torch.device("cuda", cuda_device_index())
             if self.device_kind == "gpu" and torch.cuda.is_available()
             else None
         )

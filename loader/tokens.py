@@ -20,7 +20,7 @@ from flashfeed.dataset import Dataset
 
 from .arrowcols import ArrowShardView, open_arrow_view
 from .base import PlannedLoader
-from .distributed import resolve_context
+from .distributed import cuda_device_index, resolve_context
 from .passplan import PassPlan, ShardFeeder
 from .position import PlanOptions
 from .sources import ShardSource, open_dataset, open_source
@@ -93,7 +93,7 @@ class TokenLoader(PlannedLoader):
         cuda = torch.cuda.is_available() and device in ("auto", "cuda", "gpu")
         if device in ("cuda", "gpu") and not torch.cuda.is_available():
             raise ValueError(f"device={device!r} but torch sees no CUDA device")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
+        self.device = torch.device("cuda", cuda_device_index()) if cuda else None
         self.pin_memory = cuda if pin_memory is None else pin_memory
         self.readahead = readahead
         self.max_open = max_open
@@ -118,30 +118,31 @@ class TokenLoader(PlannedLoader):
         return view
 
     def _gather(self, plan: PassPlan, sl: slice) -> dict[str, np.ndarray]:
+        """Copy the batch's rows, in plan order, from the mapped shards: one copy per row
+        group of a shard, no per-row Python work."""
         shards, rows = plan.shards[sl], plan.rows[sl]
-        n = len(shards)
+        order = np.argsort(shards, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(shards[order])) + 1)
         out: dict[str, np.ndarray] = {}
-        groups: list[tuple[ArrowShardView, np.ndarray, np.ndarray, np.ndarray]] = []
-        for shard in np.unique(shards).tolist():
-            pos = np.flatnonzero(shards == shard)
-            view = self._view(shard)
-            chunk, inner = view.locate(rows[pos])
-            groups.append((view, pos, chunk, inner))
+        views = [self._view(int(shards[g[0]])) for g in groups]
         for col in self.columns:
-            first = groups[0][0].columns[col][0]
+            first = views[0].columns[col][0]
             dtype = np.dtype(self.dtype) if self.dtype else first.dtype
-            buf = self._buffer((n, *first.shape[1:]), dtype)
-            for view, pos, chunk, inner in groups:
+            buf = self._buffer((len(shards), *first.shape[1:]), dtype)
+            for view, pos in zip(views, groups, strict=True):
                 arrays = view.columns[col]
+                if arrays[0].shape[1:] != first.shape[1:]:
+                    raise ValueError(
+                        f"shard {view.name}: column {col!r} has shape {arrays[0].shape[1:]}, "
+                        f"other shards {first.shape[1:]}: sequences must have one length"
+                    )
+                if len(arrays) == 1:
+                    buf[pos] = arrays[0][rows[pos]]
+                    continue
+                chunk, inner = view.locate(rows[pos])
                 for c in np.unique(chunk).tolist():
                     sel = chunk == c
-                    src = arrays[c]
-                    if src.shape[1:] != first.shape[1:]:
-                        raise ValueError(
-                            f"shard {view.name}: column {col!r} has shape {src.shape[1:]}, "
-                            f"other shards {first.shape[1:]}: sequences must have one length"
-                        )
-                    buf[pos[sel]] = src[inner[sel]]
+                    buf[pos[sel]] = arrays[c][inner[sel]]
             out[col] = buf
         return out
 

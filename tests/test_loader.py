@@ -238,3 +238,15 @@ def test_one_pipeline_serves_every_epoch_until_a_pass_is_left_early(images):
     assert loader.runner.builds == 2
     loader.close()
     assert not os.path.exists(loader.runner.pass_dir)
+
+
+def test_context_precedence_explicit_then_environment_then_single_process():
+    from flashfeed.loader.distributed import cuda_device_index, resolve_context
+
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1"}
+    assert resolve_context(env=env) == resolve_context(rank=5, world_size=8, ranks_per_node=4)
+    assert resolve_context(rank=0, world_size=2, env=env).rank == 0
+    assert resolve_context(env={}).world_size == 1
+    assert cuda_device_index(env) == 1
+    with pytest.raises(ValueError, match="WORLD_SIZE must be an integer"):
+        resolve_context(env={"RANK": "0", "WORLD_SIZE": "two"})
