@@ -113,9 +113,10 @@ def dali_webdataset_reader(
     shards: list[str], *, batch_size: int, threads: int, device: str, batches: int
 ) -> Iterable[Any]:
     """Plain DALI: ``fn.readers.webdataset`` with its shuffle buffer, same operators."""
-    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
     from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
+
+    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
 
     pipe = Pipeline(
         batch_size=batch_size, num_threads=threads, device_id=0 if device == "gpu" else None
@@ -139,9 +140,10 @@ def dali_decode_ceiling(
     jpegs: list[bytes], *, batch_size: int, threads: int, device: str, batches: int
 ) -> Iterable[Any]:
     """The same DALI operators fed from bytes already in RAM: the decode ceiling."""
-    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
+
+    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
 
     arrays = [np.frombuffer(j, np.uint8) for j in jpegs]
 

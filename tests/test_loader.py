@@ -8,11 +8,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from flashfeed.loader import Loader
 from loader_helpers import label_of, make_image_dataset, resume_scenario
 
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
+from flashfeed.loader import Loader
 from flashfeed.plan import plan_epoch
 
 SIZES = [60, 60, 60, 60]  # 240 samples: divisible by 2 and 3 ranks x batch 4

@@ -9,12 +9,12 @@ import sys
 from collections import Counter
 
 import pytest
-from flashfeed.cache import ShardCache
-from flashfeed.loader import Loader, TokenLoader, read_ledger
 from loader_helpers import make_image_dataset, make_token_dataset, resume_scenario
 
+from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
+from flashfeed.loader import Loader, TokenLoader, read_ledger
 
 HERE = os.path.dirname(__file__)
 

@@ -8,10 +8,10 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from flashfeed.loader import ShardDataset
 from loader_helpers import label_of, make_image_dataset, resume_scenario
 from PIL import Image
 
+from flashfeed.loader import ShardDataset
 from flashfeed.plan import plan_epoch
 
 SIZES = [60, 60, 60, 60]

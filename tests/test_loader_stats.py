@@ -7,6 +7,9 @@ import urllib.request
 
 import numpy as np
 import pytest
+from loader_helpers import make_image_dataset
+
+from flashfeed.cli import main as cli_main
 from flashfeed.loader import Loader, TokenLoader
 from flashfeed.loader.report import read_stats_log, stall_series, summarize
 from flashfeed.loader.shuffle_quality import (
@@ -15,9 +18,6 @@ from flashfeed.loader.shuffle_quality import (
     plan_shuffle_quality,
     shuffle_quality,
 )
-from loader_helpers import make_image_dataset
-
-from flashfeed.cli import main as cli_main
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from flashfeed.loader import TokenLoader
-from flashfeed.loader.arrowcols import open_arrow_view
 from loader_helpers import make_token_dataset, resume_scenario
 
+from flashfeed.loader import TokenLoader
+from flashfeed.loader.arrowcols import open_arrow_view
 from flashfeed.plan import plan_epoch
 
 SIZES = [40, 40, 40, 40, 40, 40]  # 240 rows
