@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
 
 from .fill import file_checksum
@@ -117,7 +118,7 @@ def verify(root: str) -> dict[str, Any]:
         sweep_dead_parts(d)
         for e in d.entries():
             checked += 1
-            info = d.manifest.shards[e.shard]
+            info = cached_info(d.manifest, d.manifest.shards[e.shard])
             try:
                 ok = os.path.getsize(e.path) == info.bytes and file_checksum(e.path) == (
                     info.checksum

@@ -15,7 +15,7 @@ from typing import Any
 
 import xxhash
 
-from flashfeed import storage
+from flashfeed import crypto, storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
 from flashfeed.manifest import ShardInfo
@@ -139,6 +139,20 @@ def _fetch_index(
         ) from None
 
 
+def _decrypt_in_place(part: str, dataset: Dataset, info: ShardInfo) -> None:
+    """An encrypted shard is kept decrypted (0600) in the cache: the loader's hot path,
+    memory maps and ``.idx`` offsets stay those of a plain shard. Authenticated first."""
+    with open(part, "r+b") as f:
+        sealed = f.read()
+        plain = crypto.open_shard(
+            dataset.manifest, info, sealed, dataset=dataset.url, key=dataset.encryption_key
+        )
+        del sealed
+        f.seek(0)
+        f.write(plain)
+        f.truncate(len(plain))
+
+
 def fill_shard(
     d: DatasetDir,
     shard: int,
@@ -174,6 +188,8 @@ def fill_shard(
                 f"shard {info.path} of dataset {dataset.url} arrived with checksum {got}, "
                 f"the manifest says {info.checksum}: the object was replaced or corrupted"
             )
+        if dataset.encrypted:
+            _decrypt_in_place(part, dataset, info)
         make_private_dir(os.path.dirname(final))
         if index:
             text = index[0]

@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any
 
+from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
 from flashfeed.manifest import ShardInfo
 from flashfeed.storage import RetryPolicy
@@ -190,7 +191,7 @@ class ShardCache:
 
     def _ensure(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool = False) -> str:
         path = d.shard_path(i)
-        if self._usable(path, dataset.shards[i]) is True:
+        if self._usable(path, cached_info(dataset.manifest, dataset.shards[i])) is True:
             self._touch(path)
             self.counters.add(hits=1)
             return path
@@ -229,7 +230,7 @@ class ShardCache:
         if waited:
             lock.acquire()
         try:
-            state = self._usable(path, dataset.shards[i])
+            state = self._usable(path, cached_info(dataset.manifest, dataset.shards[i]))
             if state is True:
                 self._touch(path)
                 self.counters.add(hits=1, shared_waits=int(waited))

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from . import storage
+from . import crypto, storage
 from .arrowshard import open_arrow
 from .errors import CorruptShardError
 from .manifest import Manifest, ShardInfo, read_manifest
@@ -27,19 +27,38 @@ class Dataset:
     """
 
     def __init__(
-        self, url: str, manifest: Manifest, *, storage_options: dict[str, Any] | None = None
+        self,
+        url: str,
+        manifest: Manifest,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        encryption_key: crypto.EncryptionKey | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.manifest = manifest
         self.storage_options = storage_options
+        self.encryption_key = encryption_key
 
     @classmethod
-    def open(cls, url: str, *, storage_options: dict[str, Any] | None = None) -> Dataset:
+    def open(
+        cls,
+        url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        encryption_key: crypto.EncryptionKey | None = None,
+    ) -> Dataset:
+        """``encryption_key``: for an encrypted dataset; the configured key (environment)
+        is used when it is None."""
         return cls(
             url,
             read_manifest(url, storage_options=storage_options),
             storage_options=storage_options,
+            encryption_key=encryption_key,
         )
+
+    @property
+    def encrypted(self) -> bool:
+        return crypto.is_encrypted(self.manifest)
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -72,8 +91,11 @@ class Dataset:
         info = self.shard(shard)
         return storage.join(self.url, info.index) if info.index else None
 
-    def read_shard(self, shard: int | str | ShardInfo, *, verify: bool = True) -> bytes:
-        """A shard's bytes, checked against the manifest's size and checksum."""
+    def read_shard(
+        self, shard: int | str | ShardInfo, *, verify: bool = True, decrypt: bool = True
+    ) -> bytes:
+        """A shard's bytes, checked against the manifest's size and checksum; decrypted
+        (and authenticated) if the dataset is encrypted, unless ``decrypt=False``."""
         info = self.shard(shard)
         url = self.shard_url(info)
         try:
@@ -84,6 +106,10 @@ class Dataset:
             ) from None
         if verify:
             check_shard_bytes(data, info, dataset=self.url)
+        if decrypt and self.encrypted:
+            return crypto.open_shard(
+                self.manifest, info, data, dataset=self.url, key=self.encryption_key
+            )
         return data
 
     def read_index(self, shard: int | str | ShardInfo) -> list[SampleIndex]:
@@ -116,8 +142,9 @@ class Dataset:
             yield from self.iter_shard(info)
 
     def verify(self, shard: int | str | ShardInfo) -> None:
-        """Raise ``CorruptShardError`` naming the shard if its bytes do not match."""
-        self.read_shard(shard, verify=True)
+        """Raise ``CorruptShardError`` naming the shard if its stored bytes do not match
+        (an encrypted shard is checked as stored: no key needed)."""
+        self.read_shard(shard, verify=True, decrypt=False)
 
 
 def check_shard_bytes(data: bytes | memoryview, info: ShardInfo, *, dataset: str) -> None:

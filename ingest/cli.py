@@ -130,6 +130,13 @@ def register(subparsers: Any) -> None:
         "--eos-token",
         help="EOS token (default: the tokenizer's </s>, <|endoftext|>, <eos> or [SEP])",
     )
+    p.add_argument(
+        "--encrypt",
+        action="store_true",
+        help="seal every shard with AES-256-GCM; the key (64 hex chars or base64) from "
+        "--encrypt-key-file, $FLASHFEED_ENCRYPTION_KEY_FILE or $FLASHFEED_ENCRYPTION_KEY",
+    )
+    p.add_argument("--encrypt-key-file", help="file holding the key of --encrypt")
     p.add_argument("--name", help="dataset name in the manifest (default: last part of DEST)")
     p.add_argument("--ray-address", help="join this Ray cluster instead of an embedded Ray")
     p.add_argument("--num-cpus", type=int, help="CPUs of the embedded Ray (default: all)")
@@ -166,6 +173,8 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         tokenizer=args.tokenizer,
         seq_len=args.seq_len,
         eos_token=args.eos_token,
+        encrypt=args.encrypt or args.encrypt_key_file is not None,
+        encrypt_key_file=args.encrypt_key_file,
         name=args.name,
         ray_address=args.ray_address,
         num_cpus=args.num_cpus,

@@ -9,6 +9,7 @@ from typing import Any
 
 import xxhash
 
+from flashfeed.crypto import ENV_KEY, ENV_KEY_FILE, EncryptionKey, load_key
 from flashfeed.units import parse_size
 
 __all__ = ["OUTPUT_FORMATS", "SOURCE_FORMATS", "IngestConfig"]
@@ -30,7 +31,16 @@ _FIELD_RE = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
 
 #: Options that change where or how fast a run goes, never the bytes it writes.
 _RUNTIME_ONLY = frozenset(
-    {"source", "dest", "ray_address", "num_cpus", "overwrite", "storage_options", "progress"}
+    {
+        "source",
+        "dest",
+        "ray_address",
+        "num_cpus",
+        "overwrite",
+        "storage_options",
+        "progress",
+        "encrypt_key_file",
+    }
 )
 
 
@@ -63,6 +73,8 @@ class IngestConfig:
     tokenizer: str | None = None
     seq_len: int | None = None
     eos_token: str | None = None
+    encrypt: bool = False
+    encrypt_key_file: str | None = None
     name: str | None = None
     ray_address: str | None = None
     num_cpus: int | None = None
@@ -115,6 +127,10 @@ class IngestConfig:
                 raise ValueError(f"tokenizer file {self.tokenizer!r} does not exist")
         if self.num_cpus is not None:
             _positive("num_cpus", self.num_cpus)
+        if self.encrypt_key_file is not None and not self.encrypt:
+            raise ValueError("encrypt_key_file is the key of encrypt=True: set encrypt=True too")
+        if self.encrypt:
+            self.encryption_key()  # a missing or malformed key fails here, before any work
         if self.progress not in ("auto", "bar", "lines", "none"):
             raise ValueError(
                 f"progress must be one of auto, bar, lines, none, got {self.progress!r}"
@@ -129,6 +145,19 @@ class IngestConfig:
     def reencode(self) -> bool:
         return self.max_image_side is not None or self.jpeg_quality is not None
 
+    def encryption_key(self) -> EncryptionKey | None:
+        """The key shards are sealed with (``encrypt=True``), read from ``encrypt_key_file``
+        or the environment; None without encryption."""
+        if not self.encrypt:
+            return None
+        key = load_key(key_file=self.encrypt_key_file)
+        if key is None:
+            raise ValueError(
+                f"encrypt=True needs a key: set ${ENV_KEY} (64 hex characters or base64 of "
+                f"32 bytes) or ${ENV_KEY_FILE}, or give encrypt_key_file"
+            )
+        return key
+
     def provenance(self) -> dict[str, Any]:
         """The options that determine the output bytes: recorded in the manifest and in
         each shard's done-record (a resumed run with other values rebuilds the shard)."""
@@ -136,6 +165,9 @@ class IngestConfig:
         if self.tokenizer is not None:
             with open(self.tokenizer, "rb") as f:
                 d["tokenizer"] = "xxh3_128:" + xxhash.xxh3_128_hexdigest(f.read())
+        key = self.encryption_key()
+        if key is not None:
+            d["encrypt"] = key.key_id  # the key's public id: never the key or its file
         return d
 
 

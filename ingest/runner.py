@@ -18,6 +18,7 @@ from typing import Any
 import xxhash
 
 from flashfeed import storage
+from flashfeed.crypto import encryption_record
 from flashfeed.errors import DatasetExistsError
 from flashfeed.manifest import Manifest, commit_manifest, manifest_url
 
@@ -221,6 +222,7 @@ def run(config: IngestConfig) -> IngestResult:
             seq_len=config.seq_len,
             eos_token=config.eos_token,
             text_field=txt,
+            encryption=config.encryption_key(),
         )
         jobs = []
         for n, group in enumerate(groups):
@@ -313,6 +315,9 @@ def _commit(
             "field": spec.text_field,
             **dict(sorted(totals.items())),
         }
+    if spec.encryption is not None:
+        plaintext = {r.info["path"]: r.plaintext for r in results if r.info and r.plaintext}
+        extra["encryption"] = encryption_record(spec.encryption, plaintext)
     name = config.name or config.dest.rstrip("/").rsplit("/", 1)[-1] or "dataset"
     manifest = Manifest(
         name=name,

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from flashfeed import storage
 from flashfeed.arrowshard import write_arrow
+from flashfeed.crypto import EncryptionKey, seal_shard
 from flashfeed.manifest import ShardInfo
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
@@ -54,6 +55,7 @@ class TaskSpec:
     seq_len: int | None = None
     eos_token: str | None = None
     text_field: str | None = None
+    encryption: EncryptionKey | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class ShardResult:
     stats: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     reused: bool = False
+    plaintext: dict[str, Any] | None = None
 
     def shard_info(self) -> ShardInfo | None:
         return ShardInfo(**self.info) if self.info else None
@@ -173,6 +176,8 @@ def _upload(
     index: str | None = None,
 ) -> ShardInfo:
     """Upload the shard (index first: the shard's presence implies its index's)."""
+    if spec.encryption is not None:
+        data, result.plaintext = seal_shard(data, path, spec.encryption)
     t1 = time.perf_counter()
     result.timings["encode"] = t1 - t0
     opts = spec.ctx.options(spec.dest)

@@ -71,6 +71,11 @@ class LocalShardSource:
                 f"{dataset.url} is not on a local file system: give cache_dir= (or a "
                 "ShardCache) so its shards are fetched to node-local storage first"
             )
+        if dataset.encrypted:
+            raise ValueError(
+                f"{dataset.url} is encrypted: give cache_dir= (or a ShardCache) so its "
+                "shards are decrypted into the node cache before they are read"
+            )
         self.dataset = dataset
         self.verify = verify
         self._checked: set[int] = set()
