@@ -5,8 +5,15 @@
 
 from __future__ import annotations
 
-from .errors import CacheCapacityError, CacheError, CacheFullError
+from .errors import CacheCapacityError, CacheError, CacheFullError, CachePermissionError
 from .options import CacheOptions
 from .shardcache import ShardCache
 
-__all__ = ["CacheCapacityError", "CacheError", "CacheFullError", "CacheOptions", "ShardCache"]
+__all__ = [
+    "CacheCapacityError",
+    "CacheError",
+    "CacheFullError",
+    "CacheOptions",
+    "CachePermissionError",
+    "ShardCache",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flashfeed.errors import FlashfeedError
 
-__all__ = ["CacheCapacityError", "CacheError", "CacheFullError"]
+__all__ = ["CacheCapacityError", "CacheError", "CacheFullError", "CachePermissionError"]
 
 
 class CacheError(FlashfeedError):
@@ -17,3 +17,7 @@ class CacheCapacityError(CacheError, ValueError):
 
 class CacheFullError(CacheError, OSError):
     """No room for a fill: the disk is full (ENOSPC), or every cached shard is pinned or in use."""
+
+
+class CachePermissionError(CacheError, PermissionError):
+    """The cache directory is another user's, or others may write into it: refused."""

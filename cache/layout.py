@@ -23,6 +23,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +31,13 @@ import xxhash
 
 from flashfeed.manifest import Manifest
 
+from .errors import CachePermissionError
+
 __all__ = [
     "CachedEntry",
     "DatasetDir",
     "atomic_write_json",
+    "check_private_root",
     "dataset_key",
     "list_dataset_dirs",
     "make_private_dir",
@@ -55,6 +59,22 @@ def make_private_dir(path: str) -> str:
         except FileExistsError:
             pass
     return path
+
+
+def check_private_root(path: str) -> None:
+    """Refuse a cache root that another user owns or that group/others may write into:
+    they could read the cached data or plant files and links the cache would trust."""
+    st = os.stat(path)
+    if st.st_uid != os.geteuid():
+        raise CachePermissionError(
+            f"cache directory {path} belongs to uid {st.st_uid}, not to this user "
+            f"(uid {os.geteuid()}): use a cache directory of your own"
+        )
+    if st.st_mode & 0o022:
+        raise CachePermissionError(
+            f"cache directory {path} is writable by group or others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}): `chmod 700 {path}` or use another one"
+        )
 
 
 def atomic_write_json(path: str, obj: Any) -> None:

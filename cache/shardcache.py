@@ -25,6 +25,7 @@ from .fill import file_checksum, fill_shard
 from .layout import (
     DatasetDir,
     atomic_write_json,
+    check_private_root,
     dataset_key,
     list_dataset_dirs,
     make_private_dir,
@@ -78,6 +79,7 @@ class ShardCache:
         )
         self.root = os.path.abspath(os.fspath(root))
         make_private_dir(self.root)
+        check_private_root(self.root)
         self.storage_options = storage_options
         self.counters = Counters(self.root)
         self.limit = AdaptiveLimit(concurrency, minimum=min_concurrency)
