@@ -100,10 +100,11 @@ def test_missing_shard_on_the_store_is_named(s3_prefix, tmp_path):
 
 def test_loader_stats_show_cache_hits_on_the_second_epoch(s3_prefix, tmp_path):
     make_image_dataset(s3_prefix, [16, 16], size=16)
-    cache = ShardCache(str(tmp_path / "cache"), capacity=1 << 24)
-    loader = Loader(s3_prefix, batch_size=8, image_size=16, cache=cache, py_workers=0)
+    cache_dir = tmp_path / "cache"
+    loader = Loader(s3_prefix, batch_size=8, image_size=16, cache_dir=str(cache_dir))
     for _ in range(2):
         for _ in loader:
             pass
     s = loader.stats()
     assert s["batches"] == 8 and s["cache"]["misses"] == 2 and s["cache"]["hits"] >= 2
+    assert len(list(cache_dir.rglob("*.tar"))) == 2
