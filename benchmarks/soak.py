@@ -1,0 +1,230 @@
+"""Soak: N loader processes on one node share one cache dir for many epochs; each samples
+its open files, resident memory, threads and child processes after every epoch.
+
+Prints a table of first-vs-last (after ``--warmup`` epochs) per process and whether
+anything grew; writes JSON; exits 1 on growth beyond the tolerances or on any error.
+
+    python benchmarks/soak.py --processes 4 --epochs 40 --out .bench/soak.json
+
+Without ``--dataset`` it starts a private SeaweedFS server and writes a small JPEG dataset
+to it, so the cache fills from a real S3 endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _proc_sample() -> dict[str, float]:
+    """Open fds, RSS (MiB), threads and live child processes of this process."""
+    status: dict[str, str] = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            status[k] = v.strip()
+    children = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                children += len(f.read().split())
+        except OSError:
+            pass
+    return {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+        "threads": int(status["Threads"]),
+        "children": children,
+    }
+
+
+def _child(args: argparse.Namespace) -> int:
+    from flashfeed.cache import ShardCache
+    from flashfeed.loader import Loader
+
+    cache = ShardCache(args.cache_dir, capacity=args.capacity)
+    loader = Loader(
+        args.dataset,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        rank=args.rank,
+        world_size=args.processes,
+        cache=cache,
+        py_workers=args.py_workers,
+        seed=1,
+    )
+    for epoch in range(args.epochs):
+        loader.set_epoch(epoch)
+        t0 = time.perf_counter()
+        samples = sum(len(b["label"]) for b in loader)
+        line = {"rank": args.rank, "epoch": epoch, "samples": samples}
+        line["seconds"] = time.perf_counter() - t0
+        line.update(_proc_sample())
+        print(json.dumps(line), flush=True)
+    cache.close()
+    return 0
+
+
+def make_dataset(prefix: str, *, shards: int, per_shard: int, side: int) -> None:
+    """Tiny noisy JPEGs with ``.cls`` labels, committed at ``prefix``."""
+    import numpy as np
+    from PIL import Image
+
+    from flashfeed import Manifest, commit_manifest
+    from flashfeed.shardio import shard_name, write_tar_shard
+
+    rng = np.random.default_rng(0)
+    infos = []
+    for i in range(shards):
+        samples = []
+        for j in range(per_shard):
+            buf = io.BytesIO()
+            pixels = rng.integers(0, 255, (side, side, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(buf, format="JPEG", quality=85)
+            samples.append(
+                (f"s{i:04d}-{j:05d}", {"jpg": buf.getvalue(), "cls": str(j % 10).encode()})
+            )
+        infos.append(write_tar_shard(prefix, shard_name(i, "tar"), samples))
+    manifest = Manifest(
+        name="soak", shard_format="webdataset", schema={"jpg": "image", "cls": "int"},
+        shards=tuple(infos),
+    )  # fmt: skip
+    commit_manifest(prefix, manifest)
+
+
+def judge(lines: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Per rank: the sample after warm-up epochs vs the last one, and what grew."""
+    out: dict[str, Any] = {"ranks": {}, "grew": [], "errors": []}
+    limits = {
+        "fds": args.fd_tolerance,
+        "threads": args.thread_tolerance,
+        "children": 0,
+        "rss_mib": args.rss_tolerance_mib,
+    }
+    for rank in range(args.processes):
+        mine = sorted((ln for ln in lines if ln["rank"] == rank), key=lambda ln: ln["epoch"])
+        if len(mine) != args.epochs:
+            out["errors"].append(f"rank {rank} reported {len(mine)} of {args.epochs} epochs")
+            continue
+        base = mine[min(args.warmup, len(mine) - 1)]
+        last = mine[-1]
+        peak = {k: max(ln[k] for ln in mine[args.warmup :] or mine) for k in limits}
+        row = {k: {"after_warmup": base[k], "last": last[k], "peak": peak[k]} for k in limits}
+        row["samples_per_epoch"] = sorted({ln["samples"] for ln in mine})
+        out["ranks"][rank] = row
+        for k, tol in limits.items():
+            if peak[k] - base[k] > tol:
+                out["grew"].append(f"rank {rank}: {k} {base[k]:.1f} -> peak {peak[k]:.1f}")
+        if len(row["samples_per_epoch"]) != 1:
+            out["errors"].append(f"rank {rank}: samples per epoch vary {row['samples_per_epoch']}")
+    return out
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    print(f"{'rank':>4}  {'metric':<8} {'after warm-up':>14} {'last':>10} {'peak':>10}")
+    for rank, row in result["ranks"].items():
+        for k in ("fds", "threads", "children", "rss_mib"):
+            v = row[k]
+            base, last, peak = v["after_warmup"], v["last"], v["peak"]
+            print(f"{rank:>4}  {k:<8} {base:>14.1f} {last:>10.1f} {peak:>10.1f}")
+    verdict = "GREW: " + "; ".join(result["grew"]) if result["grew"] else "nothing grew"
+    print(verdict)
+    for e in result["errors"]:
+        print("ERROR:", e)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--processes", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=2, help="epochs before the baseline sample")
+    p.add_argument("--dataset", help="dataset URL (default: a private store and a new dataset)")
+    p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--per-shard", type=int, default=64)
+    p.add_argument("--side", type=int, default=64, help="stored image side in pixels")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--py-workers", type=int, default=1)
+    p.add_argument("--capacity", default="1GiB")
+    p.add_argument("--cache-dir")
+    p.add_argument("--fd-tolerance", type=int, default=2)
+    p.add_argument("--thread-tolerance", type=int, default=2)
+    p.add_argument("--rss-tolerance-mib", type=float, default=48.0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds for the whole soak")
+    p.add_argument("--out", help="write the JSON result here")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name in ("processes", "epochs", "shards", "per_shard", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.warmup < args.epochs:
+        p.error(f"--warmup must be in [0, epochs={args.epochs})")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.child:
+        return _child(args)
+    tmp = tempfile.mkdtemp(prefix="ffsoak-", dir="/tmp")
+    store = None
+    try:
+        if args.dataset is None:
+            from flashfeed.store import EmbeddedStore
+
+            store = EmbeddedStore(os.path.join(tmp, "store"), port=0)
+            store.start()
+            store.make_bucket("soak")
+            os.environ.update(store.info.env())
+            args.dataset = "s3://soak/ds"
+            make_dataset(args.dataset, shards=args.shards, per_shard=args.per_shard, side=args.side)
+        cache_dir = args.cache_dir or os.path.join(tmp, "cache")
+        base = [sys.executable, os.path.abspath(__file__), "--child", "--cache-dir", cache_dir]
+        for name in ("processes", "epochs", "dataset", "image_size", "batch_size", "py_workers",
+                     "capacity"):  # fmt: skip
+            base += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        t0 = time.monotonic()
+        procs = [
+            subprocess.Popen([*base, "--rank", str(r)], stdout=subprocess.PIPE, text=True)
+            for r in range(args.processes)
+        ]
+        lines: list[dict[str, Any]] = []
+        codes = []
+        for p in procs:
+            try:
+                out, _ = p.communicate(timeout=max(1.0, args.timeout - (time.monotonic() - t0)))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+            codes.append(p.returncode)
+            lines += [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+        result = judge(lines, args)
+        result["seconds"] = time.monotonic() - t0
+        result["exit_codes"] = codes
+        result["samples"] = lines
+        result["errors"] += [f"rank {r} exited {c}" for r, c in enumerate(codes) if c != 0]
+        _print_table(result)
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=2)
+        return 1 if result["grew"] or result["errors"] else 0
+    finally:
+        if store is not None:
+            store.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
