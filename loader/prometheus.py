@@ -50,7 +50,7 @@ class PrometheusExporter:
             registry=self.registry,
         ).labels(**labels)
         server = prom.start_http_server(port, addr=addr, registry=self.registry)
-        self.server = server[0] if isinstance(server, tuple) else None
+        self.server: Any = server[0] if isinstance(server, tuple) else None
         self.port = self.server.server_port if self.server is not None else port
         self.addr = addr
 

@@ -94,9 +94,13 @@ class StatsRecorder:
         return out
 
     def close(self) -> None:
+        """Close the log and stop the exporter's HTTP server."""
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
 
 
 def now() -> float:
