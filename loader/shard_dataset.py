@@ -208,6 +208,11 @@ class ShardDataLoader:
         for bad in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
             if bad in kwargs:
                 raise ValueError(f"{bad}= is fixed by the plan: set it on the ShardDataset instead")
+        if kwargs.get("persistent_workers"):
+            raise ValueError(
+                "persistent_workers=True would keep each worker's copy of the plan position "
+                "from the first pass; ShardDataLoader needs fresh workers every pass"
+            )
         kwargs.setdefault("collate_fn", collate_samples)
         self.dataset = dataset
         self.loader = DataLoader(

@@ -96,5 +96,7 @@ def test_plan_fixed_options_are_refused(images):
     ds = ShardDataset(images, batch_size=4)
     with pytest.raises(ValueError, match="batch_size= is fixed by the plan"):
         ds.loader(batch_size=8)
+    with pytest.raises(ValueError, match="persistent_workers"):
+        ds.loader(num_workers=1, persistent_workers=True)
     with pytest.raises(ValueError, match="transform must be callable"):
         ShardDataset(images, transform=3)
