@@ -16,10 +16,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from flashfeed.errors import CorruptShardError
+
 from .passplan import PassPlan
 from .reader import BatchSource, write_pass
 
 __all__ = ["DaliRunner"]
+
+# what a reader process raises about the data it reads; DALI re-raises them as a bare
+# Exception carrying the worker's traceback text
+_DATA_ERRORS = ("CorruptShardError", "HostileInputError", "ValueError", "FileNotFoundError")
 
 Builder = Callable[[BatchSource], tuple[Any, list[str]]]
 
@@ -61,7 +67,15 @@ class DaliRunner:
         return time.perf_counter() - t0
 
     def run(self) -> Any:
-        return self.pipe.run()
+        try:
+            return self.pipe.run()
+        except StopIteration:
+            raise
+        except Exception as exc:
+            data_error = _reader_data_error(exc)
+            if data_error is None:
+                raise
+            raise CorruptShardError(data_error) from exc
 
     def finish(self) -> None:
         """Observe the end of the pass, so the next one can reuse the pipeline."""
@@ -78,3 +92,14 @@ class DaliRunner:
     def close(self) -> None:
         self.drop()
         self._cleanup()
+
+
+def _reader_data_error(exc: Exception) -> str | None:
+    """The message of a data error raised in a DALI reader process, else None."""
+    if type(exc) is not Exception or "Traceback" not in str(exc):
+        return None
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    name, _, message = lines[-1].partition(": ") if lines else ("", "", "")
+    if name.rsplit(".", 1)[-1] in _DATA_ERRORS and message:
+        return message
+    return None

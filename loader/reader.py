@@ -109,7 +109,10 @@ class ShardReader:
             data = members[ext]
             if spec.is_label:
                 where = f"shard {self.shard_names[shard]} sample {key!r}"
-                label = parse_label(data.tobytes(), ext, where=where)
+                try:
+                    label = parse_label(data.tobytes(), ext, where=where)
+                except ValueError as exc:
+                    raise CorruptShardError(str(exc)) from None
                 out.append(np.array(label, dtype=np.int64))
             else:
                 out.append(data)

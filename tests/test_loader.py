@@ -250,3 +250,28 @@ def test_context_precedence_explicit_then_environment_then_single_process():
     assert cuda_device_index(env) == 1
     with pytest.raises(ValueError, match="WORLD_SIZE must be an integer"):
         resolve_context(env={"RANK": "0", "WORLD_SIZE": "two"})
+
+
+@pytest.mark.parametrize("py_workers", [0, 1])
+def test_a_bad_label_is_named_also_from_a_reader_process(tmp_path, py_workers):
+    import io
+
+    from PIL import Image
+
+    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.shardio import shard_name, write_tar_shard
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, format="JPEG")
+    samples = [
+        (f"k{i}", {"jpg": buf.getvalue(), "cls": b"abc" if i == 5 else b"1"}) for i in range(8)
+    ]
+    prefix = str(tmp_path / "ds")
+    info = write_tar_shard(prefix, shard_name(0, "tar"), samples)
+    commit_manifest(
+        prefix, Manifest(name="x", shard_format="webdataset", schema={}, shards=(info,))
+    )
+    loader = Loader(prefix, batch_size=4, image_size=8, shuffle=False, py_workers=py_workers)
+    with pytest.raises(CorruptShardError, match=r"shards/000000\.tar sample 'k5': label \.cls"):
+        for _ in loader:
+            pass
