@@ -67,9 +67,9 @@ class PlannedLoader:
         return self.position.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch`` next (setting the current epoch keeps its position)."""
-        if epoch != self.position.epoch:
-            self._finished = False
+        """Read epoch ``epoch`` next. Another epoch starts from its beginning; the current one
+        keeps its position (after a resume: the rest of it, possibly nothing)."""
+        self._finished = False
         self.position.set_epoch(epoch)
 
     def _batches(self, n: int) -> int:

@@ -101,3 +101,24 @@ def test_bad_options(tokens, tmp_path):
 
     with pytest.raises(CorruptShardError, match=r"000000\.arrow.*no column"):
         next(iter(TokenLoader(tokens, batch_size=4, columns=("ids",))))
+
+
+def test_a_state_saved_after_an_exhausted_epoch(tokens):
+    loader = TokenLoader(tokens, batch_size=16, seed=1)
+    assert sum(1 for _ in loader) == 15
+    state = loader.state_dict()
+    assert state["epoch"] == 0 and state["finished"]
+    # without set_epoch the next pass is the next epoch, as for the uninterrupted loader
+    auto = TokenLoader(tokens, batch_size=16, seed=1)
+    auto.load_state_dict(state)
+    assert len(auto) == 15 and sum(1 for _ in auto) == 15 and auto.epoch == 1
+    # set_epoch(0) asks for what is left of epoch 0: nothing; then epoch 1 in full
+    explicit = TokenLoader(tokens, batch_size=16, seed=1)
+    explicit.load_state_dict(state)
+    explicit.set_epoch(0)
+    assert len(explicit) == 0 and list(explicit) == []
+    explicit.set_epoch(1)
+    a = torch.cat([b["tokens"] for b in explicit])
+    uninterrupted = TokenLoader(tokens, batch_size=16, seed=1)
+    uninterrupted.set_epoch(1)
+    assert torch.equal(a, torch.cat([b["tokens"] for b in uninterrupted]))
