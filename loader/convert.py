@@ -10,13 +10,17 @@ import torch
 __all__ = ["to_torch"]
 
 
-def to_torch(tl: Any, device: torch.device | None) -> torch.Tensor:
+def to_torch(tl: Any, device: torch.device | None) -> torch.Tensor | list[torch.Tensor]:
     """A DALI ``TensorList`` as a torch tensor (a copy: DALI reuses its buffers).
 
     GPU outputs are copied device-to-device; CPU outputs go through pinned memory with a
-    non-blocking copy when ``device`` is a CUDA device.
+    non-blocking copy when ``device`` is a CUDA device. Samples of different shapes (raw
+    bytes of a passed-through field) come back as a list of CPU tensors, one per sample.
     """
-    if hasattr(tl, "as_tensor") and type(tl).__name__ == "TensorListGPU":
+    if not tl.is_dense_tensor():
+        cpu_list = tl.as_cpu() if hasattr(tl, "as_cpu") else tl
+        return [torch.from_numpy(np.array(cpu_list.at(i))) for i in range(len(cpu_list))]
+    if type(tl).__name__ == "TensorListGPU":
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
         t = tl.as_tensor()

@@ -23,7 +23,10 @@ from .reader import BatchSource, ShardReader
 from .sources import ShardSource, open_dataset, open_source
 from .stats import BatchTiming
 
-__all__ = ["Loader"]
+__all__ = ["Batch", "Loader"]
+
+#: one batch: output name -> tensor (a list of per-sample tensors for ragged raw fields)
+Batch = dict[str, torch.Tensor | list[torch.Tensor]]
 
 
 class Loader(PlannedLoader):
@@ -107,7 +110,7 @@ class Loader(PlannedLoader):
         self.runner = DaliRunner(self._build, self._source)
 
     # -- iteration --------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         return self._run(self._begin_pass())
 
     def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
@@ -133,7 +136,7 @@ class Loader(PlannedLoader):
         reader = ShardReader(self.source, self.shard_names)
         return BatchSource(reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir)
 
-    def _run(self, plan: PassPlan) -> Iterator[dict[str, torch.Tensor]]:
+    def _run(self, plan: PassPlan) -> Iterator[Batch]:
         self._active = True
         try:
             feeder = ShardFeeder(
@@ -153,8 +156,9 @@ class Loader(PlannedLoader):
                 batch = {
                     n: to_torch(o, self._out_device(n)) for n, o in zip(names, outputs, strict=True)
                 }
-                if "label" in batch and batch["label"].ndim > 1:
-                    batch["label"] = batch["label"].reshape(-1)
+                label = batch.get("label")
+                if isinstance(label, torch.Tensor) and label.ndim > 1:
+                    batch["label"] = label.reshape(-1)
                 t3 = time.perf_counter()
                 sl = plan.batch_slice(k)
                 if self.ledger is not None:

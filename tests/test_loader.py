@@ -275,3 +275,29 @@ def test_a_bad_label_is_named_also_from_a_reader_process(tmp_path, py_workers):
     with pytest.raises(CorruptShardError, match=r"shards/000000\.tar sample 'k5': label \.cls"):
         for _ in loader:
             pass
+
+
+def test_extra_fields_pass_through_as_raw_bytes(tmp_path):
+    import io
+    import json
+
+    from PIL import Image
+
+    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.shardio import shard_name, write_tar_shard
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(buf, format="JPEG")
+    meta = [json.dumps({"id": "x" * i}).encode() for i in range(6)]
+    samples = [(f"k{i}", {"jpg": buf.getvalue(), "cls": b"2", "json": meta[i]}) for i in range(6)]
+    prefix = str(tmp_path / "ds")
+    info = write_tar_shard(prefix, shard_name(0, "tar"), samples)
+    commit_manifest(
+        prefix, Manifest(name="x", shard_format="webdataset", schema={}, shards=(info,))
+    )
+    fields = {"image": "jpg", "label": "cls", "meta": "json"}
+    loader = Loader(prefix, batch_size=3, image_size=8, shuffle=False, fields=fields)
+    batches = list(loader)
+    assert [b["label"].tolist() for b in batches] == [[2, 2, 2], [2, 2, 2]]
+    got = [bytes(t.numpy()) for b in batches for t in b["meta"]]
+    assert got == meta
