@@ -130,6 +130,12 @@ def judge(lines: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
     return out
 
 
+def thin(lines: list[dict[str, Any]], epochs: int, keep: int = 100) -> list[dict[str, Any]]:
+    """About ``keep`` epochs of samples per rank for the JSON (every one when few)."""
+    step = max(1, -(-epochs // keep))
+    return [ln for ln in lines if ln["epoch"] % step == 0 or ln["epoch"] == epochs - 1]
+
+
 def _print_table(result: dict[str, Any]) -> None:
     print(f"{'rank':>4}  {'metric':<8} {'after warm-up':>14} {'last':>10} {'peak':>10}")
     for rank, row in result["ranks"].items():
@@ -212,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         result = judge(lines, args)
         result["seconds"] = time.monotonic() - t0
         result["exit_codes"] = codes
-        result["samples"] = lines
+        result["samples"] = thin(lines, args.epochs)
         result["errors"] += [f"rank {r} exited {c}" for r, c in enumerate(codes) if c != 0]
         _print_table(result)
         if args.out:

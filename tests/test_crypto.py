@@ -112,6 +112,12 @@ def test_encrypted_ingest_verify_cache_and_loader(
         Dataset.open(f"{s3_prefix}/enc").read_shard(0)
     monkeypatch.setenv(crypto.ENV_KEY_FILE, str(keyfile))
     assert list(Dataset.open(f"{s3_prefix}/enc")) == list(Dataset.open(f"{s3_prefix}/plain"))
+    # the CLI flag, with the key from the environment
+    args = ["ingest", str(src), f"{s3_prefix}/cli", "--encrypt", "--samples-per-shard", "4"]
+    assert main([*args, "--json"]) == 0
+    cli = Dataset.open(f"{s3_prefix}/cli")
+    assert cli.encrypted and cli.manifest.extra["encryption"]["key_id"] == KEY.key_id
+    assert sorted(k for k, _ in cli) == sorted(k for k, _ in Dataset.open(f"{s3_prefix}/plain"))
     # the node cache keeps decrypted 0600 copies, checked against the plaintext checksum
     ds = Dataset.open(f"{s3_prefix}/enc")
     root = tmp_path / "cache"
