@@ -7,14 +7,51 @@ one stall accounting.
 
 from __future__ import annotations
 
-from .distributed import DistContext, resolve_context
-from .image import Loader
-from .ledger import Ledger, read_ledger
-from .pipeline import decode_device
-from .position import PlanOptions, Position
-from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
-from .sources import CacheShardSource, LocalShardSource, ShardSource
-from .tokens import TokenLoader
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .distributed import DistContext, resolve_context
+    from .image import Loader
+    from .ledger import Ledger, read_ledger
+    from .pipeline import decode_device
+    from .position import PlanOptions, Position
+    from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
+    from .sources import CacheShardSource, LocalShardSource, ShardSource
+    from .tokens import TokenLoader
+
+# Submodules pull in large frameworks (torch, DALI, Ray): import them on first use,
+# so `flashfeed --help` and other light commands start fast.
+_LAZY = {
+    "CacheShardSource": ".sources",
+    "DistContext": ".distributed",
+    "Ledger": ".ledger",
+    "Loader": ".image",
+    "LocalShardSource": ".sources",
+    "PlanOptions": ".position",
+    "Position": ".position",
+    "ShardDataLoader": ".shard_dataset",
+    "ShardDataset": ".shard_dataset",
+    "ShardSource": ".sources",
+    "TokenLoader": ".tokens",
+    "collate_samples": ".shard_dataset",
+    "decode_device": ".pipeline",
+    "read_ledger": ".ledger",
+    "resolve_context": ".distributed",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "CacheShardSource",
