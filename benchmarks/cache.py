@@ -29,13 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.policy import belady_hits, lru_hits
 from flashfeed.cache.ranged import split_ranges
 from flashfeed.cache.stats import read_persisted
 from flashfeed.cache.warm import warm
-
-from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.plan import node_shard_order
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.store import EmbeddedStore, StoreError

@@ -161,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from flashfeed.ingest.raysetup import ray_session
-
     from flashfeed.store import EmbeddedStore
 
     corpus = Path(args.corpus)

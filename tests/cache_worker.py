@@ -10,9 +10,8 @@ import os
 import sys
 import time
 
-from flashfeed.cache import ShardCache
-
 from flashfeed import Dataset
+from flashfeed.cache import ShardCache
 
 
 def main() -> None:

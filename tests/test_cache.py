@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from cache_data import make_dataset
+
+from flashfeed import Dataset, storage
 from flashfeed.cache import CacheCapacityError, CacheFullError, ShardCache
 from flashfeed.cache import fill as fill_module
 from flashfeed.cache.stats import read_persisted
-
-from flashfeed import Dataset, storage
 
 WORKER = str(Path(__file__).with_name("cache_worker.py"))
 

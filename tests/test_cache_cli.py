@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 from cache_data import make_dataset, start_own_store
+
+from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.admin import status
 from flashfeed.cache.stats import read_persisted
 from flashfeed.cache.warm import NodeShare, fitting_prefix, warm
-
-from flashfeed import Dataset, storage
 from flashfeed.cli import main
 from flashfeed.storage import RetryPolicy
 

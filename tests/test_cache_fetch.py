@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+
+from flashfeed import storage
 from flashfeed.cache.aimd import AdaptiveLimit
 from flashfeed.cache.fill import OrderedHasher
 from flashfeed.cache.policy import (
@@ -21,8 +23,6 @@ from flashfeed.cache.policy import (
     lru_hits,
 )
 from flashfeed.cache.ranged import RangedFetcher, is_retryable, is_throttle, split_ranges
-
-from flashfeed import storage
 from flashfeed.plan import node_shard_order
 from flashfeed.storage import RetryPolicy
 

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from flashfeed.ingest import IngestConfig, run
-from flashfeed.ingest.samplecorpus import make_imagefolder
 
 from flashfeed import StorageError, storage
 from flashfeed.cli import main as cli_main
+from flashfeed.ingest import IngestConfig, run
+from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.store import EmbeddedStore
 
 pytestmark = pytest.mark.usefixtures("ray_session")

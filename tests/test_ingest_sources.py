@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from flashfeed import Dataset, storage
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import jpeg_bytes, make_imagefolder
 from flashfeed.ingest.sources.tfrecord_format import encode_example, frame_record
-
-from flashfeed import Dataset, storage
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -8,6 +8,8 @@ import zlib
 
 import numpy as np
 import pytest
+from PIL import Image
+
 from flashfeed.ingest import IngestConfig
 from flashfeed.ingest.plan import assign_shards, size_spread
 from flashfeed.ingest.samplecorpus import jpeg_bytes
@@ -25,7 +27,6 @@ from flashfeed.ingest.transforms import (
     output_fields,
     transform_record,
 )
-from PIL import Image
 
 
 def test_config_rejects_bad_values_by_name() -> None:
