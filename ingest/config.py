@@ -138,8 +138,8 @@ class IngestConfig:
 
     @property
     def shard_bytes(self) -> int:
-        assert isinstance(self.shard_size, int)  # normalised in __post_init__
-        return self.shard_size
+        # normalised to an int in __post_init__; parse_size of an int returns it unchanged
+        return parse_size(self.shard_size, name="shard_size")
 
     @property
     def reencode(self) -> bool:
