@@ -8,14 +8,11 @@ standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 
 from __future__ import annotations
 
-import errno
 import os
-import random
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import fsspec
@@ -23,6 +20,7 @@ import xxhash
 from fsspec.core import split_protocol
 
 from .errors import StorageError
+from .retry import RetryPolicy, env_retry, is_auth_error, is_transient
 
 __all__ = [
     "RetryPolicy",
@@ -30,6 +28,7 @@ __all__ = [
     "exists",
     "filesystem",
     "is_local",
+    "is_transient",
     "join",
     "list_files",
     "read_bytes",
@@ -46,38 +45,6 @@ CHECKSUM_PREFIX = "xxh3_128:"
 def checksum(data: bytes | memoryview) -> str:
     """The manifest's checksum of a shard's bytes: ``xxh3_128:<hex>``."""
     return CHECKSUM_PREFIX + xxhash.xxh3_128_hexdigest(data)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Exponential backoff with full jitter, bounded in attempts and in total time.
-
-    The attempts allow ~20 s of waiting on average, so a server that restarts (a few seconds
-    down) is ridden out; ``deadline`` is the bound that callers tune.
-    """
-
-    attempts: int = 12
-    base_delay: float = 0.2
-    max_delay: float = 5.0
-    deadline: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
-        if self.base_delay < 0 or self.max_delay < 0 or self.deadline <= 0:
-            raise ValueError("base_delay and max_delay must be >= 0 and deadline > 0")
-
-    def delay(self, attempt: int) -> float:
-        return random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
-
-
-DEFAULT_RETRY = RetryPolicy()
-
-
-def _env_retry() -> RetryPolicy:
-    """Tests and impatient users shorten the retry budget with FLASHFEED_RETRY_DEADLINE."""
-    deadline = os.environ.get("FLASHFEED_RETRY_DEADLINE")
-    return RetryPolicy(deadline=float(deadline)) if deadline else DEFAULT_RETRY
 
 
 def is_local(url: str) -> bool:
@@ -180,65 +147,6 @@ def _endpoint(url: str, storage_options: dict[str, Any] | None) -> str:
 # --- errors and retries ------------------------------------------------------------------
 
 
-def _transient_types() -> tuple[type[BaseException], ...]:
-    types: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    try:
-        import aiohttp
-
-        types.append(aiohttp.ClientError)
-    except ImportError:  # pragma: no cover - s3fs depends on aiohttp
-        pass
-    try:
-        from botocore import exceptions as bexc
-
-        types += [
-            bexc.EndpointConnectionError,
-            bexc.ConnectionClosedError,
-            bexc.ReadTimeoutError,
-            bexc.ConnectTimeoutError,
-        ]
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(types)
-
-
-_TRANSIENT_MARKERS = (
-    "SlowDown",
-    "503",
-    "ServiceUnavailable",
-    "InternalError",
-    "RequestTimeout",
-    "Connection reset",
-    "Connection refused",
-    "Cannot connect",
-    "Server disconnected",
-    "Internal Server Error",
-    "reduce your request rate",
-)
-# s3fs maps a 500 during a server restart to EREMOTEIO and a 503 SlowDown to EBUSY
-_TRANSIENT_ERRNOS = frozenset({errno.EREMOTEIO, errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT})
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for errors worth retrying: throttling, resets, a server that is (re)starting."""
-    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
-        return False
-    if isinstance(exc, _transient_types()):
-        return True
-    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
-        return True
-    text = f"{type(exc).__name__}: {exc}"
-    return any(m in text for m in _TRANSIENT_MARKERS)
-
-
-def _is_auth_error(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__}: {exc}"
-    return isinstance(exc, PermissionError) or any(
-        m in text
-        for m in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "Forbidden")
-    )
-
-
 def call(
     fn: Callable[[], T],
     *,
@@ -252,7 +160,7 @@ def call(
     Missing objects raise ``FileNotFoundError`` as they are (callers decide what that means);
     everything else that fails ends as one ``StorageError`` naming the URL and the endpoint.
     """
-    policy = retry or _env_retry()
+    policy = retry or env_retry()
     start = time.monotonic()
     attempt = 0
     while True:
@@ -267,7 +175,7 @@ def call(
                 time.sleep(min(policy.delay(attempt), max(0.0, policy.deadline - elapsed)))
                 continue
             endpoint = _endpoint(url, storage_options)
-            if _is_auth_error(exc):
+            if is_auth_error(exc):
                 hint = "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or storage_options)"
             elif is_transient(exc):
                 hint = f"gave up after {attempt} attempts in {elapsed:.1f}s; is the server up?"

@@ -1,0 +1,105 @@
+"""Which storage failures are worth retrying, and for how long.
+
+``RetryPolicy`` bounds attempts and total time; ``is_transient`` tells throttling, resets and a
+restarting server (retry) from missing objects and refused credentials (do not).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_RETRY", "RetryPolicy", "env_retry", "is_auth_error", "is_transient"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, bounded in attempts and in total time.
+
+    The attempts allow ~20 s of waiting on average, so a server that restarts (a few seconds
+    down) is ridden out; ``deadline`` is the bound that callers tune.
+    """
+
+    attempts: int = 12
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+    deadline: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {self.attempts}")
+        if self.base_delay < 0 or self.max_delay < 0 or self.deadline <= 0:
+            raise ValueError("base_delay and max_delay must be >= 0 and deadline > 0")
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def env_retry() -> RetryPolicy:
+    """Tests and impatient users shorten the retry budget with FLASHFEED_RETRY_DEADLINE."""
+    deadline = os.environ.get("FLASHFEED_RETRY_DEADLINE")
+    return RetryPolicy(deadline=float(deadline)) if deadline else DEFAULT_RETRY
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        import aiohttp
+
+        types.append(aiohttp.ClientError)
+    except ImportError:  # pragma: no cover - s3fs depends on aiohttp
+        pass
+    try:
+        from botocore import exceptions as bexc
+
+        types += [
+            bexc.EndpointConnectionError,
+            bexc.ConnectionClosedError,
+            bexc.ReadTimeoutError,
+            bexc.ConnectTimeoutError,
+        ]
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+_TRANSIENT_MARKERS = (
+    "SlowDown",
+    "503",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "Connection reset",
+    "Connection refused",
+    "Cannot connect",
+    "Server disconnected",
+    "Internal Server Error",
+    "reduce your request rate",
+)
+# s3fs maps a 500 during a server restart to EREMOTEIO and a 503 SlowDown to EBUSY
+_TRANSIENT_ERRNOS = frozenset({errno.EREMOTEIO, errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying: throttling, resets, a server that is (re)starting."""
+    if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
+        return False
+    if isinstance(exc, _transient_types()):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    text = f"{type(exc).__name__}: {exc}"
+    return any(m in text for m in _TRANSIENT_MARKERS)
+
+
+def is_auth_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return isinstance(exc, PermissionError) or any(
+        m in text
+        for m in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "Forbidden")
+    )
