@@ -7,8 +7,9 @@ to sharded WebDataset or Arrow datasets on any fsspec storage.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flashfeed.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .config import IngestConfig
@@ -23,16 +24,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 __all__ = ["IngestConfig", "IngestResult", "run"]

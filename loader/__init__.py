@@ -7,8 +7,9 @@ one stall accounting.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flashfeed.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .distributed import DistContext, resolve_context
@@ -41,17 +42,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 __all__ = [
     "CacheShardSource",
