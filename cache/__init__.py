@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .errors import CacheCapacityError, CacheError, CacheFullError, CachePermissionError
 from .options import CacheOptions
+from .progress import FillView
 from .shardcache import ShardCache
 
 __all__ = [
@@ -15,5 +16,6 @@ __all__ = [
     "CacheFullError",
     "CacheOptions",
     "CachePermissionError",
+    "FillView",
     "ShardCache",
 ]

@@ -23,6 +23,7 @@ from flashfeed.units import format_size
 
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
+from .progress import FillProgress, live_path
 from .ranged import FetchReport, RangedFetcher
 
 __all__ = ["OrderedHasher", "file_checksum", "fill_shard"]
@@ -82,6 +83,7 @@ def _fetch_to(
     opts: dict[str, Any] | None,
     meanwhile: Callable[[FetchReport], None] | None = None,
     hasher: OrderedHasher | None = None,
+    progress: FillProgress | None = None,
 ) -> FetchReport:
     url = dataset.shard_url(info)
     fs, path = storage.filesystem(url, opts)
@@ -95,6 +97,8 @@ def _fetch_to(
             _pwrite_all(fd, data, offset)
             if hasher is not None:
                 hasher.add(offset, data)
+            if progress is not None:
+                progress.part_done(offset)
 
         return fetcher.fetch_into(fetch, info.bytes, write, meanwhile=meanwhile)
     except (FlashfeedError, CacheFullError):
@@ -153,6 +157,12 @@ def _decrypt_in_place(part: str, dataset: Dataset, info: ShardInfo) -> None:
         f.truncate(len(plain))
 
 
+def _write_new(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
 def fill_shard(
     d: DatasetDir,
     shard: int,
@@ -161,25 +171,42 @@ def fill_shard(
     fetcher: RangedFetcher,
     reserve: Reserve,
     storage_options: dict[str, Any] | None,
+    publish: bool = True,
 ) -> FetchReport:
-    """Fetch shard ``shard`` into the cache; the caller holds its fill lock."""
+    """Fetch shard ``shard`` into the cache; the caller holds its fill lock.
+
+    With ``publish`` the parts that have arrived are announced (``progress.py``) so that
+    readers can serve samples before the whole shard is there."""
     info = dataset.shards[shard]
     final = d.shard_path(shard)
     part = d.new_part(shard)
     idx_part = d.new_part(shard, "idx")
     opts = storage_options if storage_options is not None else dataset.storage_options
+    progress: FillProgress | None = None
     try:
         fd = reserve(info.bytes, part)
         index_url = dataset.index_url(info)
         index: list[bytes] = []
+        if publish and not dataset.encrypted:
+            # readers may serve samples from the part file while the rest arrives
+            progress = FillProgress(
+                live_path(d.parts_dir, shard),
+                part=part,
+                index_part=idx_part if index_url is not None else None,
+                size=info.bytes,
+                part_size=fetcher.part_size,
+            )
 
         def fetch_index(report: FetchReport) -> None:
             if index_url is not None:
                 index.append(_fetch_index(fetcher, dataset, info, index_url, opts, report))
+                if progress is not None:
+                    _write_new(idx_part, index[0])
+                    progress.index_ready()
 
         hasher = OrderedHasher()
         try:
-            report = _fetch_to(fetcher, dataset, info, fd, opts, fetch_index, hasher)
+            report = _fetch_to(fetcher, dataset, info, fd, opts, fetch_index, hasher, progress)
         finally:
             os.close(fd)
         got = hasher.checksum(info.bytes)
@@ -192,10 +219,8 @@ def fill_shard(
             _decrypt_in_place(part, dataset, info)
         make_private_dir(os.path.dirname(final))
         if index:
-            text = index[0]
-            fd = os.open(idx_part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(text)
+            if progress is None:
+                _write_new(idx_part, index[0])
             os.replace(idx_part, final + ".idx")
         os.replace(part, final)
         return report
@@ -208,6 +233,8 @@ def fill_shard(
             ) from None
         raise
     finally:
+        if progress is not None:
+            progress.close()
         for p in (part, idx_part):
             try:
                 os.unlink(p)

@@ -34,6 +34,7 @@ from .layout import (
 from .locks import FileLock
 from .options import CacheOptions
 from .policy import FutureOrder
+from .progress import FillView, live_path
 from .ranged import RangedFetcher
 from .space import SpaceManager, sweep_dead_parts
 from .stats import Counters
@@ -190,6 +191,12 @@ class ShardCache:
         """True if a complete copy is present (not verified)."""
         d, i = self._resolve(dataset, shard)
         return os.path.exists(d.shard_path(i))
+
+    def progress(self, dataset: Dataset, shard: int | ShardInfo) -> FillView | None:
+        """The fill of ``shard`` running now in any process of the node, or None: which of
+        its bytes have arrived in the part file (see ``progress.py``)."""
+        d, i = self._resolve(dataset, shard)
+        return FillView.open(live_path(d.parts_dir, i))
 
     def _ensure(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool = False) -> str:
         path = d.shard_path(i)

@@ -16,9 +16,10 @@ from .convert import to_torch
 from .dali_runner import DaliRunner
 from .distributed import cuda_device_index, resolve_context
 from .fields import parse_fields
-from .passplan import PassPlan, ShardFeeder
+from .passplan import PassPlan
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, decode_device
 from .position import PlanOptions
+from .readahead import StreamFeeder, readahead_budget_bytes
 from .reader import BatchSource, ShardReader
 from .sources import ShardSource, open_dataset, open_source
 from .stats import BatchTiming
@@ -58,7 +59,8 @@ class Loader(PlannedLoader):
         py_workers: int = 1,
         window: int = 4,
         prefetch: int = 2,
-        readahead: int = 4,
+        readahead: int | str = "auto",
+        readahead_budget: int | str | None = None,
         cache: Any = None,
         source: ShardSource | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -72,6 +74,10 @@ class Loader(PlannedLoader):
             raise ValueError(f"py_workers must be >= 0, got {py_workers}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if readahead != "auto" and (
+            isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0
+        ):
+            raise ValueError(f"readahead must be 'auto' or a shard count >= 0, got {readahead!r}")
         ds = open_dataset(dataset, storage_options)
         if ds.manifest.shard_format != "webdataset":
             raise ValueError(
@@ -100,7 +106,10 @@ class Loader(PlannedLoader):
         self.num_threads = num_threads
         self.py_workers = py_workers
         self.prefetch = prefetch
-        self.readahead = readahead
+        self.readahead = None if readahead == "auto" else int(readahead)
+        self.readahead_budget = readahead_budget_bytes(readahead_budget, self.source)
+        self._feeder: StreamFeeder | None = None
+        self.recorder.extra = self._readahead_stats
         self.torch_device = (
             torch.device("cuda", cuda_device_index())
             if self.device_kind == "gpu" and torch.cuda.is_available()
@@ -139,8 +148,14 @@ class Loader(PlannedLoader):
     def _run(self, plan: PassPlan) -> Iterator[Batch]:
         self._active = True
         try:
-            feeder = ShardFeeder(
-                self.source, plan, lookahead=self.prefetch + 1, readahead=self.readahead
+            self._feeder = feeder = StreamFeeder(
+                self.source,
+                plan,
+                shard_bytes=[s.bytes for s in self.dataset.shards],
+                shard_samples=self.position.shard_sizes.tolist(),
+                lookahead=self.prefetch + 1,
+                readahead=self.readahead,
+                budget=self.readahead_budget,
             )
             storage_wait = feeder.ensure(0)
             startup = self.runner.start(plan) if plan.num_batches else 0.0
@@ -185,6 +200,14 @@ class Loader(PlannedLoader):
             self._finished = True
         finally:
             self._active = False
+            if self._feeder is not None:
+                self._feeder.close()
+
+    def _readahead_stats(self) -> dict[str, Any]:
+        feeder = self._feeder
+        if feeder is None:
+            return {}
+        return {"readahead": feeder.snapshot()}
 
     def _keys(self, plan: PassPlan, sl: slice) -> list[str]:
         keys = []

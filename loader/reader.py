@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
+from flashfeed.cache.progress import FillView
 from flashfeed.errors import CorruptShardError
 from flashfeed.wdsindex import SampleIndex
 
@@ -26,11 +28,14 @@ __all__ = ["BatchSource", "ShardReader", "pass_path", "write_pass"]
 
 
 class _OpenShard:
-    def __init__(self, path: str, index: list[SampleIndex], name: str) -> None:
+    def __init__(
+        self, path: str, index: list[SampleIndex], name: str, view: FillView | None = None
+    ) -> None:
         with open(path, "rb") as f:
             self.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.index = index
         self.name = name
+        self.view = view  # set while the shard is still arriving: which bytes are there
         if index and index[-1].end > len(self.mmap):
             size = len(self.mmap)
             self.mmap.close()
@@ -63,6 +68,15 @@ class ShardReader:
         return s
 
     def _map(self, shard: int, attempts: int = 3) -> _OpenShard:
+        partial = getattr(self.source, "partial", None)
+        if partial is not None:
+            got = partial(shard)
+            if got is not None:
+                path, index, view = got
+                try:
+                    return _OpenShard(path, index, self.shard_names[shard], view)
+                except FileNotFoundError:  # renamed into place meanwhile
+                    view.close()
         # a cache may evict a shard between handing out its path and our open: ask again
         for attempt in range(attempts):
             try:
@@ -72,6 +86,21 @@ class ShardReader:
                 if attempt == attempts - 1:
                     raise
         raise AssertionError("unreachable")
+
+    def _arrived(self, shard: int, entry: SampleIndex) -> _OpenShard:
+        """Wait until the sample's bytes are in the part file; if that fill ended without
+        them (it failed), map the shard again (the cache retries or names the error)."""
+        s = self._open[shard]
+        delay = 0.001
+        while s.view is not None and not s.view.done(entry.start, entry.end):
+            if s.view.ended():
+                s.view.close()
+                self._open.pop(shard).mmap.close()
+                s = self._shard(shard)
+                continue
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        return s
 
     def key(self, shard: int, row: int) -> str:
         return self._shard(shard).index[row].key
@@ -84,6 +113,8 @@ class ShardReader:
                 f"shard {s.name}: sample {row} requested but its index has {len(s.index)}"
             )
         entry = s.index[row]
+        if s.view is not None and not s.view.done(entry.start, entry.end):
+            s = self._arrived(shard, entry)
         return entry.key, {
             c.ext: np.frombuffer(s.mmap, dtype=np.uint8, count=c.size, offset=c.offset)
             for c in entry.components

@@ -10,10 +10,12 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from flashfeed import storage
+from flashfeed.cache.progress import FillView, live_path
 from flashfeed.dataset import Dataset, check_shard_bytes
 from flashfeed.errors import CorruptShardError
 from flashfeed.wdsindex import SampleIndex, parse_index
@@ -141,7 +143,10 @@ class CacheShardSource:
     def __init__(self, dataset: Dataset, cache: Any) -> None:
         self.dataset = dataset
         self.cache = cache
-        self._data_dir = str(cache.dataset_dir(dataset).data_dir)
+        d = cache.dataset_dir(dataset)
+        self._data_dir = str(d.data_dir)
+        self._parts_dir = str(d.parts_dir)
+        self.capacity = int(cache.capacity)
         self._cache_args = (cache.root, cache.capacity, cache.storage_options)
         self._owner = os.getpid()
 
@@ -174,9 +179,52 @@ class CacheShardSource:
         return path
 
     def index(self, shard: int) -> list[SampleIndex]:
+        final = os.path.join(self._data_dir, self.dataset.shards[shard].path)
+        for path in (final + ".idx",):
+            try:
+                with open(path, "rb") as f:
+                    return parse_index(f.read(), source=path)
+            except FileNotFoundError:
+                pass
+        partial = self.partial(shard)
+        if partial is not None:
+            partial[2].close()
+            return partial[1]
         path = self.local_path(shard) + ".idx"
         with open(path, "rb") as f:
             return parse_index(f.read(), source=path)
+
+    def ready_path(self, shard: int) -> str | None:
+        """The cached copy's path if the shard is complete now (no fetch, no wait)."""
+        path = os.path.join(self._data_dir, self.dataset.shards[shard].path)
+        return path if os.path.exists(path) else None
+
+    def partial(self, shard: int) -> tuple[str, list[SampleIndex], FillView] | None:
+        """A fill of ``shard`` running now in any process of the node: its part file (full
+        size, filled as parts arrive), its index and its progress. None when the shard is
+        complete, no fill runs, or the dataset has no index to locate samples with."""
+        final = os.path.join(self._data_dir, self.dataset.shards[shard].path)
+        if os.path.exists(final):
+            return None
+        view = FillView.open(live_path(self._parts_dir, shard))
+        if view is None:
+            return None
+        if view.index_part is None:
+            view.close()
+            return None
+        while not view.index_ready():  # the index is one small GET beside the first parts
+            if view.ended():
+                view.close()
+                return None
+            time.sleep(0.002)
+        for path in (view.index_part, final + ".idx"):
+            try:
+                with open(path, "rb") as f:
+                    return view.part, parse_index(f.read(), source=path), view
+            except FileNotFoundError:
+                continue
+        view.close()
+        return None
 
     def prefetch(self, shards: Sequence[int]) -> None:
         self._cache().prefetch(self.dataset, list(shards))

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
-__all__ = ["WAIT_KINDS", "BatchTiming", "StatsRecorder"]
+__all__ = ["STORAGE_WAIT_THRESHOLD", "WAIT_KINDS", "BatchTiming", "StatsRecorder"]
 
 WAIT_KINDS = ("storage", "decode", "h2d")
+STORAGE_WAIT_THRESHOLD = 0.001
+PER_BATCH_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,11 @@ class BatchTiming:
     @property
     def wait(self) -> float:
         return self.storage + self.decode + self.h2d
+
+    @property
+    def waited_on_storage(self) -> bool:
+        """The consumer had to wait for shard bytes before this batch (over 1 ms)."""
+        return self.storage > STORAGE_WAIT_THRESHOLD
 
 
 class StatsRecorder:
@@ -57,6 +65,9 @@ class StatsRecorder:
         self.step_time = 0.0
         self.first_t: float | None = None
         self.last_t: float | None = None
+        self.waited_on_storage = 0
+        self.per_batch: deque[dict[str, Any]] = deque(maxlen=PER_BATCH_KEPT)
+        self.extra: Callable[[], dict[str, Any]] | None = None
         self._log: IO[str] | None = open(log, "a", encoding="utf-8") if log else None
 
     def record(self, timing: BatchTiming) -> None:
@@ -65,11 +76,18 @@ class StatsRecorder:
         for kind in WAIT_KINDS:
             self.waits[kind] += getattr(timing, kind)
         self.step_time += timing.step
+        waited = timing.waited_on_storage
+        self.waited_on_storage += waited
+        self.per_batch.append(
+            {"epoch": timing.epoch, "batch": timing.batch, "storage_s": timing.storage,
+             "waited_on_storage": waited}
+        )  # fmt: skip
         if self.first_t is None:
             self.first_t = timing.t - timing.wait
         self.last_t = timing.t
         if self._log is not None:
-            self._log.write(json.dumps(asdict(timing)) + "\n")
+            line = {**asdict(timing), "waited_on_storage": timing.waited_on_storage}
+            self._log.write(json.dumps(line) + "\n")
             self._log.flush()
         if self.exporter is not None:
             self.exporter.observe(timing)
@@ -88,7 +106,11 @@ class StatsRecorder:
                 for k, v in {**self.waits, "total": total_wait}.items()
             },
             "step_s": self.step_time,
+            "batches_waited_on_storage": self.waited_on_storage,
+            "per_batch": list(self.per_batch),
         }
+        if self.extra is not None:
+            out.update(self.extra())
         if self.cache_stats is not None:
             out["cache"] = self.cache_stats()
         return out

@@ -1,0 +1,125 @@
+"""Fills in progress, visible to every process on the node: which parts have arrived.
+
+While a fill runs, ``<dataset dir>/.parts/<i>.live`` names its part files and holds one
+byte per part (set to 1 once the part is written) and one for the index. A reader maps the
+part file (reserved to the shard's full size) and reads a sample once the parts under it
+are marked: samples are served while the rest of the shard is still arriving. The shard is
+published as cached only by the fill's rename after its checksum matched; the live file is
+removed when the fill ends, either way, and a dead fill's live file is swept with its parts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+__all__ = ["FillProgress", "FillView", "live_path"]
+
+_HEADER = 4096
+
+
+def live_path(parts_dir: str, shard: int) -> str:
+    """Where the fill of ``shard`` publishes its progress."""
+    return os.path.join(parts_dir, f"{shard}.live")
+
+
+class FillProgress:
+    """The writer's side: created by the process holding the shard's fill lock."""
+
+    def __init__(
+        self, path: str, *, part: str, index_part: str | None, size: int, part_size: int
+    ) -> None:
+        if part_size <= 0:
+            raise ValueError(f"part_size must be > 0, got {part_size}")
+        self.path = path
+        self.part_size = part_size
+        parts = -(-size // part_size)
+        meta = {"part": part, "index": index_part, "size": size, "part_size": part_size}
+        head = json.dumps(meta).encode()
+        if len(head) >= _HEADER:
+            raise ValueError(f"part path too long for a progress header: {part!r}")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, head.ljust(_HEADER, b" ") + bytes(1 + parts))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+
+    def index_ready(self) -> None:
+        self._mark(_HEADER)
+
+    def part_done(self, offset: int) -> None:
+        self._mark(_HEADER + 1 + offset // self.part_size)
+
+    def _mark(self, at: int) -> None:
+        if self._fd is not None:
+            os.pwrite(self._fd, b"\x01", at)
+
+    def close(self) -> None:
+        """The fill ended (renamed into place or failed): readers see the file unlinked."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+
+
+class FillView:
+    """The reader's side: an open handle on a live file, valid after the fill ends."""
+
+    def __init__(self, fd: int, meta: dict[str, Any]) -> None:
+        self._fd = fd
+        self.part: str = meta["part"]
+        self.index_part: str | None = meta["index"]
+        self.size = int(meta["size"])
+        self.part_size = int(meta["part_size"])
+
+    @classmethod
+    def open(cls, path: str) -> FillView | None:
+        """The fill in progress at ``path``, or None when there is none."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            meta = json.loads(os.pread(fd, _HEADER, 0).decode())
+        except (ValueError, UnicodeDecodeError):
+            os.close(fd)
+            return None
+        return cls(fd, meta)
+
+    def index_ready(self) -> bool:
+        return os.pread(self._fd, 1, _HEADER) == b"\x01"
+
+    def done(self, start: int, end: int) -> bool:
+        """True when every byte of ``[start, end)`` has been written to the part file."""
+        if end <= start:
+            return True
+        first, last = start // self.part_size, (end - 1) // self.part_size
+        marks = os.pread(self._fd, last - first + 1, _HEADER + 1 + first)
+        return len(marks) == last - first + 1 and marks.count(1) == len(marks)
+
+    def complete(self) -> bool:
+        return self.done(0, self.size)
+
+    def ended(self) -> bool:
+        """The fill is over (its shard renamed into place, or it failed)."""
+        return os.fstat(self._fd).st_nlink == 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass

@@ -1,0 +1,232 @@
+"""Plan-driven read-ahead and serving samples from shards that are still arriving.
+
+``StreamFeeder`` walks one pass in plan order. For the batches the pipeline will ask for
+next it starts the fills of their shards and waits only until *those samples'* bytes have
+arrived (the cache publishes each part of a fill as it lands, ``flashfeed.cache.progress``),
+not for whole shards: the first batch does not wait for its shard. Beyond that it asks the
+cache to fetch shards ahead, as many as cover the measured fetch time at the measured
+consumption rate (twice over), never more bytes ahead than ``budget``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from flashfeed.units import parse_size
+from flashfeed.wdsindex import SampleIndex
+
+from .passplan import PassPlan
+from .sources import ShardSource
+
+__all__ = ["StreamFeeder", "readahead_budget_bytes"]
+
+_MARGIN = 2.0  # fetch ahead for twice the time a fill takes
+_PRIOR_SHARDS = 4  # read-ahead before anything is measured
+
+
+class StreamFeeder:
+    """Keeps the samples of batches ``[k, k + lookahead]`` readable; read-ahead beyond.
+
+    ``readahead``: ``None`` sizes it from measurements, an int fixes it in shards; either
+    way the shards fetched ahead of need never hold more than ``budget`` bytes.
+    """
+
+    def __init__(
+        self,
+        source: ShardSource,
+        plan: PassPlan,
+        *,
+        shard_bytes: Sequence[int],
+        shard_samples: Sequence[int],
+        lookahead: int,
+        readahead: int | None,
+        budget: int,
+        workers: int = 4,
+    ) -> None:
+        if budget < 0:
+            raise ValueError(f"budget must be >= 0 bytes, got {budget}")
+        self.source = source
+        self.plan = plan
+        self.lookahead = lookahead
+        self.fixed = readahead
+        self.budget = budget
+        self.order, self.first_batch = plan.shard_order()
+        self.bytes = [int(b) for b in shard_bytes]
+        per_sample = np.asarray(shard_bytes, np.float64) / np.maximum(shard_samples, 1)
+        self._cum = np.concatenate([[0.0], np.cumsum(per_sample[plan.shards])])
+        self.streaming = hasattr(source, "partial") and hasattr(source, "ready_path")
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ff-need")
+        self._needed: dict[int, Future[str]] = {}
+        self._asked: dict[int, float] = {}
+        self._partials: dict[int, tuple[list[SampleIndex], Any]] = {}
+        self._pos = 0  # shards order[:_pos] are needed (their fills started)
+        self._hinted = 0  # shards order[_pos:_hinted] are fetched ahead of need
+        self._next_batch = 0
+        self._k = 0
+        self._seen: deque[tuple[float, float]] = deque(maxlen=16)
+        self._fill_times: deque[float] = deque(maxlen=16)
+        self._cache_at = -1e9
+        self._cache_latency: float | None = None
+        self.streamed_batches = 0
+        self.max_ahead_bytes = 0
+        self.target_bytes = 0
+        if self.order:
+            source.set_future(self.order)
+
+    # -- the consumer's side ----------------------------------------------------------------
+    def ensure(self, k: int) -> float:
+        """Make the samples of batches up to ``k + lookahead`` readable; seconds waited."""
+        t0 = time.perf_counter()
+        self._k = k
+        limit = min(k + self.lookahead, self.plan.num_batches - 1)
+        while self._pos < len(self.order) and self.first_batch[self._pos] <= limit:
+            self._need(self.order[self._pos])
+            self._pos += 1
+        self._hinted = max(self._hinted, self._pos)
+        while self._next_batch <= limit:
+            self._wait_batch(self._next_batch)
+            self._next_batch += 1
+        now = time.perf_counter()
+        self._seen.append((now, float(self._cum[self.plan.batch_slice(k).start])))
+        self._hint()
+        return now - t0
+
+    def _need(self, shard: int) -> None:
+        if shard not in self._needed:
+            self._asked[shard] = time.perf_counter()
+            self._needed[shard] = self._pool.submit(self.source.local_path, shard)
+
+    def _wait_batch(self, j: int) -> None:
+        sl = self.plan.batch_slice(j)
+        shards, rows = self.plan.shards[sl], self.plan.rows[sl]
+        streamed = False
+        for shard in np.unique(shards).tolist():
+            streamed |= self._wait_rows(shard, rows[shards == shard].tolist())
+        self.streamed_batches += streamed
+
+    def _wait_rows(self, shard: int, rows: list[int]) -> bool:
+        """Until the shard is cached or these rows have arrived; True if served early."""
+        future = self._needed[shard]
+        delay = 0.0005
+        while self.streaming and not future.done():
+            got = self._partial(shard)
+            if got is not None:
+                index, view = got
+                if all(r < len(index) for r in rows) and all(
+                    view.done(index[r].start, index[r].end) for r in rows
+                ):
+                    return True
+                if view.ended():
+                    view.close()
+                    self._partials.pop(shard, None)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+        future.result()  # a failed fill raises here, naming the shard
+        self._done(shard)
+        return False
+
+    def _partial(self, shard: int) -> tuple[list[SampleIndex], Any] | None:
+        got = self._partials.get(shard)
+        if got is None:
+            found = self.source.partial(shard)  # type: ignore[attr-defined]
+            if found is None:
+                return None
+            got = self._partials[shard] = (found[1], found[2])
+        return got
+
+    def _done(self, shard: int) -> None:
+        asked = self._asked.pop(shard, None)
+        if asked is not None:
+            self._fill_times.append(time.perf_counter() - asked)
+        got = self._partials.pop(shard, None)
+        if got is not None:
+            got[1].close()
+
+    # -- read-ahead sizing ------------------------------------------------------------------
+    def consume_rate(self) -> float | None:
+        """Bytes of samples the consumer takes per second, over the last few batches."""
+        if len(self._seen) < 2:
+            return None
+        (t0, b0), (t1, b1) = self._seen[0], self._seen[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 and b1 > b0 else None
+
+    def fetch_latency(self) -> float | None:
+        """Seconds one shard takes to fetch: the cache's fills of this process, else the
+        time from asking for a needed shard to having it."""
+        now = time.perf_counter()
+        if now - self._cache_at > 0.5:
+            self._cache_at = now
+            stats = self.source.stats()
+            misses, seconds = stats.get("misses", 0), stats.get("fetch_seconds", 0.0)
+            self._cache_latency = seconds / misses if misses and seconds else None
+        if self._cache_latency is not None:
+            return self._cache_latency
+        slow = [t for t in self._fill_times if t > 0.001]
+        return float(np.median(slow)) if slow else None
+
+    def _target(self) -> int:
+        if self.fixed is not None:
+            return sum(self.bytes[s] for s in self.order[self._pos : self._pos + self.fixed])
+        rate, latency = self.consume_rate(), self.fetch_latency()
+        if rate is None or latency is None:
+            return sum(self.bytes[s] for s in self.order[self._pos : self._pos + _PRIOR_SHARDS])
+        return int(rate * latency * _MARGIN)
+
+    def _hint(self) -> None:
+        self.target_bytes = target = min(self._target(), self.budget)
+        ahead = sum(self.bytes[s] for s in self.order[self._pos : self._hinted])
+        start = self._hinted
+        while self._hinted < len(self.order):
+            size = self.bytes[self.order[self._hinted]]
+            if ahead + size > self.budget or (ahead >= target and self._hinted > self._pos):
+                break
+            if self.fixed is not None and self._hinted - self._pos >= self.fixed:
+                break
+            ahead += size
+            self._hinted += 1
+        if self._hinted > start:
+            self.source.prefetch(self.order[start : self._hinted])
+        self.max_ahead_bytes = max(self.max_ahead_bytes, ahead)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the read-ahead does now: shards, bytes and batches ahead, and why."""
+        k = self._k
+        ahead = self.order[self._pos : self._hinted]
+        last = self.first_batch[self._hinted - 1] if ahead else k
+        return {
+            "shards_ahead": len(ahead),
+            "bytes_ahead": sum(self.bytes[s] for s in ahead),
+            "batches_ahead": max(0, last - k),
+            "target_bytes": self.target_bytes,
+            "budget_bytes": self.budget,
+            "max_bytes_ahead": self.max_ahead_bytes,
+            "consume_bytes_per_s": self.consume_rate(),
+            "fetch_latency_s": self.fetch_latency(),
+            "batches_served_while_arriving": self.streamed_batches,
+        }
+
+    def close(self) -> None:
+        for _, view in self._partials.values():
+            view.close()
+        self._partials.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def readahead_budget_bytes(budget: int | str | None, source: ShardSource) -> int:
+    """The read-ahead budget in bytes: as given (``"2GiB"`` works), else half the node
+    cache's capacity up to 4 GiB (1 GiB without a cache)."""
+    if budget is None:
+        capacity = getattr(source, "capacity", None)
+        return min(int(capacity) // 2, 4 << 30) if capacity else 1 << 30
+    if isinstance(budget, bool) or not isinstance(budget, int | str):
+        raise ValueError(f"readahead_budget must be a byte count or size string, got {budget!r}")
+    value = parse_size(budget, name="readahead_budget")
+    if value < 0:
+        raise ValueError(f"readahead_budget must be >= 0, got {budget!r}")
+    return value
