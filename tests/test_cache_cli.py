@@ -154,6 +154,13 @@ def test_verify_removes_corrupt_shards_and_evict_keeps_pinned_ones(
     assert read_persisted(str(root))["evictions"] == 2
 
 
+def _kill_after_first_shard(store, root: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cached(root) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    store.kill()
+
+
 def test_the_store_stopped_mid_warm_then_restarted(tmp_path: Path):
     sdir = tempfile.mkdtemp(prefix="ffrs-", dir="/tmp")
     store = start_own_store(sdir)
@@ -181,7 +188,8 @@ def test_the_store_stopped_mid_warm_then_restarted(tmp_path: Path):
             root, capacity="8MiB", storage_options=opts, part_size="32KiB", concurrency=2,
             retry=quick,
         ) as cache:  # fmt: skip
-            stopper = threading.Timer(0.3, store.stop)
+            # a crash, not a timer: the store dies (SIGKILL) once the first shard is cached
+            stopper = threading.Thread(target=_kill_after_first_shard, args=(store, root))
             stopper.start()
             result = warm(cache, ds, order, progress=False, workers=2)
             stopper.join()
