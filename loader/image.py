@@ -195,6 +195,7 @@ class Loader(PlannedLoader):
                 storage_wait = 0.0
                 yield batch
                 step_start = time.perf_counter()
+            feeder.finish()
             if plan.num_batches:
                 self.runner.finish()
             self._finished = True

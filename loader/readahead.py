@@ -211,6 +211,14 @@ class StreamFeeder:
             "batches_served_while_arriving": self.streamed_batches,
         }
 
+    def finish(self) -> None:
+        """At the end of a pass: wait until the fills of its shards have landed, verified.
+        Samples served while a shard arrived are checked here, with the whole shard
+        (a checksum mismatch raises, naming it)."""
+        for shard, future in self._needed.items():
+            future.result()
+            self._done(shard)
+
     def close(self) -> None:
         for _, view in self._partials.values():
             view.close()

@@ -1,0 +1,135 @@
+"""A TCP proxy on 127.0.0.1 in front of the real S3 server, for cold-start tests.
+
+It parses the HTTP requests passing through (method, path, Range), counts them, can delay
+each request (a slow store) and can cut chosen responses midway (a store failing
+mid-transfer). Responses pass through untouched.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["Request", "SlowProxy"]
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    range: tuple[int, int] | None  # [start, end) of a ranged GET
+
+
+@dataclass
+class SlowProxy:
+    upstream: tuple[str, int]
+    delay: float = 0.0
+    fail: Callable[[Request], bool] = field(default=lambda r: False)
+    requests: list[Request] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self, needle: str) -> list[Request]:
+        with self._lock:
+            return [r for r in self.requests if needle in r.path]
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.upstream)
+        except OSError:
+            client.close()
+            return
+        cut: list[int] = []  # set: the response stream is cut after this many more bytes
+        threading.Thread(target=self._pipe, args=(upstream, client, cut), daemon=True).start()
+        buf = b""
+        try:
+            while True:
+                data = client.recv(65536)
+                if not data:
+                    break
+                buf += data
+                while True:
+                    end = buf.find(b"\r\n\r\n")
+                    if end < 0:
+                        break
+                    head, rest = buf[: end + 4], buf[end + 4 :]
+                    req, body = self._parse(head)
+                    if len(rest) < body:
+                        break
+                    buf = rest[body:]
+                    with self._lock:
+                        self.requests.append(req)
+                    if self.fail(req):
+                        cut.append(600)  # headers and a little body, then the connection dies
+                    if self.delay:
+                        time.sleep(self.delay)
+                    upstream.sendall(head + rest[:body])
+        except OSError:
+            pass
+        finally:
+            for s in (client, upstream):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+    @staticmethod
+    def _parse(head: bytes) -> tuple[Request, int]:
+        lines = head.decode("latin-1").split("\r\n")
+        method, path = lines[0].split(" ")[:2]
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+        rng = None
+        if headers.get("range", "").startswith("bytes="):
+            lo, hi = headers["range"][6:].split("-")
+            rng = (int(lo), int(hi) + 1)
+        return Request(method, path.split("?")[0], rng), int(headers.get("content-length", 0))
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, cut: list[int]) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if cut:
+                    dst.sendall(data[: cut[0]])
+                    for sock in (src, dst):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
