@@ -7,12 +7,20 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch: CI and developer machines have no GPU.
 TORCH  ?= torch==2.13.0
 
-.PHONY: help venv demo test test-fast lint format bench clean
+# Peers of the benchmark suite live in their own environment (benchmarks/requirements.txt),
+# layered over the product's: the product's dependencies never change for a benchmark.
+BENCH_VENV  ?= .bench-venv
+BENCH_PY    := $(BENCH_VENV)/bin/python
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+.PHONY: help venv demo test test-fast lint format bench bench-quick bench-venv clean
 
 help:
 	@echo "make demo   - start a local object store, build a sample corpus, run ingest -> warm -> load"
 	@echo "make test   - run the test suite (real SeaweedFS, real Ray, real DALI on CPU)"
 	@echo "make lint   - ruff + mypy"
+	@echo "make bench  - every benchmark vs peers and limits -> benchmarks/results, BENCHMARKS.md"
+	@echo "make bench-quick - the same at smoke-check sizes (< 5 minutes)"
 	@echo "make clean  - remove the venv and build outputs"
 
 $(STAMP): pyproject.toml
@@ -38,6 +46,21 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(VENV)/bin/ruff format flashfeed ingest cache loader benchmarks tests
 	$(VENV)/bin/ruff check --fix flashfeed ingest cache loader benchmarks tests
+
+$(BENCH_STAMP): benchmarks/requirements.txt $(STAMP)
+	@test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PY) -m pip install -q -r benchmarks/requirements.txt
+	$(PY) -c 'import sysconfig; print("import site; site.addsitedir(%r)" % sysconfig.get_paths()["purelib"])' \
+		> "$$($(BENCH_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/flashfeed-product.pth"
+	@touch $(BENCH_STAMP)
+
+bench-venv: $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) benchmarks/suite.py --peer-python $(BENCH_PY)
+
+bench-quick: $(BENCH_STAMP)
+	$(PY) benchmarks/suite.py --quick --peer-python $(BENCH_PY)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
-# The loader benchmark on one GPU: the same comparison with DALI "mixed" (nvJPEG) decode in
-# flashfeed's Loader, the plain DALI reader and the decode ceiling; PIL peers stay on CPU.
-# Sized to finish in under 5 minutes on one GPU machine (corpus build included).
+# The benchmark suite on one GPU: limits, the loader stage with DALI "mixed" (nvJPEG) decode
+# in flashfeed's Loader, the plain DALI reader and the decode ceiling (PIL peers stay on CPU),
+# and the stall log, at smoke-check sizes so it finishes in under 5 minutes.
+# Writes benchmarks/results/<date>-<host>-quick-gpu.json (the suite's JSON shape: the GPU is
+# named in its machine.gpu field), its PNGs and Markdown table.
 #
-#   bash benchmarks/gpu.sh            # writes .bench/loader-gpu.json and prints the table
+#   bash benchmarks/gpu.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-IMAGES=${IMAGES:-5000}
-THREADS=${THREADS:-2}
 
 "$PY" - <<'PY'
 from nvidia.dali import backend
 n = backend.GetCUDADeviceCount()
 if n < 1:
-    raise SystemExit("benchmarks/gpu.sh: DALI sees no CUDA device; run benchmarks/loader.py on CPU")
+    raise SystemExit("benchmarks/gpu.sh: DALI sees no CUDA device; run `make bench` on CPU")
 print(f"DALI sees {n} CUDA device(s)")
 PY
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1 || true)
+echo "GPU: $GPU"
 
-timeout 290 "$PY" benchmarks/loader.py --device gpu --images "$IMAGES" --rounds 2 \
-    --threads "$THREADS" --work .bench/loader-gpu --out .bench/loader-gpu.json
+FLASHFEED_BENCH_GPU="$GPU" timeout 290 "$PY" benchmarks/suite.py --quick --device gpu \
+    --stages limits,loader,stalls --work .bench/suite-gpu

@@ -1,0 +1,236 @@
+"""Physical limits of this machine, measured in the same run as the benchmarks they bound:
+
+  memcpy          GB/s of one large numpy copy (the best of 3)
+  read hot        GB/s reading the corpus files (and one large file, as shards are) again
+                  while they sit in the page cache
+  read cold       GB/s reading them from the device: page cache dropped
+                  (``/proc/sys/vm/drop_caches`` when permitted, else per-file
+                  ``posix_fadvise(DONTNEED)``, else O_DIRECT); the JSON names the method
+  S3 GET          GB/s of parallel ranged GETs from a private SeaweedFS server, bytes dropped
+                  on arrival (no disk, no checksum)
+
+The decode ceiling (DALI fed from RAM) comes from benchmarks/loader.py in the same run.
+Prints a table and writes JSON.
+
+    python benchmarks/limits.py --files .bench/corpus --read-mb 256 --out .bench/limits.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["drop_page_cache", "memcpy_gbps", "read_gbps", "s3_get_gbps"]
+
+_CHUNK = 4 << 20
+
+
+def memcpy_gbps(nbytes: int = 256 << 20, repeats: int = 3) -> float:
+    """The best of ``repeats`` copies of ``nbytes`` (the first also faults pages in)."""
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    best = 0.0
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def pick_files(root: Path, limit: int) -> list[Path]:
+    """Files under ``root`` in sorted order until ``limit`` bytes."""
+    out, total = [], 0
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            out.append(p)
+            total += p.stat().st_size
+            if total >= limit:
+                break
+    return out
+
+
+def drop_page_cache(files: list[Path]) -> str:
+    """Evict ``files`` from the page cache; returns the method that worked, or ``"none"``."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    if hasattr(os, "posix_fadvise"):
+        for p in files:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise"
+    return "none"
+
+
+def _read_buffered(path: Path, buf: memoryview) -> int:
+    with open(path, "rb", buffering=0) as f:
+        total = 0
+        while n := f.readinto(buf):
+            total += n
+        return total
+
+
+def _read_direct(path: Path, buf: memoryview) -> int:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    try:
+        total = 0
+        while n := os.readv(fd, [buf]):
+            total += n
+            if n < len(buf):
+                break
+        return total
+    finally:
+        os.close(fd)
+
+
+def read_gbps(files: list[Path], *, direct: bool = False) -> float:
+    """GB/s reading ``files`` one after another in 4 MiB reads."""
+    buf = mmap.mmap(-1, _CHUNK)  # page-aligned, as O_DIRECT needs
+    view = memoryview(buf)
+    read = _read_direct if direct else _read_buffered
+    t0 = time.perf_counter()
+    total = sum(read(p, view) for p in files)
+    secs = time.perf_counter() - t0
+    view.release()
+    buf.close()
+    return total / secs / 1e9
+
+
+def s3_get_gbps(
+    *, objects: int, object_size: int, part_size: int, concurrency: int, rounds: int
+) -> list[float]:
+    """Per round: GB/s of every object's ranged GETs, ``concurrency`` at a time."""
+    from flashfeed import storage
+    from flashfeed.store import EmbeddedStore
+
+    work = tempfile.mkdtemp(prefix="fflim-", dir="/tmp")
+    store = EmbeddedStore(os.path.join(work, "store"), port=0)
+    try:
+        store.start()
+        store.make_bucket("limits")
+        opts = store.info.storage_options()
+        blob = os.urandom(object_size)
+        urls = [f"s3://limits/obj-{i:04d}" for i in range(objects)]
+        for u in urls:
+            storage.write_bytes(u, blob, storage_options=opts)
+        jobs = []
+        for u in urls:
+            fs, path = storage.filesystem(u, opts)
+            jobs += [
+                (fs, path, lo, min(lo + part_size, object_size))
+                for lo in range(0, object_size, part_size)
+            ]
+
+        def one(job: tuple[Any, str, int, int]) -> int:
+            fs, path, lo, hi = job
+            return len(fs.cat_file(path, start=lo, end=hi))
+
+        out = []
+        with ThreadPoolExecutor(concurrency) as pool:
+            sum(pool.map(one, jobs[:concurrency]))  # connections
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                got = sum(pool.map(one, jobs))
+                out.append(got / (time.perf_counter() - t0) / 1e9)
+        return out
+    finally:
+        store.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--files", default=".bench/corpus", help="a folder of files to read")
+    p.add_argument("--read-mb", type=int, default=256)
+    p.add_argument("--s3-objects", type=int, default=8)
+    p.add_argument("--s3-object-mb", type=int, default=32)
+    p.add_argument("--part-mb", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--big-file-dir", default="/tmp", help="where the one large file is read")
+    p.add_argument("--out", default=".bench/limits.json")
+    args = p.parse_args(argv)
+    files = pick_files(Path(args.files), args.read_mb << 20)
+    if not files:
+        raise SystemExit(f"no files under {args.files}")
+    out: dict[str, Any] = {"read_bytes": sum(f.stat().st_size for f in files)}
+    out["memcpy_gbps"] = memcpy_gbps()
+    read_gbps(files)
+    hot = [read_gbps(files) for _ in range(args.rounds)]
+    cold, methods = [], set()
+    for _ in range(args.rounds):
+        method = drop_page_cache(files)
+        direct = method == "none"
+        methods.add("O_DIRECT" if direct else method)
+        cold.append(read_gbps(files, direct=direct))
+    out["read_hot_gbps"] = hot
+    out["read_cold_gbps"] = cold
+    big = Path(tempfile.mkdtemp(prefix="fflim-read-", dir=args.big_file_dir)) / "big.bin"
+    try:
+        with open(big, "wb") as f:
+            for _ in range(max(1, args.read_mb // 4)):
+                f.write(os.urandom(_CHUNK))
+        read_gbps([big])
+        out["big_file_mb"] = big.stat().st_size / 1e6
+        out["big_hot_gbps"] = [read_gbps([big]) for _ in range(args.rounds)]
+        out["big_cold_gbps"] = []
+        for _ in range(args.rounds):
+            method = drop_page_cache([big])
+            methods.add("O_DIRECT" if method == "none" else method)
+            out["big_cold_gbps"].append(read_gbps([big], direct=method == "none"))
+    finally:
+        shutil.rmtree(big.parent, ignore_errors=True)
+    out["cold_method"] = ",".join(sorted(methods))
+    out["s3_get_gbps"] = s3_get_gbps(
+        objects=args.s3_objects,
+        object_size=args.s3_object_mb << 20,
+        part_size=args.part_mb << 20,
+        concurrency=args.concurrency,
+        rounds=args.rounds,
+    )
+    out["s3_get"] = {
+        "objects": args.s3_objects,
+        "object_mb": args.s3_object_mb,
+        "part_mb": args.part_mb,
+        "concurrency": args.concurrency,
+    }
+    print(f"{'limit':<36}{'median':>8}{'min':>8}{'max':>8}  unit")
+    print(f"{'memcpy':<36}{out['memcpy_gbps']:8.2f}{'':>16}  GB/s")
+    for key, label in (
+        ("read_hot_gbps", "read corpus files hot"),
+        ("read_cold_gbps", f"read corpus files cold ({out['cold_method']})"),
+        ("big_hot_gbps", "read one large file hot"),
+        ("big_cold_gbps", "read one large file cold"),
+        ("s3_get_gbps", "S3 parallel GET"),
+    ):
+        v = out[key]
+        print(f"{label:<36}{statistics.median(v):8.2f}{min(v):8.2f}{max(v):8.2f}  GB/s")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

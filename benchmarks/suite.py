@@ -1,0 +1,430 @@
+"""The benchmark suite: every benchmark on the realistic photo corpus, one process tree, one
+result file, plots and BENCHMARKS.md.
+
+Stages (each a script of this folder run as a child process, each starting and stopping its
+own SeaweedFS server where it needs one; comparisons inside a stage run in interleaved
+rounds):
+
+  limits   memcpy, read hot/cold, parallel S3 GET              (limits.py)
+  ingest   flashfeed vs Ray Data's writer vs ShardWriter, 1x/4x/16x data, 1 and 2 Ray CPUs
+  cache    cold warm-up vs raw GET, hit path, 1x/4x/16x data, 1 and 2 GET threads
+  loader   flashfeed vs plain DALI vs wds+PIL vs ImageFolder vs decode ceiling, tokens,
+           1x/4x/16x images, 1 and 2 threads                      (loader.py)
+  peers    litdata and mosaicml-streaming beside flashfeed       (peers.py, .bench-venv)
+  stalls   stall fractions over time, cold cache from S3          (stalls.py)
+  plan     open + plan cost up to 100,000 shards, eviction curve  (planbench.py)
+  crypto   sealed vs plain shards                                  (crypto.py)
+
+Writes ``benchmarks/results/<date>-<host>[-quick].json``, PNG plots beside it, and
+BENCHMARKS.md (full runs; ``--quick`` writes its Markdown next to its JSON).
+
+    python benchmarks/suite.py --quick          # smoke check, under 5 minutes
+    python benchmarks/suite.py                  # the published numbers (~20 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import plots  # noqa: E402
+import report  # noqa: E402
+
+__all__ = ["FULL", "QUICK", "Profile", "main"]
+
+STAGES = ("limits", "ingest", "cache", "loader", "peers", "stalls", "plan", "crypto")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes of one suite run. ``scales`` multiply each stage's base size."""
+
+    name: str
+    scales: tuple[int, ...]
+    rounds: int
+    ingest_base_mb: int
+    ingest_shard: str
+    cache_base_shards: int
+    cache_shard: str
+    loader_base_images: int
+    token_rows: int
+    peer_images: int
+    stall_images: int
+    read_mb: int
+    s3_objects: int
+    crypto_args: tuple[str, ...]
+    stage_timeout_s: int
+    worker_variants: bool = True
+
+
+QUICK = Profile(
+    name="quick",
+    scales=(1, 4),
+    rounds=1,
+    ingest_base_mb=4,
+    ingest_shard="4MiB",
+    cache_base_shards=2,
+    cache_shard="4MiB",
+    loader_base_images=512,
+    token_rows=2048,
+    peer_images=512,
+    stall_images=512,
+    read_mb=64,
+    s3_objects=4,
+    crypto_args=(
+        "--cipher-mib",
+        "32",
+        "--rounds",
+        "2",
+        "--shards",
+        "2",
+        "--per-shard",
+        "64",
+        "--loader-rounds",
+        "1",
+    ),
+    stage_timeout_s=150,
+    worker_variants=False,
+)
+FULL = Profile(
+    name="full",
+    scales=(1, 4, 16),
+    rounds=2,
+    ingest_base_mb=24,
+    ingest_shard="16MiB",
+    cache_base_shards=3,
+    cache_shard="16MiB",
+    loader_base_images=512,
+    token_rows=16384,
+    peer_images=2048,
+    stall_images=2048,
+    read_mb=512,
+    s3_objects=8,
+    crypto_args=("--loader-rounds", "2"),
+    stage_timeout_s=900,
+)
+
+
+class Runner:
+    """Runs stage scripts as children, each with a timeout; collects their JSON or error."""
+
+    def __init__(self, work: Path, profile: Profile, product_py: str, peer_py: str) -> None:
+        self.work, self.profile = work, profile
+        self.product_py, self.peer_py = product_py, peer_py
+        self.seconds: dict[str, float] = {}
+        self.errors: dict[str, str] = {}
+
+    def run(
+        self,
+        name: str,
+        script: str,
+        args: list[str],
+        *,
+        python: str | None = None,
+        timeout: int | None = None,
+    ) -> dict[str, Any] | None:
+        out = self.work / f"{name}.json"
+        out.unlink(missing_ok=True)
+        log = self.work / f"{name}.log"
+        cmd = [python or self.product_py, str(HERE / script), *args, "--out", str(out)]
+        print(f"[suite] {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            with open(log, "w") as f:
+                rc = subprocess.run(
+                    cmd,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                    timeout=timeout or self.profile.stage_timeout_s,
+                ).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+        self.seconds[name] = time.perf_counter() - t0
+        if rc == 0 and out.exists():
+            print(f"[suite] {name}: {self.seconds[name]:.0f} s", file=sys.stderr, flush=True)
+            return json.loads(out.read_text())
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        why = "timed out" if rc == -1 else f"exit {rc}"
+        self.errors[name] = f"{why}: {' / '.join(tail)[-300:]}"
+        print(f"[suite] {name}: FAILED ({self.errors[name]}), see {log}", file=sys.stderr)
+        return None
+
+
+def subset_corpus(corpus: Path, dest: Path, nbytes: int) -> Path:
+    """The first images of ``corpus`` (sorted) up to ``nbytes``, hard-linked into ``dest``."""
+    if dest.exists():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    total = 0
+    for f in sorted(corpus.glob("class_*/*.jpg")):
+        target = tmp / f.parent.name / f.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(f, target)
+        total += f.stat().st_size
+        if total >= nbytes:
+            break
+    tmp.rename(dest)
+    return dest
+
+
+def ensure_corpus(corpus: Path, need_bytes: int, py: str) -> None:
+    have = sum(f.stat().st_size for f in corpus.glob("class_*/*.jpg")) if corpus.exists() else 0
+    if have < need_bytes:
+        size = str(int(need_bytes * 1.05))
+        subprocess.run(
+            [py, str(HERE / "corpus.py"), "images", str(corpus), "--size", size], check=True
+        )
+
+
+def variant(
+    label: str, factor: int, workers: int, data: dict[str, Any] | None, default_workers: bool = True
+) -> dict[str, Any]:
+    v: dict[str, Any] = {
+        "label": label,
+        "factor": factor,
+        "workers": workers,
+        "default_workers": default_workers,
+    }
+    if data is not None:
+        v["data"] = data
+    return v
+
+
+def run_stages(
+    r: Runner, p: Profile, corpus: Path, stages: tuple[str, ...], device: str, threads: int
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    mid = p.scales[min(1, len(p.scales) - 1)]
+    rounds = ["--rounds", str(p.rounds)]
+
+    def extra(*workers: int) -> list[tuple[int, int]]:
+        return [(mid, w) for w in workers] if p.worker_variants else []
+
+    if "limits" in stages:
+        data = r.run(
+            "limits",
+            "limits.py",
+            [
+                "--files",
+                str(corpus),
+                "--read-mb",
+                str(p.read_mb),
+                "--s3-objects",
+                str(p.s3_objects),
+                "--rounds",
+                str(max(2, p.rounds)),
+            ],
+        )
+        out["limits"] = {"data": data} if data else {}
+    if "ingest" in stages:
+        runs = []
+        for f, cpus in [(f, 2) for f in p.scales] + extra(1):
+            mb = p.ingest_base_mb * f
+            sub = subset_corpus(corpus, r.work / f"corpus-{mb}MB", mb << 20)
+            name = f"ingest-{f}x-{cpus}cpu"
+            data = r.run(
+                name,
+                "ingest.py",
+                [str(sub), *rounds, "--shard-size", p.ingest_shard, "--num-cpus", str(cpus)],
+            )
+            runs.append(variant(f"{f}x ({mb} MB), {cpus} Ray CPUs", f, cpus, data, cpus == 2))
+        out["ingest"] = runs
+    if "cache" in stages:
+        runs = []
+        for f, conc in [(f, 8) for f in p.scales] + extra(1, 2):
+            n = p.cache_base_shards * f
+            data = r.run(
+                f"cache-{f}x-c{conc}",
+                "cache.py",
+                [
+                    "--shards",
+                    str(n),
+                    "--shard-size",
+                    p.cache_shard,
+                    "--concurrency",
+                    str(conc),
+                    "--rounds",
+                    str(max(2, p.rounds)),
+                ],
+            )
+            label = f"{f}x ({n} x {p.cache_shard}), {conc} GETs in flight"
+            runs.append(variant(label, f, conc, data, conc == 8))
+        out["cache"] = runs
+    if "loader" in stages:
+        runs = []
+        for f, t in [(f, threads) for f in p.scales] + extra(1):
+            n = p.loader_base_images * f
+            data = r.run(
+                f"loader-{f}x-t{t}",
+                "loader.py",
+                [
+                    "--images",
+                    str(n),
+                    "--shards",
+                    str(max(4, min(10, n // 256))),
+                    *rounds,
+                    "--threads",
+                    str(t),
+                    "--device",
+                    device,
+                    "--token-rows",
+                    str(p.token_rows),
+                    "--corpus",
+                    str(corpus),
+                    "--work",
+                    str(r.work / f"loader-{f}x"),
+                ],
+            )
+            runs.append(variant(f"{f}x ({n} images), {t} threads", f, t, data, t == threads))
+        out["loader"] = runs
+    if "peers" in stages:
+        data = r.run(
+            "peers",
+            "peers.py",
+            [
+                "--corpus",
+                str(corpus),
+                "--images",
+                str(p.peer_images),
+                *rounds,
+                "--threads",
+                str(threads),
+                "--work",
+                str(r.work / "peers"),
+            ],
+            python=r.peer_py,
+        )
+        out["peers"] = {"data": data} if data else {}
+    if "stalls" in stages:
+        data = r.run(
+            "stalls",
+            "stalls.py",
+            [
+                "--corpus",
+                str(corpus),
+                "--images",
+                str(p.stall_images),
+                "--log",
+                str(r.work / "stalls.jsonl"),
+            ],
+        )
+        out["stalls"] = {"data": data} if data else {}
+    if "plan" in stages:
+        data = r.run("plan", "planbench.py", ["--shards", "1000,10000,100000"])
+        out["plan"] = {"data": data} if data else {}
+    if "crypto" in stages:
+        data = r.run("crypto", "crypto.py", list(p.crypto_args))
+        out["crypto"] = {"data": data} if data else {}
+    return out
+
+
+def peer_status(stages: dict[str, Any], peer_py: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(package versions as the peer environment sees them, peer -> why it did not run)."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import report; "
+        "print(json.dumps(report.package_versions()))"
+    )
+    try:
+        versions = json.loads(
+            subprocess.run(
+                [peer_py, "-c", code, str(HERE)],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
+        )
+    except (subprocess.SubprocessError, json.JSONDecodeError, OSError):
+        versions = report.package_versions()
+    missing = dict(((stages.get("peers") or {}).get("data") or {}).get("unavailable", {}))
+    for name in ("litdata", "mosaicml-streaming"):
+        if versions.get(name) == "not installed":
+            missing.setdefault(name, "unavailable: not installed (make bench-venv)")
+    return versions, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="smoke-check sizes (< 5 minutes)")
+    ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset")
+    ap.add_argument("--corpus", default=".bench/corpus")
+    ap.add_argument("--work", default=".bench/suite")
+    ap.add_argument("--results", default=str(HERE / "results"))
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--threads", type=int, default=2, help="loader workers/threads")
+    ap.add_argument(
+        "--peer-python",
+        default=".bench-venv/bin/python",
+        help="interpreter with the peers installed (make bench-venv)",
+    )
+    ap.add_argument(
+        "--markdown", default="BENCHMARKS.md", help="page to write after a full run ('' for none)"
+    )
+    args = ap.parse_args(argv)
+    p = QUICK if args.quick else FULL
+    stages = tuple(s for s in args.stages.split(",") if s)
+    if unknown := set(stages) - set(STAGES):
+        raise SystemExit(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGES)}")
+    peer_py = args.peer_python if os.access(args.peer_python, os.X_OK) else sys.executable
+    work = Path(args.work) / p.name
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = Path(args.corpus)
+    need = max(
+        p.ingest_base_mb * max(p.scales) << 20, int(p.loader_base_images * max(p.scales) * 110e3)
+    )
+    ensure_corpus(corpus, need, sys.executable)
+    started = dt.datetime.now(dt.timezone.utc)
+    result: dict[str, Any] = {
+        "schema": 1,
+        "date": started.isoformat(timespec="seconds"),
+        "profile": p.name,
+        "device": args.device,
+        "machine": report.machine_info(),
+        "corpus": str(corpus),
+    }
+    t0 = time.perf_counter()
+    runner = Runner(work, p, sys.executable, peer_py)
+    result["stages"] = run_stages(runner, p, corpus, stages, args.device, args.threads)
+    result["duration_s"] = time.perf_counter() - t0
+    result["stage_seconds"] = runner.seconds
+    result["errors"] = runner.errors
+    result["loadavg_end"] = list(os.getloadavg())
+    result["versions"], result["unavailable"] = peer_status(result["stages"], peer_py)
+    suffix = "" if p.name == "full" else f"-{p.name}"
+    suffix += "" if args.device == "cpu" else f"-{args.device}"
+    stem = f"{started:%Y-%m-%d}-{platform.node()}{suffix}"
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    json_path = results / f"{stem}.json"
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    pngs = plots.write_all(result, results, stem)
+    table = report.markdown(result)
+    (results / f"{stem}.md").write_text(report.machine_markdown(result) + "\n" + table)
+    if args.markdown and p.name == "full" and args.device == "cpu":
+        base = Path(args.markdown).resolve().parent
+        rel = [os.path.relpath(x.resolve(), base) for x in pngs]
+        page = report.benchmarks_page(result, os.path.relpath(json_path.resolve(), base), rel)
+        Path(args.markdown).write_text(page)
+    print(table)
+    print(f"wrote {json_path}, {', '.join(str(x) for x in pngs)}", file=sys.stderr)
+    return 1 if runner.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

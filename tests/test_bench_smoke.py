@@ -1,0 +1,230 @@
+"""The benchmark suite's pure parts stay runnable: tables and BENCHMARKS.md from a small
+result, the plots, and the plan-cost and eviction-curve functions at small sizes.
+No timed assertions: benchmark numbers are not tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"ffbench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return _load("report")
+
+
+def _ingest(scale: float) -> dict[str, Any]:
+    runs = {
+        m: [{"mb_s": v * scale, "seconds": 1.0, "shards": 2}, {"mb_s": v * scale * 1.1}]
+        for m, v in (("flashfeed", 70.0), ("ray-data", 44.0), ("shardwriter", 60.0))
+    }
+    med = {m: (r[0]["mb_s"] + r[1]["mb_s"]) / 2 for m, r in runs.items()}
+    return {"runs": runs, "median_mb_s": med, "ceilings": {"s3_put_mb_s": 200.0}}
+
+
+def _loader(scale: float) -> dict[str, Any]:
+    base = {
+        "flashfeed": 490.0,
+        "dali-reader": 466.0,
+        "wds+pil": 245.0,
+        "imagefolder+pil": 273.0,
+        "decode-ceiling": 520.0,
+    }
+    rounds = {k: [v * scale, v * scale * 0.9] for k, v in base.items()}
+    return {
+        "images": {
+            "img_per_s": {k: v[0] for k, v in rounds.items()},
+            "rounds": {"img_per_s": rounds},
+        },
+        "tokens_gbps": {"tokens-int32": 2.0, "row-gather": 8.0, "memcpy": 8.9},
+    }
+
+
+def _result() -> dict[str, Any]:
+    cold = {
+        "warm_gbps": [0.5, 0.52],
+        "raw_gbps": [0.8, 0.85],
+        "warm_median": 0.51,
+        "raw_median": 0.82,
+    }
+    records = [
+        {
+            "t": 100.0 + i * 0.2,
+            "rank": 0,
+            "epoch": i // 10,
+            "samples": 64,
+            "storage": 0.1 if i < 10 else 0.0,
+            "decode": 0.05,
+            "h2d": 0.0,
+        }
+        for i in range(20)
+    ]
+    return {
+        "date": "2026-11-29T17:00:00+00:00",
+        "profile": "quick",
+        "device": "cpu",
+        "duration_s": 120.0,
+        "machine": {
+            "host": "h",
+            "cpu": "Some CPU",
+            "cores": 2,
+            "memory_gib": 23.4,
+            "kernel": "6.1",
+            "python": "3.11.7",
+            "commit": "abc",
+            "loadavg": [1.0],
+        },
+        "versions": {"flashfeed": "0.1.0", "litdata": "not installed"},
+        "unavailable": {"litdata": "unavailable: not installed"},
+        "errors": {"crypto": "exit 1: boom"},
+        "stages": {
+            "limits": {
+                "data": {
+                    "memcpy_gbps": 9.0,
+                    "read_hot_gbps": [6.0, 6.5],
+                    "read_cold_gbps": [0.3],
+                    "s3_get_gbps": [0.8, 0.9],
+                }
+            },
+            "ingest": [
+                {
+                    "label": f"{f}x",
+                    "factor": f,
+                    "workers": 2,
+                    "default_workers": True,
+                    "data": _ingest(1 + f / 10),
+                }
+                for f in (1, 4)
+            ]
+            + [
+                {
+                    "label": "4x, 1 CPU",
+                    "factor": 4,
+                    "workers": 1,
+                    "default_workers": False,
+                    "data": _ingest(0.6),
+                }
+            ],
+            "cache": [
+                {
+                    "label": "1x",
+                    "factor": 1,
+                    "workers": 8,
+                    "default_workers": True,
+                    "data": {"cold": cold, "hit": {"cache_gbps": 6.0, "plain_gbps": 6.2}},
+                }
+            ],
+            "loader": [
+                {
+                    "label": f"{f}x",
+                    "factor": f,
+                    "workers": 2,
+                    "default_workers": True,
+                    "data": _loader(1.0),
+                }
+                for f in (1, 4)
+            ],
+            "peers": {
+                "data": {
+                    "rounds": {
+                        "img_per_s": {
+                            "flashfeed": [480.0, 470.0],
+                            "mosaicml-streaming": [400.0, 380.0],
+                        }
+                    },
+                    "unavailable": {},
+                }
+            },
+            "stalls": {"data": {"records": records}},
+            "plan": {
+                "data": {
+                    "plan_cost": [
+                        {
+                            "shards": 1000,
+                            "open_s": 0.01,
+                            "plan_epoch_s": 0.07,
+                            "node_shard_order_s": 0.06,
+                        }
+                    ],
+                    "eviction": [
+                        {"capacity": c, "lru": c / 3, "plan_aware": c / 2, "optimum": c / 2}
+                        for c in (0.25, 0.5, 0.75)
+                    ],
+                }
+            },
+        },
+    }
+
+
+def test_headline_rows_carry_ratios_and_fractions_of_limits(report: ModuleType) -> None:
+    rows = report.headline(_result())
+    areas = {(r["area"], r["reference"]) for r in rows}
+    assert ("ingest", "ray-data") in areas and ("loader", "mosaicml-streaming") in areas
+    ingest = next(r for r in rows if r["reference"] == "ray-data")
+    assert ingest["measure"].startswith("4x")  # the largest size is the headline
+    q = ingest["ratio"]
+    assert q["min"] - 1e-9 <= q["ratio"] <= q["max"] + 1e-9
+    loader = next(r for r in rows if r["reference"] == "dali-reader")
+    assert loader["of_limit"] == pytest.approx(loader["value"]["median"] / 520.0 / 1.0, rel=0.1)
+
+
+def test_markdown_and_page_name_the_machine_and_what_did_not_run(report: ModuleType) -> None:
+    result = _result()
+    table = report.markdown(result)
+    assert "| ingest |" in table and "Scaling" in table
+    assert "litdata: unavailable" in table and "stage crypto: exit 1" in table
+    page = report.benchmarks_page(result, "benchmarks/results/x.json", ["benchmarks/results/a.png"])
+    assert "Some CPU" in page and "2 cores" in page and "![a](benchmarks/results/a.png)" in page
+    assert "GPU" in page
+
+
+def test_plots_write_small_pngs(tmp_path: Path) -> None:
+    plots = _load("plots")
+    made = plots.write_all(_result(), tmp_path, "smoke")
+    assert {p.name for p in made} == {
+        "smoke-loaders.png",
+        "smoke-stalls.png",
+        "smoke-eviction.png",
+        "smoke-scaling.png",
+    }
+    for p in made:
+        assert p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size < 200_000
+
+
+def test_plan_cost_and_eviction_curve_at_small_sizes() -> None:
+    planbench = _load("planbench")
+    cost = planbench.plan_cost(200, samples_per_shard=10, world_size=4, ranks_per_node=2)
+    assert cost["shards"] == 200 and cost["node_shards"] > 0
+    assert cost["open_plus_plan_s"] >= cost["plan_epoch_s"] > 0
+    curve = planbench.eviction_curve(shards=8, epochs=2, fractions=(0.5,))
+    assert curve[0]["optimum"] >= curve[0]["plan_aware"] >= 0.0
+
+
+def test_suite_profiles_and_corpus_subset(tmp_path: Path) -> None:
+    suite = _load("suite")
+    assert suite.QUICK.scales[0] == 1 and suite.FULL.scales == (1, 4, 16)
+    corpus = tmp_path / "corpus"
+    for i in range(6):
+        f = corpus / f"class_{i % 2:03d}" / f"img_{i:07d}.jpg"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"x" * 100)
+    sub = suite.subset_corpus(corpus, tmp_path / "sub", 250)
+    assert len(list(sub.glob("class_*/*.jpg"))) == 3
+    with pytest.raises(SystemExit, match="unknown stages"):
+        suite.main(["--stages", "nope"])
