@@ -4,12 +4,13 @@
 next it starts the fills of their shards and waits only until *those samples'* bytes have
 arrived (the cache publishes each part of a fill as it lands, ``flashfeed.cache.progress``),
 not for whole shards: the first batch does not wait for its shard. Beyond that it asks the
-cache to fetch shards ahead, as many as cover the measured fetch time at the measured
-consumption rate (twice over), never more bytes ahead than ``budget``.
+cache to fetch the shards of the next N batches, N covering the measured fetch time at the
+measured batch rate (twice over), never more bytes ahead than ``budget``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -69,13 +70,13 @@ class StreamFeeder:
         self._hinted = 0  # shards order[_pos:_hinted] are fetched ahead of need
         self._next_batch = 0
         self._k = 0
-        self._seen: deque[tuple[float, float]] = deque(maxlen=16)
+        self._seen: deque[tuple[float, float, int]] = deque(maxlen=16)
         self._fill_times: deque[float] = deque(maxlen=16)
         self._cache_at = -1e9
         self._cache_latency: float | None = None
         self.streamed_batches = 0
         self.max_ahead_bytes = 0
-        self.target_bytes = 0
+        self.target_batches: int | None = None
         if self.order:
             source.set_future(self.order)
 
@@ -93,7 +94,7 @@ class StreamFeeder:
             self._wait_batch(self._next_batch)
             self._next_batch += 1
         now = time.perf_counter()
-        self._seen.append((now, float(self._cum[self.plan.batch_slice(k).start])))
+        self._seen.append((now, float(self._cum[self.plan.batch_slice(k).start]), k))
         self._hint()
         return now - t0
 
@@ -153,7 +154,7 @@ class StreamFeeder:
         """Bytes of samples the consumer takes per second, over the last few batches."""
         if len(self._seen) < 2:
             return None
-        (t0, b0), (t1, b1) = self._seen[0], self._seen[-1]
+        (t0, b0, _), (t1, b1, _) = self._seen[0], self._seen[-1]
         return (b1 - b0) / (t1 - t0) if t1 > t0 and b1 > b0 else None
 
     def fetch_latency(self) -> float | None:
@@ -170,23 +171,35 @@ class StreamFeeder:
         slow = [t for t in self._fill_times if t > 0.001]
         return float(np.median(slow)) if slow else None
 
-    def _target(self) -> int:
-        if self.fixed is not None:
-            return sum(self.bytes[s] for s in self.order[self._pos : self._pos + self.fixed])
-        rate, latency = self.consume_rate(), self.fetch_latency()
-        if rate is None or latency is None:
-            return sum(self.bytes[s] for s in self.order[self._pos : self._pos + _PRIOR_SHARDS])
-        return int(rate * latency * _MARGIN)
+    def horizon(self) -> int | None:
+        """Batches to fetch ahead: the measured fetch time of a shard, twice over, at the
+        measured batch rate. None until both are measured."""
+        latency = self.fetch_latency()
+        if latency is None or len(self._seen) < 2:
+            return None
+        (t0, _, k0), (t1, _, k1) = self._seen[0], self._seen[-1]
+        if t1 <= t0 or k1 <= k0:
+            return None
+        return math.ceil(latency * _MARGIN * (k1 - k0) / (t1 - t0))
 
     def _hint(self) -> None:
-        self.target_bytes = target = min(self._target(), self.budget)
+        horizon = None if self.fixed is not None else self.horizon()
+        self.target_batches = horizon
+        until = self._k + self.lookahead + (horizon or 0)
         ahead = sum(self.bytes[s] for s in self.order[self._pos : self._hinted])
         start = self._hinted
         while self._hinted < len(self.order):
             size = self.bytes[self.order[self._hinted]]
-            if ahead + size > self.budget or (ahead >= target and self._hinted > self._pos):
+            if ahead + size > self.budget:
                 break
-            if self.fixed is not None and self._hinted - self._pos >= self.fixed:
+            count = self._hinted - self._pos
+            if self.fixed is not None:
+                if count >= self.fixed:
+                    break
+            elif horizon is None:
+                if count >= _PRIOR_SHARDS:
+                    break
+            elif self.first_batch[self._hinted] > until and count > 0:
                 break
             ahead += size
             self._hinted += 1
@@ -203,7 +216,7 @@ class StreamFeeder:
             "shards_ahead": len(ahead),
             "bytes_ahead": sum(self.bytes[s] for s in ahead),
             "batches_ahead": max(0, last - k),
-            "target_bytes": self.target_bytes,
+            "target_batches": self.target_batches,
             "budget_bytes": self.budget,
             "max_bytes_ahead": self.max_ahead_bytes,
             "consume_bytes_per_s": self.consume_rate(),

@@ -1,0 +1,172 @@
+"""Cold-start benchmark: the first epoch from S3 against local disk and the peers.
+
+Same corpus and work as benchmarks/loader.py (photo JPEGs, decode + random-resized crop to
+224 + flip + normalize, batch 64, 2 threads/workers). Each round restarts the embedded
+SeaweedFS server and empties the cache, then runs, interleaved:
+
+  ff-s3-first       flashfeed Loader, first epoch from S3 (empty node cache)
+  ff-s3-second      the same loader's second epoch (cache hot)
+  ff-local          flashfeed Loader on the dataset on local disk
+  dali-s3           DALI fn.readers.webdataset reading s3:// directly (AWS_* env vars)
+  wds-http          webdataset over presigned HTTP URLs + PIL in DataLoader workers
+  ff-s3-2x-capacity flashfeed from S3 with a cache half the dataset's size, 2 epochs
+                    (every epoch streams; reported against ff-local)
+
+Throughput is a whole epoch: images / seconds from creating the loader to its last batch.
+Prints a table and writes JSON. Not a timed test: run it by hand.
+
+    python benchmarks/coldstart.py --out .bench/coldstart.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loader import BATCH, image_corpus, write_dataset
+from loader_peers import dali_webdataset_reader, optional_peers, webdataset_loader
+
+from flashfeed import storage
+from flashfeed.store import EmbeddedStore
+
+
+def epoch_rate(make: Callable[[], Iterable[Any]], images: int) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for batch in make():
+        n += BATCH
+        if n >= images:
+            break
+    return n / (time.perf_counter() - t0)
+
+
+def upload(local: Path, url: str) -> None:
+    fs, path = storage.filesystem(url)
+    for f in sorted(local.rglob("*")):
+        if f.is_file() and f.name != "manifest.json":
+            fs.put_file(str(f), f"{path}/{f.relative_to(local)}")
+    fs.put_file(str(local / "manifest.json"), f"{path}/manifest.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--images", type=int, default=5000)
+    p.add_argument("--shards", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--corpus", default=".bench/corpus", help="an ImageFolder corpus to use")
+    p.add_argument("--work", default=".bench/loader")
+    p.add_argument("--out", default=".bench/coldstart.json")
+    args = p.parse_args(argv)
+    from flashfeed.loader import Loader
+
+    root = Path(args.work)
+    local = root / "wds"
+    if not (local / "manifest.json").exists():
+        files = image_corpus(root, args.images, args.seed, args.corpus)
+        write_dataset(local, files, args.shards, args.seed)
+    manifest = json.loads((local / "manifest.json").read_text())
+    images = sum(s["samples"] for s in manifest["shards"])
+    total = sum(s["bytes"] for s in manifest["shards"])
+    batches = images // BATCH
+    scratch = Path(tempfile.mkdtemp(prefix="ffcold-", dir="/tmp"))
+    store = EmbeddedStore(scratch / "store")
+    rates: dict[str, list[float]] = {}
+    extra: dict[str, list[Any]] = {"first_epoch_storage_waits": [], "2x_capacity_epochs": []}
+    thr = args.threads
+    try:
+        store.start()
+        bucket = store.make_bucket("flashfeed")
+        os.environ.update(store.info.env())
+        url = f"{bucket}/coldstart"
+        upload(local, url)
+        fs, path = storage.filesystem(url)
+        shard_paths = [f"{url}/{s['path']}" for s in manifest["shards"]]
+        for r in range(args.rounds):
+            store.restart()
+            cache_dir = scratch / "cache"
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            row: dict[str, float] = {}
+            ff = Loader(url, batch_size=BATCH, num_threads=thr, py_workers=1,
+                        cache_dir=str(cache_dir))  # fmt: skip
+            t0 = time.perf_counter()
+            n = sum(BATCH for _ in ff)
+            row["ff-s3-first"] = n / (time.perf_counter() - t0)
+            first = ff.stats()
+            extra["first_epoch_storage_waits"].append(first["batches_waited_on_storage"])
+            t0 = time.perf_counter()
+            n = sum(BATCH for _ in ff)
+            row["ff-s3-second"] = n / (time.perf_counter() - t0)
+            ff.close()
+            row["ff-local"] = epoch_rate(
+                lambda: Loader(str(local), batch_size=BATCH, num_threads=thr, py_workers=1),
+                images,
+            )
+            row["dali-s3"] = epoch_rate(
+                lambda: dali_webdataset_reader(
+                    shard_paths, batch_size=BATCH, threads=thr, device="cpu", batches=batches
+                ),
+                images,
+            )
+            urls = [fs.url(f"{path}/{s['path']}", expires=3600) for s in manifest["shards"]]
+            row["wds-http"] = epoch_rate(
+                lambda: webdataset_loader(urls, batch_size=BATCH, workers=thr), images
+            )
+            small = scratch / "cache-2x"
+            shutil.rmtree(small, ignore_errors=True)
+            from flashfeed.cache import ShardCache
+
+            cache = ShardCache(str(small), capacity=total // 2)
+            two = Loader(url, batch_size=BATCH, num_threads=thr, py_workers=1, cache=cache)
+            epochs = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                n = sum(BATCH for _ in two)
+                epochs.append(n / (time.perf_counter() - t0))
+            stats = cache.stats()
+            two.close()
+            cache.close()
+            extra["2x_capacity_epochs"].append(
+                {"img_per_s": epochs, "bytes_fetched": stats["bytes_fetched"],
+                 "evictions": stats["evictions"]}
+            )  # fmt: skip
+            row["ff-s3-2x-capacity"] = statistics.median(epochs)
+            for k, v in row.items():
+                rates.setdefault(k, []).append(v)
+            print(f"round {r}: " + ", ".join(f"{k} {v:.0f}" for k, v in row.items()),
+                  file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        store.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    local_rate, peers = med["ff-local"], max(med["dali-s3"], med["wds-http"])
+    print(f"\ncold start, {images} images ({total / 1e6:.0f} MB in {len(shard_paths)} shards), "
+          f"batch {BATCH}, {thr} threads, whole epochs, median of {args.rounds} rounds")  # fmt: skip
+    print(f"{'loader':20s} {'img/s':>7s} {'of ff-local':>12s} {'vs best peer cold':>18s}")
+    for k, v in med.items():
+        print(f"{k:20s} {v:7.0f} {v / local_rate:11.2f}x {v / peers:17.2f}x")
+    for name, why in optional_peers().items():
+        print(f"{name:20s} {why}")
+    result = {"config": vars(args), "img_per_s": med, "rounds": rates, **extra,
+              "optional_peers": optional_peers()}  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
