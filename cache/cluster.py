@@ -13,7 +13,19 @@ from .warm import NodeShare, warm
 
 __all__ = ["warm_cluster", "warm_node"]
 
-_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+
+def _driver_storage_options(given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The driver's S3 settings, handed to each task as an argument: task arguments stay in
+    the object store, while a runtime_env's env_vars are written into Ray's logs."""
+    if given is not None:
+        return given
+    opts: dict[str, Any] = {}
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        opts["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        opts["key"] = os.environ["AWS_ACCESS_KEY_ID"]
+        opts["secret"] = os.environ.get("AWS_SECRET_ACCESS_KEY")
+    return opts or None
 
 
 def warm_node(
@@ -49,12 +61,14 @@ def warm_cluster(
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
     if not nodes:
         raise RuntimeError(f"the Ray cluster at {address} has no alive node")
-    env = {k: os.environ[k] for k in _ENV if k in os.environ}
+    cache_kwargs = {
+        **cache_kwargs,
+        "storage_options": _driver_storage_options(cache_kwargs.get("storage_options")),
+    }
     task = ray.remote(num_cpus=1, max_retries=0)(warm_node)
     refs = [
         task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-            runtime_env={"env_vars": env} if env else None,
         ).remote(
             url,
             cache_dir,

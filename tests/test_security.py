@@ -56,6 +56,10 @@ def test_the_secret_key_appears_nowhere_a_run_leaves_anything(
     cache_dir = tmp_path / "cache"
     assert main(["cache", "warm", dest, "--cache-dir", str(cache_dir), "--json"]) == 0
     assert main(["cache", "status", str(cache_dir), "--json"]) == 0
+    # the cluster-wide warm: one Ray task per node, whose logs are searched below
+    warm_argv = ["cache", "warm", dest, "--cache-dir", str(tmp_path / "cache-cluster"),
+                 "--ray-address", "auto", "--json"]  # fmt: skip
+    assert main(warm_argv) == 0
     ds = Dataset.open(dest, storage_options=opts)
     with ShardCache(cache_dir, capacity="64MiB", storage_options=opts) as cache:
         loader = Loader(ds, batch_size=3, image_size=16, cache=cache, train=False)
