@@ -19,6 +19,7 @@ _DPI = 90
 _FLASHFEED = "#1f77b4"
 _PEER = "#999999"
 _LIMIT = "#d62728"
+_OTHERS = ("#ff7f0e", "#2ca02c", "#9467bd", "#8c564b")
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
@@ -86,14 +87,15 @@ def eviction_plot(result: dict[str, Any], out: Path) -> Path | None:
         return None
     x = [100 * r["capacity"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    ax.plot(x, [100 * r["optimum"] for r in rows], "--", color=_LIMIT, label="optimum (Belady)")
     ax.plot(
         x,
         [100 * r["plan_aware"] for r in rows],
         "o-",
         color=_FLASHFEED,
+        linewidth=3,
         label="flashfeed plan-aware",
     )
+    ax.plot(x, [100 * r["optimum"] for r in rows], "--", color=_LIMIT, label="optimum (Belady)")
     ax.plot(x, [100 * r["lru"] for r in rows], "s-", color=_PEER, label="LRU")
     ax.set_xlabel("cache capacity (% of the dataset)")
     ax.set_ylabel("hit rate over 3 epochs (%)")
@@ -132,10 +134,11 @@ def scaling_plot(result: dict[str, Any], out: Path) -> Path | None:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     for ax, (stage, xs, series, unit) in zip(axes[0], panels, strict=True):
+        others = iter(_OTHERS)
         for k, ys in series.items():
             style = "--" if k == "decode-ceiling" else "o-"
             color = _FLASHFEED if k == "flashfeed" else (_LIMIT if k == "decode-ceiling" else None)
-            ax.plot(xs, ys, style, label=k, color=color)
+            ax.plot(xs, ys, style, label=k, color=color or next(others))
         ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [f"{x}x" for x in xs])
         ax.set_xlabel("data size")

@@ -190,6 +190,11 @@ def ensure_corpus(corpus: Path, need_bytes: int, py: str) -> None:
         )
 
 
+def shards_for(images: int) -> int:
+    """Shards of the loader datasets: 4-10, ~256 images each (same rule for every stage)."""
+    return max(4, min(10, images // 256))
+
+
 def variant(
     label: str, factor: int, workers: int, data: dict[str, Any] | None, default_workers: bool = True
 ) -> dict[str, Any]:
@@ -275,7 +280,7 @@ def run_stages(
                     "--images",
                     str(n),
                     "--shards",
-                    str(max(4, min(10, n // 256))),
+                    str(shards_for(n)),
                     *rounds,
                     "--threads",
                     str(t),
@@ -300,6 +305,8 @@ def run_stages(
                 str(corpus),
                 "--images",
                 str(p.peer_images),
+                "--shards",
+                str(shards_for(p.peer_images)),
                 *rounds,
                 "--threads",
                 str(threads),
