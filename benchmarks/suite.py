@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import plots  # noqa: E402
 import report  # noqa: E402
+from page import benchmarks_page  # noqa: E402
 
 __all__ = ["FULL", "QUICK", "Profile", "main"]
 
@@ -426,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown and p.name == "full" and args.device == "cpu":
         base = Path(args.markdown).resolve().parent
         rel = [os.path.relpath(x.resolve(), base) for x in pngs]
-        page = report.benchmarks_page(result, os.path.relpath(json_path.resolve(), base), rel)
+        page = benchmarks_page(result, os.path.relpath(json_path.resolve(), base), rel)
         Path(args.markdown).write_text(page)
     print(table)
     print(f"wrote {json_path}, {', '.join(str(x) for x in pngs)}", file=sys.stderr)

@@ -177,7 +177,7 @@ def test_headline_rows_carry_ratios_and_fractions_of_limits(report: ModuleType) 
     areas = {(r["area"], r["reference"]) for r in rows}
     assert ("ingest", "ray-data") in areas and ("loader", "mosaicml-streaming") in areas
     ingest = next(r for r in rows if r["reference"] == "ray-data")
-    assert ingest["measure"].startswith("4x")  # the largest size is the headline
+    assert "4x" in ingest["measure"]  # the largest size is the headline
     q = ingest["ratio"]
     assert q["min"] - 1e-9 <= q["ratio"] <= q["max"] + 1e-9
     loader = next(r for r in rows if r["reference"] == "dali-reader")
@@ -189,7 +189,9 @@ def test_markdown_and_page_name_the_machine_and_what_did_not_run(report: ModuleT
     table = report.markdown(result)
     assert "| ingest |" in table and "Scaling" in table
     assert "litdata: unavailable" in table and "stage crypto: exit 1" in table
-    page = report.benchmarks_page(result, "benchmarks/results/x.json", ["benchmarks/results/a.png"])
+    page = _load("page").benchmarks_page(
+        result, "benchmarks/results/x.json", ["benchmarks/results/a.png"]
+    )
     assert "Some CPU" in page and "2 cores" in page and "![a](benchmarks/results/a.png)" in page
     assert "GPU" in page
 

@@ -1,0 +1,124 @@
+"""BENCHMARKS.md from a suite result: how to run, the machine, the tables, the plots, the
+peers and what was not measured. ``make bench`` writes it; to rebuild it (and the plots) from
+a results file:
+
+    python benchmarks/page.py benchmarks/results/2026-11-29-host.json --out BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from report import machine_markdown, markdown
+
+__all__ = ["benchmarks_page"]
+
+HOW_TO_RUN = """\
+```sh
+make bench-venv     # .bench-venv: the peers from benchmarks/requirements.txt, layered over .venv
+make bench          # every stage at the sizes below (~20 minutes on 2 cores) -> this page
+make bench-quick    # the same stages at smoke-check sizes, under 5 minutes
+bash benchmarks/gpu.sh   # on a GPU machine: limits, loader (DALI mixed decode), stalls
+```
+
+Each stage is also a script of its own (`benchmarks/<stage>.py --help`). The suite runs them
+as child processes, one at a time, each starting and stopping its own SeaweedFS server (and
+Ray, for ingest); comparisons inside a stage run side by side in interleaved rounds. Ratios
+are ratios of medians with the min-max of the per-round ratios; "of limit" is the median
+over the physical limit measured in the same run."""
+
+NOTES = """\
+- Noise: the machine's 2 cores are shared with other engineers' test and benchmark runs
+  (another benchmark ran during part of this run); expect +-30-50% between runs. Compare the
+  ratios of a row, measured in interleaved rounds, rather than absolute figures across rows.
+- Cold reads drop the whole page cache (`echo 1 > /proc/sys/vm/drop_caches`, as root); where
+  that is not permitted the suite falls back to per-file `posix_fadvise(DONTNEED)`, then
+  O_DIRECT, and the JSON names the method used.
+- Small sizes are dominated by fixed costs (Ray start-up, one Ray task per shard, server
+  start): the scaling tables show how each figure approaches its steady state.
+- GPU: this machine has none. `benchmarks/gpu.sh` runs the same suite with DALI "mixed"
+  decode and writes the same JSON shape (`...-quick-gpu.json`, the GPU named in
+  `machine.gpu`); no GPU result has been published yet.
+- Not measured here: TokenLoader host-to-device copy (needs a GPU); litdata and mosaic
+  reading from S3 (the peers stage reads their local conversions)."""
+
+
+def benchmarks_page(result: dict[str, Any], json_path: str, pngs: Sequence[str]) -> str:
+    """The whole page; ``json_path`` and ``pngs`` relative to where the page is written."""
+    versions = result.get("versions", {})
+    unavailable = result.get("unavailable", {})
+    peers = []
+    for k in ("webdataset", "ray", "nvidia-dali-cuda120", "litdata", "mosaicml-streaming"):
+        why = unavailable.get(k)
+        peers.append(f"- {k} {versions.get(k, '?')}" + (f": {why}" if why else ""))
+    parts = [
+        "# Benchmarks",
+        "",
+        "flashfeed against its peers (webdataset, Ray Data's writer, plain DALI, litdata, "
+        "mosaicml-streaming) and against the physical limits of the machine, all measured in "
+        f"one run of `make bench`. Latest result: [`{json_path}`]({json_path}), "
+        f"{result.get('date', '?')}.",
+        "",
+        "## Machine",
+        "",
+        machine_markdown(result).rstrip(),
+        "",
+        "## Results",
+        "",
+        markdown(result).rstrip(),
+        "",
+        "## Plots",
+        "",
+        *[f"![{Path(p).stem}]({p})\n" for p in pngs],
+        "## Peers",
+        "",
+        "Installed into `.bench-venv` from `benchmarks/requirements.txt` (the product's "
+        "dependencies do not change). litdata and mosaicml-streaming import torchvision, and "
+        "PyPI's torchvision fails beside the CPU build of torch 2.13, so that environment takes "
+        "torch 2.14.1 + torchvision 0.29.1; flashfeed, Ray, DALI and webdataset come from "
+        "`.venv` beneath it.",
+        "",
+        *peers,
+        "",
+        "## How to run",
+        "",
+        HOW_TO_RUN,
+        "",
+        "## Notes",
+        "",
+        NOTES,
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", help="a suite results JSON")
+    p.add_argument("--out", default="BENCHMARKS.md")
+    p.add_argument("--plots", action="store_true", help="also redraw the PNGs beside the JSON")
+    args = p.parse_args(argv)
+    path = Path(args.results)
+    result = json.loads(path.read_text())
+    if args.plots:
+        import plots
+
+        plots.write_all(result, path.parent, path.stem)
+    base = Path(args.out).resolve().parent
+    pngs = sorted(path.parent.glob(f"{path.stem}-*.png"))
+    rel = [os.path.relpath(x.resolve(), base) for x in pngs]
+    page = benchmarks_page(result, os.path.relpath(path.resolve(), base), rel)
+    Path(args.out).write_text(page)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
