@@ -33,17 +33,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader import BATCH, image_corpus, write_dataset
 from loader_peers import dali_webdataset_reader, optional_peers, webdataset_loader
 
 from flashfeed import storage
 from flashfeed.store import EmbeddedStore
+from loader import BATCH, image_corpus, write_dataset
 
 
 def epoch_rate(make: Callable[[], Iterable[Any]], images: int) -> float:
     t0 = time.perf_counter()
     n = 0
-    for batch in make():
+    for _ in make():
         n += BATCH
         if n >= images:
             break
@@ -106,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             n = sum(BATCH for _ in ff)
             row["ff-s3-first"] = n / (time.perf_counter() - t0)
             first = ff.stats()
-            extra["first_epoch_storage_waits"].append(first["batches_waited_on_storage"])
+            extra["first_epoch_storage_waits"].append(
+                {"batches": first["batches_waited_on_storage"], "of": first["batches"],
+                 "seconds": first["wait_s"]["storage"]}
+            )  # fmt: skip
             t0 = time.perf_counter()
             n = sum(BATCH for _ in ff)
             row["ff-s3-second"] = n / (time.perf_counter() - t0)
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             urls = [fs.url(f"{path}/{s['path']}", expires=3600) for s in manifest["shards"]]
             row["wds-http"] = epoch_rate(
-                lambda: webdataset_loader(urls, batch_size=BATCH, workers=thr), images
+                lambda u=urls: webdataset_loader(u, batch_size=BATCH, workers=thr), images
             )
             small = scratch / "cache-2x"
             shutil.rmtree(small, ignore_errors=True)
@@ -153,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     local_rate, peers = med["ff-local"], max(med["dali-s3"], med["wds-http"])
-    print(f"\ncold start, {images} images ({total / 1e6:.0f} MB in {len(shard_paths)} shards), "
-          f"batch {BATCH}, {thr} threads, whole epochs, median of {args.rounds} rounds")  # fmt: skip
+    print(
+        f"\ncold start, {images} images ({total / 1e6:.0f} MB in {len(shard_paths)} shards), "
+        f"batch {BATCH}, {thr} threads, whole epochs, median of {args.rounds} rounds"
+    )
     print(f"{'loader':20s} {'img/s':>7s} {'of ff-local':>12s} {'vs best peer cold':>18s}")
     for k, v in med.items():
         print(f"{k:20s} {v:7.0f} {v / local_rate:11.2f}x {v / peers:17.2f}x")

@@ -5,7 +5,9 @@
 3. ingest it on a local Ray into ``s3://flashfeed/demo/images`` (WebDataset tar + .idx);
 4. inspect and verify the committed dataset;
 5. warm the node-local cache with exactly the shards this node will read;
-6. train-loop two epochs through the DALI loader, printing samples/s and stall fractions.
+6. train-loop two epochs through the DALI loader from an empty cache: the first epoch
+   streams from the store (cold), the second reads the node cache (hot); samples/s of each,
+   batches that waited on storage and stall fractions.
 
 The store is stopped on exit, also on Ctrl-C, SIGTERM or an error.
 """
@@ -122,8 +124,14 @@ def _run(args: argparse.Namespace, work: Path, dataset_url: str) -> None:
         f"{warmed.seconds:.2f}s, {warmed.already} already cached, failed: {warmed.failed or 0}"
     )
 
-    _say("loader", f"{args.epochs} epochs, batch {args.batch_size}, DALI decode + augment")
-    loader = Loader(ds, batch_size=args.batch_size, cache_dir=str(cache_dir), image_size=96, seed=0)
+    cold_dir = work / "cache-cold"
+    _say(
+        "loader",
+        f"{args.epochs} epochs, batch {args.batch_size}, DALI decode + augment, starting from "
+        f"an empty cache ({cold_dir}): epoch 0 streams from the store, later epochs are hot",
+    )
+    loader = Loader(ds, batch_size=args.batch_size, cache_dir=str(cold_dir), image_size=96, seed=0)
+    waited_before = 0
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
         start = time.perf_counter()
@@ -132,10 +140,14 @@ def _run(args: argparse.Namespace, work: Path, dataset_url: str) -> None:
             n += int(batch["image"].shape[0])
         secs = time.perf_counter() - start
         shape = tuple(batch["image"].shape)
+        waited = loader.stats()["batches_waited_on_storage"]
+        kind = "cold, from the S3 store" if epoch == 0 else "hot, from the node cache"
         print(
-            f"epoch {epoch}: {n} samples in {secs:.2f}s = {n / secs:.0f} samples/s, "
+            f"epoch {epoch} ({kind}): {n} samples in {secs:.2f}s = {n / secs:.0f} samples/s, "
+            f"{waited - waited_before} of {-(-n // args.batch_size)} batches waited on storage; "
             f"batches of {shape} {batch['image'].dtype}, labels {batch['label'].dtype}"
         )
+        waited_before = waited
     stats = loader.stats()
     fractions = ", ".join(f"{k} {v:.1%}" for k, v in stats["wait_fraction"].items())
     print(f"stall fractions (time the training loop waited): {fractions}")

@@ -1,8 +1,8 @@
 """A TCP proxy on 127.0.0.1 in front of the real S3 server, for cold-start tests.
 
 It parses the HTTP requests passing through (method, path, Range), counts them, can delay
-each request (a slow store) and can cut chosen responses midway (a store failing
-mid-transfer). Responses pass through untouched.
+each request (a slow store), answer chosen ones 503 SlowDown (a throttling store) and cut
+chosen responses midway (a store failing mid-transfer). Responses pass through untouched.
 """
 
 from __future__ import annotations
@@ -14,6 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 __all__ = ["Request", "SlowProxy"]
+
+
+_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+_SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+    + f"Content-Length: {len(_BODY)}\r\n\r\n".encode()
+    + _BODY
+)
 
 
 @dataclass
@@ -28,6 +39,7 @@ class SlowProxy:
     upstream: tuple[str, int]
     delay: float = 0.0
     fail: Callable[[Request], bool] = field(default=lambda r: False)
+    throttle: Callable[[Request], bool] = field(default=lambda r: False)
     requests: list[Request] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -83,6 +95,9 @@ class SlowProxy:
                     buf = rest[body:]
                     with self._lock:
                         self.requests.append(req)
+                    if self.throttle(req):  # answered here, as S3 does: 503 SlowDown
+                        client.sendall(_SLOW_DOWN)
+                        continue
                     if self.fail(req):
                         cut.append(600)  # headers and a little body, then the connection dies
                     if self.delay:

@@ -203,6 +203,28 @@ def test_storage_errors_mid_prefetch_are_retried_then_named(s3_prefix, proxy, tm
     cache.close()
 
 
+def test_a_throttling_store_lowers_concurrency_and_still_delivers(s3_prefix, proxy, tmp_path):
+    ds = _dataset(s3_prefix, proxy, [40] * 5)
+    slowed = []
+
+    def busy(req):  # the store answers SlowDown to the first dozen ranged GETs
+        if req.range is not None and len(slowed) < 12:
+            slowed.append(req)
+            return True
+        return False
+
+    proxy.throttle = busy
+    cache = _cache(tmp_path, part_size="16KiB", concurrency=8)
+    loader = Loader(ds, batch_size=10, image_size=16, cache=cache, seed=2, py_workers=0)
+    assert sum(b["label"].numel() for b in loader) == 200
+    stats = cache.stats()
+    assert len(slowed) == 12 and stats["throttle_events"] >= 1
+    assert stats["concurrency_lowest"] < stats["concurrency_max"]
+    assert all(cache.contains(ds, i) for i in range(len(ds.shards)))
+    loader.close()
+    cache.close()
+
+
 def test_ranks_on_one_node_fetch_each_shard_once(s3_prefix, proxy, tmp_path):
     proxy.delay = 0.02
     ds = _dataset(s3_prefix, proxy, [40] * 6)
