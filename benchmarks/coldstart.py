@@ -10,7 +10,9 @@ SeaweedFS server and empties the cache, then runs, interleaved:
   dali-s3           DALI fn.readers.webdataset reading s3:// directly (AWS_* env vars)
   wds-http          webdataset over presigned HTTP URLs + PIL in DataLoader workers
   ff-s3-2x-capacity flashfeed from S3 with a cache half the dataset's size, 2 epochs
-                    (every epoch streams; reported against ff-local)
+                    (every epoch streams; reported against ff-local). The same images in
+                    --shards-2x shards (40): with 10 shards the cache would hold 5, and the
+                    plan's window of 4 shards read at once would leave room for 1 ahead
 
 Throughput is a whole epoch: images / seconds from creating the loader to its last batch.
 Prints a table and writes JSON. Not a timed test: run it by hand.
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shards-2x", type=int, default=40, help="shards of the 2x-capacity run")
     p.add_argument("--corpus", default=".bench/corpus", help="an ImageFolder corpus to use")
     p.add_argument("--work", default=".bench/loader")
     p.add_argument("--out", default=".bench/coldstart.json")
@@ -78,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (local / "manifest.json").exists():
         files = image_corpus(root, args.images, args.seed, args.corpus)
         write_dataset(local, files, args.shards, args.seed)
+    local2x = root / f"wds{args.shards_2x}"  # the same images in more, smaller shards
+    if not (local2x / "manifest.json").exists():
+        files = image_corpus(root, args.images, args.seed, args.corpus)
+        write_dataset(local2x, files, args.shards_2x, args.seed)
     manifest = json.loads((local / "manifest.json").read_text())
     images = sum(s["samples"] for s in manifest["shards"])
     total = sum(s["bytes"] for s in manifest["shards"])
@@ -93,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(store.info.env())
         url = f"{bucket}/coldstart"
         upload(local, url)
+        upload(local2x, url + "-2x")
         fs, path = storage.filesystem(url)
         shard_paths = [f"{url}/{s['path']}" for s in manifest["shards"]]
         for r in range(args.rounds):
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             from flashfeed.cache import ShardCache
 
             cache = ShardCache(str(small), capacity=total // 2)
-            two = Loader(url, batch_size=BATCH, num_threads=thr, py_workers=1, cache=cache)
+            two = Loader(url + "-2x", batch_size=BATCH, num_threads=thr, py_workers=1, cache=cache)
             epochs = []
             for _ in range(2):
                 t0 = time.perf_counter()

@@ -246,8 +246,11 @@ class DatasetDir:
         return sorted(out, key=lambda e: e.shard)
 
     def part_bytes(self) -> int:
+        """Bytes of fills in progress (their progress files are bookkeeping, not data)."""
         total = 0
         for _, path in self.parts():
+            if ".live" in os.path.basename(path):
+                continue
             try:
                 total += os.stat(path).st_size
             except FileNotFoundError:

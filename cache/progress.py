@@ -1,11 +1,12 @@
 """Fills in progress, visible to every process on the node: which parts have arrived.
 
-While a fill runs, ``<dataset dir>/.parts/<i>.live`` names its part files and holds one
-byte per part (set to 1 once the part is written) and one for the index. A reader maps the
-part file (reserved to the shard's full size) and reads a sample once the parts under it
-are marked: samples are served while the rest of the shard is still arriving. The shard is
-published as cached only by the fill's rename after its checksum matched; the live file is
-removed when the fill ends, either way, and a dead fill's live file is swept with its parts.
+While a fill runs, ``<dataset dir>/.parts/<i>.live`` names its part files (a JSON line),
+then holds one byte for the index and one per part, set to 1 once written. A reader maps
+the part file (reserved to the shard's full size) and reads a sample once the parts under
+it are marked: samples are served while the rest of the shard is still arriving. The shard
+is published as cached only by the fill's rename after its checksum matched; the live file
+is removed when the fill ends, either way, and a dead fill's live file is swept with its
+parts (it is bookkeeping: not counted as cached bytes).
 """
 
 from __future__ import annotations
@@ -36,23 +37,24 @@ class FillProgress:
         self.part_size = part_size
         parts = -(-size // part_size)
         meta = {"part": part, "index": index_part, "size": size, "part_size": part_size}
-        head = json.dumps(meta).encode()
-        if len(head) >= _HEADER:
+        head = json.dumps(meta).encode() + b"\n"
+        if len(head) > _HEADER:
             raise ValueError(f"part path too long for a progress header: {part!r}")
+        self._flags = len(head)
         tmp = f"{path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, head.ljust(_HEADER, b" ") + bytes(1 + parts))
+            os.write(fd, head + bytes(1 + parts))
         finally:
             os.close(fd)
         os.replace(tmp, path)
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
 
     def index_ready(self) -> None:
-        self._mark(_HEADER)
+        self._mark(self._flags)
 
     def part_done(self, offset: int) -> None:
-        self._mark(_HEADER + 1 + offset // self.part_size)
+        self._mark(self._flags + 1 + offset // self.part_size)
 
     def _mark(self, at: int) -> None:
         if self._fd is not None:
@@ -74,8 +76,9 @@ class FillProgress:
 class FillView:
     """The reader's side: an open handle on a live file, valid after the fill ends."""
 
-    def __init__(self, fd: int, meta: dict[str, Any]) -> None:
+    def __init__(self, fd: int, meta: dict[str, Any], flags: int) -> None:
         self._fd = fd
+        self._flags = flags
         self.part: str = meta["part"]
         self.index_part: str | None = meta["index"]
         self.size = int(meta["size"])
@@ -88,22 +91,26 @@ class FillView:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        head = os.pread(fd, _HEADER, 0)
+        end = head.find(b"\n")
         try:
-            meta = json.loads(os.pread(fd, _HEADER, 0).decode())
+            meta = json.loads(head[:end].decode()) if end > 0 else None
         except (ValueError, UnicodeDecodeError):
+            meta = None
+        if meta is None:
             os.close(fd)
             return None
-        return cls(fd, meta)
+        return cls(fd, meta, end + 1)
 
     def index_ready(self) -> bool:
-        return os.pread(self._fd, 1, _HEADER) == b"\x01"
+        return os.pread(self._fd, 1, self._flags) == b"\x01"
 
     def done(self, start: int, end: int) -> bool:
         """True when every byte of ``[start, end)`` has been written to the part file."""
         if end <= start:
             return True
         first, last = start // self.part_size, (end - 1) // self.part_size
-        marks = os.pread(self._fd, last - first + 1, _HEADER + 1 + first)
+        marks = os.pread(self._fd, last - first + 1, self._flags + 1 + first)
         return len(marks) == last - first + 1 and marks.count(1) == len(marks)
 
     def complete(self) -> bool:

@@ -179,14 +179,13 @@ class CacheShardSource:
         return path
 
     def index(self, shard: int) -> list[SampleIndex]:
-        final = os.path.join(self._data_dir, self.dataset.shards[shard].path)
-        for path in (final + ".idx",):
-            try:
-                with open(path, "rb") as f:
-                    return parse_index(f.read(), source=path)
-            except FileNotFoundError:
-                pass
-        partial = self.partial(shard)
+        cached = os.path.join(self._data_dir, self.dataset.shards[shard].path) + ".idx"
+        try:
+            with open(cached, "rb") as f:
+                return parse_index(f.read(), source=cached)
+        except FileNotFoundError:
+            pass
+        partial = self.partial(shard)  # a shard still arriving: its index came first
         if partial is not None:
             partial[2].close()
             return partial[1]
