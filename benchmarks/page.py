@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.results)
     result = json.loads(path.read_text())
     if args.plots:
-        import plots
+        from plots import write_all
 
-        plots.write_all(result, path.parent, path.stem)
+        write_all(result, path.parent, path.stem)
     base = Path(args.out).resolve().parent
-    pngs = sorted(path.parent.glob(f"{path.stem}-*.png"))
+    from plots import PLOTS
+
+    pngs = [x for x in (path.parent / f"{path.stem}-{n}.png" for n in PLOTS) if x.exists()]
     rel = [os.path.relpath(x.resolve(), base) for x in pngs]
     page = benchmarks_page(result, os.path.relpath(path.resolve(), base), rel)
     Path(args.out).write_text(page)

@@ -13,7 +13,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-__all__ = ["eviction_plot", "loader_bars", "scaling_plot", "stalls_plot", "write_all"]
+__all__ = ["PLOTS", "eviction_plot", "loader_bars", "scaling_plot", "stalls_plot", "write_all"]
+
+PLOTS = ("loaders", "stalls", "eviction", "scaling")
 
 _DPI = 90
 _FLASHFEED = "#1f77b4"
@@ -46,7 +48,7 @@ def loader_bars(result: dict[str, Any], out: Path) -> Path | None:
     colors = [_FLASHFEED if n == "flashfeed" else _PEER for n in names]
     ax.bar(names, med, color=colors, yerr=err, capsize=4)
     for i, m in enumerate(med):
-        ax.text(i, m, f"{m:.0f}", ha="center", va="bottom", fontsize=9)
+        ax.text(i, m * 0.05, f"{m:.0f}", ha="center", va="bottom", fontsize=9, color="white")
     ceiling = statistics.median(rounds["decode-ceiling"])
     ax.axhline(ceiling, color=_LIMIT, linestyle="--", linewidth=1)
     ax.text(

@@ -174,7 +174,8 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
             )
     if (v := main_variant(st.get("cache", []))) is not None:
         c = v["data"]["cold"]
-        s3 = statistics.median(lim["s3_get_gbps"]) if lim.get("s3_get_gbps") else None
+        # the GET limit: the faster of the limits stage and this stage's own raw GETs
+        s3 = max(statistics.median(lim.get("s3_get_gbps") or [0.0]), c["raw_median"])
         rows.append(
             _row(
                 "cache",
@@ -184,7 +185,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "raw parallel GET",
                 spread(c["raw_gbps"]),
                 ratio(c["warm_gbps"], c["raw_gbps"]),
-                "S3 parallel GET",
+                "raw parallel GET, best in run",
                 s3,
             )
         )
