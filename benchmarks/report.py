@@ -237,6 +237,26 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
                 memcpy,
             )
         )
+    cold = ((st.get("coldstart") or {}).get("data") or {}).get("rounds") or {}
+    if "ff-s3-first" in cold:
+        for what, mine, ref, label in (
+            ("first epoch from S3, cold cache", "ff-s3-first", "ff-local", "flashfeed local disk"),
+            ("first epoch from S3, cold cache", "ff-s3-first", "wds-http", "wds over HTTP (cold)"),
+            ("first epoch from S3, cold cache", "ff-s3-first", "dali-s3", "DALI s3:// (cold)"),
+            ("every epoch streams (cache 1/2)", "ff-s3-2x-capacity", "ff-local", "flashfeed local"),
+        ):
+            if mine in cold and ref in cold:
+                rows.append(
+                    _row(
+                        "loader",
+                        what,
+                        spread(cold[mine]),
+                        "img/s",
+                        label,
+                        spread(cold[ref]),
+                        ratio(cold[mine], cold[ref]),
+                    )
+                )
     peers = (st.get("peers") or {}).get("data") or {}
     for peer in ("litdata", "mosaicml-streaming"):
         if peer in peers.get("rounds", {}).get("img_per_s", {}):

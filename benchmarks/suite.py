@@ -45,7 +45,17 @@ from page import benchmarks_page  # noqa: E402
 
 __all__ = ["FULL", "QUICK", "Profile", "main"]
 
-STAGES = ("limits", "ingest", "cache", "loader", "peers", "stalls", "plan", "crypto")
+STAGES = (
+    "limits",
+    "ingest",
+    "cache",
+    "loader",
+    "coldstart",
+    "peers",
+    "stalls",
+    "plan",
+    "crypto",
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,7 @@ class Profile:
     token_rows: int
     peer_images: int
     stall_images: int
+    coldstart_images: int
     read_mb: int
     s3_objects: int
     crypto_args: tuple[str, ...]
@@ -82,6 +93,7 @@ QUICK = Profile(
     token_rows=2048,
     peer_images=512,
     stall_images=512,
+    coldstart_images=512,
     read_mb=64,
     s3_objects=4,
     crypto_args=(
@@ -111,6 +123,7 @@ FULL = Profile(
     token_rows=16384,
     peer_images=2048,
     stall_images=2048,
+    coldstart_images=5000,
     read_mb=512,
     s3_objects=8,
     crypto_args=("--loader-rounds", "2"),
@@ -297,6 +310,26 @@ def run_stages(
             )
             runs.append(variant(f"{f}x ({n} images), {t} threads", f, t, data, t == threads))
         out["loader"] = runs
+    if "coldstart" in stages:
+        n = p.coldstart_images
+        data = r.run(
+            "coldstart",
+            "coldstart.py",
+            [
+                "--images",
+                str(n),
+                "--shards",
+                str(shards_for(n)),
+                "--shards-2x",
+                str(4 * shards_for(n)),
+                *rounds,
+                "--corpus",
+                str(corpus),
+                "--work",
+                str(r.work / "coldstart"),
+            ],
+        )
+        out["coldstart"] = {"data": data} if data else {}
     if "peers" in stages:
         data = r.run(
             "peers",
