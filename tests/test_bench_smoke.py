@@ -16,6 +16,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _load(name: str) -> ModuleType:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # as when the scripts run: siblings import each other
     spec = importlib.util.spec_from_file_location(f"ffbench_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
