@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ from .ledger import Ledger
 from .passplan import PassPlan, make_pass
 from .position import PlanOptions, Position
 from .sources import ShardSource
-from .stats import StatsRecorder
+from .stats import BatchTiming, StatsRecorder
 
 __all__ = ["PlannedLoader"]
 
@@ -107,6 +108,40 @@ class PlannedLoader:
             self.position.shard_sizes,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
+        )
+
+    def _keys(self, plan: PassPlan, sl: slice) -> list[str]:
+        """``<shard path>/<sample key>`` of the samples in ``sl`` (for the ledger)."""
+        raise NotImplementedError
+
+    def _account_batch(
+        self,
+        plan: PassPlan,
+        *,
+        epoch: int,
+        batch: int,
+        storage: float,
+        decode: float,
+        h2d: float,
+        step: float,
+    ) -> None:
+        """Account for batch ``batch`` of the pass: ledger, resume position, timings."""
+        sl = plan.batch_slice(batch)
+        if self.ledger is not None:
+            self.ledger.record(epoch, self._keys(plan, sl))
+        self.position.advance(sl.stop - sl.start)
+        self.recorder.record(
+            BatchTiming(
+                t=time.time(),
+                rank=self.ctx.rank,
+                epoch=epoch,
+                batch=batch,
+                samples=sl.stop - sl.start,
+                storage=storage,
+                decode=decode,
+                h2d=h2d,
+                step=step,
+            )
         )
 
     def stats(self) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from .position import PlanOptions
 from .readahead import StreamFeeder, readahead_budget_bytes
 from .reader import BatchSource, ShardReader
 from .sources import ShardSource, open_dataset, open_source
-from .stats import BatchTiming
 
 __all__ = ["Batch", "Loader"]
 
@@ -175,22 +174,14 @@ class Loader(PlannedLoader):
                 if isinstance(label, torch.Tensor) and label.ndim > 1:
                     batch["label"] = label.reshape(-1)
                 t3 = time.perf_counter()
-                sl = plan.batch_slice(k)
-                if self.ledger is not None:
-                    self.ledger.record(epoch, self._keys(plan, sl))
-                self.position.advance(sl.stop - sl.start)
-                self.recorder.record(
-                    BatchTiming(
-                        t=time.time(),
-                        rank=self.ctx.rank,
-                        epoch=epoch,
-                        batch=k,
-                        samples=sl.stop - sl.start,
-                        storage=storage_wait,
-                        decode=(t2 - t1) + (startup if k == 0 else 0.0),
-                        h2d=t3 - t2,
-                        step=asked - step_start,
-                    )
+                self._account_batch(
+                    plan,
+                    epoch=epoch,
+                    batch=k,
+                    storage=storage_wait,
+                    decode=(t2 - t1) + (startup if k == 0 else 0.0),
+                    h2d=t3 - t2,
+                    step=asked - step_start,
                 )
                 storage_wait = 0.0
                 yield batch

@@ -24,7 +24,6 @@ from .distributed import cuda_device_index, resolve_context
 from .passplan import PassPlan, ShardFeeder
 from .position import PlanOptions
 from .sources import ShardSource, open_dataset, open_source
-from .stats import BatchTiming
 
 __all__ = ["TokenLoader"]
 
@@ -169,21 +168,14 @@ class TokenLoader(PlannedLoader):
                 batch = {c: self._to_device(torch.from_numpy(a)) for c, a in arrays.items()}
                 t3 = time.perf_counter()
                 self.bytes_delivered += sum(a.nbytes for a in arrays.values())
-                if self.ledger is not None:
-                    self.ledger.record(epoch, self._keys(plan, sl))
-                self.position.advance(sl.stop - sl.start)
-                self.recorder.record(
-                    BatchTiming(
-                        t=time.time(),
-                        rank=self.ctx.rank,
-                        epoch=epoch,
-                        batch=k,
-                        samples=sl.stop - sl.start,
-                        storage=storage_wait,
-                        decode=t2 - t1,
-                        h2d=t3 - t2,
-                        step=asked - step_start,
-                    )
+                self._account_batch(
+                    plan,
+                    epoch=epoch,
+                    batch=k,
+                    storage=storage_wait,
+                    decode=t2 - t1,
+                    h2d=t3 - t2,
+                    step=asked - step_start,
                 )
                 yield batch
                 step_start = time.perf_counter()
