@@ -189,8 +189,11 @@ def single_flight(ds: Dataset, env: dict[str, str], work: str, procs: int) -> di
     }
 
 
-def eviction(work: str, shards: int, epochs: int) -> list[dict[str, Any]]:
-    """Hit rates of the real ShardCache on a local dataset: LRU vs the plan's order."""
+def eviction(
+    work: str, shards: int, epochs: int, fractions: tuple[float, ...] = (0.5, 0.75)
+) -> list[dict[str, Any]]:
+    """Hit rates of the real ShardCache on a local dataset: LRU vs the plan's order, at each
+    capacity given as a fraction of the dataset."""
     prefix = os.path.join(work, "evict-ds")
     infos = []
     for i in range(shards):
@@ -202,8 +205,8 @@ def eviction(work: str, shards: int, epochs: int) -> list[dict[str, Any]]:
     order = node_shard_order([s.samples for s in ds.shards], seed=0, epochs=range(epochs))
     entry = ds.shards[0].bytes + len(storage.read_bytes(ds.index_url(0)))
     rows = []
-    for fraction in (0.5, 0.75):
-        slots = int(shards * fraction)
+    for fraction in fractions:
+        slots = max(1, int(shards * fraction))
         hits = {}
         for mode in ("lru", "plan"):
             root = os.path.join(work, f"ev-{mode}-{fraction}")

@@ -84,52 +84,11 @@ def eviction_curve(
     *, shards: int = 40, epochs: int = 3, fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9)
 ) -> list[dict[str, Any]]:
     """Hit rates at each capacity (fraction of the dataset) over ``epochs`` epochs."""
-    from flashfeed import Dataset, Manifest, commit_manifest, storage
-    from flashfeed.cache import ShardCache
-    from flashfeed.cache.policy import belady_hits, lru_hits
-    from flashfeed.plan import node_shard_order
-    from flashfeed.shardio import shard_name, write_tar_shard
+    from cache import eviction  # the cache benchmark's measurement, at more capacities
 
     work = tempfile.mkdtemp(prefix="ffevict-", dir="/tmp")
     try:
-        prefix = os.path.join(work, "ds")
-        infos = []
-        for i in range(shards):
-            samples = [(f"s{i:04d}-{j:04d}", {"bin": bytes([i % 256]) * 16000}) for j in range(4)]
-            infos.append(write_tar_shard(prefix, shard_name(i, "tar"), samples))
-        m = Manifest(
-            name="ev", shard_format="webdataset", schema={"bin": "bytes"}, shards=tuple(infos)
-        )
-        commit_manifest(prefix, m)
-        ds = Dataset.open(prefix)
-        order = node_shard_order([s.samples for s in ds.shards], seed=0, epochs=range(epochs))
-        entry = ds.shards[0].bytes + len(storage.read_bytes(ds.index_url(0)))
-        rows = []
-        for fraction in fractions:
-            slots = max(1, int(shards * fraction))
-            hits = {}
-            for mode in ("lru", "plan"):
-                with ShardCache(
-                    os.path.join(work, f"{mode}-{fraction}"), capacity=slots * entry
-                ) as cache:
-                    if mode == "plan":
-                        cache.set_future(ds, order)
-                    for i in order:
-                        cache.get(ds, i)
-                    hits[mode] = cache.stats()["hits"]
-            n = len(order)
-            rows.append(
-                {
-                    "capacity": fraction,
-                    "slots": slots,
-                    "reads": n,
-                    "lru": hits["lru"] / n,
-                    "plan_aware": hits["plan"] / n,
-                    "optimum": belady_hits(order, slots) / n,
-                    "lru_simulated": lru_hits(order, slots) / n,
-                }
-            )
-        return rows
+        return eviction(work, shards, epochs, fractions)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
