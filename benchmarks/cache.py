@@ -36,7 +36,7 @@ from flashfeed.cache.policy import belady_hits, lru_hits
 from flashfeed.cache.ranged import split_ranges
 from flashfeed.cache.stats import read_persisted
 from flashfeed.cache.warm import warm
-from flashfeed.plan import node_shard_order
+from flashfeed.plan import PlanOptions, Topology, node_shard_order
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.store import EmbeddedStore, StoreError
 from flashfeed.units import parse_size
@@ -202,7 +202,12 @@ def eviction(
     m = Manifest(name="ev", shard_format="webdataset", schema={"bin": "bytes"}, shards=tuple(infos))
     commit_manifest(prefix, m)
     ds = Dataset.open(prefix)
-    order = node_shard_order([s.samples for s in ds.shards], seed=0, epochs=range(epochs))
+    order = node_shard_order(
+        [s.samples for s in ds.shards],
+        options=PlanOptions(),
+        epochs=range(epochs),
+        topology=Topology(),
+    )
     entry = ds.shards[0].bytes + len(storage.read_bytes(ds.index_url(0)))
     rows = []
     for fraction in fractions:

@@ -1,24 +1,35 @@
 """The read plan: which samples each rank reads, in which order, every epoch.
 
-A pure function of (shard sizes, seed, epoch, topology, what was already consumed): no I/O,
-identical on every rank, cheap enough for 100,000 shards. The loader, the cache's read-ahead
-and eviction, and ``cache warm`` all use it.
+A pure function of (shard sizes, ``PlanOptions``, epoch, ``Topology``, what was already
+consumed): no I/O, identical on every rank. A rank computes only its own share: time and
+memory grow with what its node reads plus a few arrays of one entry per shard, never with
+the whole epoch (10^9 samples in 10^6 shards on 8,192 ranks is the design point). The loader,
+the cache's read-ahead and eviction, and ``cache warm`` all use it.
 
 Two levels:
 
-1. Node split, stable across epochs. Shards are concatenated in a seeded order that does not
-   depend on the epoch and cut into ``num_nodes`` contiguous, equal ranges of samples. A node
-   keeps the same shards every epoch (its cache keeps hitting); at most ``num_nodes - 1``
-   shards are shared by two neighbouring nodes.
+1. Node split, stable across epochs. Shards are laid end to end in a seeded order that does
+   not depend on the epoch (the natural order without ``shuffle``), and that chain of samples
+   is cut into ``num_nodes`` contiguous, equal parts. A node keeps the same shards every epoch
+   (its cache keeps hitting); at most ``num_nodes - 1`` shards are shared by two neighbours.
 2. Epoch order inside a node. The node's shard pieces are permuted per epoch, grouped into
    windows of ``window`` pieces, and the samples of each window are shuffled together: mixing
    across several shards, not only inside one. The node's stream is dealt round-robin to its
    ranks, so ranks of one node read the same window at the same time (one fetch per node).
 
-Every rank gets the same number of samples: with ``drop_last`` the few surplus samples
-(fewer than ``world_size``) are dropped and listed; without it, short ranks repeat samples
-of their own stream. Resume under a new world size re-plans only the samples that were not
-consumed: a ``Segment`` records each stretch of training under one topology.
+Every rank gets the same number of samples: with ``drop_last`` the surplus (fewer than
+``world_size`` samples) is dropped and named; without it, short ranks repeat samples of their
+own stream.
+
+Resume. Ranks advance in lock-step, so "each rank consumed k samples under topology T" (a
+``Segment``) describes the whole job. Round-robin dealing means the k samples of each of a
+node's ranks are exactly the first ``k * ranks_per_node`` samples of that node's stream. What
+remains of an epoch is therefore a sequence: the unread suffixes of the nodes' streams, node
+after node. A new topology cuts that sequence into equal parts, one per node, and deals each
+part round-robin again. Each later segment does the same to what the previous one left, so a
+rank resolves its part through the segments down to a few node streams of the first topology:
+no per-sample set over the dataset is ever built. The resume state is a list of segments,
+three integers each.
 """
 
 from __future__ import annotations
@@ -30,12 +41,15 @@ import numpy as np
 
 __all__ = [
     "EpochPlan",
+    "PlanOptions",
+    "RankPlan",
     "Segment",
     "Topology",
-    "consumed_mask",
     "locate",
+    "node_samples",
     "node_shard_order",
     "plan_epoch",
+    "rank_plan",
 ]
 
 _SALT_NODES = 0x6E6F6465  # distinct RNG streams for each purpose
@@ -43,25 +57,70 @@ _SALT_EPOCH = 0x65706F63
 _SALT_WINDOW = 0x77696E64
 
 
+def _check_int(name: str, value: object, *, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the plan depends on besides the topology and the position.
+
+    ``seed``: the run's seed (>= 0); ``shuffle``: permute shards and mix samples; ``window``:
+    shard pieces whose samples are mixed together; ``drop_last``: drop the surplus that would
+    make ranks unequal (else short ranks repeat samples).
+    """
+
+    seed: int = 0
+    shuffle: bool = True
+    window: int = 4
+    drop_last: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", _check_int("seed", self.seed, low=0))
+        object.__setattr__(self, "window", _check_int("window", self.window, low=1))
+        object.__setattr__(self, "shuffle", _check_bool("shuffle", self.shuffle))
+        object.__setattr__(self, "drop_last", _check_bool("drop_last", self.drop_last))
+
+    def describe(self) -> str:
+        return (
+            f"seed {self.seed}, shuffle {self.shuffle}, window {self.window}, "
+            f"drop_last {self.drop_last}"
+        )
+
+
 @dataclass(frozen=True)
 class Topology:
-    """``world_size`` ranks, ``ranks_per_node`` of them on each node (rank // rpn = node)."""
+    """``world_size`` ranks, ``ranks_per_node`` of them on each node (rank // rpn = node).
+
+    ``ranks_per_node=None`` means one node; it is normalised, so two spellings of the same
+    job compare equal: ``Topology(8) == Topology(8, 8)``.
+    """
 
     world_size: int = 1
     ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
-        rpn = self.ranks_per_node
-        if rpn is not None and (rpn < 1 or self.world_size % rpn):
-            raise ValueError(
-                f"ranks_per_node must divide world_size ({self.world_size}), got {rpn}"
-            )
+        ws = _check_int("world_size", self.world_size, low=1)
+        rpn = ws if self.ranks_per_node is None else self.ranks_per_node
+        rpn = _check_int("ranks_per_node", rpn, low=1)
+        if ws % rpn:
+            raise ValueError(f"ranks_per_node must divide world_size ({ws}), got {rpn}")
+        object.__setattr__(self, "world_size", ws)
+        object.__setattr__(self, "ranks_per_node", rpn)
 
     @property
     def rpn(self) -> int:
-        return self.ranks_per_node or self.world_size
+        return int(self.ranks_per_node or self.world_size)
 
     @property
     def num_nodes(self) -> int:
@@ -75,6 +134,13 @@ class Topology:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
 
+    def check_node(self, node_rank: int) -> None:
+        if not 0 <= node_rank < self.num_nodes:
+            raise ValueError(f"node_rank must be in [0, {self.num_nodes}), got {node_rank}")
+
+    def describe(self) -> str:
+        return f"{self.world_size} ranks, {self.rpn} per node ({self.num_nodes} nodes)"
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -84,14 +150,30 @@ class Segment:
     ranks_per_node: int | None
     samples_per_rank: int
 
+    def __post_init__(self) -> None:
+        topo = Topology(self.world_size, self.ranks_per_node)
+        object.__setattr__(self, "ranks_per_node", topo.rpn)
+        _check_int("samples_per_rank", self.samples_per_rank, low=0)
+
     @property
     def topology(self) -> Topology:
         return Topology(self.world_size, self.ranks_per_node)
 
 
 @dataclass(frozen=True)
+class RankPlan:
+    """What one rank reads of one epoch (global sample ids, int64), and what its share drops
+    (``drop_last``) or repeats (no ``drop_last``) so that every rank reads as many samples."""
+
+    samples: np.ndarray
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    repeated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    dropped_total: int = 0
+
+
+@dataclass(frozen=True)
 class EpochPlan:
-    """The samples of every rank for one epoch (global sample ids, int64)."""
+    """The samples of every rank for one epoch: the whole epoch, for tests and small jobs."""
 
     per_rank: tuple[np.ndarray, ...]
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -106,7 +188,7 @@ class EpochPlan:
 
 
 def _rng(seed: int, *keys: int) -> np.random.Generator:
-    return np.random.default_rng([seed & 0xFFFFFFFF, *keys])
+    return np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32, *keys])
 
 
 def _sizes(shard_sizes: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -125,79 +207,276 @@ def locate(
     return shard, ids - offsets[shard]
 
 
-def _node_ranges(
-    sizes: np.ndarray, seed: int, available: np.ndarray, num_nodes: int
-) -> list[np.ndarray]:
-    """Level 1: the available sample ids of each node, shard-major, stable across epochs."""
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    shuffle_order = _rng(seed, _SALT_NODES).permutation(len(sizes))
-    lengths = sizes[shuffle_order]
-    out_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
-    # each shard's ids laid end to end in the shuffled order, without a Python loop
-    chain = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(
-        offsets[shuffle_order] - out_starts, lengths
-    )
-    chain = chain[available[chain]]
-    bounds = [len(chain) * j // num_nodes for j in range(num_nodes + 1)]
-    return [chain[bounds[j] : bounds[j + 1]] for j in range(num_nodes)]
+def _cuts(length: int, parts: int) -> np.ndarray:
+    """``parts`` equal contiguous parts of ``length``: their ``parts + 1`` boundaries."""
+    return np.arange(parts + 1, dtype=np.int64) * length // parts
+
+
+class _Chain:
+    """Level 1: every shard's samples end to end in the stable, seeded shard order."""
+
+    def __init__(self, sizes: np.ndarray, options: PlanOptions) -> None:
+        self.sizes = sizes
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)])  # global id of a shard's row 0
+        n = len(sizes)
+        self.order = (
+            _rng(options.seed, _SALT_NODES).permutation(n)
+            if options.shuffle
+            else np.arange(n, dtype=np.int64)
+        )
+        self.ends = np.cumsum(sizes[self.order])  # chain position after each shard in order
+        self.total = int(self.offsets[-1])
+
+    def pieces(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chain positions ``[lo, hi)`` as pieces of shards: (first global id, length) each."""
+        if hi <= lo:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        first = int(np.searchsorted(self.ends, lo, side="right"))
+        last = int(np.searchsorted(self.ends, hi - 1, side="right"))
+        idx = np.arange(first, last + 1)
+        ends = self.ends[idx]
+        starts = ends - self.sizes[self.order[idx]]
+        lo_c, hi_c = np.maximum(starts, lo), np.minimum(ends, hi)
+        keep = hi_c > lo_c
+        idx, starts, lo_c, hi_c = idx[keep], starts[keep], lo_c[keep], hi_c[keep]
+        return self.offsets[self.order[idx]] + (lo_c - starts), hi_c - lo_c
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + n)`` for each (s, n), without a Python loop."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - before, lengths)
 
 
 def _node_stream(
-    ids: np.ndarray,
-    sizes: np.ndarray,
-    *,
-    seed: int,
-    epoch: int,
-    node: int,
-    window: int,
-    shuffle: bool,
+    chain: _Chain, options: PlanOptions, epoch: int, num_nodes: int, node: int
 ) -> np.ndarray:
-    """Level 2: a node's samples in epoch order: pieces permuted, windows mixed."""
-    if not shuffle or len(ids) == 0:
-        return np.sort(ids)
-    shard, _ = locate(sizes, ids)
-    # ids are shard-major: the pieces are the runs of equal shard index
-    starts = np.flatnonzero(np.diff(shard, prepend=-1))
-    pieces = np.split(ids, starts[1:])
-    order = _rng(seed, _SALT_EPOCH, epoch, node).permutation(len(pieces))
-    out = []
-    for w, first in enumerate(range(0, len(order), window)):
-        chunk = np.concatenate([pieces[p] for p in order[first : first + window]])
-        out.append(_rng(seed, _SALT_WINDOW, epoch, node, w).permutation(chunk))
-    return np.concatenate(out)
+    """Level 2: the samples of ``node`` (of ``num_nodes``) in epoch order, whole epoch."""
+    cuts = _cuts(chain.total, num_nodes)
+    starts, lengths = chain.pieces(int(cuts[node]), int(cuts[node + 1]))
+    if not options.shuffle:
+        return _ranges(starts, lengths)
+    order = _rng(options.seed, _SALT_EPOCH, epoch, node).permutation(len(starts))
+    starts, lengths = starts[order], lengths[order]
+    ids = _ranges(starts, lengths)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    w = options.window
+    for k, first in enumerate(range(0, len(order), w)):
+        a, b = int(bounds[first]), int(bounds[min(first + w, len(order))])
+        ids[a:b] = _rng(options.seed, _SALT_WINDOW, epoch, node, k).permutation(ids[a:b])
+    return ids
 
 
-def _plan_available(
-    sizes: np.ndarray,
-    available: np.ndarray,
-    *,
-    seed: int,
+@dataclass(frozen=True)
+class _Level:
+    """One topology's view of what remains: a sequence of ``length`` samples cut into equal
+    parts, one per node; ``consumed`` samples per rank were taken (a segment) or none."""
+
+    topology: Topology
+    length: int
+    consumed: int = 0
+
+    @property
+    def cuts(self) -> np.ndarray:
+        return _cuts(self.length, self.topology.num_nodes)
+
+    def taken(self) -> np.ndarray:
+        """Per node, the prefix of its part that its ranks consumed."""
+        sizes = np.diff(self.cuts)
+        return np.minimum(sizes, self.consumed * self.topology.rpn)
+
+    def per_rank(self, drop_last: bool) -> int:
+        """Samples every rank reads: the shortest rank's (drop_last) or the longest's."""
+        sizes = np.diff(self.cuts)
+        rpn = self.topology.rpn
+        return int(sizes.min() // rpn) if drop_last else int(-(-sizes.max() // rpn))
+
+
+class _Epoch:
+    """What remains of one epoch after ``segments``, resolvable range by range."""
+
+    def __init__(
+        self,
+        sizes: np.ndarray,
+        options: PlanOptions,
+        epoch: int,
+        segments: Sequence[Segment],
+        topology: Topology,
+    ) -> None:
+        self.options = options
+        self.epoch = epoch
+        self.chain = _Chain(sizes, options)
+        self.levels: list[_Level] = []
+        length = self.chain.total
+        for seg in segments:
+            level = _Level(seg.topology, length, seg.samples_per_rank)
+            most = level.per_rank(options.drop_last)
+            if seg.samples_per_rank > most:
+                raise ValueError(
+                    f"resume state says each rank consumed {seg.samples_per_rank} samples but "
+                    f"the plan gave only {most}: the state belongs to another dataset"
+                )
+            self.levels.append(level)
+            length -= int(level.taken().sum())
+        self.current = _Level(topology, length)
+        self._streams: dict[int, np.ndarray] = {}
+
+    def _stream(self, node: int) -> np.ndarray:
+        if node not in self._streams:
+            num_nodes = (self.levels[0] if self.levels else self.current).topology.num_nodes
+            self._streams[node] = _node_stream(
+                self.chain, self.options, self.epoch, num_nodes, node
+            )
+        return self._streams[node]
+
+    def resolve(self, lo: int, hi: int) -> np.ndarray:
+        """Positions ``[lo, hi)`` of what remains, as global sample ids."""
+        spans = [(lo, hi)] if hi > lo else []
+        for level in reversed(self.levels):
+            cuts, taken = level.cuts, level.taken()
+            rest = np.diff(cuts) - taken
+            after = np.concatenate([[0], np.cumsum(rest)])  # where each node's rest starts
+            down = []
+            for a, b in spans:
+                j = int(np.searchsorted(after, a, side="right")) - 1
+                while j < len(rest) and after[j] < b:
+                    x, y = max(a, int(after[j])), min(b, int(after[j + 1]))
+                    if y > x:
+                        base = int(cuts[j] + taken[j] - after[j])
+                        down.append((base + x, base + y))
+                    j += 1
+            spans = down
+        first = self.levels[0] if self.levels else self.current
+        cuts = first.cuts
+        out = []
+        for a, b in spans:
+            j = int(np.searchsorted(cuts, a, side="right")) - 1
+            while a < b:
+                end = min(b, int(cuts[j + 1]))
+                if end > a:
+                    out.append(self._stream(j)[a - cuts[j] : end - cuts[j]])
+                a = max(a, end)
+                j += 1
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def node_part(self, node: int) -> np.ndarray:
+        cuts = self.current.cuts
+        return self.resolve(int(cuts[node]), int(cuts[node + 1]))
+
+
+def _epoch(
+    shard_sizes: Sequence[int] | np.ndarray,
+    options: PlanOptions,
     epoch: int,
     topology: Topology,
-    window: int,
-    shuffle: bool,
-    drop_last: bool,
-) -> EpochPlan:
+    segments: Sequence[Segment],
+) -> tuple[_Epoch, int]:
+    """The remaining epoch for ``topology`` and how many samples each rank skips: training
+    that continues under the topology of the last segment continues that very sequence."""
+    _check_int("epoch", epoch, low=0)
+    skip = 0
+    if segments and segments[-1].topology == topology:
+        skip = segments[-1].samples_per_rank
+        segments = segments[:-1]
+        rest = _Epoch(_sizes(shard_sizes), options, epoch, segments, topology)
+        most = rest.current.per_rank(options.drop_last)
+        if skip > most:
+            raise ValueError(
+                f"resume state says each rank consumed {skip} samples but the plan gave only "
+                f"{most}: the state belongs to another dataset"
+            )
+        return rest, skip
+    return _Epoch(_sizes(shard_sizes), options, epoch, segments, topology), 0
+
+
+def _equalise(mine: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(samples, dropped, repeated) of one rank cut or padded to ``target``."""
+    empty = np.zeros(0, np.int64)
+    if len(mine) >= target:
+        return mine[:target], mine[target:], empty
+    if len(mine) == 0:
+        raise ValueError("a rank has no samples at all; use fewer ranks or more data")
+    extra = np.resize(mine, target - len(mine))
+    return np.concatenate([mine, extra]), empty, extra
+
+
+def rank_plan(
+    shard_sizes: Sequence[int] | np.ndarray,
+    *,
+    options: PlanOptions,
+    epoch: int,
+    topology: Topology,
+    rank: int,
+    segments: Sequence[Segment] = (),
+) -> RankPlan:
+    """What ``rank`` still reads of ``epoch``, in order, after ``segments`` were trained.
+
+    Costs what the rank's node reads plus a few arrays of one entry per shard.
+
+    >>> p = rank_plan([3, 3, 4], options=PlanOptions(), epoch=0, topology=Topology(2), rank=1)
+    >>> len(p.samples)
+    5
+    """
+    topology.check_rank(rank)
+    rest, skip = _epoch(shard_sizes, options, epoch, topology, segments)
     rpn = topology.rpn
-    streams = []
-    for node, ids in enumerate(_node_ranges(sizes, seed, available, topology.num_nodes)):
-        stream = _node_stream(
-            ids, sizes, seed=seed, epoch=epoch, node=node, window=window, shuffle=shuffle
-        )
-        streams += [stream[r::rpn] for r in range(rpn)]
-    lengths = [len(s) for s in streams]
-    target = min(lengths) if drop_last else max(lengths)
+    part = rest.node_part(rank // rpn)
+    level = rest.current
+    target = level.per_rank(options.drop_last)
+    samples, dropped, repeated = _equalise(part[rank % rpn :: rpn], target)
+    dropped_total = int(level.length - target * topology.world_size) if options.drop_last else 0
+    return RankPlan(samples[skip:], dropped, repeated, dropped_total)
+
+
+def node_samples(
+    shard_sizes: Sequence[int] | np.ndarray,
+    *,
+    options: PlanOptions,
+    epoch: int,
+    topology: Topology,
+    node_rank: int,
+    segments: Sequence[Segment] = (),
+) -> np.ndarray:
+    """The samples one node's ranks still read of ``epoch``, in the order the node needs them
+    (its ranks advance in lock-step, so position by position across its ranks)."""
+    topology.check_node(node_rank)
+    rest, skip = _epoch(shard_sizes, options, epoch, topology, segments)
+    part = rest.node_part(node_rank)
+    rpn = topology.rpn
+    target = rest.current.per_rank(options.drop_last)
+    # round-robin dealing: the first target * rpn samples are what the node's ranks read
+    return part[skip * rpn : target * rpn]
+
+
+def plan_epoch(
+    shard_sizes: Sequence[int] | np.ndarray,
+    *,
+    options: PlanOptions,
+    epoch: int,
+    topology: Topology,
+    segments: Sequence[Segment] = (),
+) -> EpochPlan:
+    """The plan of one epoch for every rank: the whole epoch in memory, for tests, analysis
+    and small jobs. A training rank uses ``rank_plan``.
+
+    >>> p = plan_epoch([3, 3, 4], options=PlanOptions(), epoch=0, topology=Topology(2))
+    >>> p.samples_per_rank, sorted(np.concatenate(p.per_rank).tolist())
+    (5, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    """
+    rest, skip = _epoch(shard_sizes, options, epoch, topology, segments)
+    target = rest.current.per_rank(options.drop_last)
+    rpn = topology.rpn
     per_rank, dropped, repeated = [], [], []
-    for s in streams:
-        if len(s) >= target:
-            per_rank.append(s[:target])
-            dropped.append(s[target:])
-        else:
-            extra = np.resize(s, target - len(s)) if len(s) else np.zeros(0, np.int64)
-            if len(s) == 0 and target:
-                raise ValueError("a rank has no samples at all; use fewer ranks or more data")
-            per_rank.append(np.concatenate([s, extra]))
-            repeated.append(extra)
+    for node in range(topology.num_nodes):
+        part = rest.node_part(node)
+        for r in range(rpn):
+            samples, d, e = _equalise(part[r::rpn], target)
+            per_rank.append(samples[skip:])
+            dropped.append(d)
+            repeated.append(e)
     return EpochPlan(
         per_rank=tuple(per_rank),
         dropped=np.concatenate(dropped) if dropped else np.zeros(0, np.int64),
@@ -205,137 +484,24 @@ def _plan_available(
     )
 
 
-def consumed_mask(
-    shard_sizes: Sequence[int] | np.ndarray,
-    *,
-    seed: int,
-    epoch: int,
-    segments: Sequence[Segment] = (),
-    window: int = 4,
-    shuffle: bool = True,
-    drop_last: bool = True,
-) -> np.ndarray:
-    """Boolean mask over all samples: True where consumed by the given segments."""
-    sizes = _sizes(shard_sizes)
-    consumed = np.zeros(int(sizes.sum()), dtype=bool)
-    for seg in segments:
-        plan = _plan_available(
-            sizes,
-            ~consumed,
-            seed=seed,
-            epoch=epoch,
-            topology=seg.topology,
-            window=window,
-            shuffle=shuffle,
-            drop_last=drop_last,
-        )
-        if seg.samples_per_rank > plan.samples_per_rank:
-            raise ValueError(
-                f"resume state says each rank consumed {seg.samples_per_rank} samples but the "
-                f"plan gave only {plan.samples_per_rank}: the state belongs to another dataset"
-            )
-        for ids in plan.per_rank:
-            consumed[ids[: seg.samples_per_rank]] = True
-    return consumed
-
-
-def plan_epoch(
-    shard_sizes: Sequence[int] | np.ndarray,
-    *,
-    seed: int,
-    epoch: int,
-    world_size: int = 1,
-    ranks_per_node: int | None = None,
-    window: int = 4,
-    shuffle: bool = True,
-    drop_last: bool = True,
-    segments: Sequence[Segment] = (),
-) -> EpochPlan:
-    """The plan of one epoch for every rank.
-
-    ``segments`` are the stretches of this epoch already trained (from a resume state): their
-    samples are excluded and only the rest is split over the given topology.
-
-    >>> p = plan_epoch([3, 3, 4], seed=0, epoch=0, world_size=2)
-    >>> p.samples_per_rank, sorted(np.concatenate(p.per_rank).tolist())
-    (5, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
-    """
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    sizes = _sizes(shard_sizes)
-    topology = Topology(world_size, ranks_per_node)
-    skip = 0
-    if segments and segments[-1].topology == topology:
-        # same topology as before the interruption: continue the very same sequence
-        skip = segments[-1].samples_per_rank
-        segments = segments[:-1]
-    available = ~consumed_mask(
-        sizes,
-        seed=seed,
-        epoch=epoch,
-        segments=segments,
-        window=window,
-        shuffle=shuffle,
-        drop_last=drop_last,
-    )
-    plan = _plan_available(
-        sizes,
-        available,
-        seed=seed,
-        epoch=epoch,
-        topology=topology,
-        window=window,
-        shuffle=shuffle,
-        drop_last=drop_last,
-    )
-    if skip > plan.samples_per_rank:
-        raise ValueError(
-            f"resume state says each rank consumed {skip} samples but the plan gave only "
-            f"{plan.samples_per_rank}: the state belongs to another dataset"
-        )
-    if skip:
-        plan = EpochPlan(tuple(r[skip:] for r in plan.per_rank), plan.dropped, plan.repeated)
-    return plan
-
-
 def node_shard_order(
     shard_sizes: Sequence[int] | np.ndarray,
     *,
-    seed: int,
+    options: PlanOptions,
     epochs: Iterable[int],
-    world_size: int = 1,
-    ranks_per_node: int | None = None,
+    topology: Topology,
     node_rank: int = 0,
-    window: int = 4,
-    shuffle: bool = True,
-    drop_last: bool = True,
 ) -> list[int]:
-    """The shards one node reads, in the order it first needs each, over the given epochs
-    (with repeats across epochs): what ``cache warm`` fetches and what eviction looks ahead at.
-    """
-    topology = Topology(world_size, ranks_per_node)
-    if not 0 <= node_rank < topology.num_nodes:
-        raise ValueError(f"node_rank must be in [0, {topology.num_nodes}), got {node_rank}")
+    """The shards one node reads, in the order it first needs each, epoch after epoch (with
+    repeats across epochs): what ``cache warm`` fetches and what eviction looks ahead at."""
+    topology.check_node(node_rank)
     sizes = _sizes(shard_sizes)
     order: list[int] = []
     for epoch in epochs:
-        plan = plan_epoch(
-            sizes,
-            seed=seed,
-            epoch=epoch,
-            world_size=world_size,
-            ranks_per_node=ranks_per_node,
-            window=window,
-            shuffle=shuffle,
-            drop_last=drop_last,
+        ids = node_samples(
+            sizes, options=options, epoch=epoch, topology=topology, node_rank=node_rank
         )
-        ranks = range(node_rank * topology.rpn, (node_rank + 1) * topology.rpn)
-        # ranks of a node advance in lock-step: interleave their streams position by position
-        stacked = np.stack([plan.per_rank[r] for r in ranks], axis=1).reshape(-1)
-        shards, _ = locate(sizes, stacked)
-        seen: set[int] = set()
-        for s in shards.tolist():
-            if s not in seen:
-                seen.add(s)
-                order.append(s)
+        shards, _ = locate(sizes, ids)
+        uniq, first = np.unique(shards, return_index=True)
+        order += uniq[np.argsort(first, kind="stable")].tolist()
     return order

@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from flashfeed.plan import Topology
+
 __all__ = ["DistContext", "cuda_device_index", "resolve_context"]
 
 
@@ -22,19 +24,20 @@ class DistContext:
     ranks_per_node: int | None = None
 
     def __post_init__(self) -> None:
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
-        rpn = self.ranks_per_node
-        if rpn is not None and (rpn < 1 or self.world_size % rpn):
-            raise ValueError(
-                f"ranks_per_node must divide world_size ({self.world_size}), got {rpn}"
-            )
+        self.topology.check_rank(self.rank)  # also checks world_size and ranks_per_node
+
+    @property
+    def topology(self) -> Topology:
+        """The job's shape, normalised: no ranks_per_node means one node."""
+        return Topology(self.world_size, self.ranks_per_node)
+
+    @property
+    def node_rank(self) -> int:
+        return self.rank // self.topology.rpn
 
     @property
     def local_rank(self) -> int:
-        return self.rank % (self.ranks_per_node or self.world_size)
+        return self.rank % self.topology.rpn
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

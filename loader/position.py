@@ -1,9 +1,10 @@
 """Where a rank stands in the plan, and the state protocol that saves and restores it.
 
-The position is (seed, epoch, the segments of this epoch already trained under earlier
-topologies, samples this rank consumed under the current one). DDP ranks advance in
+The position is (plan options, epoch, the segments of this epoch already trained under
+earlier topologies, samples this rank consumed under the current one). DDP ranks advance in
 lock-step, so one rank's state describes every rank; loading it on a new world size
 re-splits what remains of the epoch (``flashfeed.plan`` segments) and nothing is seen twice.
+The state is a few integers per segment: no per-sample set, whatever the dataset's size.
 """
 
 from __future__ import annotations
@@ -14,32 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.plan import EpochPlan, Segment, plan_epoch
+from flashfeed.plan import PlanOptions, RankPlan, Segment, Topology, rank_plan
 
 from .distributed import DistContext
 
 __all__ = ["STATE_VERSION", "PlanOptions", "Position"]
 
-STATE_VERSION = 1
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """What the plan depends on besides the position."""
-
-    seed: int = 0
-    shuffle: bool = True
-    drop_last: bool = True
-    window: int = 4
-
-    def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
+STATE_VERSION = 2
 
 
 @dataclass
 class Position:
-    """A rank's position in the plan of one dataset, with ``state_dict``/``load_state_dict``."""
+    """A rank's position in the plan of one dataset, with ``state_dict``/``load_state_dict``.
+
+    ``dataset_id``: a digest of the dataset's shard table, saved in the state so that a
+    state is never loaded into another dataset of the same shape.
+    """
 
     shard_sizes: np.ndarray
     ctx: DistContext
@@ -47,6 +38,12 @@ class Position:
     epoch: int = 0
     prior: list[Segment] = field(default_factory=list)
     consumed: int = 0
+    dataset_id: str | None = None
+    _memo: tuple[Any, RankPlan] | None = field(default=None, repr=False)
+
+    @property
+    def topology(self) -> Topology:
+        return self.ctx.topology
 
     @property
     def num_samples(self) -> int:
@@ -54,10 +51,10 @@ class Position:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning; the current epoch keeps its position."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
         if epoch != self.epoch:
-            self.epoch, self.prior, self.consumed = epoch, [], 0
+            self.epoch, self.prior, self.consumed = int(epoch), [], 0
 
     def next_epoch(self) -> None:
         self.epoch, self.prior, self.consumed = self.epoch + 1, [], 0
@@ -66,34 +63,37 @@ class Position:
         """Everything trained in this epoch so far, the current topology last."""
         segs = list(self.prior)
         if self.consumed:
-            segs.append(Segment(self.ctx.world_size, self.ctx.ranks_per_node, self.consumed))
+            t = self.topology
+            segs.append(Segment(t.world_size, t.rpn, self.consumed))
         return segs
 
-    def plan(self) -> EpochPlan:
-        """The plan of what remains of this epoch, for every rank of the current topology."""
-        o = self.options
-        return plan_epoch(
-            self.shard_sizes,
-            seed=o.seed,
-            epoch=self.epoch,
-            world_size=self.ctx.world_size,
-            ranks_per_node=self.ctx.ranks_per_node,
-            window=o.window,
-            shuffle=o.shuffle,
-            drop_last=o.drop_last,
-            segments=self.segments(),
-        )
+    def rank_plan(self) -> RankPlan:
+        """What this rank still reads of this epoch (computed once per position)."""
+        key = (self.options, self.epoch, tuple(self.segments()), self.topology, self.ctx.rank)
+        if self._memo is None or self._memo[0] != key:
+            plan = rank_plan(
+                self.shard_sizes,
+                options=self.options,
+                epoch=self.epoch,
+                topology=self.topology,
+                rank=self.ctx.rank,
+                segments=self.segments(),
+            )
+            self._memo = (key, plan)
+        return self._memo[1]
 
     def remaining(self) -> np.ndarray:
         """Global sample ids this rank still reads in this epoch, in order."""
-        return self.plan().rank_samples(self.ctx.rank)
+        return self.rank_plan().samples
 
     def advance(self, n: int) -> None:
         self.consumed += n
 
     def state_dict(self) -> dict[str, Any]:
+        t = self.topology
         return {
             "version": STATE_VERSION,
+            "dataset": self.dataset_id,
             "num_samples": self.num_samples,
             "num_shards": len(self.shard_sizes),
             "seed": self.options.seed,
@@ -101,8 +101,8 @@ class Position:
             "drop_last": self.options.drop_last,
             "window": self.options.window,
             "epoch": self.epoch,
-            "world_size": self.ctx.world_size,
-            "ranks_per_node": self.ctx.ranks_per_node,
+            "world_size": t.world_size,
+            "ranks_per_node": t.rpn,
             "samples_consumed": sum(s.samples_per_rank * s.world_size for s in self.segments()),
             "segments": [
                 [s.world_size, s.ranks_per_node, s.samples_per_rank] for s in self.segments()
@@ -111,10 +111,18 @@ class Position:
 
     def load_state_dict(self, state: dict[str, Any]) -> PlanOptions:
         """Restore a position saved by any rank of any world size; returns the plan options
-        it was saved with (seed, shuffle, window), which replace the current ones."""
+        it was saved with (seed, shuffle, window, drop_last), which replace the current ones."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            found = state.get("version") if isinstance(state, dict) else None
             raise ValueError(
-                f"not a flashfeed loader state of version {STATE_VERSION}: {str(state)[:80]!r}"
+                f"not a flashfeed loader state of version {STATE_VERSION} (found version "
+                f"{found!r}): {str(state)[:80]!r}"
+            )
+        saved_id = state.get("dataset")
+        if saved_id and self.dataset_id and saved_id != self.dataset_id:
+            raise ValueError(
+                f"the state belongs to another dataset: it was saved for dataset {saved_id}, "
+                f"this loader reads dataset {self.dataset_id}"
             )
         if state["num_samples"] != self.num_samples or state["num_shards"] != len(self.shard_sizes):
             raise ValueError(
@@ -122,26 +130,46 @@ class Position:
                 f"in {state['num_shards']} shards, this one {self.num_samples} in "
                 f"{len(self.shard_sizes)}"
             )
-        self.options = PlanOptions(
-            seed=int(state["seed"]),
-            shuffle=bool(state["shuffle"]),
-            drop_last=bool(state["drop_last"]),
-            window=int(state["window"]),
+        options = PlanOptions(
+            seed=_field(state, "seed", int),
+            shuffle=_field(state, "shuffle", bool),
+            drop_last=_field(state, "drop_last", bool),
+            window=_field(state, "window", int),
         )
-        segs = _segments(state["segments"])
-        self.epoch = int(state["epoch"])
-        here = Segment(self.ctx.world_size, self.ctx.ranks_per_node, 0).topology
-        if segs and segs[-1].topology == here:
+        epoch = _field(state, "epoch", int)
+        if epoch < 0:
+            raise ValueError(f"state field 'epoch' must be >= 0, got {epoch}")
+        segs = _segments(state.get("segments"))
+        self.options, self.epoch = options, epoch
+        if segs and segs[-1].topology == self.topology:
             self.prior, self.consumed = segs[:-1], segs[-1].samples_per_rank
         else:
             self.prior, self.consumed = segs, 0
-        self.plan()  # refuses a state that does not fit this dataset
+        self.rank_plan()  # refuses a state that does not fit this dataset
         return self.options
 
 
-def _segments(raw: Sequence[Any]) -> list[Segment]:
+def _field(state: dict[str, Any], name: str, kind: type) -> Any:
+    value = state.get(name)
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if not ok:
+        raise ValueError(
+            f"state field {name!r} must be {'True or False' if kind is bool else 'an integer'}, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _segments(raw: Sequence[Any] | None) -> list[Segment]:
+    if not isinstance(raw, list | tuple):
+        raise ValueError(f"state field 'segments' must be a list, got {raw!r}")
     out = []
     for item in raw:
+        if not isinstance(item, list | tuple) or len(item) != 3:
+            raise ValueError(f"state field 'segments' holds a bad entry: {item!r}")
         ws, rpn, n = item
-        out.append(Segment(int(ws), None if rpn is None else int(rpn), int(n)))
+        try:
+            out.append(Segment(int(ws), None if rpn is None else int(rpn), int(n)))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"state field 'segments' holds a bad entry {item!r}: {exc}") from None
     return out

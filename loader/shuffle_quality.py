@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flashfeed.plan import plan_epoch
+from flashfeed.plan import PlanOptions, Topology, plan_epoch
 
 __all__ = [
     "ShuffleQuality",
@@ -110,5 +110,10 @@ def plan_shuffle_quality(
     rank: int = 0,
 ) -> ShuffleQuality:
     """The score of the flashfeed plan's order for one rank (labels by global sample id)."""
-    plan = plan_epoch(shard_sizes, seed=seed, epoch=epoch, world_size=world_size, window=window)
+    plan = plan_epoch(
+        shard_sizes,
+        options=PlanOptions(seed=seed, window=window),
+        epoch=epoch,
+        topology=Topology(world_size),
+    )
     return shuffle_quality(np.asarray(labels)[plan.per_rank[rank]], batch_size=batch_size)

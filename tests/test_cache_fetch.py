@@ -23,7 +23,7 @@ from flashfeed.cache.policy import (
     lru_hits,
 )
 from flashfeed.cache.ranged import RangedFetcher, is_retryable, is_throttle, split_ranges
-from flashfeed.plan import node_shard_order
+from flashfeed.plan import PlanOptions, Topology, node_shard_order
 from flashfeed.storage import RetryPolicy
 
 FAST = RetryPolicy(attempts=8, base_delay=0.001, max_delay=0.01, deadline=10)
@@ -192,7 +192,9 @@ def test_eviction_order_is_furthest_next_use_then_least_recent():
 
 
 def test_with_the_plans_order_belady_beats_lru_over_epochs():
-    order = node_shard_order([100] * 40, seed=0, epochs=range(3))
+    order = node_shard_order(
+        [100] * 40, options=PlanOptions(), epochs=range(3), topology=Topology()
+    )
     for fraction in (0.5, 0.75):
         cap = int(40 * fraction)
         assert belady_hits(order, cap) >= 1.5 * max(1, lru_hits(order, cap))
