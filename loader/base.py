@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -17,6 +18,8 @@ from .sources import ShardSource
 from .stats import BatchTiming, StatsRecorder
 
 __all__ = ["PlannedLoader"]
+
+T = TypeVar("T")
 
 
 class PlannedLoader:
@@ -97,9 +100,27 @@ class PlannedLoader:
         self.position.load_state_dict(state)
         self._finished = bool(state.get("finished", False))
 
-    def _begin_pass(self) -> PassPlan:
+    def _describe(self) -> str:
+        return f"{type(self).__name__}({self.dataset.url!r}, rank {self.ctx.rank})"
+
+    def _refuse_second_pass(self) -> None:
+        """Two passes at once would read the same batches twice: refuse at ``iter()``."""
         if self._active:
-            raise RuntimeError(f"this {type(self).__name__} is already being iterated")
+            raise RuntimeError(
+                f"{self._describe()} is already being iterated: finish or close the first loop "
+                "(run it to its end, break out of it, or call .close() on its iterator) "
+                "before iterating it again"
+            )
+
+    def _pass_iter(self, run: Generator[T, None, None]) -> Iterator[T]:
+        """``run``'s batches. The loader counts as iterated from now (``iter()``, not the
+        first batch) until the pass ends or fails, or its iterator is closed or dropped."""
+        self._refuse_second_pass()
+        self._active = True
+        return _PassIterator(self, run)
+
+    def _begin_pass(self) -> PassPlan:
+        self._refuse_second_pass()
         if self._finished:
             self.position.next_epoch()
             self._finished = False
@@ -110,14 +131,11 @@ class PlannedLoader:
             drop_last=self.drop_last,
         )
 
-    def _keys(self, plan: PassPlan, sl: slice) -> list[str]:
-        """``<shard path>/<sample key>`` of the samples in ``sl`` (for the ledger)."""
-        raise NotImplementedError
-
     def _account_batch(
         self,
         plan: PassPlan,
         *,
+        keys: Sequence[str],
         epoch: int,
         batch: int,
         storage: float,
@@ -125,10 +143,19 @@ class PlannedLoader:
         h2d: float,
         step: float,
     ) -> None:
-        """Account for batch ``batch`` of the pass: ledger, resume position, timings."""
+        """Account for batch ``batch`` of the pass: ledger, resume position, timings.
+
+        ``keys`` is the batch's ``__key__``, as delivered by the pipeline: the ledger records
+        what the consumer receives, never what the plan meant to send.
+        """
         sl = plan.batch_slice(batch)
+        if len(keys) != sl.stop - sl.start:
+            raise RuntimeError(
+                f"{self._describe()}: batch {batch} of epoch {epoch} delivered {len(keys)} "
+                f"samples, the plan has {sl.stop - sl.start}"
+            )
         if self.ledger is not None:
-            self.ledger.record(epoch, self._keys(plan, sl))
+            self.ledger.record(epoch, keys)
         self.position.advance(sl.stop - sl.start)
         self.recorder.record(
             BatchTiming(
@@ -150,3 +177,37 @@ class PlannedLoader:
 
     def close(self) -> None:
         self.recorder.close()
+
+
+class _PassIterator(Generic[T]):
+    """The iterator of one pass. Its loader counts as iterated from ``iter()`` (not from the
+    first batch) until the pass ends or fails, or this iterator is closed or dropped."""
+
+    def __init__(self, loader: PlannedLoader, run: Generator[T, None, None]) -> None:
+        self._loader: PlannedLoader | None = loader
+        self._run = run
+
+    def __iter__(self) -> _PassIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            return next(self._run)
+        except BaseException:  # the generator has ended, normally or not
+            self._release()
+            raise
+
+    def close(self) -> None:
+        """Leave the pass early: stop its work and let the loader start another."""
+        try:
+            self._run.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._loader is not None:
+            self._loader._active = False
+            self._loader = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -7,7 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["to_torch"]
+from .fields import key_strings
+
+__all__ = ["to_keys", "to_torch"]
 
 
 def to_torch(tl: Any, device: torch.device | None) -> torch.Tensor | list[torch.Tensor]:
@@ -38,3 +40,8 @@ def _torch_dtype(t: Any) -> torch.dtype:
     from nvidia.dali.plugin.pytorch import to_torch_type
 
     return to_torch_type[t.dtype]
+
+
+def to_keys(tl: Any) -> list[str]:
+    """The ``__key__`` output (``key_bytes`` per sample, on the CPU) as strings."""
+    return key_strings([tl.at(i) for i in range(len(tl))])

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .labels import LABEL_EXTS
 
-__all__ = ["DEFAULT_FIELDS", "FieldSpec", "parse_fields"]
+__all__ = ["DEFAULT_FIELDS", "KEY", "FieldSpec", "key_bytes", "key_strings", "parse_fields"]
+
+#: the batch entry naming each sample, ``<shard path>/<sample key>``, read with the sample
+KEY = "__key__"
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
 DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {"image": IMAGE_EXTS, "label": LABEL_EXTS}
@@ -42,6 +48,8 @@ def parse_fields(
     for name, exts in raw.items():
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"field names must be identifiers, got {name!r}")
+        if name == KEY:
+            raise ValueError(f"{KEY!r} is not a field: every batch carries it already")
         if isinstance(exts, str):
             exts = exts.split(";")
         ext_t = tuple(e.strip().lstrip(".") for e in exts if e.strip())
@@ -49,3 +57,13 @@ def parse_fields(
             raise ValueError(f"field {name!r} names no extension")
         out.append(FieldSpec(name, ext_t, name.endswith("label"), name in optional))
     return tuple(out)
+
+
+def key_bytes(shard: str, key: str) -> np.ndarray:
+    """``<shard>/<key>`` as uint8: the form in which a sample's key travels through DALI."""
+    return np.frombuffer(f"{shard}/{key}".encode("utf-8", "surrogateescape"), np.uint8)
+
+
+def key_strings(samples: Sequence[Any]) -> list[str]:
+    """``key_bytes`` of a batch (any sequence of uint8 arrays) back to strings."""
+    return [np.asarray(s).tobytes().decode("utf-8", "surrogateescape") for s in samples]

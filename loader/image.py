@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -12,10 +12,10 @@ import torch
 from flashfeed.dataset import Dataset
 
 from .base import PlannedLoader
-from .convert import to_torch
+from .convert import to_keys, to_torch
 from .dali_runner import DaliRunner
 from .distributed import cuda_device_index, resolve_context
-from .fields import parse_fields
+from .fields import KEY, parse_fields
 from .passplan import PassPlan
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, decode_device
 from .position import PlanOptions
@@ -25,8 +25,9 @@ from .sources import ShardSource, open_dataset, open_source
 
 __all__ = ["Batch", "Loader"]
 
-#: one batch: output name -> tensor (a list of per-sample tensors for ragged raw fields)
-Batch = dict[str, torch.Tensor | list[torch.Tensor]]
+#: one batch: output name -> tensor (a list of per-sample tensors for ragged raw fields),
+#: and ``"__key__"``: each sample's ``<shard>/<key>``, carried through DALI with it
+Batch = dict[str, torch.Tensor | list[torch.Tensor] | list[str]]
 
 
 class Loader(PlannedLoader):
@@ -35,6 +36,7 @@ class Loader(PlannedLoader):
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP
     ...     batch["image"].shape, batch["label"].dtype  # (256, 3, 224, 224), torch.int64
+    ...     batch["__key__"][0]                         # 'shards/000042.tar/n01440764_10026'
     """
 
     def __init__(
@@ -114,12 +116,11 @@ class Loader(PlannedLoader):
             if self.device_kind == "gpu" and torch.cuda.is_available()
             else None
         )
-        self._index_cache: dict[int, list[str]] = {}
         self.runner = DaliRunner(self._build, self._source)
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        return self._run(self._begin_pass())
+        return self._pass_iter(self._run(self._begin_pass()))
 
     def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
         if self.py_workers:
@@ -144,8 +145,7 @@ class Loader(PlannedLoader):
         reader = ShardReader(self.source, self.shard_names)
         return BatchSource(reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir)
 
-    def _run(self, plan: PassPlan) -> Iterator[Batch]:
-        self._active = True
+    def _run(self, plan: PassPlan) -> Generator[Batch, None, None]:
         try:
             self._feeder = feeder = StreamFeeder(
                 self.source,
@@ -167,15 +167,17 @@ class Loader(PlannedLoader):
                 t1 = time.perf_counter()
                 outputs = self.runner.run()
                 t2 = time.perf_counter()
-                batch = {
-                    n: to_torch(o, self._out_device(n)) for n, o in zip(names, outputs, strict=True)
-                }
+                out = dict(zip(names, outputs, strict=True))
+                keys = to_keys(out.pop(KEY))
+                batch: Batch = {n: to_torch(o, self._out_device(n)) for n, o in out.items()}
                 label = batch.get("label")
                 if isinstance(label, torch.Tensor) and label.ndim > 1:
                     batch["label"] = label.reshape(-1)
+                batch[KEY] = keys
                 t3 = time.perf_counter()
                 self._account_batch(
                     plan,
+                    keys=keys,
                     epoch=epoch,
                     batch=k,
                     storage=storage_wait,
@@ -191,7 +193,6 @@ class Loader(PlannedLoader):
                 self.runner.finish()
             self._finished = True
         finally:
-            self._active = False
             if self._feeder is not None:
                 self._feeder.close()
 
@@ -200,14 +201,6 @@ class Loader(PlannedLoader):
         if feeder is None:
             return {}
         return {"readahead": feeder.snapshot()}
-
-    def _keys(self, plan: PassPlan, sl: slice) -> list[str]:
-        keys = []
-        for shard, row in zip(plan.shards[sl].tolist(), plan.rows[sl].tolist(), strict=True):
-            if shard not in self._index_cache:
-                self._index_cache[shard] = [e.key for e in self.source.index(shard)]
-            keys.append(f"{self.shard_names[shard]}/{self._index_cache[shard][row]}")
-        return keys
 
     def _out_device(self, name: str) -> torch.device | None:
         return self.torch_device

@@ -1,19 +1,23 @@
 """Ledger mode: a hash of every delivered sample key, per rank and epoch, appended to files.
 
-Tests and audits read it back to prove a run delivered each sample exactly once, and that an
-interrupted and resumed run delivered the same samples as an uninterrupted one.
+The keys are the batches' ``__key__`` (``<shard path>/<sample key>``), which travel through
+the pipeline with their samples, so the ledger records what the consumer received. Tests and
+audits read it back (``check_exactly_once``) to prove a run delivered each sample exactly
+once, and that an interrupted and resumed run delivered the same samples as an uninterrupted
+one.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import xxhash
 
-__all__ = ["Ledger", "key_hash", "read_ledger"]
+__all__ = ["EpochCheck", "Ledger", "check_exactly_once", "key_hash", "read_ledger"]
 
 _NAME = re.compile(r"^epoch(\d+)-ws(\d+)-rank(\d+)\.log$")
 
@@ -52,3 +56,51 @@ def read_ledger(directory: str) -> dict[int, list[str]]:
         with open(os.path.join(directory, name), encoding="ascii") as f:
             out[int(m.group(1))].extend(line.strip() for line in f if line.strip())
     return dict(out)
+
+
+@dataclass(frozen=True)
+class EpochCheck:
+    """One epoch of a ledger against the keys it should hold exactly once."""
+
+    epoch: int
+    delivered: int
+    duplicates: dict[str, int]  # key -> times delivered (> 1)
+    missing: list[str]  # expected keys never delivered
+    unknown: int  # delivered hashes that are no expected key
+
+    @property
+    def ok(self) -> bool:
+        return not self.duplicates and not self.missing and not self.unknown
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"epoch {self.epoch}: {self.delivered} samples, each exactly once"
+        dup = ", ".join(f"{k} x{n}" for k, n in list(self.duplicates.items())[:5])
+        return (
+            f"epoch {self.epoch}: {self.delivered} delivered; {len(self.duplicates)} repeated "
+            f"({dup}); {len(self.missing)} missing ({', '.join(self.missing[:5])}); "
+            f"{self.unknown} not in the dataset"
+        )
+
+
+def check_exactly_once(
+    ledger: str | dict[int, list[str]], keys: Iterable[str], *, epochs: Iterable[int] = ()
+) -> dict[int, EpochCheck]:
+    """Per epoch, which of ``keys`` (``<shard path>/<sample key>``) a ledger holds more than
+    once or not at all, and what it holds that is no key. ``ledger`` is a ledger directory
+    or ``read_ledger``'s result; ``epochs`` are checked even when the ledger has none of
+    them."""
+    recorded = read_ledger(ledger) if isinstance(ledger, str) else ledger
+    by_hash = {key_hash(k): k for k in keys}
+    out = {}
+    for epoch in sorted(set(recorded) | set(epochs)):
+        hashes = recorded.get(epoch, [])
+        counts = Counter(hashes)
+        out[epoch] = EpochCheck(
+            epoch=epoch,
+            delivered=len(hashes),
+            duplicates={by_hash.get(h, h): n for h, n in counts.items() if n > 1},
+            missing=sorted(k for h, k in by_hash.items() if h not in counts),
+            unknown=sum(n for h, n in counts.items() if h not in by_hash),
+        )
+    return out

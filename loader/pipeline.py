@@ -2,7 +2,9 @@
 operators otherwise; samples come in plan order from a ``BatchSource``.
 
 A user ``pipeline=`` function receives the DALI nodes of the encoded fields (labels already
-int64) and returns a dict of outputs; the default is image classification.
+int64) and returns a dict of outputs; the default is image classification. The pipeline adds
+one output, ``__key__``: each sample's ``<shard>/<key>`` bytes, from the same read as its
+fields.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .fields import FieldSpec
+from .fields import KEY, FieldSpec
 from .reader import BatchSource
 
 __all__ = [
@@ -136,15 +138,16 @@ def build_pipeline(
     )
     names: list[str] = []
     with pipe:
-        raw = fn.external_source(
+        # the last output holds each sample's key bytes, read with the sample: it passes
+        # through untouched and comes out beside the sample as the batch's __key__
+        *raw, keys = fn.external_source(
             source=source,
-            num_outputs=len(specs),
+            num_outputs=len(specs) + 1,
             batch=True,
             batch_info=True,
             parallel=parallel,
-            dtype=[types.INT64 if s.is_label else types.UINT8 for s in specs],
+            dtype=[*(types.INT64 if s.is_label else types.UINT8 for s in specs), types.UINT8],
         )
-        raw = raw if isinstance(raw, (list, tuple)) else [raw]
         nodes = {s.name: node for s, node in zip(specs, raw, strict=True)}
         outputs = user_fn(nodes) if user_fn else default_image_pipeline(nodes, augment)
         if not isinstance(outputs, Mapping) or not outputs:
@@ -152,7 +155,9 @@ def build_pipeline(
                 "pipeline= must return a non-empty dict of output name -> DALI node, got "
                 f"{type(outputs).__name__}"
             )
-        names = list(outputs)
-        pipe.set_outputs(*outputs.values())
+        if KEY in outputs:
+            raise ValueError(f"pipeline= must not return {KEY!r}: the loader adds it")
+        names = [*outputs, KEY]
+        pipe.set_outputs(*outputs.values(), keys)
     pipe.build()
     return pipe, names

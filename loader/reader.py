@@ -20,7 +20,7 @@ from flashfeed.cache.progress import FillView
 from flashfeed.errors import CorruptShardError
 from flashfeed.wdsindex import SampleIndex
 
-from .fields import FieldSpec
+from .fields import FieldSpec, key_bytes
 from .labels import parse_label
 from .sources import ShardSource
 
@@ -156,7 +156,8 @@ class ShardReader:
 
 
 class BatchSource:
-    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per field.
+    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per field, then
+    one of the samples' ``key_bytes`` (read with the sample, so the key names what was read).
 
     One DALI pipeline serves many passes: DALI's epoch index ``e`` (incremented by each
     ``reset()``) names the pass file ``pass-<e>.npz`` that ``write_pass`` stored before the
@@ -195,12 +196,13 @@ class BatchSource:
             raise StopIteration
         lo = i * self.batch_size
         hi = min(lo + self.batch_size, len(self._shards))
-        cols: tuple[list[np.ndarray], ...] = tuple([] for _ in self.specs)
+        cols: tuple[list[np.ndarray], ...] = tuple([] for _ in range(len(self.specs) + 1))
         for shard, row in zip(
             self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist(), strict=True
         ):
-            _, values = self.reader.fields(shard, row, self.specs)
-            for col, v in zip(cols, values, strict=True):
+            key, values = self.reader.fields(shard, row, self.specs)
+            key_col = key_bytes(self.reader.shard_names[shard], key)
+            for col, v in zip(cols, [*values, key_col], strict=True):
                 col.append(v)
         return cols
 

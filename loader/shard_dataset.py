@@ -1,16 +1,18 @@
 """``ShardDataset``: the plan as a torch ``IterableDataset``, for your own CPU transforms.
 
 Each sample is a dict ``{"__key__", "__shard__", "__index__", field: bytes | int64 label}``
-passed through ``transform``. Under a ``DataLoader`` with ``num_workers=W`` worker ``w``
-produces batches ``w, w+W, ...`` of the plan, so the loader's round-robin yields the plan's
-batches in order. ``ShardDataLoader`` (``ShardDataset.loader()``) counts what the consumer
-received, which is what ``state_dict()`` must describe.
+passed through ``transform``; ``__key__`` is ``<shard path>/<sample key>``, read from the
+shard with the sample (as in every flashfeed loader's batches), ``__shard__`` the shard path.
+Under a ``DataLoader`` with ``num_workers=W`` worker ``w`` produces batches ``w, w+W, ...``
+of the plan, so the loader's round-robin yields the plan's batches in order.
+``ShardDataLoader`` (``ShardDataset.loader()``) counts what the consumer received, which is
+what ``state_dict()`` must describe.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,7 @@ from flashfeed.dataset import Dataset
 
 from .base import PlannedLoader
 from .distributed import resolve_context
-from .fields import FieldSpec, parse_fields
+from .fields import KEY, FieldSpec, parse_fields
 from .labels import parse_label
 from .passplan import PassPlan, ShardFeeder, make_pass
 from .position import PlanOptions
@@ -116,7 +118,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         if info is None and not self._driven:
-            return self._samples(self._begin_pass(), 0, 1, in_process=True)
+            return self._pass_iter(self._samples(self._begin_pass(), 0, 1, in_process=True))
         # under a ShardDataLoader, which counts deliveries itself; in a worker, the position
         # is the one the main process had at iter(DataLoader)
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -143,14 +145,12 @@ class ShardDataset(PlannedLoader, IterableDataset):
                     if is_label
                     else data.tobytes()
                 )
-        sample["__key__"] = key
+        sample[KEY] = f"{name}/{key}"
         return sample
 
     def _samples(
         self, plan: PassPlan, worker: int, workers: int, *, in_process: bool
-    ) -> Iterator[Any]:
-        if in_process:
-            self._active = True
+    ) -> Generator[Any, None, None]:
         reader = ShardReader(self.source, self.shard_names)
         feeder = ShardFeeder(self.source, plan, lookahead=1, readahead=self.readahead)
         epoch = self.position.epoch
@@ -169,13 +169,11 @@ class ShardDataset(PlannedLoader, IterableDataset):
             if in_process:
                 self._finished = True
         finally:
-            if in_process:
-                self._active = False
             reader.close()
 
     def _delivered(self, epoch: int, sample: dict[str, Any], storage: float, work: float) -> None:
         if self.ledger is not None:
-            self.ledger.record(epoch, [f"{sample['__shard__']}/{sample['__key__']}"])
+            self.ledger.record(epoch, [sample[KEY]])
         self.position.advance(1)
         self.recorder.record(
             BatchTiming(
@@ -201,7 +199,8 @@ class ShardDataLoader:
     """``torch.utils.data.DataLoader`` over a ``ShardDataset`` with the loader protocol:
     ``set_epoch``, ``state_dict``/``load_state_dict``, ``stats``, ledger of delivered keys.
 
-    The transform must keep ``__key__`` and ``__shard__`` (dict samples) for the ledger.
+    With ``ledger_dir``, the transform must keep ``__key__`` (dict samples): the ledger is
+    written from the keys the consumer receives.
     """
 
     def __init__(self, dataset: ShardDataset, *, num_workers: int = 0, **kwargs: Any) -> None:
@@ -240,8 +239,7 @@ class ShardDataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
-        if ds._active:
-            raise RuntimeError("this ShardDataLoader is already being iterated")
+        ds._refuse_second_pass()
         if ds._finished:
             ds.position.next_epoch()
             ds._finished = False
@@ -251,32 +249,39 @@ class ShardDataLoader:
             it = iter(self.loader)  # workers copy the position as it is now
         finally:
             ds._driven = False
-        ds._active = True
-        try:
-            k = 0
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    break
-                wait = time.perf_counter() - t0
-                n = _batch_len(batch)
-                if ds.ledger is not None:
-                    keys = [
-                        f"{s}/{k_}"
-                        for s, k_ in zip(batch["__shard__"], batch["__key__"], strict=True)
-                    ]
-                    ds.ledger.record(epoch, keys)
-                ds.position.advance(n)
-                ds.recorder.record(
-                    BatchTiming(time.time(), ds.ctx.rank, epoch, k, n, 0.0, wait, 0.0, 0.0)
-                )
-                k += 1
-                yield batch
-            ds._finished = True
-        finally:
-            ds._active = False
+        return ds._pass_iter(self._deliver(it, epoch))
+
+    def _deliver(self, it: Iterator[Any], epoch: int) -> Generator[Any, None, None]:
+        ds = self.dataset
+        k = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            wait = time.perf_counter() - t0
+            n = _batch_len(batch)
+            if ds.ledger is not None:
+                ds.ledger.record(epoch, _batch_keys(batch, n))
+            ds.position.advance(n)
+            ds.recorder.record(
+                BatchTiming(time.time(), ds.ctx.rank, epoch, k, n, 0.0, wait, 0.0, 0.0)
+            )
+            k += 1
+            yield batch
+        ds._finished = True
+
+
+def _batch_keys(batch: Any, n: int) -> list[str]:
+    """The ``__key__`` of a delivered batch, for the ledger."""
+    keys = batch.get(KEY) if isinstance(batch, Mapping) else None
+    if not isinstance(keys, (list, tuple)) or len(keys) != n:
+        raise ValueError(
+            f"ledger_dir needs every batch to carry {KEY!r} (a list of {n} <shard>/<key> "
+            "strings): keep it in the transform's output"
+        )
+    return [str(k) for k in keys]
 
 
 def _batch_len(batch: Any) -> int:

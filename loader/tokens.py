@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from flashfeed.dataset import Dataset
@@ -21,17 +22,23 @@ from flashfeed.dataset import Dataset
 from .arrowcols import ArrowShardView, open_arrow_view
 from .base import PlannedLoader
 from .distributed import cuda_device_index, resolve_context
+from .fields import KEY
 from .passplan import PassPlan, ShardFeeder
 from .position import PlanOptions
 from .sources import ShardSource, open_dataset, open_source
 
-__all__ = ["TokenLoader"]
+__all__ = ["Batch", "TokenLoader"]
 
 _DTYPES = {"int64", "int32", "int16", "uint16", "uint32", "int8", "uint8"}
 
+#: one batch: column -> (batch, seq_len) tensor, and ``"__key__"``: each row's
+#: ``<shard>/<key>`` (``__key__`` column of the shard, else the row number)
+Batch = dict[str, torch.Tensor | list[str]]
+
 
 class TokenLoader(PlannedLoader):
-    """Batches ``{column: (batch, seq_len) tensor}`` of an Arrow token dataset.
+    """Batches ``{column: (batch, seq_len) tensor, "__key__": [<shard>/<key>, ...]}`` of an
+    Arrow token dataset.
 
     >>> loader = TokenLoader("s3://b/tokens", batch_size=8, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> next(iter(loader))["tokens"].shape                                         # doctest: +SKIP
@@ -116,14 +123,20 @@ class TokenLoader(PlannedLoader):
             self._views.move_to_end(shard)
         return view
 
-    def _gather(self, plan: PassPlan, sl: slice) -> dict[str, np.ndarray]:
-        """Copy the batch's rows, in plan order, from the mapped shards: one copy per row
-        group of a shard, no per-row Python work."""
-        shards, rows = plan.shards[sl], plan.rows[sl]
+    def _gather(
+        self, shards: np.ndarray, rows: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], list[str]]:
+        """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards (one
+        copy per row group of a shard, no per-row Python work), with their keys as
+        ``<shard>/<key>``, read from the same rows."""
         order = np.argsort(shards, kind="stable")
         groups = np.split(order, np.flatnonzero(np.diff(shards[order])) + 1)
         out: dict[str, np.ndarray] = {}
         views = [self._view(int(shards[g[0]])) for g in groups]
+        keys: list[str] = [""] * len(shards)
+        for view, pos in zip(views, groups, strict=True):
+            for p, key in zip(pos.tolist(), _row_keys(view, rows[pos]), strict=True):
+                keys[p] = f"{view.name}/{key}"
         for col in self.columns:
             first = views[0].columns[col][0]
             dtype = np.dtype(self.dtype) if self.dtype else first.dtype
@@ -143,56 +156,48 @@ class TokenLoader(PlannedLoader):
                     sel = chunk == c
                     buf[pos[sel]] = arrays[c][inner[sel]]
             out[col] = buf
-        return out
+        return out, keys
 
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         t = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=self.pin_memory)
         return t.numpy()
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return self._run(self._begin_pass())
+    def __iter__(self) -> Iterator[Batch]:
+        return self._pass_iter(self._run(self._begin_pass()))
 
-    def _run(self, plan: PassPlan) -> Iterator[dict[str, torch.Tensor]]:
-        self._active = True
-        try:
-            feeder = ShardFeeder(self.source, plan, lookahead=1, readahead=self.readahead)
-            epoch = self.position.epoch
+    def _run(self, plan: PassPlan) -> Generator[Batch, None, None]:
+        feeder = ShardFeeder(self.source, plan, lookahead=1, readahead=self.readahead)
+        epoch = self.position.epoch
+        step_start = time.perf_counter()
+        for k in range(plan.num_batches):
+            asked = time.perf_counter()
+            storage_wait = feeder.ensure(k)
+            t1 = time.perf_counter()
+            sl = plan.batch_slice(k)
+            arrays, keys = self._gather(plan.shards[sl], plan.rows[sl])
+            t2 = time.perf_counter()
+            batch: Batch = {c: self._to_device(torch.from_numpy(a)) for c, a in arrays.items()}
+            batch[KEY] = keys
+            t3 = time.perf_counter()
+            self.bytes_delivered += sum(a.nbytes for a in arrays.values())
+            self._account_batch(
+                plan,
+                keys=keys,
+                epoch=epoch,
+                batch=k,
+                storage=storage_wait,
+                decode=t2 - t1,
+                h2d=t3 - t2,
+                step=asked - step_start,
+            )
+            yield batch
             step_start = time.perf_counter()
-            for k in range(plan.num_batches):
-                asked = time.perf_counter()
-                storage_wait = feeder.ensure(k)
-                t1 = time.perf_counter()
-                sl = plan.batch_slice(k)
-                arrays = self._gather(plan, sl)
-                t2 = time.perf_counter()
-                batch = {c: self._to_device(torch.from_numpy(a)) for c, a in arrays.items()}
-                t3 = time.perf_counter()
-                self.bytes_delivered += sum(a.nbytes for a in arrays.values())
-                self._account_batch(
-                    plan,
-                    epoch=epoch,
-                    batch=k,
-                    storage=storage_wait,
-                    decode=t2 - t1,
-                    h2d=t3 - t2,
-                    step=asked - step_start,
-                )
-                yield batch
-                step_start = time.perf_counter()
-            self._finished = True
-        finally:
-            self._active = False
+        self._finished = True
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device is None:
             return t
         return t.to(self.device, non_blocking=self.pin_memory)
-
-    def _keys(self, plan: PassPlan, sl: slice) -> list[str]:
-        return [
-            f"{self.shard_names[s]}/{self._view(s).key(r)}"
-            for s, r in zip(plan.shards[sl].tolist(), plan.rows[sl].tolist(), strict=True)
-        ]
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -200,6 +205,13 @@ class TokenLoader(PlannedLoader):
         out["bytes"] = self.bytes_delivered
         out["gb_per_s"] = self.bytes_delivered / elapsed / 1e9 if elapsed > 0 else 0.0
         return out
+
+
+def _row_keys(view: ArrowShardView, rows: np.ndarray) -> list[str]:
+    """The keys of ``rows``: the shard's ``__key__`` column, else the row number."""
+    if view.keys is None:
+        return [str(r) for r in rows.tolist()]
+    return [str(k) for k in view.keys.take(pa.array(rows)).to_pylist()]
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
