@@ -108,7 +108,7 @@ def _verify(args: argparse.Namespace) -> int:
     if report.ok:
         print(
             f"ok: {report.shards} shards, {format_size(report.bytes)} of {report.url} "
-            "match the manifest"
+            f"match the manifest (version {report.format_version})"
         )
         return 0
     for p in report.problems:
@@ -136,7 +136,7 @@ def _index(args: argparse.Namespace) -> int:
     for path in report.empty:
         print(f"flashfeed index: skipped empty tar {path}", file=sys.stderr)
     print(
-        f"indexed {len(m.shards)} shards, {m.num_samples} samples, "
+        f"indexed {m.num_shards} shards, {m.num_samples} samples, "
         f"{format_size(m.num_bytes)}; schema {', '.join(sorted(m.schema))}; "
         f"committed {report.manifest_url}"
     )

@@ -8,10 +8,13 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from . import crypto, storage
 from .arrowshard import open_arrow
 from .errors import CorruptShardError
 from .manifest import Manifest, ShardInfo, read_manifest
+from .shardtable import ShardList
 from .tarshard import Sample, iter_samples
 from .wdsindex import SampleIndex, parse_index
 
@@ -24,6 +27,9 @@ class Dataset:
     >>> ds = Dataset.open("/data/imagenet-wds")          # doctest: +SKIP
     >>> ds.manifest.num_samples, len(ds.shards)           # doctest: +SKIP
     (1281167, 1024)
+
+    ``shards`` builds a ``ShardInfo`` per shard asked for; ``shard_samples``, ``shard_url(i)``
+    and ``index_url(i)`` work straight off the manifest's columns.
     """
 
     def __init__(
@@ -63,7 +69,7 @@ class Dataset:
     def __repr__(self) -> str:
         m = self.manifest
         return (
-            f"Dataset({self.url!r}, format={m.shard_format}, shards={len(m.shards)}, "
+            f"Dataset({self.url!r}, format={m.shard_format}, shards={m.num_shards}, "
             f"samples={m.num_samples})"
         )
 
@@ -71,25 +77,50 @@ class Dataset:
         return self.manifest.num_samples
 
     @property
-    def shards(self) -> tuple[ShardInfo, ...]:
+    def shards(self) -> ShardList:
         return self.manifest.shards
+
+    @property
+    def num_shards(self) -> int:
+        return self.manifest.num_shards
+
+    @property
+    def shard_samples(self) -> np.ndarray:
+        """Samples per shard: a read-only int64 array."""
+        return self.manifest.shard_samples
+
+    def _number(self, shard: int | str) -> int:
+        if isinstance(shard, str):
+            try:
+                return self.manifest.find_shard(shard)
+            except KeyError:
+                raise KeyError(f"{self.url}: no shard {shard!r}") from None
+        n = self.manifest.num_shards
+        i = int(shard)
+        if not -n <= i < n:
+            raise IndexError(f"{self.url}: shard {shard} out of range (the dataset has {n})")
+        return i % n
 
     def shard(self, shard: int | str | ShardInfo) -> ShardInfo:
         if isinstance(shard, ShardInfo):
             return shard
-        if isinstance(shard, int):
-            return self.shards[shard]
-        for s in self.shards:
-            if s.path == shard:
-                return s
-        raise KeyError(f"{self.url}: no shard {shard!r}")
+        return self.manifest.shard(self._number(shard))
 
     def shard_url(self, shard: int | str | ShardInfo) -> str:
-        return storage.join(self.url, self.shard(shard).path)
+        if isinstance(shard, ShardInfo):
+            return storage.join(self.url, shard.path)
+        if isinstance(shard, str):
+            return storage.join(self.url, self.shard(shard).path)
+        return storage.join(self.url, self.manifest.shard_path(self._number(shard)))
 
     def index_url(self, shard: int | str | ShardInfo) -> str | None:
-        info = self.shard(shard)
-        return storage.join(self.url, info.index) if info.index else None
+        if isinstance(shard, ShardInfo):
+            index = shard.index
+        elif isinstance(shard, str):
+            index = self.shard(shard).index
+        else:
+            index = self.manifest.shard_index(self._number(shard))
+        return storage.join(self.url, index) if index else None
 
     def read_shard(
         self, shard: int | str | ShardInfo, *, verify: bool = True, decrypt: bool = True

@@ -1,133 +1,164 @@
 """The dataset manifest: ``<prefix>/manifest.json``, written last; its presence is the commit.
 
-See docs/FORMAT.md for the field-by-field description.
+Version 2 (written now): ``manifest.json`` is a small JSON header and the shard table is an
+Arrow IPC file beside it (``manifest-<hash>.arrow``), written first and named by the header
+with its size, row count and checksum. Version 1 (one JSON object with a ``shards`` list)
+is still read. See docs/FORMAT.md for the field-by-field description.
 """
 
 from __future__ import annotations
 
 import json
-import posixpath
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from . import storage
 from .errors import DatasetExistsError, ManifestError
+from .shardtable import (
+    ShardInfo,
+    ShardList,
+    ShardTable,
+    check_relative_path,
+    synthetic_shard_table,
+)
 
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "READ_VERSIONS",
     "SHARD_FORMATS",
     "Manifest",
     "ShardInfo",
+    "ShardTable",
+    "check_relative_path",
     "commit_manifest",
+    "delete_manifest",
     "read_manifest",
+    "synthetic_shard_table",
 ]
 
-FORMAT_VERSION = 1
+#: the version writers write; readers read every version in ``READ_VERSIONS``
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 MANIFEST_NAME = "manifest.json"
 SHARD_FORMATS = ("webdataset", "arrow")
+TABLE_FORMAT = "arrow-ipc"
+_TABLE_PREFIX = "manifest-"
 
 
-def check_relative_path(path: Any, *, what: str, source: str) -> str:
-    """A path inside the dataset prefix: relative, no ``..``, no scheme."""
-    if not isinstance(path, str) or not path:
-        raise ManifestError(f"{source}: {what} must be a non-empty string, got {path!r}")
-    norm = posixpath.normpath(path)
-    if (
-        path.startswith("/")
-        or "://" in path
-        or "\\" in path
-        or norm.startswith("..")
-        or ".." in path.split("/")
-    ):
-        raise ManifestError(f"{source}: {what} {path!r} escapes the dataset prefix")
-    return path
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard: where it is, what it holds, and the checksum of its bytes."""
-
-    path: str
-    samples: int
-    bytes: int
-    checksum: str
-    index: str | None = None
-
-    @classmethod
-    def from_dict(cls, d: Any, *, source: str, i: int) -> ShardInfo:
-        where = f"shards[{i}]"
-        if not isinstance(d, dict):
-            raise ManifestError(f"{source}: {where} must be an object")
-        missing = {"path", "samples", "bytes", "checksum"} - d.keys()
-        if missing:
-            raise ManifestError(f"{source}: {where} lacks {sorted(missing)}")
-        for k in ("samples", "bytes"):
-            if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 0:
-                raise ManifestError(f"{source}: {where}.{k} must be an integer >= 0")
-        if not isinstance(d["checksum"], str) or not d["checksum"].startswith(
-            storage.CHECKSUM_PREFIX
-        ):
-            raise ManifestError(
-                f"{source}: {where}.checksum must look like '{storage.CHECKSUM_PREFIX}<hex>'"
-            )
-        index = d.get("index")
-        if index is not None:
-            check_relative_path(index, what=f"{where}.index", source=source)
-        return cls(
-            path=check_relative_path(d["path"], what=f"{where}.path", source=source),
-            samples=d["samples"],
-            bytes=d["bytes"],
-            checksum=d["checksum"],
-            index=index,
-        )
-
-
-@dataclass(frozen=True)
 class Manifest:
-    """What a committed dataset holds. Immutable; a new version is a new prefix."""
+    """What a committed dataset holds. Immutable; a new version is a new prefix.
 
-    name: str
-    shard_format: str
-    schema: dict[str, str]
-    shards: tuple[ShardInfo, ...]
-    skipped: dict[str, int] = field(default_factory=dict)
-    source: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    classes: tuple[str, ...] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
+    ``shards`` is a sequence of ``ShardInfo`` built per item on demand; the columnar
+    accessors (``shard_samples``, ``shard_bytes``, ``shard_path``) build no per-shard
+    objects at all, which is what a million-shard dataset needs.
+    """
 
-    def __post_init__(self) -> None:
-        if self.shard_format not in SHARD_FORMATS:
+    def __init__(
+        self,
+        name: str,
+        shard_format: str,
+        schema: dict[str, str],
+        shards: Sequence[ShardInfo] | ShardTable,
+        skipped: dict[str, int] | None = None,
+        source: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        classes: Sequence[str] | None = None,
+        extra: dict[str, Any] | None = None,
+        format_version: int = FORMAT_VERSION,
+    ) -> None:
+        if shard_format not in SHARD_FORMATS:
             raise ManifestError(
-                f"shard_format must be one of {SHARD_FORMATS}, got {self.shard_format!r}"
+                f"shard_format must be one of {SHARD_FORMATS}, got {shard_format!r}"
             )
+        self.name = name
+        self.shard_format = shard_format
+        self.schema = schema
+        self.skipped = dict(skipped or {})
+        self.source = source or {}
+        self.config = config or {}
+        self.classes = tuple(classes) if classes is not None else None
+        self.extra = extra or {}
+        self.format_version = format_version
+        self._table = shards if isinstance(shards, ShardTable) else ShardTable.from_infos(shards)
+        self._shards = ShardList(self._table)
+
+    # --- the shard table ------------------------------------------------------------------
 
     @property
+    def shards(self) -> ShardList:
+        """Every shard as a ``ShardInfo`` sequence (indexing, ``len``, iteration)."""
+        return self._shards
+
+    @property
+    def table(self) -> ShardTable:
+        return self._table
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._table)
+
+    @property
+    def shard_samples(self) -> np.ndarray:
+        """Samples per shard: a read-only int64 array, no Python object per shard."""
+        return self._table.samples
+
+    @property
+    def shard_bytes(self) -> np.ndarray:
+        """Bytes per shard: a read-only int64 array."""
+        return self._table.sizes
+
+    def shard_path(self, i: int) -> str:
+        return self._table.path(i)
+
+    def shard_index(self, i: int) -> str | None:
+        """The relative path of shard ``i``'s ``.idx``, or None."""
+        return self._table.index(i)
+
+    def shard(self, i: int) -> ShardInfo:
+        return self._shards[i]
+
+    def find_shard(self, path: str) -> int:
+        """The number of the shard at ``path``; ``KeyError`` if there is none."""
+        i = self._table.find(path)
+        if i < 0:
+            raise KeyError(f"dataset {self.name!r} has no shard {path!r}")
+        return i
+
+    @property
+    def digest(self) -> str:
+        """The dataset's identity: a hex hash of the shard table (paths, sizes, checksums,
+        indexes), the same for a version-1 and a version-2 manifest of the same shards."""
+        return self._table.digest
+
+    @cached_property
     def num_samples(self) -> int:
-        return sum(s.samples for s in self.shards)
+        return int(self._table.samples.sum())
 
-    @property
+    @cached_property
     def num_bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
+        return int(self._table.sizes.sum())
 
     def totals(self) -> dict[str, int]:
         return {
-            "shards": len(self.shards),
+            "shards": self.num_shards,
             "samples": self.num_samples,
             "bytes": self.num_bytes,
             "skipped": sum(self.skipped.values()),
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    # --- equality and text ----------------------------------------------------------------
+
+    def _header_fields(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "format_version": self.format_version,
             "name": self.name,
             "shard_format": self.shard_format,
             "schema": dict(self.schema),
             "totals": self.totals(),
-            "shards": [asdict(s) for s in self.shards],
             "skipped": dict(self.skipped),
             "source": self.source,
             "config": self.config,
@@ -138,80 +169,174 @@ class Manifest:
             d["extra"] = self.extra
         return d
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Manifest):
+            return NotImplemented
+        return self._header_fields() == other._header_fields() and self.digest == other.digest
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Manifest(name={self.name!r}, shard_format={self.shard_format!r}, "
+            f"shards={self.num_shards}, samples={self.num_samples}, "
+            f"format_version={self.format_version})"
+        )
+
+    def header_dict(self, table: dict[str, Any]) -> dict[str, Any]:
+        """The version-2 header: every field but the shards, plus ``shard_table``."""
+        return {"format_version": 2, **self._header_fields(), "shard_table": dict(table)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole manifest as one version-1 object (shards inline)."""
+        d = self._header_fields()
+        d["format_version"] = 1
+        d["shards"] = [
+            {"path": s.path, "samples": s.samples, "bytes": s.bytes, "checksum": s.checksum,
+             "index": s.index}
+            for s in self._shards
+        ]  # fmt: skip
+        return d
+
     def to_json(self) -> str:
-        """Canonical JSON: sorted keys, so identical datasets give identical manifests."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        """Canonical version-1 JSON: sorted keys, so identical datasets give identical text."""
+        return _canonical(self.to_dict())
+
+    # --- parsing --------------------------------------------------------------------------
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = MANIFEST_NAME) -> Manifest:
-        try:
-            d = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{source}: not valid JSON ({exc})") from None
-        return cls.from_dict(d, source=source)
+        """A version-1 manifest from its text (a version-2 header needs its shard table:
+        use ``read_manifest``)."""
+        return cls.from_dict(_parse_json(text, source), source=source)
 
     @classmethod
     def from_dict(cls, d: Any, *, source: str = MANIFEST_NAME) -> Manifest:
-        if not isinstance(d, dict):
-            raise ManifestError(f"{source}: a manifest must be a JSON object")
-        version = d.get("format_version")
-        if type(version) is not int or version != FORMAT_VERSION:
+        """A version-1 manifest from its JSON object."""
+        if _version(d, source) != 1:
             raise ManifestError(
-                f"{source}: manifest format version {version!r} is not supported; "
-                f"this flashfeed reads version {FORMAT_VERSION} (upgrade flashfeed to read it)"
+                f"{source}: a version-2 manifest keeps its shards in a separate table; "
+                "open it with read_manifest(prefix) or Dataset.open(prefix)"
             )
-        for k in ("name", "shard_format", "schema", "shards"):
-            if k not in d:
-                raise ManifestError(f"{source}: manifest lacks {k!r}")
-        if d["shard_format"] not in SHARD_FORMATS:
-            raise ManifestError(
-                f"{source}: shard_format must be one of {SHARD_FORMATS}, got {d['shard_format']!r}"
-            )
-        if not isinstance(d["schema"], dict) or not isinstance(d["shards"], list):
-            raise ManifestError(f"{source}: 'schema' must be an object and 'shards' a list")
-        if not isinstance(d["name"], str):
-            raise ManifestError(f"{source}: 'name' must be a string, got {d['name']!r:.80}")
-        for k in ("source", "config", "extra"):
-            if not isinstance(d.get(k) or {}, dict):
-                raise ManifestError(f"{source}: {k!r} must be an object")
-        shards = tuple(
-            ShardInfo.from_dict(s, source=source, i=i) for i, s in enumerate(d["shards"])
-        )
-        if len({s.path for s in shards}) != len(shards):
+        fields = _header_kwargs(d, source)
+        if "shards" not in d:
+            raise ManifestError(f"{source}: manifest lacks 'shards'")
+        if not isinstance(d["shards"], list):
+            raise ManifestError(f"{source}: 'shards' must be a list")
+        infos = [ShardInfo.from_dict(s, source=source, i=i) for i, s in enumerate(d["shards"])]
+        if len({s.path for s in infos}) != len(infos):
             raise ManifestError(f"{source}: two shards share one path")
-        skipped = d.get("skipped") or {}
-        if not isinstance(skipped, dict) or not all(
-            type(v) is int and v >= 0 for v in skipped.values()
-        ):
-            raise ManifestError(f"{source}: 'skipped' must map reasons to counts")
-        classes = d.get("classes")
-        if classes is not None and (
-            not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
-        ):
-            raise ManifestError(f"{source}: 'classes' must be a list of strings")
-        m = cls(
-            name=str(d["name"]),
-            shard_format=d["shard_format"],
-            schema={str(k): str(v) for k, v in d["schema"].items()},
-            shards=shards,
-            skipped=dict(skipped),
-            source=d.get("source") or {},
-            config=d.get("config") or {},
-            classes=tuple(classes) if classes is not None else None,
-            extra=d.get("extra") or {},
-        )
-        totals = d.get("totals")
-        if totals is not None:
-            actual = m.totals()
-            if not isinstance(totals, dict):
-                raise ManifestError(f"{source}: 'totals' must be an object")
-            for k, v in totals.items():
-                if k in actual and v != actual[k]:
-                    raise ManifestError(
-                        f"{source}: totals.{k} is {v} but the shards add up to {actual[k]}; "
-                        "the manifest was edited or truncated"
-                    )
+        m = cls(shards=infos, format_version=1, **fields)
+        _check_totals(m, d, source)
         return m
+
+    @classmethod
+    def from_header(cls, d: Any, table: ShardTable, *, source: str = MANIFEST_NAME) -> Manifest:
+        """A version-2 manifest from its header object and its (already read) shard table."""
+        if _version(d, source) != 2:
+            raise ManifestError(f"{source}: not a version-2 manifest header")
+        m = cls(shards=table, format_version=2, **_header_kwargs(d, source))
+        _check_totals(m, d, source)
+        return m
+
+
+def _canonical(d: dict[str, Any]) -> str:
+    return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+
+def _parse_json(text: str | bytes, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ManifestError(f"{source}: not valid JSON ({str(exc)[:200]})") from None
+
+
+def _version(d: Any, source: str) -> int:
+    if not isinstance(d, dict):
+        raise ManifestError(f"{source}: a manifest must be a JSON object")
+    version = d.get("format_version")
+    if type(version) is not int or version not in READ_VERSIONS:
+        raise ManifestError(
+            f"{source}: manifest format version {version!r:.40} is not supported; "
+            f"this flashfeed reads versions {', '.join(map(str, READ_VERSIONS))} "
+            "(upgrade flashfeed to read it)"
+        )
+    return version
+
+
+def _header_kwargs(d: dict[str, Any], source: str) -> dict[str, Any]:
+    """The fields both versions share, checked."""
+    for k in ("name", "shard_format", "schema"):
+        if k not in d:
+            raise ManifestError(f"{source}: manifest lacks {k!r}")
+    if d["shard_format"] not in SHARD_FORMATS:
+        raise ManifestError(
+            f"{source}: shard_format must be one of {SHARD_FORMATS}, got {d['shard_format']!r:.80}"
+        )
+    if not isinstance(d["schema"], dict):
+        raise ManifestError(f"{source}: 'schema' must be an object")
+    if not isinstance(d["name"], str):
+        raise ManifestError(f"{source}: 'name' must be a string, got {d['name']!r:.80}")
+    for k in ("source", "config", "extra"):
+        if not isinstance(d.get(k) or {}, dict):
+            raise ManifestError(f"{source}: {k!r} must be an object")
+    skipped = d.get("skipped") or {}
+    if not isinstance(skipped, dict) or not all(
+        type(v) is int and v >= 0 for v in skipped.values()
+    ):
+        raise ManifestError(f"{source}: 'skipped' must map reasons to counts")
+    classes = d.get("classes")
+    if classes is not None and (
+        not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
+    ):
+        raise ManifestError(f"{source}: 'classes' must be a list of strings")
+    return {
+        "name": d["name"],
+        "shard_format": d["shard_format"],
+        "schema": {str(k): str(v) for k, v in d["schema"].items()},
+        "skipped": dict(skipped),
+        "source": d.get("source") or {},
+        "config": d.get("config") or {},
+        "classes": tuple(classes) if classes is not None else None,
+        "extra": d.get("extra") or {},
+    }
+
+
+def _check_totals(m: Manifest, d: dict[str, Any], source: str) -> None:
+    totals = d.get("totals")
+    if totals is None:
+        return
+    if not isinstance(totals, dict):
+        raise ManifestError(f"{source}: 'totals' must be an object")
+    actual = m.totals()
+    for k, v in totals.items():
+        if k in actual and v != actual[k]:
+            raise ManifestError(
+                f"{source}: totals.{k} is {v!r:.40} but the shards add up to {actual[k]}; "
+                "the manifest was edited or truncated"
+            )
+
+
+def _table_ref(d: dict[str, Any], source: str) -> dict[str, Any]:
+    """The header's ``shard_table`` record: where the table is, its size, rows, checksum."""
+    ref = d.get("shard_table")
+    if not isinstance(ref, dict):
+        raise ManifestError(f"{source}: a version-2 manifest needs a 'shard_table' object")
+    check_relative_path(ref.get("path"), what="shard_table.path", source=source)
+    if ref.get("format") != TABLE_FORMAT:
+        raise ManifestError(
+            f"{source}: shard_table.format must be {TABLE_FORMAT!r}, got {ref.get('format')!r:.40}"
+        )
+    for k in ("rows", "bytes"):
+        v = ref.get(k)
+        if type(v) is not int or v < 0:
+            raise ManifestError(f"{source}: shard_table.{k} must be an integer >= 0")
+    ck = ref.get("checksum")
+    if not isinstance(ck, str) or not ck.startswith(storage.CHECKSUM_PREFIX):
+        raise ManifestError(
+            f"{source}: shard_table.checksum must look like '{storage.CHECKSUM_PREFIX}<hex>'"
+        )
+    return ref
 
 
 def manifest_url(prefix: str) -> str:
@@ -219,7 +344,10 @@ def manifest_url(prefix: str) -> str:
 
 
 def read_manifest(prefix: str, *, storage_options: dict[str, Any] | None = None) -> Manifest:
-    """Read and validate the manifest of the dataset at ``prefix``."""
+    """Read and validate the manifest of the dataset at ``prefix`` (either version).
+
+    A version-2 shard table on local storage is memory-mapped, not copied.
+    """
     url = manifest_url(prefix)
     try:
         text = storage.read_bytes(url, storage_options=storage_options)
@@ -228,7 +356,63 @@ def read_manifest(prefix: str, *, storage_options: dict[str, Any] | None = None)
             f"no dataset at {prefix}: {url} does not exist (not committed yet, or a wrong "
             "prefix; `flashfeed index PREFIX` builds one for shards written by other tools)"
         ) from None
-    return Manifest.from_json(text, source=url)
+    d = _parse_json(text, url)
+    if _version(d, url) == 1:
+        return Manifest.from_dict(d, source=url)
+    ref = _table_ref(d, url)
+    table = read_shard_table(
+        storage.join(prefix, ref["path"]), ref, header=url, storage_options=storage_options
+    )
+    return Manifest.from_header(d, table, source=url)
+
+
+def read_shard_table(
+    url: str,
+    ref: dict[str, Any],
+    *,
+    header: str,
+    storage_options: dict[str, Any] | None = None,
+) -> ShardTable:
+    """The shard table at ``url``, checked against the header's size, checksum and rows."""
+    try:
+        if storage.is_local(url):
+            _, path = storage.filesystem(url, storage_options)
+            with pa.memory_map(path, "r") as mapped:
+                data = mapped.read_buffer()  # stays mapped while referenced
+        else:
+            data = pa.py_buffer(storage.read_bytes(url, storage_options=storage_options))
+    except FileNotFoundError:
+        raise ManifestError(
+            f"{header}: its shard table {url} is missing (deleted, or copied without it)"
+        ) from None
+    if data.size != ref["bytes"]:
+        raise ManifestError(
+            f"{url}: the shard table has {data.size} bytes, {header} says "
+            f"shard_table.bytes = {ref['bytes']} (truncated or replaced)"
+        )
+    got = storage.checksum(memoryview(data))
+    if got != ref["checksum"]:
+        raise ManifestError(
+            f"{url}: the shard table fails its checksum ({header} says shard_table.checksum = "
+            f"{ref['checksum']}, read {got}): corrupt or replaced"
+        )
+    table = ShardTable.read_ipc(data, source=url)
+    if len(table) != ref["rows"]:
+        raise ManifestError(
+            f"{url}: the shard table has {len(table)} rows, {header} says "
+            f"shard_table.rows = {ref['rows']}"
+        )
+    return table
+
+
+def _committed_table(prefix: str, storage_options: dict[str, Any] | None) -> str | None:
+    """The table path the committed header names, if it can be read (best effort)."""
+    try:
+        d = json.loads(storage.read_bytes(manifest_url(prefix), storage_options=storage_options))
+        path = d["shard_table"]["path"]
+        return check_relative_path(path, what="shard_table.path", source=prefix)
+    except (FileNotFoundError, ValueError, KeyError, TypeError, ManifestError):
+        return None
 
 
 def commit_manifest(
@@ -237,13 +421,49 @@ def commit_manifest(
     *,
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
+    format_version: int = FORMAT_VERSION,
 ) -> str:
-    """Write the manifest (the commit). Refuses to replace a committed one unless told to."""
+    """Write the manifest (the commit). Refuses to replace a committed one unless told to.
+
+    Version 2: the shard table first, under a name made of its checksum, then the header;
+    a reader sees the old dataset or the new one, never a part.
+    """
     url = manifest_url(prefix)
-    if not overwrite and storage.exists(url, storage_options=storage_options):
-        raise DatasetExistsError(
-            f"a committed dataset already exists at {prefix}; datasets are immutable: "
-            "write to a new prefix, or pass overwrite=True (--overwrite)"
-        )
-    storage.write_bytes(url, manifest.to_json().encode(), storage_options=storage_options)
+    old_table = None
+    if storage.exists(url, storage_options=storage_options):
+        if not overwrite:
+            raise DatasetExistsError(
+                f"a committed dataset already exists at {prefix}; datasets are immutable: "
+                "write to a new prefix, or pass overwrite=True (--overwrite)"
+            )
+        old_table = _committed_table(prefix, storage_options)
+    if format_version == 1:
+        storage.write_bytes(url, manifest.to_json().encode(), storage_options=storage_options)
+        new_table = None
+    elif format_version == 2:
+        data = memoryview(manifest.table.to_ipc())
+        digest = storage.checksum(data)
+        new_table = f"{_TABLE_PREFIX}{digest[len(storage.CHECKSUM_PREFIX) :][:16]}.arrow"
+        storage.write_bytes(storage.join(prefix, new_table), data, storage_options=storage_options)
+        ref = {
+            "path": new_table,
+            "format": TABLE_FORMAT,
+            "rows": manifest.num_shards,
+            "bytes": len(data),
+            "checksum": digest,
+        }
+        header = _canonical(manifest.header_dict(ref)).encode()
+        storage.write_bytes(url, header, storage_options=storage_options)
+    else:
+        raise ValueError(f"format_version must be one of {READ_VERSIONS}, got {format_version}")
+    if old_table is not None and old_table != new_table:
+        storage.delete(storage.join(prefix, old_table), storage_options=storage_options)
     return url
+
+
+def delete_manifest(prefix: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    """Un-commit the dataset at ``prefix``: the header first, then the shard table it names."""
+    table = _committed_table(prefix, storage_options)
+    storage.delete(manifest_url(prefix), storage_options=storage_options)
+    if table is not None:
+        storage.delete(storage.join(prefix, table), storage_options=storage_options)

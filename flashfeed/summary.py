@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
+
+import numpy as np
 
 from .manifest import Manifest
 from .units import format_size
@@ -14,21 +15,21 @@ __all__ = ["format_summary", "summarize"]
 def summarize(manifest: Manifest, *, url: str, shards: bool = False) -> dict[str, Any]:
     """A JSON-ready summary: counts, sizes, schema, skips, provenance (and every shard if
     ``shards``)."""
-    sizes = [s.bytes for s in manifest.shards]
+    sizes = manifest.shard_bytes
     out: dict[str, Any] = {
         "url": url,
         "name": manifest.name,
         "format_version": manifest.format_version,
         "shard_format": manifest.shard_format,
-        "shards": len(manifest.shards),
+        "shards": manifest.num_shards,
         "samples": manifest.num_samples,
         "bytes": manifest.num_bytes,
         "shard_bytes": {
-            "min": min(sizes, default=0),
-            "median": int(statistics.median(sizes)) if sizes else 0,
-            "max": max(sizes, default=0),
+            "min": int(sizes.min()) if len(sizes) else 0,
+            "median": int(np.median(sizes)) if len(sizes) else 0,
+            "max": int(sizes.max()) if len(sizes) else 0,
         },
-        "indexed": sum(1 for s in manifest.shards if s.index),
+        "indexed": manifest.table.num_indexed,
         "schema": dict(manifest.schema),
         "skipped": dict(manifest.skipped),
         "skipped_total": sum(manifest.skipped.values()),

@@ -8,7 +8,7 @@ Every bad shard is reported, not only the first.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ class VerifyReport:
     shards: int
     bytes: int
     problems: tuple[ShardProblem, ...]
+    format_version: int = 0  # of the manifest the shards were checked against
 
     @property
     def ok(self) -> bool:
@@ -84,25 +85,44 @@ def verify_dataset(
         if isinstance(dataset, Dataset)
         else Dataset.open(dataset, storage_options=storage_options)
     )
-    problems: list[ShardProblem] = []
-    shards = ds.shards
-    if shards:
-        with ThreadPoolExecutor(max_workers=min(workers, len(shards))) as pool:
-            futures = {pool.submit(_check_shard, ds, s, check_index): s for s in shards}
-            for fut in as_completed(futures):
-                reason = fut.result()
-                if reason:
-                    problems.append(ShardProblem(futures[fut].path, reason))
-                if on_done is not None:
-                    on_done(futures[fut])
-    order = {s.path: i for i, s in enumerate(shards)}
-    problems.sort(key=lambda p: order[p.path])
+    found: list[tuple[int, ShardProblem]] = []
+    n = ds.num_shards
+    if n:
+        # a bounded window of shards in flight: a million-shard dataset never holds a
+        # million futures (or ShardInfo objects) at once
+        window = max(workers * 4, 1)
+        with ThreadPoolExecutor(max_workers=min(workers, n)) as pool:
+            pending: dict[Future[str | None], tuple[int, ShardInfo]] = {}
+            for i, info in enumerate(ds.shards):
+                pending[pool.submit(_check_shard, ds, info, check_index)] = (i, info)
+                if len(pending) >= window:
+                    _collect(pending, found, on_done, FIRST_COMPLETED)
+            while pending:
+                _collect(pending, found, on_done, FIRST_COMPLETED)
+    found.sort(key=lambda p: p[0])
     return VerifyReport(
         url=ds.url,
-        shards=len(shards),
+        shards=n,
         bytes=ds.manifest.num_bytes,
-        problems=tuple(problems),
+        problems=tuple(p for _, p in found),
+        format_version=ds.manifest.format_version,
     )
+
+
+def _collect(
+    pending: dict[Future[str | None], tuple[int, ShardInfo]],
+    found: list[tuple[int, ShardProblem]],
+    on_done: Callable[[ShardInfo], None] | None,
+    how: str,
+) -> None:
+    done, _ = wait(pending, return_when=how)
+    for fut in done:
+        i, info = pending.pop(fut)
+        reason = fut.result()
+        if reason:
+            found.append((i, ShardProblem(info.path, reason)))
+        if on_done is not None:
+            on_done(info)
 
 
 def _check_shard(ds: Dataset, info: ShardInfo, check_index: bool) -> str | None:

@@ -20,7 +20,7 @@ import xxhash
 from flashfeed import storage
 from flashfeed.crypto import encryption_record
 from flashfeed.errors import DatasetExistsError
-from flashfeed.manifest import Manifest, commit_manifest, manifest_url
+from flashfeed.manifest import Manifest, commit_manifest, delete_manifest, manifest_url
 
 from .config import IngestConfig
 from .plan import assign_shards
@@ -155,7 +155,7 @@ def _prepare_dest(config: IngestConfig, ctx: StorageContext) -> None:
                 f"a committed dataset already exists at {config.dest}; datasets are "
                 "immutable: write to a new prefix, or pass --overwrite"
             )
-        storage.delete(url, storage_options=opts)
+        delete_manifest(config.dest, storage_options=opts)  # and the shard table it names
 
 
 def run(config: IngestConfig) -> IngestResult:
