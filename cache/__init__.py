@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from .errors import CacheCapacityError, CacheError, CacheFullError, CachePermissionError
+from .handle import CacheHandle
 from .options import CacheOptions
 from .progress import FillView
 from .shardcache import ShardCache
@@ -14,6 +15,7 @@ __all__ = [
     "CacheCapacityError",
     "CacheError",
     "CacheFullError",
+    "CacheHandle",
     "CacheOptions",
     "CachePermissionError",
     "FillView",

@@ -10,7 +10,7 @@ from flashfeed.dataset import Dataset
 
 from .fill import file_checksum
 from .layout import DatasetDir, list_dataset_dirs, read_json
-from .space import SpaceManager, remove_entry, sweep_dead_parts
+from .space import SpaceManager, recorded_capacity, remove_entry, sweep_dead_parts
 from .stats import Counters, read_persisted
 from .warm import NodeShare, fitting_prefix
 
@@ -18,8 +18,8 @@ __all__ = ["evict", "find_dataset_dir", "status", "verify"]
 
 
 def _capacity(root: str) -> int | None:
-    value = (read_json(os.path.join(root, "cache.json")) or {}).get("capacity")
-    return int(value) if value else None
+    """The cache's recorded capacity (the one every process opening it adopts)."""
+    return recorded_capacity(root)
 
 
 def find_dataset_dir(root: str, url: str) -> DatasetDir | None:

@@ -2,7 +2,8 @@
 
 ::
 
-    <root>/cache.json                 capacity last configured (for ``cache status``)
+    <root>/cache.json                 the cache's capacity, set by whoever created it (or
+                                      changed by an explicit option), adopted by every opener
     <root>/stats.json                 persisted counters (see ``stats.py``)
     <root>/.locks/space.lock          held while sizing, evicting and reserving room
     <root>/<dataset key>/dataset.json the dataset URL
@@ -41,7 +42,9 @@ __all__ = [
     "dataset_key",
     "list_dataset_dirs",
     "make_private_dir",
+    "read_cache_record",
     "read_json",
+    "record_path",
     "sweep_dead_tmp",
 ]
 
@@ -128,6 +131,17 @@ def read_json(path: str, default: Any = None) -> Any:
             return json.load(f)
     except (FileNotFoundError, ValueError):
         return default
+
+
+def record_path(root: str) -> str:
+    """``<root>/cache.json``: what belongs to the cache itself (its capacity)."""
+    return os.path.join(root, "cache.json")
+
+
+def read_cache_record(root: str) -> dict[str, Any]:
+    """The cache's own record; empty when absent or unreadable."""
+    record = read_json(record_path(root))
+    return record if isinstance(record, dict) else {}
 
 
 def dataset_key(url: str, manifest: Manifest) -> str:

@@ -11,17 +11,19 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
 from flashfeed.manifest import ShardInfo
 from flashfeed.storage import RetryPolicy
-from flashfeed.units import format_size
+from flashfeed.units import format_size, parse_size
 
 from .aimd import AdaptiveLimit
 from .errors import CacheCapacityError, CacheFullError
 from .fill import file_checksum, fill_shard
+from .handle import CacheHandle
 from .layout import (
     DatasetDir,
     atomic_write_json,
@@ -36,8 +38,9 @@ from .options import CacheOptions
 from .policy import FutureOrder
 from .progress import FillView, live_path
 from .ranged import RangedFetcher
-from .space import SpaceManager, sweep_dead_parts
+from .space import SpaceManager, settle_capacity, sweep_dead_parts
 from .stats import Counters
+from .warmrecord import read_warm_records, write_warm_record
 
 __all__ = ["ShardCache"]
 
@@ -52,13 +55,18 @@ class ShardCache:
 
     ``get`` returns the path of a complete, checksum-verified copy. A shard may be evicted
     once ``get`` has returned unless it is pinned or read inside ``with cache.open(...)``.
+
+    The capacity belongs to the cache: ``capacity=None`` adopts the one recorded in ``root``
+    (a new cache records 80% of the free space plus what it already holds); a given capacity
+    is honoured and recorded, and a change is logged naming the old and the new value.
+    ``handle()`` reopens the cache with all these options in another process.
     """
 
     def __init__(
         self,
         root: str | os.PathLike[str],
         *,
-        capacity: int | str,
+        capacity: int | str | None = None,
         storage_options: dict[str, Any] | None = None,
         part_size: int | str = "16MiB",
         concurrency: int = 8,
@@ -68,8 +76,9 @@ class ShardCache:
         space_timeout: float = 10.0,
         retry: RetryPolicy | None = None,
     ) -> None:
-        self.options = CacheOptions.build(
-            capacity=capacity,
+        given = None if capacity is None else parse_size(capacity, name="capacity")
+        options = CacheOptions.build(  # every value checked before the disk is touched
+            capacity=1 if given is None else given,
             part_size=part_size,
             concurrency=concurrency,
             min_concurrency=min_concurrency,
@@ -81,6 +90,7 @@ class ShardCache:
         self.root = os.path.abspath(os.fspath(root))
         make_private_dir(self.root)
         check_private_root(self.root)
+        self.options = replace(options, capacity=settle_capacity(self.root, given))
         self.storage_options = storage_options
         self.counters = Counters(self.root)
         self.limit = AdaptiveLimit(concurrency, minimum=min_concurrency)
@@ -107,7 +117,6 @@ class ShardCache:
         self.prefetch_errors: dict[tuple[str, int], BaseException] = {}
         self._closed = False
         self._used, self._used_at = 0, -1e9
-        atomic_write_json(os.path.join(self.root, "cache.json"), {"capacity": self.capacity})
         self._used = self.space.used_bytes()  # also sweeps the part files of dead fills
         for directory in [self.root, *(d.dir for d in list_dataset_dirs(self.root))]:
             sweep_dead_tmp(directory)
@@ -116,6 +125,11 @@ class ShardCache:
     @property
     def capacity(self) -> int:
         return self.options.capacity
+
+    def handle(self) -> CacheHandle:
+        """What another process needs to open this cache with these very options."""
+        storage_options = None if self.storage_options is None else dict(self.storage_options)
+        return CacheHandle(self.root, self.options, storage_options)
 
     # -- datasets ---------------------------------------------------------------------------
     def dataset_dir(self, dataset: Dataset) -> DatasetDir:
@@ -337,6 +351,14 @@ class ShardCache:
         with self._lock:
             self._futures[d.key] = order
         atomic_write_json(d.future_path, {"order": order.order, "updated": time.time()})
+
+    def record_warm(self, record: dict[str, Any]) -> None:
+        """Remember for which node share ``record["url"]`` was warmed (``cache warm``)."""
+        write_warm_record(self.root, record)
+
+    def warm_record(self, url: str) -> dict[str, Any] | None:
+        """The last warm record of the dataset at ``url`` in this cache, if any."""
+        return read_warm_records(self.root).get(url.rstrip("/"))
 
     def _next_use(self, key: str, shard: int) -> float:
         with self._lock:

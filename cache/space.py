@@ -4,12 +4,17 @@ All of it runs under one node-wide lock (``<root>/.locks/space.lock``) so that t
 never both decide the same free bytes are theirs. A fill's part file is allocated to its
 full size while the lock is held, so it counts against the capacity until it is renamed or
 removed. Part files whose fill lock is free belong to dead fills and are removed.
+
+The capacity belongs to the cache (``<root>/cache.json``): ``settle_capacity`` decides it once
+per opening process under the same lock, so every process of a node bounds the same number.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable
 from typing import cast
@@ -17,14 +22,119 @@ from typing import cast
 from flashfeed.units import format_size
 
 from .errors import CacheFullError
-from .layout import CachedEntry, DatasetDir, list_dataset_dirs, make_private_dir
+from .layout import (
+    CachedEntry,
+    DatasetDir,
+    atomic_write_json,
+    list_dataset_dirs,
+    make_private_dir,
+    read_cache_record,
+    record_path,
+)
 from .locks import FileLock, locked
 from .policy import Candidate, eviction_order
 from .stats import Counters
 
-__all__ = ["SpaceManager", "remove_entry"]
+__all__ = [
+    "DEFAULT_FRACTION",
+    "SpaceManager",
+    "default_capacity",
+    "recorded_capacity",
+    "remove_entry",
+    "scan",
+    "settle_capacity",
+    "space_lock",
+]
+
+log = logging.getLogger("flashfeed.cache")
 
 NextUse = Callable[[str, int], float]
+
+DEFAULT_FRACTION = 0.8
+"""A new cache without a given capacity may use this share of the room it has."""
+
+
+def space_lock(root: str) -> str:
+    """The node-wide lock held while sizing, evicting, reserving and settling the capacity."""
+    return os.path.join(make_private_dir(os.path.join(root, ".locks")), "space.lock")
+
+
+def scan(root: str) -> tuple[list[tuple[DatasetDir, CachedEntry]], int]:
+    """Every complete entry, and the bytes used (entries + part files of live fills)."""
+    entries = []
+    used = 0
+    for d in list_dataset_dirs(root):
+        sweep_dead_parts(d)
+        used += d.part_bytes()
+        for e in d.entries():
+            entries.append((d, e))
+            used += e.size
+    return entries, used
+
+
+def recorded_capacity(root: str) -> int | None:
+    """The capacity recorded in the cache, or None for a cache that has none yet."""
+    value = read_cache_record(root).get("capacity")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def default_capacity(root: str, held: int) -> int:
+    """``DEFAULT_FRACTION`` of the room the cache has: the disk's free space plus the bytes
+    it already holds (a warmed cache's own shards are room it may keep, not room taken)."""
+    room = shutil.disk_usage(root).free + held
+    value = int(room * DEFAULT_FRACTION)
+    if value <= 0:
+        raise ValueError(
+            f"no room for a cache in {root} ({format_size(room)} free and held): "
+            "free some space or give the capacity explicitly"
+        )
+    return value
+
+
+def settle_capacity(root: str, given: int | None) -> int:
+    """The capacity of the cache in ``root``, for a process opening it now.
+
+    ``given`` None: the recorded capacity, or for a cache without one the default, which is
+    then recorded. A given capacity is honoured and recorded; when it differs from the
+    recorded one the change is logged, naming both (a lower one evicts on the next fills).
+    Settled under the space lock, so processes opening a new cache at once agree.
+    """
+    with locked(space_lock(root)):
+        record = read_cache_record(root)
+        recorded = recorded_capacity(root)
+        if given is None and recorded is not None:
+            return recorded
+        if given is not None and given == recorded:
+            return given
+        held = scan(root)[1]
+        if given is None:
+            value = default_capacity(root, held)
+            log.info(
+                "cache %s: no capacity recorded or given; using %s (%.0f%% of the free space "
+                "plus the %s it holds)",
+                root,
+                format_size(value),
+                DEFAULT_FRACTION * 100,
+                format_size(held),
+            )
+        else:
+            value = given
+            if recorded is not None:
+                lower = value < recorded
+                log.log(
+                    logging.WARNING if lower else logging.INFO,
+                    "cache %s: capacity changed from %s (recorded) to %s (given)%s",
+                    root,
+                    format_size(recorded),
+                    format_size(value),
+                    f"; it holds {format_size(held)}, so the next fills evict"
+                    if held > value
+                    else "",
+                )
+        atomic_write_json(record_path(root), {**record, "capacity": value})
+        return value
 
 
 def remove_entry(d: DatasetDir, shard: int) -> int | None:
@@ -90,19 +200,11 @@ class SpaceManager:
         self.counters = counters
         self.next_use = next_use
         self.timeout = timeout
-        self.lock_path = os.path.join(make_private_dir(os.path.join(root, ".locks")), "space.lock")
+        self.lock_path = space_lock(root)
 
     def scan(self) -> tuple[list[tuple[DatasetDir, CachedEntry]], int]:
         """Every complete entry, and the bytes used (entries + part files of live fills)."""
-        entries = []
-        used = 0
-        for d in list_dataset_dirs(self.root):
-            sweep_dead_parts(d)
-            used += d.part_bytes()
-            for e in d.entries():
-                entries.append((d, e))
-                used += e.size
-        return entries, used
+        return scan(self.root)
 
     def used_bytes(self) -> int:
         with locked(self.lock_path):

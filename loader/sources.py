@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -136,8 +135,8 @@ class CacheShardSource:
 
     The process that made it fetches and verifies through the cache. In another process
     (a DALI reader or ``DataLoader`` worker) a shard the cache already holds is opened
-    directly; one it lacks is fetched through a ``ShardCache`` of that process, on the same
-    directory and file locks.
+    directly; one it lacks is fetched through a ``ShardCache`` of that process, opened from
+    the cache's handle: same directory, file locks and options (capacity included).
     """
 
     def __init__(self, dataset: Dataset, cache: Any) -> None:
@@ -147,7 +146,7 @@ class CacheShardSource:
         self._data_dir = str(d.data_dir)
         self._parts_dir = str(d.parts_dir)
         self.capacity = int(cache.capacity)
-        self._cache_args = (cache.root, cache.capacity, cache.storage_options)
+        self.handle = cache.handle()
         self._owner = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -156,11 +155,8 @@ class CacheShardSource:
         return state
 
     def _cache(self) -> Any:
-        if self._owner != os.getpid():  # a forked or spawned worker: its own cache handle
-            from flashfeed.cache import ShardCache
-
-            root, capacity, options = self._cache_args
-            self.cache = ShardCache(root, capacity=capacity, storage_options=options)
+        if self._owner != os.getpid():  # a forked or spawned worker: its own ShardCache
+            self.cache = self.handle.open()
             self._owner = os.getpid()
         return self.cache
 
@@ -249,7 +245,11 @@ def open_source(
     storage_options: dict[str, Any] | None = None,
 ) -> ShardSource:
     """The source a loader reads from: an explicit cache, a cache in ``cache_dir``, or the
-    dataset in place when it is local."""
+    dataset in place when it is local.
+
+    ``cache_capacity`` None opens the cache in ``cache_dir`` with the capacity it records
+    (set by whoever created it, e.g. ``flashfeed cache warm``); a given one replaces it.
+    """
     if cache is not None:
         return CacheShardSource(dataset, cache)
     if cache_dir is None and not storage.is_local(dataset.url):
@@ -265,9 +265,6 @@ def open_source(
             f"cache_dir={cache_dir!r} needs flashfeed.cache.ShardCache, which is not "
             f"importable ({exc})"
         ) from None
-    if cache_capacity is None:
-        os.makedirs(cache_dir, exist_ok=True)
-        cache_capacity = int(shutil.disk_usage(cache_dir).free * 0.8)
     return CacheShardSource(
         dataset,
         ShardCache(cache_dir, capacity=cache_capacity, storage_options=storage_options),
