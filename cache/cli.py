@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 from typing import Any
 
@@ -82,7 +80,8 @@ def register(subparsers: Any) -> None:
     w.add_argument(
         "--capacity",
         metavar="SIZE",
-        help="e.g. 500GiB (default: the last one used for DIR, else 90%% of its free disk)",
+        help="e.g. 500GiB, recorded in DIR for every process that opens it (default: the "
+        "capacity DIR records, else 80%% of its free disk plus what DIR holds)",
     )
     w.add_argument(
         "--concurrency",
@@ -147,19 +146,9 @@ def register(subparsers: Any) -> None:
     e.set_defaults(func=_evict)
 
 
-def _default_capacity(cache_dir: str) -> int:
-    last = admin._capacity(cache_dir) if os.path.isdir(cache_dir) else None
-    if last:
-        return last
-    probe = cache_dir
-    while not os.path.isdir(probe):
-        probe = os.path.dirname(probe) or "."
-    return int(shutil.disk_usage(probe).free * 0.9)
-
-
 def _warm(args: argparse.Namespace) -> int:
+    # None: each node's cache keeps its recorded capacity (a new one sizes itself to its disk)
     capacity = parse_size(args.capacity, name="--capacity") if args.capacity else None
-    capacity = capacity or _default_capacity(args.cache_dir)
     kwargs: dict[str, Any] = {
         "capacity": capacity,
         "concurrency": args.concurrency,
