@@ -1,5 +1,7 @@
 """One DALI pipeline kept across passes, so reader processes start once per loader.
 
+Its reader processes die with the loader's process, however that dies (``flashfeed.lifeline``).
+
 Each pass's samples go to a pass file before the pass starts; ``reset()`` moves DALI to the
 next epoch index, which names the next pass file (see ``reader.BatchSource``). A pass left
 early (the consumer stopped mid-epoch) leaves batches in flight, so the next pass builds a
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flashfeed.errors import CorruptShardError
+from flashfeed.lifeline import tie_forked_children
 
 from .passplan import PassPlan
 from .reader import BatchSource, write_pass
@@ -61,7 +64,9 @@ class DaliRunner:
             self.drop()
             self.epoch = 0
             write_pass(self.pass_dir, 0, plan.shards, plan.rows, plan.num_batches)
-            self.pipe, self.names = self._build(self._make_source(self.pass_dir))
+            # DALI forks its reader processes while building; they must die with us
+            with tie_forked_children():
+                self.pipe, self.names = self._build(self._make_source(self.pass_dir))
             self.builds += 1
         self.ready = False
         return time.perf_counter() - t0

@@ -18,6 +18,7 @@ import numpy as np
 
 from flashfeed.cache.progress import FillView
 from flashfeed.errors import CorruptShardError
+from flashfeed.lifeline import ParentLink
 from flashfeed.wdsindex import SampleIndex
 
 from .fields import FieldSpec, key_bytes
@@ -163,6 +164,8 @@ class BatchSource:
     ``reset()``) names the pass file ``pass-<e>.npz`` that ``write_pass`` stored before the
     pass began, holding its samples in plan order. The last batch may be short
     (``drop_last=False``); past the end it raises ``StopIteration``, which ends the pass.
+    A reader process that unpickles it (DALI's ``spawn`` start) dies with the process that
+    made it.
     """
 
     def __init__(
@@ -181,6 +184,7 @@ class BatchSource:
         self._shards = np.zeros(0, np.int64)
         self._rows = np.zeros(0, np.int64)
         self._num_batches = 0
+        self._link = ParentLink()
 
     def _load(self, epoch: int) -> None:
         with np.load(pass_path(self.pass_dir, epoch)) as f:
