@@ -227,19 +227,19 @@ class _Chain:
         self.ends = np.cumsum(sizes[self.order])  # chain position after each shard in order
         self.total = int(self.offsets[-1])
 
-    def pieces(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """Chain positions ``[lo, hi)`` as pieces of shards: (first global id, length) each."""
+    def pieces(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Chain positions ``[lo, hi)`` as pieces of shards: (first global id, length, shard)."""
         if hi <= lo:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         first = int(np.searchsorted(self.ends, lo, side="right"))
         last = int(np.searchsorted(self.ends, hi - 1, side="right"))
-        idx = np.arange(first, last + 1)
-        ends = self.ends[idx]
-        starts = ends - self.sizes[self.order[idx]]
+        shard = self.order[first : last + 1]
+        ends = self.ends[first : last + 1]
+        starts = ends - self.sizes[shard]
         lo_c, hi_c = np.maximum(starts, lo), np.minimum(ends, hi)
         keep = hi_c > lo_c
-        idx, starts, lo_c, hi_c = idx[keep], starts[keep], lo_c[keep], hi_c[keep]
-        return self.offsets[self.order[idx]] + (lo_c - starts), hi_c - lo_c
+        shard, starts, lo_c, hi_c = shard[keep], starts[keep], lo_c[keep], hi_c[keep]
+        return self.offsets[shard] + (lo_c - starts), hi_c - lo_c, shard
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -251,23 +251,35 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts - before, lengths)
 
 
+@dataclass(frozen=True)
+class _Stream:
+    """A node's samples in epoch order, with the shard of each and the windows' bounds."""
+
+    ids: np.ndarray
+    shards: np.ndarray
+    windows: np.ndarray  # start of each window in ``ids``, and its end last
+
+
 def _node_stream(
     chain: _Chain, options: PlanOptions, epoch: int, num_nodes: int, node: int
-) -> np.ndarray:
+) -> _Stream:
     """Level 2: the samples of ``node`` (of ``num_nodes``) in epoch order, whole epoch."""
     cuts = _cuts(chain.total, num_nodes)
-    starts, lengths = chain.pieces(int(cuts[node]), int(cuts[node + 1]))
+    starts, lengths, shards = chain.pieces(int(cuts[node]), int(cuts[node + 1]))
     if not options.shuffle:
-        return _ranges(starts, lengths)
+        ids = _ranges(starts, lengths)
+        return _Stream(ids, np.repeat(shards, lengths), np.array([0, len(ids)], np.int64))
     order = _rng(options.seed, _SALT_EPOCH, epoch, node).permutation(len(starts))
-    starts, lengths = starts[order], lengths[order]
-    ids = _ranges(starts, lengths)
+    starts, lengths, shards = starts[order], lengths[order], shards[order]
+    ids, per_sample = _ranges(starts, lengths), np.repeat(shards, lengths)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
-    w = options.window
-    for k, first in enumerate(range(0, len(order), w)):
-        a, b = int(bounds[first]), int(bounds[min(first + w, len(order))])
-        ids[a:b] = _rng(options.seed, _SALT_WINDOW, epoch, node, k).permutation(ids[a:b])
-    return ids
+    windows = bounds[:: options.window]
+    windows = np.concatenate([windows, [len(ids)]]) if windows[-1] != len(ids) else windows
+    for k in range(len(windows) - 1):
+        a, b = int(windows[k]), int(windows[k + 1])
+        mix = _rng(options.seed, _SALT_WINDOW, epoch, node, k).permutation(b - a)
+        ids[a:b], per_sample[a:b] = ids[a:b][mix], per_sample[a:b][mix]
+    return _Stream(ids, per_sample, windows)
 
 
 @dataclass(frozen=True)
@@ -322,9 +334,9 @@ class _Epoch:
             self.levels.append(level)
             length -= int(level.taken().sum())
         self.current = _Level(topology, length)
-        self._streams: dict[int, np.ndarray] = {}
+        self._streams: dict[int, _Stream] = {}
 
-    def _stream(self, node: int) -> np.ndarray:
+    def _stream(self, node: int) -> _Stream:
         if node not in self._streams:
             num_nodes = (self.levels[0] if self.levels else self.current).topology.num_nodes
             self._streams[node] = _node_stream(
@@ -357,7 +369,7 @@ class _Epoch:
             while a < b:
                 end = min(b, int(cuts[j + 1]))
                 if end > a:
-                    out.append(self._stream(j)[a - cuts[j] : end - cuts[j]])
+                    out.append(self._stream(j).ids[a - cuts[j] : end - cuts[j]])
                 a = max(a, end)
                 j += 1
         return np.concatenate(out) if out else np.zeros(0, np.int64)
@@ -495,13 +507,16 @@ def node_shard_order(
     """The shards one node reads, in the order it first needs each, epoch after epoch (with
     repeats across epochs): what ``cache warm`` fetches and what eviction looks ahead at."""
     topology.check_node(node_rank)
-    sizes = _sizes(shard_sizes)
     order: list[int] = []
     for epoch in epochs:
-        ids = node_samples(
-            sizes, options=options, epoch=epoch, topology=topology, node_rank=node_rank
-        )
-        shards, _ = locate(sizes, ids)
-        uniq, first = np.unique(shards, return_index=True)
-        order += uniq[np.argsort(first, kind="stable")].tolist()
+        rest, _ = _epoch(shard_sizes, options, epoch, topology, ())
+        stream = rest._stream(node_rank)
+        # its ranks read the first target * rpn samples (round-robin dealing)
+        end = rest.current.per_rank(options.drop_last) * topology.rpn
+        # a shard's samples all fall into one window: first needs are found window by window
+        for a, b in zip(stream.windows[:-1], stream.windows[1:], strict=True):
+            if a >= end:
+                break
+            uniq, first = np.unique(stream.shards[a : min(b, end)], return_index=True)
+            order += uniq[np.argsort(first, kind="stable")].tolist()
     return order

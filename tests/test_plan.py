@@ -359,3 +359,21 @@ def test_bad_inputs_are_clear_errors_naming_the_field():
             topology=Topology(1),
             segments=[Segment(1, None, 99)],
         )
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=sizes_st, topo=topology_st, opts=options_st, epochs=st.integers(1, 3))
+def test_node_shard_order_is_the_first_need_of_each_shard(sizes, topo, opts, epochs):
+    for node in range(topo.num_nodes):
+        expect: list[int] = []
+        for epoch in range(epochs):
+            try:
+                ids = node_samples(sizes, options=opts, epoch=epoch, topology=topo, node_rank=node)
+            except ValueError:
+                return
+            shards = locate(sizes, ids)[0].tolist()
+            expect += list(dict.fromkeys(shards))
+        got = node_shard_order(
+            sizes, options=opts, epochs=range(epochs), topology=topo, node_rank=node
+        )
+        assert got == expect
