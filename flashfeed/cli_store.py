@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    store = EmbeddedStore(args.dir, port=args.port)
+    store = EmbeddedStore(args.dir, port=args.port, detach=True)  # outlives this command
     info = store.start()
     bucket = store.make_bucket(args.bucket)
     print(

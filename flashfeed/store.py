@@ -3,6 +3,9 @@
 ``flashfeed store up`` and the test fixtures use the same ``EmbeddedStore``. Its state
 (ports, credentials, pid) lives in ``<dir>/store.json`` (mode 0600), its data in
 ``<dir>/data``, so ``down`` and a later ``up`` on the same dir keep the objects.
+
+A server started by a Python process for its own use dies with that process, SIGKILL
+included; only ``detach=True`` (``flashfeed store up``) leaves it running on its own.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import lifeline
 from .errors import FlashfeedError
 
 __all__ = ["DEFAULT_BUCKET", "EmbeddedStore", "StoreInfo", "find_weed"]
@@ -126,12 +130,16 @@ class EmbeddedStore:
     ...     os.environ.update(store.info.env())
     """
 
-    def __init__(self, dir: str | os.PathLike[str], *, port: int | None = None) -> None:
-        """``port``: the S3 port; None for 8333 when free, 0 for any free port."""
+    def __init__(
+        self, dir: str | os.PathLike[str], *, port: int | None = None, detach: bool = False
+    ) -> None:
+        """``port``: the S3 port; None for 8333 when free, 0 for any free port. ``detach``:
+        the server outlives this process (else it dies with it, however it dies)."""
         if port is not None and not 0 <= port < 65536:
             raise ValueError(f"port must be in 0..65535, got {port}")
         self.dir = Path(dir).absolute()
         self.requested_port = port
+        self.detach = detach
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_start = 0
         self.info = self._load_or_create()
@@ -264,8 +272,10 @@ class EmbeddedStore:
         ]
         args += [f"-{name}={port}" for name, port in self.info.ports.items()]
         self._log_start = self._log_size()
+        start = subprocess.Popen if self.detach else lifeline.popen
         with open(self.dir / "log" / "weed.out", "ab") as out:
-            self._proc = subprocess.Popen(
+            # its own session: a terminal's Ctrl-C goes to us, and ``stop`` ends its group
+            self._proc = start(
                 args,
                 stdout=out,
                 stderr=subprocess.STDOUT,
