@@ -159,8 +159,8 @@ class ShardTable:
         n = len(path)
         cols = {
             "path": pa.array(path, pa.string()),
-            "samples": pa.array(np.asarray(samples, dtype=np.int64)),
-            "bytes": pa.array(np.asarray(bytes, dtype=np.int64)),
+            "samples": _arrow_int64(np.asarray(samples, dtype=np.int64)),
+            "bytes": _arrow_int64(np.asarray(bytes, dtype=np.int64)),
             "checksum": pa.array(checksum, pa.string()),
             "index": pa.nulls(n, pa.string()) if index is None else pa.array(index, pa.string()),
         }
@@ -175,29 +175,32 @@ class ShardTable:
             raise ManifestError(
                 f"{source}: the shard table lacks column(s) {missing}; it has {table.column_names}"
             )
-        cols = {c: _single(table.column(c)) for c in COLUMNS}
+        doubled = sorted({c for c in table.column_names if table.column_names.count(c) > 1})
+        if doubled:
+            raise ManifestError(f"{source}: the shard table has two columns named {doubled}")
+        cols: dict[str, pa.Array] = {}
         for c in COLUMNS:
+            col = table.column(c)
             want = pa.int64() if c in ("samples", "bytes") else pa.string()
-            got = cols[c].type
-            if got == pa.large_string() and want == pa.string():
-                cols[c] = cols[c].cast(pa.string())
-            elif got != want:
+            if col.type not in (want, pa.large_string() if want == pa.string() else want):
                 raise ManifestError(
-                    f"{source}: shard table column {c!r} must be of type {want}, got {got}"
+                    f"{source}: shard table column {c!r} must be of type {want}, got {col.type}"
                 )
+            try:  # offsets, buffer sizes, UTF-8: checked before any kernel reads them
+                for chunk in col.chunks:
+                    chunk.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                raise ManifestError(
+                    f"{source}: shard table column {c!r} is malformed ({str(exc)[:200]})"
+                ) from None
+            arr = _single(col)
+            cols[c] = arr.cast(pa.string()) if arr.type == pa.large_string() else arr
             if c != "index" and cols[c].null_count:
                 row = _first(cols[c].is_null())
                 raise ManifestError(f"{source}: shard table column {c!r} is null in row {row}")
-        try:
-            for c in ("path", "checksum", "index"):
-                cols[c].validate(full=True)
-        except pa.ArrowInvalid as exc:
-            raise ManifestError(
-                f"{source}: shard table column {c!r} is malformed ({exc})"
-            ) from None
         numbers = {}
         for c in ("samples", "bytes"):
-            a = cols[c].to_numpy(zero_copy_only=True)
+            a = _int64_numpy(cols[c])
             if len(a) and a.min() < 0:
                 row = int(np.argmax(a < 0))
                 raise ManifestError(
@@ -236,7 +239,7 @@ class ShardTable:
 
     def to_arrow(self) -> pa.Table:
         return pa.Table.from_arrays(
-            [self._path, pa.array(self._samples), pa.array(self._sizes), self._checksum,
+            [self._path, _arrow_int64(self._samples), _arrow_int64(self._sizes), self._checksum,
              self._index],
             schema=SCHEMA,
         )  # fmt: skip
@@ -324,6 +327,27 @@ class ShardTable:
         return h.hexdigest()
 
 
+def _int64_numpy(arr: pa.Array) -> np.ndarray:
+    """A null-free int64 Arrow array as numpy, zero-copy (``to_numpy`` would import pandas,
+    a second of start-up for a process that never uses it)."""
+    if not len(arr):
+        return np.zeros(0, dtype=np.int64)
+    return np.frombuffer(arr.buffers()[1], dtype=np.int64, count=len(arr), offset=arr.offset * 8)
+
+
+def _bool_numpy(arr: pa.Array) -> np.ndarray:
+    """A null-free boolean Arrow array as a numpy bool array."""
+    if not len(arr):
+        return np.zeros(0, dtype=bool)
+    bits = np.frombuffer(arr.buffers()[1], dtype=np.uint8)
+    return np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + len(arr)].astype(bool)
+
+
+def _arrow_int64(a: np.ndarray) -> pa.Array:
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(a)])
+
+
 def _first(mask: pa.Array) -> int:
     return int(pc.index(mask, True).as_py())
 
@@ -351,13 +375,15 @@ def _check_paths(arr: pa.Array, column: str, source: str) -> None:
     rows = [np.flatnonzero(ends == starts)]
     if data_buf is not None and offsets[-1] > offsets[0]:
         data = np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1]))
-        nonempty = ends > starts
-        rows.append(np.flatnonzero(nonempty & (data[np.where(nonempty, starts, 0)] == 0x2F)))
+        lead = pc.starts_with(arr, "/")
+        if pc.any(lead).as_py():
+            rows.append(np.flatnonzero(_bool_numpy(pc.fill_null(lead, False))))
+        hit = data == 0x5C  # backslash
+        hit |= data == 0x3A  # ':' of '://'
         dots = data[:-1] == 0x2E
-        dots &= data[1:] == 0x2E
-        hits = [np.flatnonzero(dots), np.flatnonzero(data == 0x5C), np.flatnonzero(data == 0x3A)]
-        pos = np.concatenate(hits)
-        rows.append(np.searchsorted(offsets, pos, side="right") - 1)
+        dots &= data[1:] == 0x2E  # '..'
+        hit[:-1] |= dots
+        rows.append(np.searchsorted(offsets, np.flatnonzero(hit), side="right") - 1)
     candidates = np.unique(np.concatenate(rows))
     for i in candidates.tolist():
         if not 0 <= i < n or not arr[i].is_valid:
@@ -374,7 +400,7 @@ def _string_parts(arr: pa.Array) -> tuple[np.ndarray, bytes | memoryview]:
     """(lengths as int64 with -1 for null, the concatenated bytes) of a string array."""
     valid = None
     if arr.null_count:
-        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        valid = _bool_numpy(arr.is_valid())
         arr = pc.fill_null(arr, "")
     _, offsets_buf, data_buf = arr.buffers()
     n = len(arr)
@@ -453,7 +479,7 @@ def synthetic_shard_table(
     tests at scale; the checksums name no real bytes."""
     if num_shards < 0:
         raise ValueError(f"num_shards must be >= 0, got {num_shards}")
-    numbers = pc.cast(pa.array(np.arange(num_shards, dtype=np.int64)), pa.string())
+    numbers = pc.cast(_arrow_int64(np.arange(num_shards, dtype=np.int64)), pa.string())
     width = max(6, len(str(max(num_shards - 1, 0))))
     stem = pc.binary_join_element_wise("shards/", pc.utf8_lpad(numbers, width, "0"), "")
     path = pc.binary_join_element_wise(stem, f".{ext}", "")
