@@ -8,6 +8,7 @@ import json
 import tarfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,16 +147,19 @@ def test_shard_list_behaves_as_a_sequence() -> None:
 
 
 def test_table_columns_are_checked_when_built_from_columns() -> None:
-    ok = dict(path=["a.tar", "b.tar"], samples=[1, 2], bytes=[3, 4], checksum=["xxh3_128:0"] * 2)
+    ok: dict[str, Any] = dict(
+        path=["a.tar", "b.tar"], samples=[1, 2], bytes=[3, 4], checksum=["xxh3_128:0"] * 2
+    )
     assert len(ShardTable.from_columns(**ok)) == 2
-    for change, message in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"path": ["a.tar", "../b.tar"]}, r"column 'path', row 1: '\.\./b\.tar' escapes"),
         ({"path": ["a.tar", "a.tar"]}, "two shards share one path"),
         ({"samples": [1, -2]}, "column 'samples' must be >= 0, row 1 holds -2"),
         ({"checksum": ["xxh3_128:0", "md5:1"]}, "column 'checksum', row 1"),
         ({"index": [None, "/abs.idx"]}, r"column 'index', row 1: '/abs\.idx' escapes"),
         ({"path": ["a.tar", ""]}, "row 1: '' must be a non-empty string"),
-    ]:
+    ]
+    for change, message in cases:
         with pytest.raises(ManifestError, match=message):
             ShardTable.from_columns(**{**ok, **change}, source="cols")
 
