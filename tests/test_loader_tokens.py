@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import pytest
 import torch
 from loader_helpers import make_token_dataset, resume_scenario
 
+from flashfeed.dataset import Dataset
 from flashfeed.loader import TokenLoader
 from flashfeed.loader.arrowcols import open_arrow_view
+from flashfeed.loader.ledger import check_exactly_once
 from flashfeed.plan import plan_epoch
 
 SIZES = [40, 40, 40, 40, 40, 40]  # 240 rows
@@ -52,6 +52,17 @@ def test_shard_columns_are_views_of_the_mapped_file(tokens):
     assert arr.shape == (40, 16) and not arr.flags.owndata and not arr.flags.writeable
 
 
+def _keys(prefix):
+    """``<shard>/<key>`` of every row: ``make_token_dataset`` keys row n ``t<n>``."""
+    ds = Dataset.open(prefix)
+    starts = np.cumsum([0, *(s.samples for s in ds.shards)])
+    return [
+        f"{s.path}/t{n:07d}"
+        for i, s in enumerate(ds.shards)
+        for n in range(starts[i], starts[i + 1])
+    ]
+
+
 def _factory(prefix):
     def make(rank, world, ledger_dir):
         return TokenLoader(
@@ -70,10 +81,10 @@ def test_interrupted_and_resumed_equals_uninterrupted(tokens, tmp_path, before, 
     full, resumed = resume_scenario(
         _factory(tokens), tmp_path, before=before, after=after, stop=stop
     )
+    keys = _keys(tokens)
     for ledger in (full, resumed):
-        assert sorted(ledger) == [0, 1]
-        for hashes in ledger.values():
-            assert len(hashes) == 240 and max(Counter(hashes).values()) == 1
+        checks = check_exactly_once(ledger, keys, epochs=[0, 1])
+        assert sorted(checks) == [0, 1] and all(c.ok for c in checks.values()), checks
     assert {e: sorted(h) for e, h in full.items()} == {e: sorted(h) for e, h in resumed.items()}
 
 
