@@ -12,7 +12,8 @@ from .fill import file_checksum
 from .layout import DatasetDir, list_dataset_dirs, read_json
 from .space import SpaceManager, recorded_capacity, remove_entry, sweep_dead_parts
 from .stats import Counters, read_persisted
-from .warm import NodeShare, fitting_prefix
+from .warm import NodeShare, fitting_prefix, warm_mismatch
+from .warmrecord import read_warm_records
 
 __all__ = ["evict", "find_dataset_dir", "status", "verify"]
 
@@ -99,6 +100,19 @@ def status(
             datasets = [_dataset_status(d, capacity, share, limit)]
     else:
         datasets = [_dataset_status(d, capacity, share, limit) for d in dirs]
+    records = read_warm_records(root)
+    for out in datasets:
+        record = records.get(str(out["url"]).rstrip("/"))
+        if record is not None:
+            out["warm"] = record
+            if share is not None:
+                out["warm_mismatch"] = warm_mismatch(
+                    record,
+                    dataset_digest=record.get("dataset_digest"),  # the share's, not the data's
+                    options=share.options,
+                    topology=share.topology,
+                    node_rank=share.node_rank,
+                )
     used = sum(e.size for d in dirs for e in d.entries()) + sum(d.part_bytes() for d in dirs)
     return {
         "root": root,

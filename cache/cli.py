@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from flashfeed.dataset import Dataset
+from flashfeed.plan import PlanOptions
 from flashfeed.units import format_size, parse_size
 
 from . import admin
+from .cluster import CACHE_DIR_ENV
 from .shardcache import ShardCache
-from .warm import NodeShare, warm
+from .warm import NodeShare, describe_warm_record, warm_share
 
 __all__ = ["register"]
 
@@ -20,12 +23,20 @@ _RAW = argparse.RawDescriptionHelpFormatter
 
 WARM_EPILOG = """\
 examples:
-  # before a 4-node run with 8 GPUs per node, on node 2:
+  # before a 4-node run with 8 GPUs per node, on node 2 (torchrun --node-rank 2):
   flashfeed cache warm s3://flashfeed/photos-v1 --cache-dir /nvme/ff-cache \\
       --node-rank 2 --num-nodes 4 --ranks-per-node 8 --epochs 3 --seed 0 --capacity 500GiB
-  # every node of a Ray cluster at once, one task per node:
+  # the loader's other plan options, when the run changes them:
   flashfeed cache warm s3://flashfeed/photos-v1 --cache-dir /nvme/ff-cache \\
-      --ranks-per-node 8 --ray-address auto
+      --world-size 32 --ranks-per-node 8 --node-rank 2 --window 8 --no-drop-last
+  # every node of a Ray cluster at once, node ranks in the launcher's order:
+  flashfeed cache warm s3://flashfeed/photos-v1 --cache-dir /nvme/ff-cache \\
+      --ranks-per-node 8 --ray-address auto --hostfile hosts.txt
+  # under SLURM: scontrol's order is SLURM_NODEID's
+  flashfeed cache warm s3://flashfeed/photos-v1 --ranks-per-node 8 --ray-address auto \\
+      --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)"
+
+--cache-dir defaults to $FLASHFEED_CACHE_DIR; in a cluster warm each node reads its own.
 """
 STATUS_EPILOG = """\
 examples:
@@ -45,18 +56,70 @@ examples:
 
 
 def _plan_options(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """One flag for each input of the plan, with the loader's defaults (``Loader(seed=0,
+    shuffle=True, window=4, drop_last=True)``). Without ``defaults`` (status) a flag not
+    given is None: the last read order the cache was told is used instead."""
     g = p.add_argument_group("the run's plan (the same values the loader gets)")
+    plan = PlanOptions()
 
-    def dflt(value: int) -> int | None:  # status: None means "not given", use the last plan
+    def dflt(value: object) -> object:
         return value if defaults else None
 
-    g.add_argument("--node-rank", type=int, default=dflt(0), metavar="R", help="this node (0)")
-    g.add_argument("--num-nodes", type=int, default=dflt(1), metavar="N", help="nodes (1)")
+    g.add_argument("--node-rank", type=int, metavar="R", help="this node's rank (0)")
+    size = g.add_mutually_exclusive_group()
+    size.add_argument("--num-nodes", type=int, metavar="N", help="nodes in the run (1)")
+    size.add_argument(
+        "--world-size", type=int, metavar="W", help="ranks in the run (nodes x ranks per node)"
+    )
     g.add_argument(
         "--ranks-per-node", type=int, default=dflt(1), metavar="K", help="ranks per node (1)"
     )
     g.add_argument("--epochs", type=int, default=dflt(1), metavar="E", help="epochs to cover (1)")
-    g.add_argument("--seed", type=int, default=dflt(0), metavar="S", help="the plan's seed (0)")
+    g.add_argument(
+        "--seed", type=int, default=dflt(plan.seed), metavar="S", help="the plan's seed (0)"
+    )
+    g.add_argument(
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=dflt(plan.shuffle),
+        help="shuffle shards and samples (default: shuffle)",
+    )
+    g.add_argument(
+        "--window",
+        type=int,
+        default=dflt(plan.window),
+        metavar="N",
+        help=f"shards whose samples are mixed together ({plan.window})",
+    )
+    g.add_argument(
+        "--drop-last",
+        action=argparse.BooleanOptionalAction,
+        default=dflt(plan.drop_last),
+        help="drop the uneven tail of an epoch (default: drop)",
+    )
+
+
+def _cluster_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("a Ray cluster: every node at once, one task per node")
+    g.add_argument("--ray-address", metavar="ADDR", help="warm every listed node of this cluster")
+    hosts = g.add_mutually_exclusive_group()
+    hosts.add_argument(
+        "--hosts",
+        metavar="H0,H1,...",
+        help="the nodes in the launcher's node-rank order, by hostname or address",
+    )
+    hosts.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="the same, one host per line ('#' comments); see docs/CACHE.md per launcher",
+    )
+
+
+def _cache_dir(given: str | None, what: str) -> str:
+    root = given or os.environ.get(CACHE_DIR_ENV)
+    if not root:
+        raise ValueError(f"{what} is missing and {CACHE_DIR_ENV} is not set")
+    return root
 
 
 def register(subparsers: Any) -> None:
@@ -76,7 +139,11 @@ def register(subparsers: Any) -> None:
         formatter_class=_RAW,
     )
     w.add_argument("dataset", metavar="DATASET", help="dataset URL (s3://..., local path)")
-    w.add_argument("--cache-dir", required=True, metavar="DIR")
+    w.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help=f"the node's cache directory (default: ${CACHE_DIR_ENV}, read on each node)",
+    )
     w.add_argument(
         "--capacity",
         metavar="SIZE",
@@ -96,14 +163,10 @@ def register(subparsers: Any) -> None:
         metavar="SIZE",
         help="ranged GET size for large shards; default 16MiB",
     )
-    w.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        help="warm every node of this Ray cluster, one task per node",
-    )
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
     w.add_argument("--json", action="store_true", help="print the summary as JSON")
     _plan_options(w, defaults=True)
+    _cluster_options(w)
     w.set_defaults(func=_warm)
 
     s = sub.add_parser(
@@ -114,7 +177,7 @@ def register(subparsers: Any) -> None:
         epilog=STATUS_EPILOG,
         formatter_class=_RAW,
     )
-    s.add_argument("dir", metavar="DIR")
+    s.add_argument("dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}")
     s.add_argument("--dataset", metavar="URL")
     s.add_argument("--json", action="store_true", help="print JSON")
     _plan_options(s, defaults=False)
@@ -128,7 +191,7 @@ def register(subparsers: Any) -> None:
         epilog=VERIFY_EPILOG,
         formatter_class=_RAW,
     )
-    v.add_argument("dir", metavar="DIR")
+    v.add_argument("dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}")
     v.set_defaults(func=_verify)
 
     e = sub.add_parser(
@@ -139,14 +202,34 @@ def register(subparsers: Any) -> None:
         epilog=EVICT_EPILOG,
         formatter_class=_RAW,
     )
-    e.add_argument("dir", metavar="DIR")
+    e.add_argument("dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}")
     which = e.add_mutually_exclusive_group(required=True)
     which.add_argument("--dataset", metavar="URL")
     which.add_argument("--all", action="store_true")
     e.set_defaults(func=_evict)
 
 
+def _share(args: argparse.Namespace) -> NodeShare:
+    """The node share of the plan flags (warm: every flag has its default)."""
+    return NodeShare.build(
+        node_rank=0 if args.node_rank is None else args.node_rank,
+        num_nodes=args.num_nodes,
+        world_size=args.world_size,
+        ranks_per_node=args.ranks_per_node,
+        epochs=args.epochs,
+        seed=args.seed,
+        shuffle=args.shuffle,
+        window=args.window,
+        drop_last=args.drop_last,
+    )
+
+
+def _say(message: str) -> None:
+    print(f"flashfeed cache warm: warning: {message}", file=sys.stderr)
+
+
 def _warm(args: argparse.Namespace) -> int:
+    share = _share(args)  # every plan value checked before any I/O
     # None: each node's cache keeps its recorded capacity (a new one sizes itself to its disk)
     capacity = parse_size(args.capacity, name="--capacity") if args.capacity else None
     kwargs: dict[str, Any] = {
@@ -154,44 +237,36 @@ def _warm(args: argparse.Namespace) -> int:
         "concurrency": args.concurrency,
         "part_size": args.part_size,
     }
-    if args.ray_address:
-        from .cluster import warm_cluster
-
-        results = warm_cluster(
-            args.dataset,
-            args.cache_dir,
-            address=args.ray_address,
-            seed=args.seed,
-            epochs=args.epochs,
-            ranks_per_node=args.ranks_per_node,
-            cache_kwargs=kwargs,
-        )
+    if args.ray_address is None and (args.hosts or args.hostfile):
+        raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
+    if args.ray_address is not None:
+        results = _warm_cluster(args, share, kwargs)
     else:
-        share = NodeShare(
-            args.node_rank, args.num_nodes, args.ranks_per_node, args.seed, args.epochs
-        )
+        root = _cache_dir(args.cache_dir, "--cache-dir")
         dataset = Dataset.open(args.dataset)
-        with ShardCache(args.cache_dir, **kwargs) as cache:
-            result = warm(
-                cache,
-                dataset,
-                share.order(dataset),
-                node_rank=args.node_rank,
-                progress=not args.no_progress,
-            )
-        results = [result.to_dict()]
+        with ShardCache(root, **kwargs) as cache:
+            result = warm_share(cache, dataset, share, progress=not args.no_progress)
+        results = [{**result.to_dict(), "cache_dir": root}]
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         for r in results:
+            if r.get("error"):
+                continue
             rate = r["bytes_fetched"] / r["seconds"] / 1e9 if r["seconds"] else 0.0
             print(
-                f"node {r['node_rank']}{' (' + r['host'] + ')' if r.get('host') else ''}: "
+                f"node {r['node_rank']}{_where(r)}: "
                 f"{r['fetched']} fetched, {r['already']} already cached, "
                 f"{r['over_capacity']} over capacity, {len(r['failed'])} failed; "
                 f"{format_size(r['bytes_fetched'])} in {r['seconds']:.1f}s ({rate:.2f} GB/s), "
                 f"throttle events {r['throttle_events']}"
             )
+    broken = [r for r in results if r.get("error")]
+    for r in broken:
+        print(
+            f"flashfeed cache warm: node {r['node_rank']}{_where(r)}: error: {r['error']}",
+            file=sys.stderr,
+        )
     failed = [(r["node_rank"], path, err) for r in results for path, err in r["failed"].items()]
     for node, path, err in failed:
         print(f"flashfeed cache warm: node {node}: shard {path} failed: {err}", file=sys.stderr)
@@ -201,25 +276,68 @@ def _warm(args: argparse.Namespace) -> int:
             f"flashfeed cache warm: {len(failed)} shards failed: {names} (re-run to retry them)",
             file=sys.stderr,
         )
-        return 1
-    return 0
+    return 1 if failed or broken else 0
+
+
+def _warm_cluster(
+    args: argparse.Namespace, share: NodeShare, kwargs: dict[str, Any]
+) -> list[dict[str, Any]]:
+    from .cluster import parse_hostfile, parse_hosts, warm_cluster
+
+    if args.node_rank is not None:
+        raise ValueError(
+            "--node-rank is for warming one node; a cluster warm ranks the nodes by their "
+            "place in --hosts / --hostfile"
+        )
+    hosts = None
+    if args.hosts:
+        hosts = parse_hosts(args.hosts)
+    elif args.hostfile:
+        hosts = parse_hostfile(args.hostfile)
+    given = args.num_nodes if args.world_size is None else share.num_nodes
+    return warm_cluster(
+        args.dataset,
+        args.cache_dir,  # None: each node's own FLASHFEED_CACHE_DIR
+        address=args.ray_address,
+        options=share.options,
+        ranks_per_node=share.ranks_per_node,
+        epochs=share.epochs,
+        hosts=hosts,
+        num_nodes=given,
+        cache_kwargs=kwargs,
+        warn=_say,
+    )
+
+
+def _where(r: dict[str, Any]) -> str:
+    place = [x for x in (r.get("host"), r.get("address")) if x]
+    return f" ({', '.join(place)})" if place else ""
 
 
 def _share_from(args: argparse.Namespace) -> NodeShare | None:
-    given = [args.node_rank, args.num_nodes, args.ranks_per_node, args.epochs, args.seed]
+    given = [
+        args.node_rank, args.num_nodes, args.world_size, args.ranks_per_node, args.epochs,
+        args.seed, args.shuffle, args.window, args.drop_last,
+    ]  # fmt: skip
     if all(v is None for v in given):
         return None
-    return NodeShare(
+    plan = PlanOptions()
+    return NodeShare.build(
         node_rank=args.node_rank or 0,
-        num_nodes=args.num_nodes or 1,
+        num_nodes=args.num_nodes,
+        world_size=args.world_size,
         ranks_per_node=args.ranks_per_node or 1,
-        seed=args.seed or 0,
         epochs=args.epochs or 1,
+        seed=plan.seed if args.seed is None else args.seed,
+        shuffle=plan.shuffle if args.shuffle is None else args.shuffle,
+        window=plan.window if args.window is None else args.window,
+        drop_last=plan.drop_last if args.drop_last is None else args.drop_last,
     )
 
 
 def _status(args: argparse.Namespace) -> int:
-    report = admin.status(args.dir, url=args.dataset, share=_share_from(args))
+    root = _cache_dir(args.dir, "DIR")
+    report = admin.status(root, url=args.dataset, share=_share_from(args))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0
@@ -250,6 +368,10 @@ def _status(args: argparse.Namespace) -> int:
             f"({format_size(d['cached_bytes'])} of {format_size(d['dataset_bytes'])})"
             f"{', ' + str(d['pinned']) + ' pinned' if d.get('pinned') else ''}"
         )
+        if d.get("warm"):
+            print(f"  {describe_warm_record(d['warm'])}")
+        if d.get("warm_mismatch"):
+            print(f"  warning: {d['warm_mismatch']}")
         share = d.get("share")
         if share:
             verdict = "fits" if share["fits"] else "does NOT fit"
@@ -265,8 +387,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    report = admin.verify(args.dir)
-    print(f"checked {report['checked']} shards in {args.dir}: {len(report['corrupt'])} corrupt")
+    root = _cache_dir(args.dir, "DIR")
+    report = admin.verify(root)
+    print(f"checked {report['checked']} shards in {root}: {len(report['corrupt'])} corrupt")
     for path in report["corrupt"]:
         kept = " (in use: not removed)" if path in report["not_removed_in_use"] else " (removed)"
         print(f"  corrupt: {path}{kept}")
@@ -274,7 +397,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _evict(args: argparse.Namespace) -> int:
-    report = admin.evict(args.dir, url=None if args.all else args.dataset)
+    report = admin.evict(_cache_dir(args.dir, "DIR"), url=None if args.all else args.dataset)
     print(
         f"evicted {report['evicted']} shards ({format_size(report['bytes'])}); kept "
         f"{report['kept_pinned_or_in_use']} pinned or in use"

@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace, work: Path, dataset_url: str) -> None:
     # imported here: each pulls in a large framework (Ray, DALI, torch)
     from flashfeed import Dataset
     from flashfeed.cache import ShardCache
-    from flashfeed.cache.warm import NodeShare, warm
+    from flashfeed.cache.warm import NodeShare, warm_share
     from flashfeed.ingest import IngestConfig, run
     from flashfeed.ingest.progress import summary_table
     from flashfeed.ingest.samplecorpus import make_imagefolder
@@ -117,8 +117,8 @@ def _run(args: argparse.Namespace, work: Path, dataset_url: str) -> None:
     cache_dir = work / "cache"
     _say("cache warm", f"this node's shards into {cache_dir}")
     cache = ShardCache(str(cache_dir), capacity="2GiB")
-    share = NodeShare(epochs=args.epochs)
-    warmed = warm(cache, ds, share.order(ds), progress=False)
+    share = NodeShare.build(epochs=args.epochs, seed=0)  # the loader's plan options below
+    warmed = warm_share(cache, ds, share, progress=False)
     print(
         f"{warmed.fetched} shards fetched ({warmed.bytes_fetched / 1e6:.1f} MB) in "
         f"{warmed.seconds:.2f}s, {warmed.already} already cached, failed: {warmed.failed or 0}"

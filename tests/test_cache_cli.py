@@ -41,7 +41,7 @@ def test_warm_fetches_the_node_share_in_read_order_until_capacity(
     s3_prefix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     ds = make_dataset(s3_prefix, shards=8, shard_bytes=60_000)
-    share = NodeShare(node_rank=1, num_nodes=2, ranks_per_node=2, seed=3, epochs=2)
+    share = NodeShare.build(node_rank=1, num_nodes=2, ranks_per_node=2, seed=3, epochs=2)
     order = share.order(ds)
     distinct = list(dict.fromkeys(order))
     assert set(distinct) < set(range(8))  # a node reads only its part
@@ -85,7 +85,7 @@ def test_warm_fetches_the_node_share_in_read_order_until_capacity(
 def test_status_of_a_dataset_not_yet_cached_says_whether_it_fits(s3_prefix: str, tmp_path):
     ds = make_dataset(s3_prefix, shards=4, shard_bytes=50_000)
     ShardCache(tmp_path / "c", capacity=120_000).close()
-    share = NodeShare(num_nodes=2, node_rank=0)
+    share = NodeShare.build(num_nodes=2, node_rank=0)
     report = status(str(tmp_path / "c"), url=s3_prefix, share=share)
     d = report["datasets"][0]
     need = sum(ds.shards[i].bytes for i in set(share.order(ds)))
@@ -227,8 +227,11 @@ def test_warm_on_a_ray_cluster_runs_one_task_per_node(
     argv = ["cache", "warm", s3_prefix, "--cache-dir", str(root), "--capacity", "4MiB",
             "--ray-address", "auto", "--json"]  # fmt: skip
     assert main(argv) == 0
-    results = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    results = json.loads(out)
     assert len(results) == 1 and results[0]["node_rank"] == 0 and results[0]["node_id"]
+    # no host list: ranks follow Ray's node ids, and the user is told that may be wrong
+    assert "node ranks follow Ray's node ids" in err and "--hosts" in err
     assert results[0]["fetched"] == 4 and results[0]["host"]
     assert cached(root) == {Path(s.path).name for s in ds.shards}
     fits, _ = fitting_prefix(ds, NodeShare().order(ds), 4 << 20)
