@@ -15,7 +15,9 @@ died between starting the child and the child arming its guards.
 
 Ways in: ``popen`` for programs, ``tie_forked_children`` around code that forks Python
 workers (DALI's parallel external source), ``ParentLink`` inside an object that is pickled
-into a spawned worker, ``tie_to_parent`` for a child's own code.
+into a spawned worker, ``tie_to_parent`` for a child's own code, and ``reap_with_parent``
+for process trees started by a library we do not control (an embedded Ray): a small reaper
+process keeps a list of the tree and SIGKILLs it when this process dies.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ from typing import Any, TypeVar
 
 __all__ = [
     "ParentLink",
+    "Reaper",
+    "descendants",
     "popen",
+    "reap_with_parent",
     "set_parent_death_signal",
     "tie_forked_children",
     "tie_to_parent",
@@ -206,3 +211,99 @@ def popen(args: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
             os._exit(137)
 
     return _on_long_lived_thread(lambda: subprocess.Popen(args, preexec_fn=arm, **kwargs))
+
+
+# -- trees started by others: a reaper process ----------------------------------------------
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, start time) of every process, from /proc (empty elsewhere)."""
+    table: dict[int, tuple[int, str]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return table
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            table[int(entry)] = (int(fields[1]), fields[19])
+    return table
+
+
+def descendants(roots: Sequence[int]) -> dict[int, str]:
+    """``roots`` (those alive) and every process below them: pid -> start time, so that a
+    pid reused by another process is not mistaken for one of them."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[int, str] = {}
+    todo = [p for p in roots if p in table]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out[pid] = table[pid][1]
+            todo.extend(children.get(pid, []))
+    return out
+
+
+def _kill_listed(procs: dict[int, str]) -> None:
+    table = _proc_table()
+    for pid, start in procs.items():
+        if pid in table and table[pid][1] == start:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _reap(parent_pid: int, roots: list[int], interval: float) -> None:
+    """The reaper's loop: list the trees below ``roots`` while ``parent_pid`` lives; SIGKILL
+    everything it listed once the parent is gone. Ends by itself when the trees are gone."""
+    known: dict[int, str] = {}
+    while True:
+        now = descendants(roots)
+        known.update(now)
+        if os.getppid() != parent_pid:
+            break
+        if not now:
+            return
+        roots = list(now)
+        time.sleep(interval)
+    _kill_listed(known)
+
+
+class Reaper:
+    """A running reaper process; ``close()`` ends it without killing what it watches."""
+
+    def __init__(self, proc: subprocess.Popen[bytes] | None) -> None:
+        self.proc = proc
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def reap_with_parent(roots: Sequence[int], *, interval: float = 0.5) -> Reaper:
+    """Start a reaper that SIGKILLs ``roots`` and every process below them when this
+    process dies (within about ``interval`` seconds of that). A no-op without /proc."""
+    if not roots or not os.path.isdir("/proc/self"):
+        return Reaper(None)
+    # run as a plain script: stdlib only, no package import, a few MiB
+    argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), "reap", str(os.getpid())]
+    argv += [f"--interval={interval}", *map(str, roots)]
+    proc = _on_long_lived_thread(
+        lambda: subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+    )
+    return Reaper(proc)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["reap"]:
+    _parent, _interval = int(sys.argv[2]), float(sys.argv[3].split("=", 1)[1])
+    _reap(_parent, [int(a) for a in sys.argv[4:]], _interval)

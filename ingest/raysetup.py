@@ -1,5 +1,10 @@
 """Ray for ingest: reuse a running Ray, join ``--ray-address``, or start an embedded one
-that listens on loopback only, sends no usage stats and keeps its files in a short dir."""
+that listens on loopback only, sends no usage stats and keeps its files in a short dir.
+
+An embedded Ray dies with the process that started it, SIGKILL included: Ray ties its raylet
+and GCS to the driver, but its agents linger for a minute when the driver is killed, so a
+reaper (``flashfeed.lifeline``) kills every process the embedded Ray started.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from flashfeed import lifeline
 
 __all__ = ["ray_map", "ray_session"]
 
@@ -30,10 +37,12 @@ def ray_session(*, address: str | None = None, num_cpus: int | None = None) -> I
     for k, v in _SAFE_ENV.items():
         os.environ[k] = v
     temp = None
+    reaper = lifeline.Reaper(None)
     if address:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     else:
         temp = tempfile.mkdtemp(prefix="ffray-", dir="/tmp")
+        before = set(lifeline.descendants([os.getpid()]))
         ray.init(
             num_cpus=num_cpus or os.cpu_count() or 1,
             include_dashboard=False,
@@ -42,10 +51,13 @@ def ray_session(*, address: str | None = None, num_cpus: int | None = None) -> I
             log_to_driver=False,
             configure_logging=False,
         )
+        started = set(lifeline.descendants([os.getpid()])) - before - {os.getpid()}
+        reaper = lifeline.reap_with_parent(sorted(started))
     try:
         yield
     finally:
         ray.shutdown()
+        reaper.close()
         if temp:
             shutil.rmtree(temp, ignore_errors=True)
 
