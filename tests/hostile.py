@@ -3,7 +3,9 @@
 ``TAR_CASES``: tar shards for the shard readers (``iter_samples``/``scan_index``): each is
 refused with a ``FlashfeedError`` whose message holds ``expect``. ``MEDIA_CASES``: files an
 ingest with ``validate=True`` skips and counts under ``reason``. ``MANIFEST_EDITS``:
-hand edits of a committed manifest, each refused naming what is wrong.
+hand edits of a committed manifest, each refused naming what is wrong (``HEADER_EDITS``:
+those that apply to a version-2 header too). ``TABLE_CASES``: bad version-2 shard tables
+(and bad header records of them), each refused naming the file and the field.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from PIL import Image
 
 __all__ = [
+    "HEADER_EDITS",
     "MANIFEST_EDITS",
     "MEDIA_CASES",
+    "TABLE_CASES",
     "TAR_CASES",
     "BadInput",
+    "TableCase",
     "png_bomb",
     "tar_of",
 ]
@@ -175,13 +181,134 @@ MANIFEST_EDITS: list[tuple[str, Edit, str]] = [
     ("shard_path_absolute", _set(("shards", 0, "path"), "/etc/passwd"), "escapes"),
     ("shard_path_url", _set(("shards", 0, "path"), "s3://other/x.tar"), "escapes"),
     ("index_path_escapes", _set(("shards", 0, "index"), "../x.idx"), "escapes"),
-    ("unknown_version", _set(("format_version",), 2), "version 2"),
+    ("unknown_version", _set(("format_version",), 3), "version 3"),
     ("version_as_text", _set(("format_version",), "1"), "version '1'"),
     ("negative_samples", _set(("shards", 0, "samples"), -1), "samples"),
     ("checksum_scheme", _set(("shards", 0, "checksum"), "md5:00"), "checksum"),
     ("classes_not_a_list", _set(("classes",), 7), "classes"),
     ("name_not_text", _set(("name",), {"a": 1}), "'name'"),
 ]
+
+#: the edits above that do not touch the inline shard list (a version-2 header has none)
+_HEADER_ONLY = (
+    "sample_count_raised", "shard_count_wrong", "unknown_version", "version_as_text",
+    "classes_not_a_list", "name_not_text",
+)  # fmt: skip
+HEADER_EDITS = [e for e in MANIFEST_EDITS if e[0] in _HEADER_ONLY]
+
+
+def _ipc(table: pa.Table, *, stream: bool = False) -> bytes:
+    sink = pa.BufferOutputStream()
+    opener = pa.ipc.new_stream if stream else pa.ipc.new_file
+    with opener(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+TableEdit = Callable[[pa.Table, bytes], bytes]
+
+
+def _column(name: str, values: Callable[[pa.Table], pa.Array]) -> TableEdit:
+    def edit(table: pa.Table, _: bytes) -> bytes:
+        return _ipc(table.set_column(table.schema.get_field_index(name), name, values(table)))
+
+    return edit
+
+
+def _first_row(name: str, value: Any, kind: pa.DataType) -> TableEdit:
+    return _column(name, lambda t: pa.array([value, *t.column(name).to_pylist()[1:]], kind))
+
+
+def _drop(name: str) -> TableEdit:
+    return lambda table, _: _ipc(table.drop_columns([name]))
+
+
+def _same(_: pa.Table, data: bytes) -> bytes:
+    return data
+
+
+def _flip(data: bytes) -> bytes:
+    b = bytearray(data)
+    b[len(b) // 2] ^= 0xFF
+    return bytes(b)
+
+
+@dataclass(frozen=True)
+class TableCase:
+    """A bad shard table: ``edit`` turns the good table (and its file bytes) into the bad
+    file; ``header`` edits the header's ``shard_table`` record; ``sync`` makes the header's
+    size and checksum match the bad file, so the check under test is the one that fires."""
+
+    name: str
+    edit: TableEdit
+    expect: str  # substring of the error
+    where: str  # "table" or "header": the file the error must name
+    sync: bool = True
+    header: Callable[[dict[str, Any]], None] | None = None
+
+
+def _ref(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda ref: ref.__setitem__(key, value)
+
+
+TABLE_CASES = [
+    TableCase("samples_as_text", _column("samples", lambda t: pa.array(["1"] * len(t))),
+              "column 'samples' must be of type int64, got string", "table"),
+    TableCase("bytes_as_float", _column("bytes", lambda t: pa.array([1.5] * len(t))),
+              "column 'bytes' must be of type int64, got double", "table"),
+    TableCase("index_as_int", _column("index", lambda t: pa.array([1] * len(t))),
+              "column 'index' must be of type string", "table"),
+    TableCase("negative_bytes", _first_row("bytes", -5, pa.int64()),
+              "column 'bytes' must be >= 0, row 0 holds -5", "table"),
+    TableCase("negative_samples", _first_row("samples", -1, pa.int64()),
+              "column 'samples' must be >= 0", "table"),
+    TableCase("path_absolute", _first_row("path", "/etc/passwd", pa.string()),
+              "column 'path', row 0: '/etc/passwd' escapes", "table"),
+    TableCase("path_dotdot", _first_row("path", "../../etc/passwd", pa.string()),
+              "column 'path', row 0: '../../etc/passwd' escapes", "table"),
+    TableCase("path_url", _first_row("path", "s3://other/x.tar", pa.string()),
+              "column 'path', row 0: 's3://other/x.tar' escapes", "table"),
+    TableCase("path_backslash", _first_row("path", "a\\..\\b.tar", pa.string()),
+              "column 'path', row 0", "table"),
+    TableCase("path_empty", _first_row("path", "", pa.string()),
+              "column 'path', row 0: '' must be a non-empty string", "table"),
+    TableCase("path_null", _first_row("path", None, pa.string()),
+              "column 'path' is null in row 0", "table"),
+    TableCase("index_escapes", _first_row("index", "../x.idx", pa.string()),
+              "column 'index', row 0: '../x.idx' escapes", "table"),
+    TableCase("duplicate_path",
+              _column("path", lambda t: pa.array([t.column("path")[0].as_py()] * len(t))),
+              "two shards share one path", "table"),
+    TableCase("checksum_scheme", _first_row("checksum", "md5:00", pa.string()),
+              "column 'checksum', row 0: 'md5:00'", "table"),
+    TableCase("missing_column", _drop("checksum"),
+              "lacks column(s) ['checksum']", "table"),
+    TableCase("column_twice",
+              lambda t, _: _ipc(t.append_column("path", t.column("path"))),
+              "two columns named ['path']", "table"),
+    TableCase("truncated_file", lambda _, d: d[: len(d) // 2],
+              "not a readable Arrow IPC shard table", "table"),
+    TableCase("stream_not_file", lambda t, _: _ipc(t, stream=True),
+              "not a readable Arrow IPC shard table", "table"),
+    TableCase("not_arrow", lambda _, d: b"PAR1" + bytes(len(d)),
+              "not a readable Arrow IPC shard table", "table"),
+    TableCase("truncated_not_synced", lambda _, d: d[: len(d) // 2],
+              "shard_table.bytes", "table", sync=False),
+    TableCase("checksum_mismatch", lambda _, d: _flip(d),
+              "fails its checksum", "table", sync=False),
+    TableCase("rows_mismatch", _same, "shard_table.rows = 5", "table",
+              header=_ref("rows", 5)),
+    TableCase("table_missing", _same, "is missing", "header",
+              header=_ref("path", "manifest-0000000000000000.arrow")),
+    TableCase("table_path_escapes", _same, "shard_table.path '../t.arrow' escapes", "header",
+              header=_ref("path", "../t.arrow")),
+    TableCase("table_format", _same, "shard_table.format must be 'arrow-ipc'", "header",
+              header=_ref("format", "parquet")),
+    TableCase("table_rows_negative", _same, "shard_table.rows must be an integer", "header",
+              header=_ref("rows", -1)),
+    TableCase("table_checksum_junk", _same, "shard_table.checksum must look like", "header",
+              header=_ref("checksum", 7)),
+]  # fmt: skip
 
 TAR_CASES = _tar_cases()
 MEDIA_CASES = _media_cases()

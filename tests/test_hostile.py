@@ -10,10 +10,22 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hostile import MANIFEST_EDITS, MEDIA_CASES, TAR_CASES, BadInput, _info, manifest_with, tar_of
+from hostile import (
+    HEADER_EDITS,
+    MANIFEST_EDITS,
+    MEDIA_CASES,
+    TABLE_CASES,
+    TAR_CASES,
+    BadInput,
+    TableCase,
+    _info,
+    manifest_with,
+    tar_of,
+)
 from numpy.random import default_rng
 
 from flashfeed import CorruptShardError, Dataset, FlashfeedError, ManifestError, storage
+from flashfeed.cli import main
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import jpeg_bytes
 from flashfeed.manifest import Manifest, commit_manifest
@@ -57,6 +69,9 @@ def test_ingest_skips_and_counts_hostile_members_and_refuses_broken_tars(tmp_pat
     for i, case in enumerate(skipping, 1):
         (src / f"{i:03d}.tar").write_bytes(case.data)
     result = run(IngestConfig(source=str(src), dest=str(tmp_path / "out"), progress="none"))
+    header = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert header["format_version"] == 2 and "shards" not in header  # ingest writes v2
+    assert Dataset.open(str(tmp_path / "out")).manifest == result.manifest
     expected: dict[str, int] = {}
     for case in skipping:
         expected[INGEST_SKIPS[case.name]] = expected.get(INGEST_SKIPS[case.name], 0) + 1
@@ -158,21 +173,60 @@ def test_csv_column_missing_and_parquet_of_wrong_types(tmp_path: Path) -> None:
     assert "'seven' is not a int" in (tmp_path / "o2" / "rejects.jsonl").read_text()
 
 
-@pytest.mark.parametrize("name, edit, message", MANIFEST_EDITS, ids=[e[0] for e in MANIFEST_EDITS])
-def test_hand_edited_manifests_are_refused_naming_the_problem(
-    tmp_path: Path, name: str, edit: object, message: str
-) -> None:
-    prefix = str(tmp_path / "ds")
-    info = write_tar_shard(prefix, shard_name(0, "tar"), [("a", {"bin": b"x"})])
+def _committed(prefix: str, version: int) -> None:
+    infos = tuple(
+        write_tar_shard(prefix, shard_name(i, "tar"), [(f"a{i}", {"bin": b"x"})]) for i in range(2)
+    )
     commit_manifest(
         prefix,
         Manifest(
-            name="m", shard_format="webdataset", schema={"bin": "x"}, shards=(info,), classes=("c",)
+            name="m", shard_format="webdataset", schema={"bin": "x"}, shards=infos, classes=("c",)
         ),
+        format_version=version,
     )
+
+
+EDITS = [(1, *e) for e in MANIFEST_EDITS] + [(2, *e) for e in HEADER_EDITS]
+
+
+@pytest.mark.parametrize(
+    "version, name, edit, message", EDITS, ids=[f"v{e[0]}-{e[1]}" for e in EDITS]
+)
+def test_hand_edited_manifests_are_refused_naming_the_problem(
+    tmp_path: Path, version: int, name: str, edit: object, message: str
+) -> None:
+    prefix = str(tmp_path / "ds")
+    _committed(prefix, version)
     url = f"{prefix}/manifest.json"
     text = storage.read_bytes(url).decode()
     storage.write_bytes(url, manifest_with(text, edit).encode())  # type: ignore[arg-type]
     with pytest.raises(ManifestError, match=message.replace(".", r"\.")) as err:
         Dataset.open(prefix)
     assert "manifest.json" in str(err.value)
+
+
+@pytest.mark.parametrize("case", TABLE_CASES, ids=lambda c: c.name)
+def test_bad_shard_tables_are_refused_naming_the_file_and_the_field(
+    tmp_path: Path, case: TableCase
+) -> None:
+    prefix = tmp_path / "ds"
+    _committed(str(prefix), 2)
+    header = json.loads((prefix / "manifest.json").read_text())
+    ref = header["shard_table"]
+    table_file = prefix / ref["path"]
+    good = table_file.read_bytes()
+    bad = case.edit(pa.ipc.open_file(good).read_all(), good)
+    table_file.write_bytes(bad)
+    if case.sync:
+        ref.update(bytes=len(bad), checksum=storage.checksum(bad))
+    if case.header is not None:
+        case.header(ref)
+    (prefix / "manifest.json").write_text(json.dumps(header))
+    with pytest.raises(ManifestError) as err:
+        Dataset.open(str(prefix))
+    message = str(err.value)
+    assert case.expect in message
+    named = table_file.name if case.where == "table" else "manifest.json"
+    assert f"{prefix}/{named}" in message, message
+    # the CLI says the same, as one line on stderr and exit status 1
+    assert main(["inspect", str(prefix)]) == 1
