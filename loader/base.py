@@ -14,7 +14,7 @@ from .distributed import DistContext
 from .ledger import Ledger
 from .passplan import PassPlan, make_pass
 from .position import PlanOptions, Position
-from .sources import ShardSource
+from .sources import CacheShardSource, ShardSource
 from .stats import BatchTiming, StatsRecorder
 
 __all__ = ["PlannedLoader"]
@@ -51,6 +51,10 @@ class PlannedLoader:
         self.source = source
         sizes = np.array([s.samples for s in dataset.shards], dtype=np.int64)
         self.position = Position(sizes, ctx, options)
+        if isinstance(source, CacheShardSource):  # warns once if warmed for another share
+            from flashfeed.cache.warm import check_warm_record
+
+            check_warm_record(source.cache, dataset, options, ctx.topology, ctx.node_rank)
         self.ledger = (
             Ledger(ledger_dir, rank=ctx.rank, world_size=ctx.world_size) if ledger_dir else None
         )
