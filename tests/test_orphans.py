@@ -136,7 +136,12 @@ def kill_and_expect_orphans_gone(kids: Children, pid: int, *, at_least: int) -> 
 
 LOADER_CHILD = """
     import sys, threading, time
+    import flashfeed.loader.image as image
     from flashfeed.loader import Loader
+
+    if sys.argv[2] == "spawn":  # as on GPU machines: DALI spawns its reader processes
+        build = image.build_pipeline
+        image.build_pipeline = lambda *a, **kw: build(*a, **{**kw, "py_start_method": "spawn"})
 
     def iterate():
         loader = Loader(sys.argv[1], batch_size=4, device="cpu", py_workers=2,
@@ -153,11 +158,29 @@ LOADER_CHILD = """
 """
 
 
-@pytest.mark.parametrize("thread", ["main", "thread"])
-def test_dali_reader_processes_die_with_a_killed_loader(tmp_path: Path, child, thread) -> None:
+@pytest.mark.parametrize("start", ["main", "thread", "spawn"])
+def test_dali_reader_processes_die_with_a_killed_loader(tmp_path: Path, child, start) -> None:
     ds = str(tmp_path / "ds")
     make_image_dataset(ds, [16, 16], size=16)
-    pid = run_until_ready(child, LOADER_CHILD, ds, thread)
+    pid = run_until_ready(child, LOADER_CHILD, ds, start)
+    kill_and_expect_orphans_gone(child, pid, at_least=2)
+
+
+SHARD_DATASET_CHILD = """
+    import sys, time
+    from flashfeed.loader import ShardDataset
+
+    ds = ShardDataset(sys.argv[1], batch_size=4)
+    for _ in ds.loader(num_workers=2):
+        print("ready", flush=True)
+        time.sleep(3600)
+"""
+
+
+def test_dataloader_workers_die_with_a_killed_trainer(tmp_path: Path, child) -> None:
+    ds = str(tmp_path / "ds")
+    make_image_dataset(ds, [16, 16], size=16)
+    pid = run_until_ready(child, SHARD_DATASET_CHILD, ds)
     kill_and_expect_orphans_gone(child, pid, at_least=2)
 
 
