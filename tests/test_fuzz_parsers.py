@@ -1,17 +1,23 @@
-"""Property tests: random and mutated bytes given to the tar reader, the ``.idx`` parser and
-the manifest parser end in a result or a ``FlashfeedError``, never another exception."""
+"""Property tests: random and mutated bytes given to the tar reader, the ``.idx`` parser,
+the manifest parser (version 1 text, version 2 header) and the version-2 shard table reader
+end in a result or a ``FlashfeedError``, never another exception."""
 
 from __future__ import annotations
 
 import io
 import json
+import tempfile
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashfeed import FlashfeedError, Manifest
+from flashfeed import FlashfeedError, Manifest, commit_manifest, read_manifest, storage
+from flashfeed.manifest import ShardTable
 from flashfeed.shardio import tar_shard_bytes
 from flashfeed.tarshard import iter_samples, scan_index
 from flashfeed.wdsindex import parse_index
@@ -24,6 +30,14 @@ TAR, INDEX, _ = tar_shard_bytes(
 MANIFEST = Manifest(
     name="fuzz", shard_format="webdataset", schema={"jpg": "image"}, shards=()
 ).to_dict()
+GOOD_TABLE = ShardTable.from_columns(
+    path=["shards/000000.tar", "shards/000001.tar", "a/b.tar"],
+    samples=[3, 0, 7],
+    bytes=[10, 20, 30],
+    checksum=["xxh3_128:" + "0" * 32] * 3,
+    index=["shards/000000.tar.idx", None, "a/b.tar.idx"],
+)
+IPC = GOOD_TABLE.to_ipc().to_pybytes()
 
 mutations = st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=8)
 
@@ -95,3 +109,74 @@ def test_manifest_parser_on_structured_junk(overrides: dict[str, Any], shards: l
     d = dict(MANIFEST, shards=shards)
     d.update(overrides)
     only_flashfeed_errors(lambda: Manifest.from_json(json.dumps(d)))
+
+
+@SETTINGS
+@given(data=st.binary(max_size=3000))
+def test_shard_table_reader_on_random_bytes(data: bytes) -> None:
+    only_flashfeed_errors(lambda: ShardTable.read_ipc(pa.py_buffer(data), source="fuzz.arrow"))
+
+
+@SETTINGS
+@given(edits=mutations, cut=st.none() | st.integers(0, len(IPC)))
+def test_shard_table_reader_on_mutated_tables(
+    edits: list[tuple[int, int]], cut: int | None
+) -> None:
+    data = mutate(IPC, edits, cut)
+    only_flashfeed_errors(lambda: ShardTable.read_ipc(pa.py_buffer(data), source="fuzz.arrow"))
+
+
+arrow_columns = st.sampled_from(
+    [
+        pa.array([1, -1, 2**62]),
+        pa.array([0, 5, 9], pa.int32()),
+        pa.array([1.5, 0.0, -2.0]),
+        pa.array(["a.tar", "../x", "/abs"]),
+        pa.array(["b.tar", "b.tar", None]),
+        pa.array(["xxh3_128:0", "md5:1", ""]),
+        pa.array(["c.tar", "s3://h/x", "d\\e"], pa.large_string()),
+        pa.array([None, None, None], pa.null()),
+        pa.array([b"a", b"b", b"c"]),
+        pa.array([True, False, True]),
+        pa.array(["x.tar", "y.tar", "z.tar"]).dictionary_encode(),
+    ]
+)
+column_names = st.sampled_from(["path", "samples", "bytes", "checksum", "index", "other"])
+
+
+@SETTINGS
+@given(columns=st.lists(st.tuples(column_names, arrow_columns), max_size=7))
+def test_shard_table_checks_on_structured_junk(columns: list[tuple[str, pa.Array]]) -> None:
+    good = GOOD_TABLE.to_arrow()
+    arrays = [good.column(c) for c in good.column_names] + [a for _, a in columns]
+    names = list(good.column_names) + [n for n, _ in columns]
+    for drop in range(len(good.column_names) + 1):  # each base column left out once, or none
+        keep = [i for i in range(len(names)) if i != drop]
+        table = pa.Table.from_arrays([arrays[i] for i in keep], names=[names[i] for i in keep])
+        only_flashfeed_errors(partial(ShardTable.from_arrow, table, source="fuzz.arrow"))
+
+
+table_keys = st.sampled_from(["path", "format", "rows", "bytes", "checksum"])
+
+
+@SETTINGS
+@given(
+    overrides=st.dictionaries(top_keys, json_values, max_size=3),
+    table_ref=st.dictionaries(table_keys, json_values, max_size=3),
+    drop_ref=st.booleans(),
+)
+def test_v2_header_parser_on_structured_junk(
+    overrides: dict[str, Any], table_ref: dict[str, Any], drop_ref: bool
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        m = Manifest(name="fuzz", shard_format="webdataset", schema={}, shards=GOOD_TABLE)
+        commit_manifest(tmp, m)
+        header = json.loads(Path(tmp, "manifest.json").read_text())
+        header.update(overrides)
+        if drop_ref:
+            header.pop("shard_table", None)
+        elif isinstance(header.get("shard_table"), dict):
+            header["shard_table"].update(table_ref)
+        storage.write_bytes(f"{tmp}/manifest.json", json.dumps(header).encode())
+        only_flashfeed_errors(lambda: read_manifest(tmp))
+        only_flashfeed_errors(lambda: Manifest.from_header(header, GOOD_TABLE))
