@@ -49,8 +49,9 @@ class PlannedLoader:
         self.batch_size = batch_size
         self.drop_last = options.drop_last
         self.source = source
-        sizes = np.array([s.samples for s in dataset.shards], dtype=np.int64)
-        self.position = Position(sizes, ctx, options)
+        self.position = Position(
+            _shard_samples(dataset), ctx, options, dataset_id=_dataset_id(dataset)
+        )
         if isinstance(source, CacheShardSource):  # warns once if warmed for another share
             from flashfeed.cache.warm import check_warm_record
 
@@ -77,6 +78,11 @@ class PlannedLoader:
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next. Another epoch starts from its beginning; the current one
         keeps its position (after a resume: the rest of it, possibly nothing)."""
+        if self._active:
+            raise RuntimeError(
+                f"set_epoch() during a pass over this {type(self).__name__}: call it before "
+                "the loop starts (or after it ends)"
+            )
         self._finished = False
         self.position.set_epoch(epoch)
 
@@ -87,15 +93,32 @@ class PlannedLoader:
         """Batches the next pass yields."""
         if self._finished:
             ahead = Position(self.position.shard_sizes, self.ctx, self.position.options)
+            ahead.dataset_id = self.position.dataset_id
             ahead.set_epoch(self.position.epoch + 1)
             return self._batches(len(ahead.remaining()))
         return self._batches(len(self.position.remaining()))
 
     def state_dict(self) -> dict[str, Any]:
-        """The exact position: seed, epoch, world size, segments, samples consumed."""
+        """The exact position: seed, epoch, world size, segments, samples consumed, and how
+        many samples of this epoch the job drops (``drop_last``: the plan's surplus and each
+        rank's last partial batch)."""
         state = self.position.state_dict()
         state["finished"] = self._finished
+        plan = self.position.rank_plan()
+        tail = len(plan.samples) % self.batch_size if self.drop_last else 0
+        state["dropped"] = plan.dropped_total + tail * self.ctx.world_size
         return state
+
+    def _end_epoch(self) -> None:
+        """A pass reached the end of the epoch. With ``drop_last``, what this rank's share
+        leaves unread (the plan's surplus, a last partial batch) goes to the ledger as
+        dropped: it was never delivered, and the ledger says so."""
+        self._finished = True
+        if self.ledger is not None:
+            plan = self.position.rank_plan()
+            unread = np.concatenate([plan.samples, plan.dropped])
+            if len(unread):
+                self.ledger.record_dropped(self.position.epoch, unread.tolist())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``, saved by any rank, also under another world size."""
@@ -215,3 +238,16 @@ class _PassIterator(Generic[T]):
 
     def __del__(self) -> None:
         self.close()
+
+
+def _shard_samples(dataset: Dataset) -> np.ndarray:
+    """Samples per shard as one array (a columnar manifest gives it without a list)."""
+    column = getattr(dataset.manifest, "shard_samples", None)
+    if column is not None:
+        return np.asarray(column, dtype=np.int64)
+    return np.array([s.samples for s in dataset.shards], dtype=np.int64)
+
+
+def _dataset_id(dataset: Dataset) -> str | None:
+    digest = getattr(dataset.manifest, "digest", None)
+    return digest if isinstance(digest, str) else None

@@ -191,7 +191,7 @@ class Loader(PlannedLoader):
             feeder.finish()
             if plan.num_batches:
                 self.runner.finish()
-            self._finished = True
+            self._end_epoch()
         finally:
             if self._feeder is not None:
                 self._feeder.close()

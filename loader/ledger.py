@@ -17,9 +17,17 @@ from dataclasses import dataclass
 
 import xxhash
 
-__all__ = ["EpochCheck", "Ledger", "check_exactly_once", "key_hash", "read_ledger"]
+__all__ = [
+    "EpochCheck",
+    "Ledger",
+    "check_exactly_once",
+    "key_hash",
+    "read_dropped",
+    "read_ledger",
+]
 
 _NAME = re.compile(r"^epoch(\d+)-ws(\d+)-rank(\d+)\.log$")
+_DROPPED = re.compile(r"^epoch(\d+)-ws(\d+)-rank(\d+)\.dropped$")
 
 
 def key_hash(key: str) -> str:
@@ -45,6 +53,12 @@ class Ledger:
         with open(self.path(epoch), "a", encoding="ascii") as f:
             f.write(lines)
 
+    def record_dropped(self, epoch: int, ids: Iterable[int]) -> None:
+        """Samples (global ids) this rank's share of ``epoch`` drops, never delivered."""
+        lines = "".join(f"{int(i)}\n" for i in ids)
+        with open(self.path(epoch)[: -len(".log")] + ".dropped", "a", encoding="ascii") as f:
+            f.write(lines)
+
 
 def read_ledger(directory: str) -> dict[int, list[str]]:
     """Every recorded hash per epoch, all ranks and world sizes together."""
@@ -58,6 +72,18 @@ def read_ledger(directory: str) -> dict[int, list[str]]:
     return dict(out)
 
 
+def read_dropped(directory: str) -> dict[int, list[int]]:
+    """The sample ids recorded as dropped per epoch, all ranks and world sizes together."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for name in sorted(os.listdir(directory)):
+        m = _DROPPED.match(name)
+        if not m:
+            continue
+        with open(os.path.join(directory, name), encoding="ascii") as f:
+            out[int(m.group(1))].extend(int(line) for line in f if line.strip())
+    return dict(out)
+
+
 @dataclass(frozen=True)
 class EpochCheck:
     """One epoch of a ledger against the keys it should hold exactly once."""
@@ -67,6 +93,7 @@ class EpochCheck:
     duplicates: dict[str, int]  # key -> times delivered (> 1)
     missing: list[str]  # expected keys never delivered
     unknown: int  # delivered hashes that are no expected key
+    dropped: int = 0  # keys recorded as dropped (drop_last), each counted as accounted for
 
     @property
     def ok(self) -> bool:
@@ -74,7 +101,9 @@ class EpochCheck:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"epoch {self.epoch}: {self.delivered} samples, each exactly once"
+            return f"epoch {self.epoch}: {self.delivered} samples, each exactly once" + (
+                f" ({self.dropped} dropped)" if self.dropped else ""
+            )
         dup = ", ".join(f"{k} x{n}" for k, n in list(self.duplicates.items())[:5])
         return (
             f"epoch {self.epoch}: {self.delivered} delivered; {len(self.duplicates)} repeated "
@@ -84,23 +113,38 @@ class EpochCheck:
 
 
 def check_exactly_once(
-    ledger: str | dict[int, list[str]], keys: Iterable[str], *, epochs: Iterable[int] = ()
+    ledger: str | dict[int, list[str]],
+    keys: Iterable[str],
+    *,
+    epochs: Iterable[int] = (),
+    dropped: dict[int, list[int]] | None = None,
 ) -> dict[int, EpochCheck]:
     """Per epoch, which of ``keys`` (``<shard path>/<sample key>``) a ledger holds more than
     once or not at all, and what it holds that is no key. ``ledger`` is a ledger directory
     or ``read_ledger``'s result; ``epochs`` are checked even when the ledger has none of
-    them."""
+    them.
+
+    Samples recorded as dropped (``drop_last``; read from a ledger directory, or given as
+    ``dropped``: epoch -> sample ids) count as accounted for, once: a key dropped and also
+    delivered is a duplicate. Dropped samples are global ids, so ``keys`` must then be in
+    dataset order (shard by shard, sample by sample).
+    """
     recorded = read_ledger(ledger) if isinstance(ledger, str) else ledger
-    by_hash = {key_hash(k): k for k in keys}
+    if dropped is None:
+        dropped = read_dropped(ledger) if isinstance(ledger, str) else {}
+    ordered = list(keys)
+    by_hash = {key_hash(k): k for k in ordered}
     out = {}
-    for epoch in sorted(set(recorded) | set(epochs)):
+    for epoch in sorted(set(recorded) | set(epochs) | set(dropped)):
         hashes = recorded.get(epoch, [])
-        counts = Counter(hashes)
+        gone = [key_hash(ordered[i]) for i in dropped.get(epoch, [])]
+        counts = Counter(hashes) + Counter(gone)
         out[epoch] = EpochCheck(
             epoch=epoch,
             delivered=len(hashes),
             duplicates={by_hash.get(h, h): n for h, n in counts.items() if n > 1},
             missing=sorted(k for h, k in by_hash.items() if h not in counts),
             unknown=sum(n for h, n in counts.items() if h not in by_hash),
+            dropped=len(gone),
         )
     return out

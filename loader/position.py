@@ -68,8 +68,9 @@ class Position:
         return segs
 
     def rank_plan(self) -> RankPlan:
-        """What this rank still reads of this epoch (computed once per position)."""
-        key = (self.options, self.epoch, tuple(self.segments()), self.topology, self.ctx.rank)
+        """What this rank still reads of this epoch. The plan of the current topology's
+        stretch is computed once; consuming samples only moves along it."""
+        key = (self.options, self.epoch, tuple(self.prior), self.topology, self.ctx.rank)
         if self._memo is None or self._memo[0] != key:
             plan = rank_plan(
                 self.shard_sizes,
@@ -77,10 +78,18 @@ class Position:
                 epoch=self.epoch,
                 topology=self.topology,
                 rank=self.ctx.rank,
-                segments=self.segments(),
+                segments=self.prior,
             )
             self._memo = (key, plan)
-        return self._memo[1]
+        whole = self._memo[1]
+        if self.consumed > len(whole.samples):
+            raise ValueError(
+                f"resume state says each rank consumed {self.consumed} samples but the plan "
+                f"gave only {len(whole.samples)}: the state belongs to another dataset"
+            )
+        return RankPlan(
+            whole.samples[self.consumed :], whole.dropped, whole.repeated, whole.dropped_total
+        )
 
     def remaining(self) -> np.ndarray:
         """Global sample ids this rank still reads in this epoch, in order."""

@@ -117,6 +117,13 @@ class ShardDataset(PlannedLoader, IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
+        if info is not None and not self._driven:
+            raise RuntimeError(
+                "a ShardDataset in a plain torch DataLoader with num_workers > 0 cannot keep "
+                "its position (each worker holds a copy; nobody counts what the consumer "
+                "received): use ShardDataset.loader(num_workers=...) instead, whose "
+                "state_dict() resumes exactly"
+            )
         if info is None and not self._driven:
             return self._pass_iter(self._samples(self._begin_pass(), 0, 1, in_process=True))
         # under a ShardDataLoader, which counts deliveries itself; in a worker, the position
@@ -167,7 +174,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
                         storage = 0.0
                     yield out
             if in_process:
-                self._finished = True
+                self._end_epoch()
         finally:
             reader.close()
 
@@ -270,7 +277,7 @@ class ShardDataLoader:
             )
             k += 1
             yield batch
-        ds._finished = True
+        ds._end_epoch()
 
 
 def _batch_keys(batch: Any, n: int) -> list[str]:

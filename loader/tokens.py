@@ -192,7 +192,7 @@ class TokenLoader(PlannedLoader):
             )
             yield batch
             step_start = time.perf_counter()
-        self._finished = True
+        self._end_epoch()
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device is None:

@@ -14,7 +14,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
 from flashfeed.loader import Loader
 from flashfeed.loader.ledger import check_exactly_once
-from flashfeed.plan import plan_epoch
+from flashfeed.plan import PlanOptions, Topology, plan_epoch
 
 SIZES = [60, 60, 60, 60]  # 240 samples: divisible by 2 and 3 ranks x batch 4
 
@@ -34,7 +34,7 @@ def _keys(prefix: str) -> list[str]:
 def test_batches_follow_the_plan_with_int64_labels(images):
     loader = Loader(images, batch_size=8, image_size=16, rank=1, world_size=2, seed=3)
     keys = _keys(images)
-    plan = plan_epoch(SIZES, seed=3, epoch=0, world_size=2).per_rank[1]
+    plan = plan_epoch(SIZES, options=PlanOptions(seed=3), epoch=0, topology=Topology(2)).per_rank[1]
     expected = [label_of(keys[i].rsplit("/", 1)[1], 10) for i in plan]
     got = []
     for batch in loader:
@@ -216,7 +216,7 @@ def test_rank_and_world_size_come_from_the_environment(monkeypatch, images):
     assert (loader.ctx.rank, loader.ctx.world_size, loader.ctx.ranks_per_node) == (2, 4, 2)
     assert np.array_equal(
         loader.position.remaining(),
-        plan_epoch(SIZES, seed=0, epoch=0, world_size=4, ranks_per_node=2).per_rank[2],
+        plan_epoch(SIZES, options=PlanOptions(), epoch=0, topology=Topology(4, 2)).per_rank[2],
     )
 
 
@@ -226,13 +226,22 @@ def test_one_pipeline_serves_every_epoch_until_a_pass_is_left_early(images):
     loader = Loader(images, batch_size=16, image_size=16, py_workers=1, seed=2)
     for epoch in range(2):
         got = torch.cat([b["label"] for b in loader]).numpy()
-        assert np.array_equal(got, labels_of[plan_epoch(SIZES, seed=2, epoch=epoch).per_rank[0]])
+        assert np.array_equal(
+            got,
+            labels_of[
+                plan_epoch(
+                    SIZES, options=PlanOptions(seed=2), epoch=epoch, topology=Topology()
+                ).per_rank[0]
+            ],
+        )
     assert loader.runner.builds == 1
     it = iter(loader)
     first = next(it)["label"].numpy()
     del it  # left early: batches in flight, the next pass needs a fresh pipeline
     rest = torch.cat([b["label"] for b in loader]).numpy()
-    expected = labels_of[plan_epoch(SIZES, seed=2, epoch=2).per_rank[0]]
+    expected = labels_of[
+        plan_epoch(SIZES, options=PlanOptions(seed=2), epoch=2, topology=Topology()).per_rank[0]
+    ]
     assert np.array_equal(np.concatenate([first, rest]), expected)
     assert loader.runner.builds == 2
     loader.close()

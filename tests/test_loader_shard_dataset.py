@@ -13,7 +13,7 @@ from PIL import Image
 from flashfeed.dataset import Dataset
 from flashfeed.loader import ShardDataset
 from flashfeed.loader.ledger import check_exactly_once
-from flashfeed.plan import plan_epoch
+from flashfeed.plan import PlanOptions, Topology, plan_epoch
 
 SIZES = [60, 60, 60, 60]
 
@@ -43,7 +43,10 @@ def test_dataloader_batches_follow_the_plan(images, workers):
     assert len(loader) == 15
     batches = list(loader)
     ids = torch.cat([b["__index__"] for b in batches]).numpy()
-    assert np.array_equal(ids, plan_epoch(SIZES, seed=1, epoch=0, world_size=2).per_rank[0])
+    assert np.array_equal(
+        ids,
+        plan_epoch(SIZES, options=PlanOptions(seed=1), epoch=0, topology=Topology(2)).per_rank[0],
+    )
     labels = torch.cat([b["label"] for b in batches])
     assert labels.dtype == torch.int64
     keys = [k for b in batches for k in b["__key__"]]

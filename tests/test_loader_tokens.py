@@ -11,7 +11,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.loader import TokenLoader
 from flashfeed.loader.arrowcols import open_arrow_view
 from flashfeed.loader.ledger import check_exactly_once
-from flashfeed.plan import plan_epoch
+from flashfeed.plan import PlanOptions, Topology, plan_epoch
 
 SIZES = [40, 40, 40, 40, 40, 40]  # 240 rows
 
@@ -25,7 +25,7 @@ def tokens(tmp_path_factory) -> str:
 
 def test_rows_come_in_plan_order_as_int64(tokens):
     loader = TokenLoader(tokens, batch_size=8, rank=1, world_size=2, seed=4)
-    plan = plan_epoch(SIZES, seed=4, epoch=0, world_size=2).per_rank[1]
+    plan = plan_epoch(SIZES, options=PlanOptions(seed=4), epoch=0, topology=Topology(2)).per_rank[1]
     got = torch.cat([b["tokens"] for b in loader])
     assert got.dtype == torch.int64 and got.shape == (120, 16)
     expected = plan[:, None] * 7 + np.arange(16)[None, :]
