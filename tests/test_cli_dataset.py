@@ -46,7 +46,7 @@ def test_inspect_prints_a_readable_summary(
     out = capsys.readouterr().out
     m = Dataset.open(dataset).manifest
     assert "dataset   cats-dogs" in out
-    assert "format    webdataset (manifest version 1)" in out
+    assert "format    webdataset (manifest version 2)" in out
     assert "shards    3  (3 with .idx" in out
     assert "samples   12" in out
     assert f"bytes     {m.num_bytes} " in out

@@ -133,7 +133,7 @@ def test_encrypted_ingest_verify_cache_and_loader(
     bad = bytearray(storage.read_bytes(f"{s3_prefix}/enc/{m.shards[1].path}"))
     bad[100] ^= 0xFF
     storage.write_bytes(f"{s3_prefix}/enc/{m.shards[1].path}", bytes(bad))
-    d = json.loads(text)
+    d = m.to_dict()  # version 1: the shards inline, where an edit is one line
     d["shards"][1]["checksum"] = storage.checksum(bytes(bad))
     storage.write_bytes(f"{s3_prefix}/enc/{MANIFEST_NAME}", json.dumps(d).encode())
     ds = Dataset.open(f"{s3_prefix}/enc")
