@@ -137,11 +137,11 @@ class ParentLink:
 # -- children forked by Python code we call (os.fork, multiprocessing "fork") -------------------
 _fork_lock = threading.Lock()
 _forking: tuple[int, bool] | None = None  # (parent pid, forked from a long-lived thread)
-_hook_installed = False
 
 
 def _after_fork_in_child() -> None:
-    global _forking
+    global _forking, _fork_lock, _spawner_lock
+    _fork_lock, _spawner_lock = threading.Lock(), threading.Lock()  # held by another thread?
     tie, _forking = _forking, None  # grandchildren this child forks are its own business
     if tie is not None:
         tie_to_parent(tie[0], kernel_signal=tie[1])
@@ -151,11 +151,8 @@ def _after_fork_in_child() -> None:
 def tie_forked_children() -> Iterator[None]:
     """Every process forked while the block runs (by any thread of this process) dies with
     this process."""
-    global _forking, _hook_installed
+    global _forking
     with _fork_lock:
-        if not _hook_installed:
-            os.register_at_fork(after_in_child=_after_fork_in_child)
-            _hook_installed = True
         saved = _forking
         _forking = (os.getpid(), _in_long_lived_thread())
     try:
@@ -168,6 +165,7 @@ def tie_forked_children() -> Iterator[None]:
 # -- programs: started from a thread that lives as long as this process ------------------------
 _spawner: tuple[int, threading.Thread, queue.SimpleQueue[Any]] | None = None
 _spawner_lock = threading.Lock()
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _serve(jobs: queue.SimpleQueue[Any]) -> None:

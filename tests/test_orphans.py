@@ -131,6 +131,7 @@ def kill_and_expect_orphans_gone(kids: Children, pid: int, *, at_least: int) -> 
     while alive(helpers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(helpers), f"still alive {GONE_WITHIN:.0f}s after SIGKILL: {alive(helpers)}"
+    print(f"{len(helpers)} helpers gone {GONE_WITHIN - (deadline - time.monotonic()):.1f}s after")
     return named
 
 
