@@ -1,14 +1,20 @@
 """What planning costs, and what plan-aware eviction buys, at sizes no corpus here reaches:
 
-  plan cost       for 1,000 / 10,000 / 100,000 shards: manifest commit, ``Dataset.open``
-                  (read + parse + check), ``plan_epoch`` for one epoch of a 64-rank job and
-                  ``node_shard_order`` (what ``cache warm`` and eviction use) for one node
+  plan cost       for 10,000 / 100,000 / 1,000,000 shards: manifest commit, ``Dataset.open``
+                  (header + columnar shard table), one rank's epoch plan (``rank_plan``), one
+                  node's warm order (``node_shard_order``), that rank's plan after an elastic
+                  change at mid-epoch, and, where it fits in memory, the whole-epoch plan
+                  (``plan_epoch``: every rank's sequence, which every rank computed before
+                  planning became rank-local)
+  --scale         the design point alone, in a fresh process: 10^6 shards x 1,000 samples
+                  (10^9 samples), 8,192 ranks, 8 per node; one JSON line with ``--json``
   eviction curve  hit rate of the real ``ShardCache`` over 3 epochs of the plan's order at
                   10-100% of the dataset: plan-aware (``set_future``) vs LRU vs Belady's optimum
 
 Prints a table and writes JSON.
 
-    python benchmarks/planbench.py --shards 1000,10000,100000 --out .bench/plan.json
+    python benchmarks/planbench.py --shards 10000,100000,1000000 --out .bench/plan.json
+    python benchmarks/planbench.py --scale --json
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,59 +33,137 @@ from typing import Any
 
 __all__ = ["eviction_curve", "plan_cost"]
 
-_CHECKSUM = "xxh3_128:" + "0" * 32
+#: the whole-epoch plan holds every rank's sample ids: past this many samples it does not fit
+WHOLE_EPOCH_LIMIT = 200_000_000
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory. VmHWM belongs to the process image; getrusage's
+    maximum survives fork and exec, so a child would report its parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def plan_cost(
-    shards: int, *, samples_per_shard: int = 100, world_size: int = 64, ranks_per_node: int = 8
-) -> dict[str, float]:
+    shards: int,
+    *,
+    samples_per_shard: int = 1000,
+    world_size: int = 8192,
+    ranks_per_node: int = 8,
+    new_world_size: int = 6144,
+    whole_epoch: bool = True,
+) -> dict[str, Any]:
     """Seconds to commit, open and plan a dataset of ``shards`` shards (no shard bytes)."""
     from flashfeed import Dataset, Manifest, commit_manifest
-    from flashfeed.manifest import ShardInfo
-    from flashfeed.plan import node_shard_order, plan_epoch
+    from flashfeed.plan import PlanOptions, Segment, Topology, node_shard_order, plan_epoch
+    from flashfeed.plan import rank_plan as plan_rank
+    from flashfeed.shardtable import synthetic_shard_table
 
     work = tempfile.mkdtemp(prefix="ffplan-", dir="/tmp")
+    options, topology = PlanOptions(seed=0), Topology(world_size, ranks_per_node)
+    rank = (world_size // 2 + 3) % min(world_size, new_world_size)  # mid-job, not node 0
     try:
-        infos = tuple(
-            ShardInfo(
-                f"shards/{i:06d}.tar",
-                samples_per_shard,
-                64 << 20,
-                _CHECKSUM,
-                f"shards/{i:06d}.tar.idx",
-            )
-            for i in range(shards)
-        )
-        m = Manifest(name="plan", shard_format="webdataset", schema={"jpg": "image"}, shards=infos)
+        table = synthetic_shard_table(shards, samples_per_shard=samples_per_shard)
+        m = Manifest(name="plan", shard_format="webdataset", schema={"jpg": "image"}, shards=table)
         t0 = time.perf_counter()
         commit_manifest(work, m)
         t1 = time.perf_counter()
         ds = Dataset.open(work)
-        sizes = [s.samples for s in ds.shards]
+        sizes = ds.manifest.shard_samples
         t2 = time.perf_counter()
-        plan = plan_epoch(
-            sizes, seed=0, epoch=0, world_size=world_size, ranks_per_node=ranks_per_node
-        )
+        mine = plan_rank(sizes, options=options, epoch=0, topology=topology, rank=rank)
         t3 = time.perf_counter()
         order = node_shard_order(
-            sizes, seed=0, epochs=[0], world_size=world_size, ranks_per_node=ranks_per_node
+            sizes,
+            options=options,
+            epochs=[0],
+            topology=topology,
+            node_rank=topology.node_of(rank),
         )
         t4 = time.perf_counter()
-        return {
+        half = Segment(world_size, ranks_per_node, len(mine.samples) // 2)
+        new = Topology(new_world_size, ranks_per_node)
+        after = plan_rank(sizes, options=options, epoch=0, topology=new, rank=rank, segments=[half])
+        t5 = time.perf_counter()
+        out: dict[str, Any] = {
             "shards": shards,
-            "samples": shards * samples_per_shard,
+            "samples": int(sizes.sum()),
             "world_size": world_size,
-            "manifest_mb": os.path.getsize(os.path.join(work, "manifest.json")) / 1e6,
+            "ranks_per_node": ranks_per_node,
+            "manifest_mb": sum(os.path.getsize(os.path.join(work, f)) for f in os.listdir(work))
+            / 1e6,
             "commit_s": t1 - t0,
             "open_s": t2 - t1,
-            "plan_epoch_s": t3 - t2,
-            "node_shard_order_s": t4 - t3,
-            "open_plus_plan_s": t4 - t1,
-            "samples_per_rank": plan.samples_per_rank,
+            "rank_plan_s": t3 - t2,
+            "node_order_s": t4 - t3,
+            "resplit_s": t5 - t4,
+            "samples_per_rank": len(mine.samples),
+            "samples_per_rank_after_resplit": len(after.samples),
             "node_shards": len(order),
+            "whole_epoch_s": None,
         }
+        if whole_epoch and int(sizes.sum()) <= WHOLE_EPOCH_LIMIT:
+            t6 = time.perf_counter()
+            everything = plan_epoch(sizes, options=options, epoch=0, topology=topology)
+            out["whole_epoch_s"] = time.perf_counter() - t6
+            assert (everything.per_rank[rank] == mine.samples).all()
+            del everything
+        return out
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def scale() -> dict[str, Any]:
+    """The design point, measured in this process: its peak RSS is the whole process's."""
+    cost = plan_cost(1_000_000, whole_epoch=False)
+    keys = ("shards", "samples", "world_size", "ranks_per_node", "open_s", "rank_plan_s")
+    out = {k: cost[k] for k in keys}
+    out["node_order_s"] = cost["node_order_s"]
+    out["resplit_s"] = cost["resplit_s"]
+    out["peak_rss_mib"] = round(_peak_rss_mib(), 1)
+    return out
+
+
+def loader_start(shards: int = 1_000_000) -> dict[str, Any]:
+    """Seconds to construct a ``Loader`` for one rank of 8,192 on a local ``shards``-shard
+    manifest and ask its length (its plan); importing torch and DALI is timed apart."""
+    from flashfeed import Manifest, commit_manifest
+    from flashfeed.shardtable import synthetic_shard_table
+
+    work = tempfile.mkdtemp(prefix="ffstart-", dir="/tmp")
+    try:
+        table = synthetic_shard_table(shards, samples_per_shard=1000)
+        schema = {"jpg": "image/jpeg", "cls": "label"}
+        commit_manifest(
+            work, Manifest(name="s", shard_format="webdataset", schema=schema, shards=table)
+        )
+        t0 = time.perf_counter()
+        import nvidia.dali  # noqa: F401
+
+        from flashfeed.loader import Loader
+
+        t1 = time.perf_counter()
+        loader = Loader(work, batch_size=64, rank=4099, world_size=8192, ranks_per_node=8)
+        batches = len(loader)
+        t2 = time.perf_counter()
+        loader.close()
+        return {"shards": shards, "import_s": t1 - t0, "loader_start_s": t2 - t1,
+                "batches": batches}  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _fresh(flag: str) -> dict[str, Any]:
+    run = subprocess.run([sys.executable, __file__, flag, "--json"], capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"planbench {flag} failed: {run.stderr.strip()[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def eviction_curve(
@@ -97,29 +183,56 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--shards", default="1000,10000,100000")
-    p.add_argument("--samples-per-shard", type=int, default=100)
-    p.add_argument("--out", default=".bench/plan.json")
+    p.add_argument("--shards", default="10000,100000,1000000", help="shard counts to plan")
+    p.add_argument("--samples-per-shard", type=int, default=1000)
+    p.add_argument(
+        "--scale", action="store_true", help="only the 10^9-sample design point, this process"
+    )
+    p.add_argument(
+        "--loader-start",
+        action="store_true",
+        help="only a Loader's construction for one rank of 8,192 on 10^6 shards",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON line, nothing else")
+    p.add_argument("--out", default=".bench/plan.json", help="where to write the JSON results")
     args = p.parse_args(argv)
+    if args.scale or args.loader_start:
+        result = scale() if args.scale else loader_start()
+        if args.json:
+            print(json.dumps(result))
+        else:
+            for k, v in result.items():
+                print(f"{k:>16} {v}")
+        return 0
     costs = [
         plan_cost(int(n), samples_per_shard=args.samples_per_shard) for n in args.shards.split(",")
     ]
     print(
-        f"{'shards':>8} {'samples':>11} {'manifest':>9} {'open':>7} {'plan_epoch':>10}"
-        f" {'node order':>10} {'open+plan':>10}"
+        f"{'shards':>9} {'samples':>13} {'open':>7} {'rank plan':>9} {'node order':>10}"
+        f" {'resplit':>8} {'whole epoch':>11}"
     )
     for c in costs:
+        whole = "no fit" if c["whole_epoch_s"] is None else f"{c['whole_epoch_s']:10.2f}s"
         print(
-            f"{c['shards']:8d} {c['samples']:11d} {c['manifest_mb']:7.1f}MB {c['open_s']:6.2f}s"
-            f" {c['plan_epoch_s']:9.2f}s {c['node_shard_order_s']:9.2f}s"
-            f" {c['open_plus_plan_s']:9.2f}s"
+            f"{c['shards']:9d} {c['samples']:13d} {c['open_s']:6.2f}s {c['rank_plan_s']:8.2f}s"
+            f" {c['node_order_s']:9.2f}s {c['resplit_s']:7.2f}s {whole:>11}"
         )
+    design = _fresh("--scale")
+    print(f"\ndesign point, fresh process: {json.dumps(design)}")
+    start = _fresh("--loader-start")
+    print(f"loader start-up, fresh process: {json.dumps(start)}")
     curve = eviction_curve()
     print(f"\n{'capacity':>8} {'LRU':>6} {'plan-aware':>10} {'optimum':>8}")
     for r in curve:
         print(f"{r['capacity']:8.0%} {r['lru']:6.1%} {r['plan_aware']:10.1%} {r['optimum']:8.1%}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"plan_cost": costs, "eviction": curve}, indent=2) + "\n")
+    Path(args.out).write_text(
+        json.dumps(
+            {"plan_cost": costs, "scale": design, "loader_start": start, "eviction": curve},
+            indent=2,
+        )
+        + "\n"
+    )
     return 0
 
 

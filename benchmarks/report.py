@@ -264,8 +264,10 @@ def scaling(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "variant": f"{c['shards']:,} shards",
                 "unit": "s",
                 "open": c["open_s"],
-                "plan_epoch": c["plan_epoch_s"],
-                "node_shard_order": c["node_shard_order_s"],
+                "rank_plan": c["rank_plan_s"],
+                "node_order": c["node_order_s"],
+                "resplit": c["resplit_s"],
+                "whole_epoch": c.get("whole_epoch_s"),
             }
         )
     return rows

@@ -12,7 +12,7 @@ rounds):
            1x/4x/16x images, 1 and 2 threads                      (loader.py)
   peers    litdata and mosaicml-streaming beside flashfeed       (peers.py, .bench-venv)
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
-  plan     open + plan cost up to 100,000 shards, eviction curve  (planbench.py)
+  plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
 
 Writes ``benchmarks/results/<date>-<host>[-quick].json``, PNG plots beside it, and
@@ -292,7 +292,7 @@ def run_stages(
         )
         out["stalls"] = {"data": data} if data else {}
     if "plan" in stages:
-        data = r.run("plan", "planbench.py", ["--shards", "1000,10000,100000"])
+        data = r.run("plan", "planbench.py", ["--shards", "10000,100000,1000000"])
         out["plan"] = {"data": data} if data else {}
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))

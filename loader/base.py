@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class PlannedLoader:
         self.recorder = StatsRecorder(
             rank=ctx.rank, log=stats_log, cache_stats=source.stats, exporter=exporter
         )
-        self.shard_names = [s.path for s in dataset.shards]
+        self.shard_names = ShardNames(dataset)
         self._finished = False
         self._active = False
 
@@ -238,6 +238,29 @@ class _PassIterator(Generic[T]):
 
     def __del__(self) -> None:
         self.close()
+
+
+class ShardNames(Sequence[str]):
+    """Shard paths by number, read from the manifest's columnar table on demand: a loader
+    for a million-shard dataset builds no list of a million strings (nor pickles one into
+    each reader process)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self._manifest = dataset.manifest
+
+    def __len__(self) -> int:
+        return int(self._manifest.num_shards)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self._manifest.shard_path(j) for j in range(*i.indices(len(self)))]
+        return self._manifest.shard_path(i)
 
 
 def _shard_samples(dataset: Dataset) -> np.ndarray:

@@ -150,7 +150,7 @@ class Loader(PlannedLoader):
             self._feeder = feeder = StreamFeeder(
                 self.source,
                 plan,
-                shard_bytes=[s.bytes for s in self.dataset.shards],
+                shard_bytes=self.dataset.manifest.shard_bytes.tolist(),
                 shard_samples=self.position.shard_sizes.tolist(),
                 lookahead=self.prefetch + 1,
                 readahead=self.readahead,

@@ -160,8 +160,10 @@ def _result() -> dict[str, Any]:
                         {
                             "shards": 1000,
                             "open_s": 0.01,
-                            "plan_epoch_s": 0.07,
-                            "node_shard_order_s": 0.06,
+                            "rank_plan_s": 0.07,
+                            "node_order_s": 0.06,
+                            "resplit_s": 0.08,
+                            "whole_epoch_s": 0.5,
                         }
                     ],
                     "eviction": [
@@ -213,9 +215,12 @@ def test_plots_write_small_pngs(tmp_path: Path) -> None:
 
 def test_plan_cost_and_eviction_curve_at_small_sizes() -> None:
     planbench = _load("planbench")
-    cost = planbench.plan_cost(200, samples_per_shard=10, world_size=4, ranks_per_node=2)
+    cost = planbench.plan_cost(
+        200, samples_per_shard=10, world_size=4, ranks_per_node=2, new_world_size=6
+    )
     assert cost["shards"] == 200 and cost["node_shards"] > 0
-    assert cost["open_plus_plan_s"] >= cost["plan_epoch_s"] > 0
+    assert cost["rank_plan_s"] > 0 and cost["whole_epoch_s"] > 0
+    assert cost["samples_per_rank"] == 500 and cost["samples_per_rank_after_resplit"] > 0
     curve = planbench.eviction_curve(shards=8, epochs=2, fractions=(0.5,))
     assert curve[0]["optimum"] >= curve[0]["plan_aware"] >= 0.0
 
