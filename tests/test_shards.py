@@ -6,6 +6,7 @@ Every test taking ``any_prefix`` runs twice: on ``tmp_path`` and on the SeaweedF
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -195,6 +196,7 @@ def test_list_files_and_atomic_writes_leave_no_temporaries(any_prefix: str) -> N
         "000000.tar.idx",
         "000001.tar",
         "000001.tar.idx",
+        json.loads(storage.read_bytes(f"{any_prefix}/manifest.json"))["shard_table"]["path"],
         "manifest.json",
     ]
     idx = storage.list_files(any_prefix, suffix=".idx")
