@@ -12,6 +12,7 @@ import mmap
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,9 @@ class _OpenShard:
 class ShardReader:
     """Random access to samples of local shards; at most ``max_open`` stay mapped."""
 
-    def __init__(self, source: ShardSource, shard_names: list[str], *, max_open: int = 16) -> None:
+    def __init__(
+        self, source: ShardSource, shard_names: Sequence[str], *, max_open: int = 16
+    ) -> None:
         self.source = source
         self.shard_names = shard_names
         self.max_open = max_open
