@@ -130,6 +130,13 @@ class ShardTable:
         self._samples = _readonly(samples)
         self._sizes = _readonly(sizes)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as its columns; unpickling makes the number arrays read-only again
+        return (
+            ShardTable,
+            (self._path, self._samples, self._sizes, self._checksum, self._index),
+        )
+
     # --- construction ---------------------------------------------------------------------
 
     @classmethod

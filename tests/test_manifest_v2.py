@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -144,6 +145,13 @@ def test_shard_list_behaves_as_a_sequence() -> None:
     assert [s.samples for s in shards] == [s.samples for s in infos]
     with pytest.raises(IndexError):
         shards[6]
+
+
+def test_a_pickled_manifest_keeps_its_table_read_only(tmp_path: Path) -> None:
+    commit_manifest(str(tmp_path), _manifest(_infos(3)))
+    ds = pickle.loads(pickle.dumps(Dataset.open(str(tmp_path))))
+    assert ds.manifest == _manifest(_infos(3)) and ds.shards[2] == _infos(3)[2]
+    assert not ds.shard_samples.flags.writeable and not ds.manifest.shard_bytes.flags.writeable
 
 
 def test_table_columns_are_checked_when_built_from_columns() -> None:
