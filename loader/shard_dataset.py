@@ -11,6 +11,7 @@ what ``state_dict()`` must describe.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from flashfeed.dataset import Dataset
+from flashfeed.lifeline import tie_to_parent
 
 from .base import PlannedLoader
 from .distributed import resolve_context
@@ -129,6 +131,8 @@ class ShardDataset(PlannedLoader, IterableDataset):
         # under a ShardDataLoader, which counts deliveries itself; in a worker, the position
         # is the one the main process had at iter(DataLoader)
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None:  # a DataLoader worker dies with the trainer, however it dies
+            tie_to_parent(os.getppid(), kernel_signal=False)
         return self._samples(self._pass_plan(), worker, workers, in_process=False)
 
     def _sample(self, reader: ShardReader, plan: PassPlan, j: int) -> dict[str, Any]:
