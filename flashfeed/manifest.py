@@ -37,6 +37,7 @@ __all__ = [
     "check_relative_path",
     "commit_manifest",
     "delete_manifest",
+    "manifest_files",
     "read_manifest",
     "synthetic_shard_table",
 ]
@@ -459,6 +460,14 @@ def commit_manifest(
     if old_table is not None and old_table != new_table:
         storage.delete(storage.join(prefix, old_table), storage_options=storage_options)
     return url
+
+
+def manifest_files(prefix: str, *, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """The committed manifest's files, relative to the prefix: ``manifest.json`` and (version 2)
+    its shard table. Copied together into a local directory they open with
+    ``read_manifest(directory)``: how a node can fetch a manifest once for all its ranks."""
+    table = _committed_table(prefix, storage_options)
+    return [MANIFEST_NAME] if table is None else [MANIFEST_NAME, table]
 
 
 def delete_manifest(prefix: str, *, storage_options: dict[str, Any] | None = None) -> None:

@@ -17,7 +17,12 @@ import pytest
 from flashfeed import Dataset, Manifest, ManifestError, ShardInfo, commit_manifest, read_manifest
 from flashfeed.cli import main
 from flashfeed.indexer import index_dataset
-from flashfeed.manifest import MANIFEST_NAME, ShardTable, synthetic_shard_table
+from flashfeed.manifest import (
+    MANIFEST_NAME,
+    ShardTable,
+    manifest_files,
+    synthetic_shard_table,
+)
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.storage import checksum
 
@@ -186,6 +191,19 @@ def test_identical_datasets_give_identical_files_and_overwrite_removes_the_old_t
     after = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert len(after) == 2 and after != files
     assert read_manifest(str(tmp_path / "a")).num_shards == 2
+
+
+def test_a_copy_of_the_manifest_files_opens_as_the_same_manifest(tmp_path: Path) -> None:
+    m = _manifest(_infos(3))
+    commit_manifest(str(tmp_path / "ds"), m)
+    files = manifest_files(str(tmp_path / "ds"))
+    assert files[0] == MANIFEST_NAME and files[1].endswith(".arrow") and len(files) == 2
+    (tmp_path / "copy").mkdir()
+    for name in files:
+        (tmp_path / "copy" / name).write_bytes((tmp_path / "ds" / name).read_bytes())
+    assert read_manifest(str(tmp_path / "copy")) == m
+    commit_manifest(str(tmp_path / "v1"), m, format_version=1)
+    assert manifest_files(str(tmp_path / "v1")) == [MANIFEST_NAME]
 
 
 def test_a_header_without_its_table_is_no_dataset(tmp_path: Path) -> None:
