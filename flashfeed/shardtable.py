@@ -405,6 +405,8 @@ def _check_paths(arr: pa.Array, column: str, source: str) -> None:
 
 def _string_parts(arr: pa.Array) -> tuple[np.ndarray, bytes | memoryview]:
     """(lengths as int64 with -1 for null, the concatenated bytes) of a string array."""
+    if not len(arr):
+        return np.zeros(0, dtype="<i8"), b""
     valid = None
     if arr.null_count:
         valid = _bool_numpy(arr.is_valid())
