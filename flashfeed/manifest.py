@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import storage
-from .errors import DatasetExistsError, ManifestError
+from .errors import DatasetExistsError, ManifestError, StorageError
 from .shardtable import (
     ShardInfo,
     ShardList,
@@ -385,6 +385,12 @@ def read_shard_table(
     except FileNotFoundError:
         raise ManifestError(
             f"{header}: its shard table {url} is missing (deleted, or copied without it)"
+        ) from None
+    except OSError as exc:  # a directory, no permission: local only (remote is StorageError)
+        if isinstance(exc, StorageError):
+            raise
+        raise ManifestError(
+            f"{header}: its shard table {url} cannot be read ({str(exc)[:200]})"
         ) from None
     if data.size != ref["bytes"]:
         raise ManifestError(

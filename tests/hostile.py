@@ -288,6 +288,8 @@ TABLE_CASES = [
               "two columns named ['path']", "table"),
     TableCase("truncated_file", lambda _, d: d[: len(d) // 2],
               "not a readable Arrow IPC shard table", "table"),
+    TableCase("empty_file", lambda _, d: b"",
+              "not a readable Arrow IPC shard table", "table"),
     TableCase("stream_not_file", lambda t, _: _ipc(t, stream=True),
               "not a readable Arrow IPC shard table", "table"),
     TableCase("not_arrow", lambda _, d: b"PAR1" + bytes(len(d)),
