@@ -44,7 +44,16 @@ from slowproxy import Request, SlowProxy
 
 from flashfeed.store import StoreInfo
 
-__all__ = ["Node", "NodeProxy", "SimCluster", "namespaces_available"]
+__all__ = [
+    "MARKER",
+    "Node",
+    "NodeProxy",
+    "SimCluster",
+    "bytes_read",
+    "free_port",
+    "free_ports",
+    "namespaces_available",
+]
 
 S3_NAME = "s3.ffcluster.test"
 MARKER = "FFCLUSTER_TAG"
@@ -61,7 +70,7 @@ if os.getppid() != int(sys.argv[5]):
     sys.exit(1)
 name, cache, size, hosts = sys.argv[1:5]
 subprocess.run(["hostname", name], check=True)
-subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", cache], check=True)
+subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", cache], check=True)
 subprocess.run(["mount", "--bind", hosts, "/etc/hosts"], check=True)
 print("ready", flush=True)
 signal.pause()
@@ -304,7 +313,7 @@ class SimCluster:
         for node in nodes or self.nodes:
             if node.index in self._ray:
                 continue
-            ports = _free_ports(node.address, 7)
+            ports = free_ports(node.address, 7)
             argv = [
                 str(VENV_BIN / "ray"),
                 "start",
@@ -330,7 +339,7 @@ class SimCluster:
                 str(ports[5]),
             ]
             if node.index == 0:
-                self.ray_port = _free_ports(node.address, 1)[0]
+                self.ray_port = free_port(node.address)
                 self.ray_head = node.address
                 argv += [
                     "--head",
@@ -412,6 +421,20 @@ class SimCluster:
                         out.append((int(entry), marker, cmd))
         return out
 
+    def children(self, pid: int) -> list[int]:
+        """The live child processes of ``pid`` (torchrun's ranks, for one)."""
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        fields = f.read().rsplit(b")", 1)[-1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == pid and fields[0] != b"Z":
+                    out.append(int(entry))
+        return sorted(out)
+
     def wait_gone(self, predicate: str = "", timeout: float = 10.0) -> list[tuple[int, str, str]]:
         """Wait until no marked process whose marker contains ``predicate`` lives; returns
         those still alive at the deadline."""
@@ -471,10 +494,14 @@ class SimCluster:
         return iter(self.nodes)
 
 
-def _free_ports(host: str, n: int) -> list[int]:
+def free_ports(host: str, n: int) -> list[int]:
     socks = [socket.create_server((host, 0)) for _ in range(n)]
     try:
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def free_port(host: str) -> int:
+    return free_ports(host, 1)[0]
