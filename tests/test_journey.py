@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from cluster import MARKER, Node, SimCluster, bytes_read, free_port, namespaces_
 
 from flashfeed import Dataset, storage
 from flashfeed.ingest.samplecorpus import make_imagefolder
-from flashfeed.loader.ledger import key_hash, read_ledger
+from flashfeed.loader.ledger import check_exactly_once, key_hash, read_ledger
 from flashfeed.store import EmbeddedStore
 
 TRAIN = Path(__file__).with_name("journey_train.py")
@@ -35,11 +36,14 @@ needs_namespaces = pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT)
 
 
 @pytest.fixture
-def cluster(s3_store: EmbeddedStore) -> Iterator[SimCluster]:
+def cluster(s3_store: EmbeddedStore, tmp_path: Path) -> Iterator[SimCluster]:
     c = SimCluster(s3_store.info)
     try:
         yield c
     finally:
+        # the processes' logs stay with the test's tmp_path for a post-mortem
+        for log in glob.glob(os.path.join(c.root, "*.log")):
+            shutil.copy(log, tmp_path)
         c.stop()  # the tests check for survivors themselves, before this
 
 
@@ -256,22 +260,23 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     kept = [r for r in received if r[0] != "ws4-from000000" or r[2] <= ckpt_step]
     assert {r[0] for r in received} == {"ws4-from000000", f"ws6-from{ckpt_step:06d}"}
     assert max(r[2] for r in received if r[0] == "ws4-from000000") == HOLD_AFTER
+    replayed = {r[3] for r in received if r[0] == "ws4-from000000" and r[2] > ckpt_step}
+    assert replayed == {1}, "the crash was not in the middle of epoch 1"
     n_samples = dataset.manifest.num_samples
     every = {r[4] for r in kept}
     assert len(every) == n_samples
     assert {_shard_of(k) for k in every} <= short(sizes), "keys of no shard of the dataset"
-    for epoch in range(EPOCHS):
-        keys_e = [r[4] for r in kept if r[3] == epoch]
-        dup = sorted(k for k, n in Counter(keys_e).items() if n > 1)
-        assert not dup, f"epoch {epoch}: delivered more than once: {dup[:5]}"
-        assert set(keys_e) == every, f"epoch {epoch}: missing {sorted(every - set(keys_e))[:5]}"
+    by_epoch = {e: [key_hash(r[4]) for r in kept if r[3] == e] for e in range(EPOCHS)}
+    checks = check_exactly_once(by_epoch, every, epochs=range(EPOCHS))
+    assert all(c.ok for c in checks.values()), "\n".join(map(str, checks.values()))
     # the Loader's own ledgers (written from __key__) hold exactly what the ranks received
-    ledger = {e: sorted(h) for e, h in read_ledger(str(tmp_path / "ledger2")).items()}
-    mine = {
-        e: sorted(key_hash(r[4]) for r in received if r[0] != "ws4-from000000" and r[3] == e)
-        for e in ledger
-    }
-    assert ledger == mine
+    runs_ = {"ws4-from000000": "ledger1", f"ws6-from{ckpt_step:06d}": "ledger2"}
+    for run, ledger_dir in runs_.items():
+        ledger = {e: sorted(h) for e, h in read_ledger(str(tmp_path / ledger_dir)).items()}
+        mine = {
+            e: sorted(key_hash(r[4]) for r in received if r[0] == run and r[3] == e) for e in ledger
+        }
+        assert ledger == mine, f"the Loader's ledger of {run} is not what its ranks received"
 
     # -- what each node fetched ---------------------------------------------------------------
     read_by = {
@@ -286,6 +291,7 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     assert all(new[p] == sizes[p] for p in new), f"node 2 fetched a shard twice: {new}"
     assert short(new) == read_by[(f"ws6-from{ckpt_step:06d}", 2)]
     for i in (0, 1):
+        assert short(train2[i]) <= read_by[(f"ws6-from{ckpt_step:06d}", i)]
         total = Counter(warmed[i]) + Counter(train2[i])
         assert all(total[p] == sizes[p] for p in total), f"node {i} fetched a shard twice"
     cluster.stop_ray()
