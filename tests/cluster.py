@@ -77,6 +77,25 @@ signal.pause()
 """
 
 
+# The cluster's watchdog: when the test process dies (even by SIGKILL, where no ``finally``
+# runs), it kills every process carrying the cluster's marker, Ray's included.
+_WATCHDOG = r"""
+import os, select, shutil, signal, sys, time
+tag, pid, root = sys.argv[1].encode(), int(sys.argv[2]), sys.argv[3]
+select.select([os.pidfd_open(pid)], [], [])
+for _ in range(3):
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if any(v.startswith(tag) for v in f.read().split(b"\0")):
+                    os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    time.sleep(0.5)
+shutil.rmtree(root, ignore_errors=True)
+"""
+
+
 def namespaces_available() -> str | None:
     """None when this machine can run a simulated cluster, else the reason it cannot."""
     if os.geteuid() != 0:
@@ -208,6 +227,11 @@ class SimCluster:
         self.ray_port = 0
         self.ray_head = ""
         self._ray: dict[int, subprocess.Popen[bytes]] = {}
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, f"{MARKER}={self.tag}", str(os.getpid()), self.root],
+            start_new_session=True,
+            env={k: v for k, v in os.environ.items() if k != MARKER},
+        )
 
     # -- nodes ------------------------------------------------------------------------------
     def add_node(self) -> Node:
@@ -481,6 +505,8 @@ class SimCluster:
             node.holder.kill()
             node.holder.wait(5)
             node.proxy.close()
+        self._watchdog.kill()
+        self._watchdog.wait(5)
         shutil.rmtree(self.root, ignore_errors=True)
         return left
 
