@@ -30,7 +30,8 @@ from typing import Any
 
 import xxhash
 
-from flashfeed.manifest import Manifest
+from flashfeed.errors import DatasetExistsError
+from flashfeed.manifest import Manifest, commit_manifest, read_manifest
 
 from .errors import CachePermissionError
 
@@ -150,7 +151,7 @@ def dataset_key(url: str, manifest: Manifest) -> str:
     A dataset rewritten at the same URL gets a new key, so stale shards are never served.
     """
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", url.rstrip("/").rsplit("/", 1)[-1])[:40] or "ds"
-    digest = xxhash.xxh3_64_hexdigest(url.rstrip("/") + "\n" + manifest.to_json())
+    digest = xxhash.xxh3_64_hexdigest(url.rstrip("/") + "\n" + manifest.digest)
     return f"{name}-{digest[:16]}"
 
 
@@ -187,7 +188,10 @@ class DatasetDir:
         for d in (self.dir, self.data_dir, self.parts_dir, self.locks_dir, self.pins_dir):
             make_private_dir(d)
         if not os.path.exists(self.manifest_path):
-            atomic_write_json(self.manifest_path, manifest.to_dict())
+            try:  # header and columnar table, as the dataset has them (version 2)
+                commit_manifest(self.dir, manifest)
+            except DatasetExistsError:
+                pass  # another process of the node wrote it first
         if not os.path.exists(self.meta_path):
             atomic_write_json(self.meta_path, {"url": url.rstrip("/"), "name": manifest.name})
         self._manifest = manifest
@@ -199,8 +203,7 @@ class DatasetDir:
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            with open(self.manifest_path) as f:
-                self._manifest = Manifest.from_dict(json.load(f), source=self.manifest_path)
+            self._manifest = read_manifest(self.dir)
         return self._manifest
 
     def shard_path(self, shard: int) -> str:

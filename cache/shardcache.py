@@ -110,7 +110,7 @@ class ShardCache:
             timeout=self.options.space_timeout,
         )
         self._lock = threading.Lock()
-        self._dirs: dict[int, tuple[Any, DatasetDir, dict[str, int]]] = {}
+        self._dirs: dict[int, tuple[Any, DatasetDir]] = {}
         self._futures: dict[str, FutureOrder] = {}
         self._verified: dict[str, tuple[int, int, int]] = {}
         self._pending: dict[tuple[str, int], Future[str]] = {}
@@ -134,16 +134,16 @@ class ShardCache:
     # -- datasets ---------------------------------------------------------------------------
     def dataset_dir(self, dataset: Dataset) -> DatasetDir:
         """The cache directory of a dataset; checks the capacity on first sight."""
-        return self._register(dataset)[0]
+        return self._register(dataset)
 
-    def _register(self, dataset: Dataset) -> tuple[DatasetDir, dict[str, int]]:
+    def _register(self, dataset: Dataset) -> DatasetDir:
         with self._lock:
             known = self._dirs.get(id(dataset.manifest))
             if known is not None:
-                return known[1], known[2]
-        shards = dataset.shards
-        if shards:
-            biggest = max(shards, key=lambda s: s.bytes)
+                return known[1]
+        sizes = dataset.manifest.shard_bytes
+        if len(sizes):
+            biggest = dataset.shards[int(sizes.argmax())]
             if biggest.bytes > self.capacity:
                 raise CacheCapacityError(
                     f"cache capacity {format_size(self.capacity)} ({self.root}) is smaller than "
@@ -154,17 +154,17 @@ class ShardCache:
         d = DatasetDir(self.root, dataset_key(dataset.url, dataset.manifest))
         d.create(dataset.url, dataset.manifest)
         sweep_dead_parts(d)
-        by_path = {s.path: i for i, s in enumerate(shards)}
         with self._lock:
-            self._dirs[id(dataset.manifest)] = (dataset.manifest, d, by_path)
-        return d, by_path
+            self._dirs[id(dataset.manifest)] = (dataset.manifest, d)
+        return d
 
     def _resolve(self, dataset: Dataset, shard: int | ShardInfo) -> tuple[DatasetDir, int]:
-        d, by_path = self._register(dataset)
+        d = self._register(dataset)
         if isinstance(shard, ShardInfo):
-            if shard.path not in by_path:
-                raise KeyError(f"{dataset.url} has no shard {shard.path!r}")
-            return d, by_path[shard.path]
+            try:
+                return d, dataset.manifest.find_shard(shard.path)
+            except (KeyError, ValueError):
+                raise KeyError(f"{dataset.url} has no shard {shard.path!r}") from None
         n = len(dataset.shards)
         if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
             raise IndexError(f"shard must be an int in [0, {n}) for {dataset.url}, got {shard!r}")
@@ -309,7 +309,7 @@ class ShardCache:
         A prefetch never evicts a shard needed sooner than the one it fetches. Failures are
         counted and kept in ``prefetch_errors``; a later ``get`` retries.
         """
-        d, _ = self._register(dataset)
+        d = self._register(dataset)
         for shard in shards:
             _, i = self._resolve(dataset, shard)
             key = (d.key, i)
@@ -346,7 +346,7 @@ class ShardCache:
         ``get`` advances the position in it; the shards of the last ``active`` reads count
         as still being read (the plan mixes a window of shards at once).
         """
-        d, _ = self._register(dataset)
+        d = self._register(dataset)
         order = FutureOrder(shards_in_order, active=active)
         with self._lock:
             self._futures[d.key] = order

@@ -19,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-import xxhash
 from tqdm import tqdm
 
 from flashfeed.dataset import Dataset
@@ -117,7 +116,7 @@ class NodeShare:
     def order(self, dataset: Dataset) -> list[int]:
         """The node's shards in the order it reads them, epoch after epoch (with repeats)."""
         return node_shard_order(
-            [s.samples for s in dataset.shards],
+            dataset.manifest.shard_samples,
             options=self.options,
             epochs=range(self.epochs),
             topology=self.topology,
@@ -148,15 +147,9 @@ def _describe(topology: Topology, node_rank: int, options: PlanOptions) -> str:
 
 
 def dataset_digest(dataset: Dataset) -> str:
-    """The manifest's digest of the shard table; else a hash of shard paths, sizes and
-    checksums, so a warm record tells one version of a dataset from another."""
-    digest = getattr(dataset.manifest, "digest", None)
-    if isinstance(digest, str) and digest:
-        return digest
-    h = xxhash.xxh3_128()
-    for s in dataset.shards:
-        h.update(f"{s.path}\t{s.bytes}\t{s.samples}\t{s.checksum}\n".encode())
-    return h.hexdigest()
+    """The manifest's digest of the shard table (paths, sizes, checksums): a warm record
+    tells one version of a dataset from another."""
+    return str(dataset.manifest.digest)
 
 
 def fitting_prefix(

@@ -264,13 +264,9 @@ class ShardNames(Sequence[str]):
 
 
 def _shard_samples(dataset: Dataset) -> np.ndarray:
-    """Samples per shard as one array (a columnar manifest gives it without a list)."""
-    column = getattr(dataset.manifest, "shard_samples", None)
-    if column is not None:
-        return np.asarray(column, dtype=np.int64)
-    return np.array([s.samples for s in dataset.shards], dtype=np.int64)
+    """Samples per shard as one array, from the manifest's columnar table."""
+    return np.asarray(dataset.manifest.shard_samples, dtype=np.int64)
 
 
-def _dataset_id(dataset: Dataset) -> str | None:
-    digest = getattr(dataset.manifest, "digest", None)
-    return digest if isinstance(digest, str) else None
+def _dataset_id(dataset: Dataset) -> str:
+    return str(dataset.manifest.digest)

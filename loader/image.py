@@ -79,7 +79,7 @@ class Loader(PlannedLoader):
             isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0
         ):
             raise ValueError(f"readahead must be 'auto' or a shard count >= 0, got {readahead!r}")
-        ds = open_dataset(dataset, storage_options)
+        ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
         if ds.manifest.shard_format != "webdataset":
             raise ValueError(
                 f"{ds.url} holds {ds.manifest.shard_format} shards; "

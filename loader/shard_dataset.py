@@ -77,7 +77,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
         stats_log: str | None = None,
         prometheus_port: int | None = None,
     ) -> None:
-        ds = open_dataset(dataset, storage_options)
+        ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
         if ds.manifest.shard_format != "webdataset":
             raise ValueError(f"{ds.url} holds {ds.manifest.shard_format} shards, not webdataset")
         if transform is not None and not callable(transform):

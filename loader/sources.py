@@ -51,12 +51,38 @@ class ShardSource(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
-def open_dataset(dataset: str | Dataset, storage_options: dict[str, Any] | None = None) -> Dataset:
+def node_cache_dir(cache_dir: str | None, url: str) -> str | None:
+    """The node cache a loader uses: the given directory; for a remote dataset without one,
+    ``FLASHFEED_CACHE_DIR`` or ``~/.cache/flashfeed``; None for a local dataset read in place.
+    """
+    if cache_dir is None and not storage.is_local(url):
+        return os.environ.get("FLASHFEED_CACHE_DIR") or os.path.join(
+            os.path.expanduser("~"), ".cache", "flashfeed"
+        )
+    return cache_dir
+
+
+def open_dataset(
+    dataset: str | Dataset,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    cache_dir: str | None = None,
+    cache: Any = None,
+) -> Dataset:
+    """The dataset at a URL. A remote dataset's manifest comes through the node cache (the
+    one the loader will read shards through), so it reaches a node once, not once per rank.
+    """
     if isinstance(dataset, Dataset):
         return dataset
     if not isinstance(dataset, str):
         raise ValueError(f"dataset must be a URL or a Dataset, got {type(dataset).__name__}")
-    return Dataset.open(dataset, storage_options=storage_options)
+    root = cache.root if cache is not None else node_cache_dir(cache_dir, dataset)
+    if root is None or storage.is_local(dataset):
+        return Dataset.open(dataset, storage_options=storage_options)
+    from flashfeed.cache.manifests import node_manifest
+
+    manifest = node_manifest(root, dataset, storage_options=storage_options)
+    return Dataset(dataset, manifest, storage_options=storage_options)
 
 
 class LocalShardSource:
@@ -252,10 +278,7 @@ def open_source(
     """
     if cache is not None:
         return CacheShardSource(dataset, cache)
-    if cache_dir is None and not storage.is_local(dataset.url):
-        cache_dir = os.environ.get("FLASHFEED_CACHE_DIR") or os.path.join(
-            os.path.expanduser("~"), ".cache", "flashfeed"
-        )
+    cache_dir = node_cache_dir(cache_dir, dataset.url)
     if cache_dir is None:
         return LocalShardSource(dataset)
     try:

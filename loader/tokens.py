@@ -77,7 +77,7 @@ class TokenLoader(PlannedLoader):
             raise ValueError(f"dtype must be None (stored width) or one of {sorted(_DTYPES)}")
         if device not in ("auto", "cpu", "cuda", "gpu"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-        ds = open_dataset(dataset, storage_options)
+        ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
         if ds.manifest.shard_format != "arrow":
             raise ValueError(
                 f"{ds.url} holds {ds.manifest.shard_format} shards; TokenLoader reads arrow "

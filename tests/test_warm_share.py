@@ -70,7 +70,7 @@ def test_plan_flags_reach_the_warm_order_and_the_record(
     )
     k = 3  # the capacity holds the first k shards: which ones depends on the order
     assert first_shards(ds, mine, k) != first_shards(ds, default, k)  # the flags matter here
-    capacity = sum(sorted(s.bytes for s in ds.shards)[-k:]) + 1_000
+    capacity = sum(sorted(s.bytes for s in ds.shards)[-k:]) + 4_000  # indexes, not a 4th shard
     root = tmp_path / "c"
     argv = ["cache", "warm", s3_prefix, "--cache-dir", str(root), "--world-size", "4",
             "--ranks-per-node", "2", "--node-rank", "1", "--capacity", str(capacity),
