@@ -50,7 +50,69 @@ NOTES = """\
   reading from S3 (the peers stage reads their local conversions)."""
 
 
-def benchmarks_page(result: dict[str, Any], json_path: str, pngs: Sequence[str]) -> str:
+#: the design point's targets on a 2-CPU machine (seconds; MiB)
+PLAN_TARGETS = {
+    "open_s": 1.0,
+    "rank_plan_s": 1.0,
+    "node_order_s": 1.0,
+    "resplit_s": 2.0,
+    "peak_rss_mib": 1024.0,
+}
+
+
+def plan_section(plan: dict[str, Any], json_path: str) -> str:
+    """Planning at scale, from a ``benchmarks/planbench.py`` results file."""
+    lines = [
+        "## Planning at scale",
+        "",
+        f"`python benchmarks/planbench.py` ([`{json_path}`]({json_path}), run apart from the "
+        "suite above, on the same machine): synthetic manifests (no shard bytes) of 1,000 "
+        "samples per shard, 8,192 ranks, 8 per node. A rank plans its node's share only; the "
+        "whole-epoch plan (every rank's sequence, what each rank computed before planning "
+        "became rank-local) is timed where it fits in memory.",
+        "",
+    ]
+    design = plan.get("scale")
+    if design:
+        lines += [
+            "Design point, measured in a fresh process (10^9 samples, 10^6 shards):",
+            "",
+            "| measure | value | target | |",
+            "|---|---:|---:|---|",
+        ]
+        for key, target in PLAN_TARGETS.items():
+            value = float(design[key])
+            ok = "met" if value < target else "missed"
+            lines.append(f"| `{key}` | {value:.3g} | < {target:g} | {ok} |")
+        lines.append("")
+    start = plan.get("loader_start")
+    if start:
+        lines += [
+            f"Constructing a `Loader` for rank 4,099 of 8,192 on a local {start['shards']:,}-shard"
+            f" manifest: {start['loader_start_s']:.2f} s (target < 3 s), after "
+            f"{start['import_s']:.1f} s of importing torch and DALI.",
+            "",
+        ]
+    lines += [
+        "| shards | samples | open | rank plan | node order | re-split | whole epoch |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in plan.get("plan_cost", []):
+        whole = "does not fit" if c.get("whole_epoch_s") is None else f"{c['whole_epoch_s']:.2f} s"
+        lines.append(
+            f"| {c['shards']:,} | {c['samples']:,} | {c['open_s']:.2f} s | "
+            f"{c['rank_plan_s']:.2f} s | {c['node_order_s']:.2f} s | {c['resplit_s']:.2f} s | "
+            f"{whole} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def benchmarks_page(
+    result: dict[str, Any],
+    json_path: str,
+    pngs: Sequence[str],
+    plan: tuple[dict[str, Any], str] | None = None,
+) -> str:
     """The whole page; ``json_path`` and ``pngs`` relative to where the page is written."""
     versions = result.get("versions", {})
     unavailable = result.get("unavailable", {})
@@ -74,6 +136,7 @@ def benchmarks_page(result: dict[str, Any], json_path: str, pngs: Sequence[str])
         "",
         markdown(result).rstrip(),
         "",
+        *([plan_section(*plan)] if plan else []),
         "## Plots",
         "",
         *[f"![{Path(p).stem}]({p})\n" for p in pngs],
@@ -104,6 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", help="a suite results JSON")
     p.add_argument("--out", default="BENCHMARKS.md")
     p.add_argument("--plots", action="store_true", help="also redraw the PNGs beside the JSON")
+    p.add_argument(
+        "--plan",
+        default="benchmarks/results/plan.json",
+        help="a planbench.py results file for the planning-at-scale section (if it exists)",
+    )
     args = p.parse_args(argv)
     path = Path(args.results)
     result = json.loads(path.read_text())
@@ -116,7 +184,11 @@ def main(argv: list[str] | None = None) -> int:
 
     pngs = [x for x in (path.parent / f"{path.stem}-{n}.png" for n in PLOTS) if x.exists()]
     rel = [os.path.relpath(x.resolve(), base) for x in pngs]
-    page = benchmarks_page(result, os.path.relpath(path.resolve(), base), rel)
+    plan_path = Path(args.plan)
+    plan = None
+    if plan_path.exists():
+        plan = (json.loads(plan_path.read_text()), os.path.relpath(plan_path.resolve(), base))
+    page = benchmarks_page(result, os.path.relpath(path.resolve(), base), rel, plan)
     Path(args.out).write_text(page)
     print(f"wrote {args.out}")
     return 0

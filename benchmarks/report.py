@@ -258,18 +258,13 @@ def scaling(result: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
     for c in ((st.get("plan") or {}).get("data") or {}).get("plan_cost", []):
-        rows.append(
-            {
-                "stage": "plan",
-                "variant": f"{c['shards']:,} shards",
-                "unit": "s",
-                "open": c["open_s"],
-                "rank_plan": c["rank_plan_s"],
-                "node_order": c["node_order_s"],
-                "resplit": c["resplit_s"],
-                "whole_epoch": c.get("whole_epoch_s"),
-            }
-        )
+        row: dict[str, Any] = {"stage": "plan", "variant": f"{c['shards']:,} shards", "unit": "s"}
+        keys: tuple[str, ...]
+        if "rank_plan_s" in c:  # rank-local planning
+            keys = ("open", "rank_plan", "node_order", "resplit", "whole_epoch")
+        else:  # results of the whole-epoch planner, before planning became rank-local
+            keys = ("open", "plan_epoch", "node_shard_order")
+        rows.append({**row, **{k: c.get(f"{k}_s") for k in keys}})
     return rows
 
 
