@@ -60,28 +60,25 @@ class Ledger:
             f.write(lines)
 
 
+def _lines(directory: str, name: re.Pattern[str]) -> dict[int, list[str]]:
+    """The lines of every file matching ``name`` per epoch, all ranks and world sizes."""
+    out: dict[int, list[str]] = defaultdict(list)
+    for entry in sorted(os.listdir(directory)):
+        m = name.match(entry)
+        if m:
+            with open(os.path.join(directory, entry), encoding="ascii") as f:
+                out[int(m.group(1))].extend(line.strip() for line in f if line.strip())
+    return dict(out)
+
+
 def read_ledger(directory: str) -> dict[int, list[str]]:
     """Every recorded hash per epoch, all ranks and world sizes together."""
-    out: dict[int, list[str]] = defaultdict(list)
-    for name in sorted(os.listdir(directory)):
-        m = _NAME.match(name)
-        if not m:
-            continue
-        with open(os.path.join(directory, name), encoding="ascii") as f:
-            out[int(m.group(1))].extend(line.strip() for line in f if line.strip())
-    return dict(out)
+    return _lines(directory, _NAME)
 
 
 def read_dropped(directory: str) -> dict[int, list[int]]:
     """The sample ids recorded as dropped per epoch, all ranks and world sizes together."""
-    out: dict[int, list[int]] = defaultdict(list)
-    for name in sorted(os.listdir(directory)):
-        m = _DROPPED.match(name)
-        if not m:
-            continue
-        with open(os.path.join(directory, name), encoding="ascii") as f:
-            out[int(m.group(1))].extend(int(line) for line in f if line.strip())
-    return dict(out)
+    return {e: [int(x) for x in ids] for e, ids in _lines(directory, _DROPPED).items()}
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
+from flashfeed.dataset import Dataset
 from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
@@ -131,3 +132,19 @@ def resume_scenario(factory, tmp_path, *, before: int, after: int, stop: int, ep
         loader.load_state_dict(states[r % before])
         run_epochs(loader, range(states[0]["epoch"], epochs))
     return read_ledger(full_dir), read_ledger(res_dir)
+
+
+def image_keys(prefix: str) -> list[str]:
+    """Every sample of a webdataset dataset as ``<shard>/<key>``, in dataset order."""
+    ds = Dataset.open(prefix)
+    return [f"{s.path}/{e.key}" for i, s in enumerate(ds.shards) for e in ds.read_index(i)]
+
+
+def token_keys(prefix: str) -> list[str]:
+    """Every row of a ``make_token_dataset`` dataset as ``<shard>/t<n>``, in dataset order."""
+    ds = Dataset.open(prefix)
+    out, n = [], 0
+    for s in ds.shards:
+        out += [f"{s.path}/t{j:07d}" for j in range(n, n + s.samples)]
+        n += s.samples
+    return out

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loader_helpers import make_image_dataset, make_token_dataset, run_epochs
+from loader_helpers import (
+    image_keys,
+    make_image_dataset,
+    make_token_dataset,
+    run_epochs,
+    token_keys,
+)
 from torch.utils.data import DataLoader
 
-from flashfeed.dataset import Dataset
 from flashfeed.loader import ShardDataset, TokenLoader
 from flashfeed.loader.ledger import check_exactly_once, read_dropped, read_ledger
 
@@ -21,15 +26,6 @@ def tokens(tmp_path_factory) -> str:
     prefix = str(tmp_path_factory.mktemp("el") / "ds")
     make_token_dataset(prefix, SIZES, seq_len=4)
     return prefix
-
-
-def _token_keys(prefix: str) -> list[str]:
-    ds = Dataset.open(prefix)
-    out, n = [], 0
-    for s in ds.shards:
-        out += [f"{s.path}/t{j:07d}" for j in range(n, n + s.samples)]
-        n += s.samples
-    return out
 
 
 def _elastic_run(prefix, ledger, *, before, after, stop, drop_last):
@@ -65,7 +61,7 @@ def _elastic_run(prefix, ledger, *, before, after, stop, drop_last):
 def test_without_drop_last_an_elastic_resume_loses_nothing(tokens, tmp_path, before, after, stop):
     ledger = str(tmp_path / "ledger")
     _elastic_run(tokens, ledger, before=before, after=after, stop=stop, drop_last=False)
-    check = check_exactly_once(ledger, _token_keys(tokens), epochs=[0])[0]
+    check = check_exactly_once(ledger, token_keys(tokens), epochs=[0])[0]
     assert check.missing == [] and check.unknown == 0 and check.dropped == 0
     # ranks that come out short repeat a few of their own samples: fewer than the world size
     extra = sum(n - 1 for n in check.duplicates.values())
@@ -77,7 +73,7 @@ def test_without_drop_last_an_elastic_resume_loses_nothing(tokens, tmp_path, bef
 def test_with_drop_last_the_dropped_are_few_and_recorded(tokens, tmp_path, before, after, stop):
     ledger = str(tmp_path / "ledger")
     _, finals = _elastic_run(tokens, ledger, before=before, after=after, stop=stop, drop_last=True)
-    check = check_exactly_once(ledger, _token_keys(tokens), epochs=[0])[0]
+    check = check_exactly_once(ledger, token_keys(tokens), epochs=[0])[0]
     assert check.ok, str(check)  # delivered or recorded as dropped, each exactly once
     assert check.dropped < after * BATCH
     if (before, after, stop) == (4, 3, 9):  # 100 left over 3 ranks: 1 surplus, 3 x 1 partial
@@ -107,11 +103,6 @@ def images(tmp_path_factory) -> str:
     return prefix
 
 
-def _image_keys(prefix: str) -> list[str]:
-    ds = Dataset.open(prefix)
-    return [f"{s.path}/{key}" for s in ds.shards for key, _ in ds.iter_shard(s)]
-
-
 def _keep_key(sample):
     return {"__key__": sample["__key__"], "label": sample["cls"]}
 
@@ -132,7 +123,7 @@ def test_shard_dataset_resumes_exactly_when_workers_change(images, tmp_path, fir
     resumed = make().loader(num_workers=second)
     resumed.load_state_dict(state)
     assert sum(1 for _ in resumed) == 24 - 7  # 120 samples, batches of 5
-    check = check_exactly_once(ledger, _image_keys(images), epochs=[0])[0]
+    check = check_exactly_once(ledger, image_keys(images), epochs=[0])[0]
     assert check.ok, str(check)
 
 
@@ -156,5 +147,5 @@ def test_shard_dataset_in_a_plain_dataloader_without_workers_keeps_its_position(
     again.load_state_dict(state)
     rest = sum(len(b["label"]) for b in DataLoader(again, batch_size=5, num_workers=0))
     assert rest == 100
-    assert check_exactly_once(ledger, _image_keys(images), epochs=[0])[0].ok
+    assert check_exactly_once(ledger, image_keys(images), epochs=[0])[0].ok
     assert np.all(np.asarray(state["segments"]) >= 0)

@@ -8,10 +8,9 @@ import io
 import numpy as np
 import pytest
 import torch
-from loader_helpers import label_of, make_image_dataset, make_token_dataset
+from loader_helpers import image_keys, label_of, make_image_dataset, make_token_dataset, token_keys
 from PIL import Image
 
-from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader, ShardDataset, TokenLoader
 from flashfeed.loader.ledger import check_exactly_once, key_hash, read_ledger
 from flashfeed.loader.reader import ShardReader
@@ -31,21 +30,6 @@ def tokens(tmp_path_factory) -> str:
     prefix = str(tmp_path_factory.mktemp("keys-tok") / "ds")
     make_token_dataset(prefix, SIZES, seq_len=8)
     return prefix
-
-
-def image_keys(prefix: str) -> list[str]:
-    """Every sample of the dataset as ``<shard>/<key>``, shard by shard, row by row."""
-    ds = Dataset.open(prefix)
-    return [f"{s.path}/{e.key}" for i, s in enumerate(ds.shards) for e in ds.read_index(i)]
-
-
-def token_keys(prefix: str) -> list[str]:
-    ds = Dataset.open(prefix)
-    out, n = [], 0
-    for s in ds.shards:
-        out += [f"{s.path}/t{j:07d}" for j in range(n, n + s.samples)]
-        n += s.samples
-    return out
 
 
 def read_wrong_sample(monkeypatch, cls, method: str, shard: int, row: int) -> None:
