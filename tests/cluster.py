@@ -23,6 +23,7 @@ alive, wherever it was reparented, by that marker. ``stop()`` ends only what was
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -36,9 +37,10 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from slowproxy import Request, SlowProxy
 
@@ -77,6 +79,19 @@ signal.pause()
 """
 
 
+# The cluster's network: one namespace with only a loopback interface, so that whatever the
+# cluster's processes listen on (Ray listens on every interface) is reachable from nowhere else.
+_NET_HOLDER = r"""
+import ctypes, os, signal, subprocess, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+print("ready", flush=True)
+signal.pause()
+"""
+_CLONE_NEWNET = 0x40000000
+
 # The cluster's watchdog: when the test process dies (even by SIGKILL, where no ``finally``
 # runs), it kills every process carrying the cluster's marker, Ray's included.
 _WATCHDOG = r"""
@@ -100,16 +115,16 @@ def namespaces_available() -> str | None:
     """None when this machine can run a simulated cluster, else the reason it cannot."""
     if os.geteuid() != 0:
         return "simulated nodes need root (mount and UTS namespaces, tmpfs)"
-    for tool in ("unshare", "nsenter", "mount"):
+    for tool in ("unshare", "nsenter", "mount", "ip"):
         if shutil.which(tool) is None:
             return f"simulated nodes need {tool} (util-linux)"
     probe = subprocess.run(
-        ["unshare", "--mount", "--uts", "--propagation", "private", "true"],
+        ["unshare", "--net", "--mount", "--uts", "--propagation", "private", "true"],
         capture_output=True,
         text=True,
     )
     if probe.returncode != 0:
-        return f"unshare --mount --uts failed: {probe.stderr.strip()}"
+        return f"unshare --net --mount --uts failed: {probe.stderr.strip()}"
     return None
 
 
@@ -119,9 +134,12 @@ class NodeProxy(SlowProxy):
 
     host: str = "127.0.0.1"
     bind_port: int = 0
+    netns: str | None = None  # listen inside this network namespace (a /proc/PID/ns/net)
 
     def __post_init__(self) -> None:
-        self._server = socket.create_server((self.host, self.bind_port))
+        self._server = in_netns(
+            self.netns, lambda: socket.create_server((self.host, self.bind_port))
+        )
         self.port = self._server.getsockname()[1]
         self._lock = threading.Lock()
         self._closed = False
@@ -177,6 +195,37 @@ class NodeProxy(SlowProxy):
             return list(self.requests[mark:])
 
 
+T = TypeVar("T")
+
+
+def in_netns(netns: str | None, fn: Callable[[], T]) -> T:
+    """``fn()`` run in a thread that entered network namespace ``netns`` (None: here). A
+    socket keeps the namespace it was made in, whichever thread uses it later."""
+    if netns is None:
+        return fn()
+    out: list[T] = []
+    errors: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            fd = os.open(netns, os.O_RDONLY)
+            try:
+                if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns({netns}) failed")
+            finally:
+                os.close(fd)
+            out.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=enter)  # the thread ends there: no other work sees its netns
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
 def bytes_read(requests: Sequence[Request], sizes: dict[str, int]) -> dict[str, int]:
     """Bytes GET per object path (``/bucket/key``): a ranged GET counts its range, a whole GET
     the object's size from ``sizes`` (objects not in ``sizes`` are left out)."""
@@ -227,6 +276,18 @@ class SimCluster:
         self.ray_port = 0
         self.ray_head = ""
         self._ray: dict[int, subprocess.Popen[bytes]] = {}
+        self._net = subprocess.Popen(
+            ["unshare", "--net", "--", sys.executable, "-c", _NET_HOLDER, str(os.getpid())],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, MARKER: f"{self.tag}:net:holder"},
+        )
+        assert self._net.stdout is not None
+        if self._net.stdout.readline().strip() != "ready":
+            self._net.kill()
+            raise RuntimeError(f"network namespace setup failed (rc {self._net.wait()})")
+        self.netns = f"/proc/{self._net.pid}/ns/net"
         self._watchdog = subprocess.Popen(
             [sys.executable, "-c", _WATCHDOG, f"{MARKER}={self.tag}", str(os.getpid()), self.root],
             start_new_session=True,
@@ -239,7 +300,7 @@ class SimCluster:
         address = f"127.0.0.{i + 2}"  # Ray turns 127.0.0.1 into the machine's own address
         hostname = f"ffnode{i}"
         upstream = ("127.0.0.1", self.store.s3_port)
-        proxy = NodeProxy(upstream=upstream, host=address, bind_port=self.s3_port)
+        proxy = NodeProxy(upstream=upstream, host=address, bind_port=self.s3_port, netns=self.netns)
         self.s3_port = proxy.port
         hosts = os.path.join(self.root, f"hosts{i}")
         with open("/etc/hosts", encoding="utf-8") as f:
@@ -247,8 +308,9 @@ class SimCluster:
         with open(hosts, "w", encoding="utf-8") as f:
             f.write(base.rstrip("\n") + f"\n{address}\t{hostname} {S3_NAME}\n")
         args = [hostname, self.cache_dir, self.cache_size, hosts, str(os.getpid())]
+        argv = ["nsenter", f"--net={self.netns}", "--", *_UNSHARE, sys.executable, "-c", _HOLDER]
         holder = subprocess.Popen(
-            [*_UNSHARE, sys.executable, "-c", _HOLDER, *args],
+            [*argv, *args],
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
@@ -314,7 +376,8 @@ class SimCluster:
     @staticmethod
     def _enter(node: Node, cwd: str | None) -> list[str]:
         pid = str(node.holder.pid)
-        return ["nsenter", "-t", pid, "--mount", "--uts", f"--wd={cwd or os.getcwd()}", "--"]
+        where = f"--wd={cwd or os.getcwd()}"
+        return ["nsenter", "-t", pid, "--mount", "--uts", "--net", where, "--"]
 
     def run(
         self, node: Node, argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = None
@@ -337,7 +400,7 @@ class SimCluster:
         for node in nodes or self.nodes:
             if node.index in self._ray:
                 continue
-            ports = free_ports(node.address, 7)
+            ports = free_ports(node.address, 7, self.netns)
             argv = [
                 str(VENV_BIN / "ray"),
                 "start",
@@ -363,7 +426,7 @@ class SimCluster:
                 str(ports[5]),
             ]
             if node.index == 0:
-                self.ray_port = free_port(node.address)
+                self.ray_port = free_port(node.address, self.netns)
                 self.ray_head = node.address
                 argv += [
                     "--head",
@@ -445,6 +508,28 @@ class SimCluster:
                         out.append((int(entry), marker, cmd))
         return out
 
+    def host_listeners(self) -> list[tuple[int, str]]:
+        """(pid, command) of each process of the cluster listening on a TCP socket of this
+        test's network namespace (there should be none: the cluster has its own)."""
+        listening = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table, encoding="ascii") as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    if fields[3] == "0A":  # LISTEN
+                        listening.add(f"socket:[{fields[9]}]")
+        out = []
+        for pid, _, cmd in self.survivors():
+            try:
+                links = {
+                    os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")
+                }
+            except OSError:
+                continue
+            if links & listening:
+                out.append((pid, cmd))
+        return out
+
     def children(self, pid: int) -> list[int]:
         """The live child processes of ``pid`` (torchrun's ranks, for one)."""
         out = []
@@ -505,6 +590,8 @@ class SimCluster:
             node.holder.kill()
             node.holder.wait(5)
             node.proxy.close()
+        self._net.kill()
+        self._net.wait(5)
         self._watchdog.kill()
         self._watchdog.wait(5)
         shutil.rmtree(self.root, ignore_errors=True)
@@ -520,8 +607,8 @@ class SimCluster:
         return iter(self.nodes)
 
 
-def free_ports(host: str, n: int) -> list[int]:
-    socks = [socket.create_server((host, 0)) for _ in range(n)]
+def free_ports(host: str, n: int, netns: str | None = None) -> list[int]:
+    socks = in_netns(netns, lambda: [socket.create_server((host, 0)) for _ in range(n)])
     try:
         return [s.getsockname()[1] for s in socks]
     finally:
@@ -529,5 +616,5 @@ def free_ports(host: str, n: int) -> list[int]:
             s.close()
 
 
-def free_port(host: str) -> int:
-    return free_ports(host, 1)[0]
+def free_port(host: str, netns: str | None = None) -> int:
+    return free_ports(host, 1, netns)[0]

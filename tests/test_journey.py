@@ -76,6 +76,8 @@ def test_cluster_comes_up_and_goes_down_cleanly(cluster: SimCluster, s3_prefix: 
     seen = cluster.ray_nodes()
     assert sorted(str(n["address"]) for n in seen) == [n.address for n in nodes]
     assert any("raylet" in cmd for _, marker, cmd in cluster.survivors() if "node1" in marker)
+    # Ray listens on every interface; the cluster's own network keeps that off this machine's
+    assert not cluster.host_listeners()
 
     cluster.stop_ray()
     left = [p for p in cluster.survivors() if "raylet" in p[2] or "gcs_server" in p[2]]
@@ -201,7 +203,7 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     common = [ds, "--ckpt-dir", ckpt, "--keys-dir", keys, "--epochs", str(EPOCHS)]
     common += ["--batch-size", str(BATCH), "--ckpt-every", str(CKPT_EVERY)]
     marks = [n.proxy.mark() for n in cluster.nodes]
-    port = free_port(n0.address)
+    port = free_port(n0.address, cluster.netns)
     args = [*common, "--ledger-dir", str(tmp_path / "ledger1")]
     args += ["--hold-after-step", str(HOLD_AFTER), "--hold-node", "1"]
     runs = [_torchrun(cluster, n, nnodes=2, port=port, phase="train1", args=args) for n in (n0, n1)]
@@ -231,7 +233,7 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     n2 = cluster.add_node()
     cluster.start_ray([n2])
     marks = [n.proxy.mark() for n in cluster.nodes]
-    port = free_port(n0.address)
+    port = free_port(n0.address, cluster.netns)
     args = [*common, "--ledger-dir", str(tmp_path / "ledger2")]
     runs = [
         _torchrun(cluster, n, nnodes=3, port=port, phase="train2", args=args) for n in cluster.nodes
