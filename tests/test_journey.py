@@ -8,6 +8,7 @@ and counting S3 proxy, so the test can tell what each node fetched from the stor
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -186,6 +187,7 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     argv = ["flashfeed", "cache", "warm", ds, "--ray-address", address]
     argv += ["--hosts", ",".join(n.address for n in cluster.nodes)]
     argv += ["--ranks-per-node", "2", "--epochs", str(EPOCHS - 1), "--json", "--no-progress"]
+    argv += ["--capacity", "64MiB"]
     done = cluster.run(n0, argv, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     warmed = {
@@ -232,6 +234,7 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     # 5. restart on 3 nodes x 2 ranks from the last checkpoint; finish that epoch and one more
     n2 = cluster.add_node()
     cluster.start_ray([n2])
+    lap("node 2 joins")
     marks = [n.proxy.mark() for n in cluster.nodes]
     port = free_port(n0.address, cluster.netns)
     args = [*common, "--ledger-dir", str(tmp_path / "ledger2")]
@@ -296,6 +299,25 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
         assert short(train2[i]) <= read_by[(f"ws6-from{ckpt_step:06d}", i)]
         total = Counter(warmed[i]) + Counter(train2[i])
         assert all(total[p] == sizes[p] for p in total), f"node {i} fetched a shard twice"
+
+    # -- the warm record and the capacity belong to the cache ----------------------------------
+    mismatch = "this node reads shards it was not warmed with"
+    log = {
+        (p, i): Path(cluster.root, f"{p}-node{i}.log").read_text()
+        for p, i in [("train1", 0), ("train1", 1), ("train2", 0), ("train2", 1), ("train2", 2)]
+    }
+    assert not any(mismatch in log[("train1", i)] for i in (0, 1)), "warned on a matching run"
+    for i in (0, 1):  # warmed for 2 nodes, resumed on 3: each rank says so once
+        assert log[("train2", i)].count(mismatch) == 2, log[("train2", i)][-3000:]
+        assert "number of nodes" in log[("train2", i)]
+    assert mismatch not in log[("train2", 2)]  # never warmed: nothing to compare
+    for node in (n0, n1):
+        status = cluster.run(
+            node, ["flashfeed", "cache", "status", cluster.cache_dir, "--json"], timeout=60
+        )
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["capacity"] == 64 * 2**20
+
     cluster.stop_ray()
     left = cluster.wait_gone(timeout=10)
     assert not left, f"processes of the cluster outlived it: {left}"
