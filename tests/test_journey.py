@@ -140,6 +140,14 @@ def _keys(keys_dir: str) -> list[tuple[str, int, int, int, str]]:
     return out
 
 
+def _manifest_gets(requests) -> tuple[int, int]:
+    """GETs of the manifest header and of its shard table among ``requests``."""
+    gets = [r.path for r in requests if r.method == "GET"]
+    headers = sum(p.endswith("/manifest.json") for p in gets)
+    tables = sum("/manifest-" in p and p.endswith(".arrow") for p in gets)
+    return headers, tables
+
+
 def _shard_of(key: str) -> str:
     return key.rsplit("/", 1)[0]
 
@@ -217,6 +225,8 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     train1 = [
         bytes_read(n.proxy.since(m), sizes) for n, m in zip(cluster.nodes, marks, strict=True)
     ]
+    pairs = list(zip(cluster.nodes, marks, strict=True))
+    manifests1 = [_manifest_gets(n.proxy.since(m)) for n, m in pairs]
     lap("train 2x2")
 
     # 4. SIGKILL every rank of node 1; torchrun ends the rest (node 0's ranks fail their barrier)
@@ -247,6 +257,8 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     train2 = [
         bytes_read(n.proxy.since(m), sizes) for n, m in zip(cluster.nodes, marks, strict=True)
     ]
+    pairs = list(zip(cluster.nodes, marks, strict=True))
+    manifests2 = [_manifest_gets(n.proxy.since(m)) for n, m in pairs]
     left = cluster.wait_gone(":train2", timeout=10)
     assert not left, f"processes of the finished run outlived it: {left}"
     lap("train 3x2")
@@ -284,6 +296,12 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
         assert ledger == mine, f"the Loader's ledger of {run} is not what its ranks received"
 
     # -- what each node fetched ---------------------------------------------------------------
+    # the manifest (header and shard table) reaches a node once, not once per rank
+    for phase, gets in (("train 2x2", manifests1), ("train 3x2", manifests2)):
+        for i, (headers, tables) in enumerate(gets):
+            assert headers <= 1 and tables <= 1, f"{phase}: node {i} fetched the manifest twice"
+    assert manifests2[2] == (1, 1)  # the new node: once
+
     read_by = {
         (run, node): {_shard_of(r[4]) for r in received if (r[0], r[1]) == (run, node)}
         for run, node in {(r[0], r[1]) for r in received}
