@@ -1,7 +1,19 @@
-"""DALI outputs -> torch tensors, on the GPU when there is one."""
+"""DALI outputs -> torch tensors, on the GPU when there is one.
+
+On a CUDA device every copy is issued on torch's current stream, so the training step that
+runs next on that stream is ordered after it. What the copies read must outlive them: a
+``DeviceCopier`` records a CUDA event after each batch's copies and keeps the DALI outputs
+and the pinned staging buffers until that event has completed; only then do DALI's buffers
+go back to DALI (which reuses them under ``exec_dynamic``) and the pinned buffers back to
+its pool. The same events time the copies on the GPU (``take_h2d``): a CPU clock around a
+non-blocking copy reads about zero.
+
+The CUDA calls go through ``CudaOps``; tests pass a fake that records them.
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -9,31 +21,186 @@ import torch
 
 from .fields import key_strings
 
-__all__ = ["to_keys", "to_torch"]
+__all__ = ["CudaOps", "DeviceCopier", "PinnedPool", "to_keys", "to_torch"]
 
 
-def to_torch(tl: Any, device: torch.device | None) -> torch.Tensor | list[torch.Tensor]:
+class CudaOps:
+    """The CUDA calls of the copy paths, in one place."""
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def event(self) -> Any:
+        """An event that can time (``elapsed_time``) and be polled (``query``)."""
+        return torch.cuda.Event(enable_timing=True)
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Any:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def empty_pinned(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def copy_from_dali(self, tensor: Any, out: Any, stream: Any) -> None:
+        """Copy a dense DALI GPU tensor into ``out``, ordered on ``stream``."""
+        from nvidia.dali.plugin.pytorch import feed_ndarray
+
+        feed_ndarray(tensor, out, cuda_stream=stream.cuda_stream)
+
+    def to_device(self, cpu: torch.Tensor, device: torch.device, stream: Any) -> Any:
+        """A non-blocking copy of pinned ``cpu`` to ``device``, ordered on ``stream``."""
+        with torch.cuda.stream(stream):
+            return cpu.to(device, non_blocking=True)
+
+
+class PinnedPool:
+    """Pinned host buffers by (shape, dtype), reused instead of pinning memory per batch
+    (``pin_memory()`` allocates page-locked memory each time, a slow system call)."""
+
+    def __init__(self, ops: CudaOps) -> None:
+        self.ops = ops
+        self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+        self.allocated = 0
+        self.reused = 0
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        free = self._free.get((tuple(shape), dtype))
+        if free:
+            self.reused += 1
+            return free.pop()
+        self.allocated += 1
+        return self.ops.empty_pinned(tuple(shape), dtype)
+
+    def give(self, buf: torch.Tensor) -> None:
+        self._free.setdefault((tuple(buf.shape), buf.dtype), []).append(buf)
+
+
+class DeviceCopier:
+    """Copies batches to ``device`` on torch's current stream and keeps what the copies read
+    alive until they are done (see the module docstring). One per loader.
+
+    Per batch: ``begin()``, any number of ``dali()`` / ``host()`` copies, ``end(keep)``.
+    ``max_in_flight`` batches may be copying at once; one more waits for the oldest.
+    """
+
+    def __init__(
+        self, device: torch.device, *, ops: CudaOps | None = None, max_in_flight: int = 4
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.device = device
+        self.ops = ops or CudaOps()
+        self.pool = PinnedPool(self.ops)
+        self.max_in_flight = max_in_flight
+        # (start event, end event, objects the copies read, pinned buffers to give back)
+        self._in_flight: deque[tuple[Any, Any, list[Any], list[torch.Tensor]]] = deque()
+        self._start: Any = None
+        self._staged: list[torch.Tensor] = []
+        self._h2d_ms = 0.0
+
+    def begin(self) -> None:
+        """Start a batch: an event marks where its copies begin on the stream."""
+        self._reclaim()
+        while len(self._in_flight) >= self.max_in_flight:
+            self._in_flight[0][1].synchronize()
+            self._reclaim()
+        self._start = self.ops.event()
+        self._start.record(self.ops.current_stream(self.device))
+
+    def dali(self, tensor: Any, dtype: torch.dtype) -> Any:
+        """A dense DALI GPU tensor, copied into a new torch tensor on the device."""
+        stream = self.ops.current_stream(self.device)
+        out = self.ops.empty(tuple(tensor.shape()), dtype, self.device)
+        self.ops.copy_from_dali(tensor, out, stream)
+        return out
+
+    def host(self, array: np.ndarray | torch.Tensor) -> Any:
+        """A host array, staged in a pooled pinned buffer and copied without blocking."""
+        cpu = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
+        pinned = self.pool.take(tuple(cpu.shape), cpu.dtype)
+        pinned.copy_(cpu)
+        self._staged.append(pinned)
+        return self.ops.to_device(pinned, self.device, self.ops.current_stream(self.device))
+
+    def staging(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A pooled pinned buffer to fill in place, then pass to ``send``: no extra copy."""
+        buf = self.pool.take(shape, dtype)
+        self._staged.append(buf)
+        return buf
+
+    def send(self, pinned: torch.Tensor) -> Any:
+        """Copy a buffer from ``staging`` to the device without blocking."""
+        return self.ops.to_device(pinned, self.device, self.ops.current_stream(self.device))
+
+    def end(self, keep: list[Any] | None = None) -> None:
+        """End a batch: an event after its copies; ``keep`` (DALI outputs) and the staged
+        buffers stay referenced until it completes."""
+        if self._start is None:
+            raise RuntimeError("DeviceCopier.end() without begin()")
+        done = self.ops.event()
+        done.record(self.ops.current_stream(self.device))
+        self._in_flight.append((self._start, done, list(keep or ()), self._staged))
+        self._start, self._staged = None, []
+
+    def _reclaim(self) -> None:
+        while self._in_flight and self._in_flight[0][1].query():
+            start, done, _keep, staged = self._in_flight.popleft()
+            self._h2d_ms += float(start.elapsed_time(done))
+            for buf in staged:
+                self.pool.give(buf)
+
+    def take_h2d(self) -> float:
+        """Seconds the GPU spent on the copies of batches finished since the last call (a
+        batch's copy time is known once it has run, so it may be reported a batch late)."""
+        self._reclaim()
+        ms, self._h2d_ms = self._h2d_ms, 0.0
+        return ms / 1000.0
+
+    def flush(self) -> float:
+        """Wait for every copy in flight; returns ``take_h2d()``."""
+        for _, done, _, _ in self._in_flight:
+            done.synchronize()
+        return self.take_h2d()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+
+def is_gpu(tl: Any) -> bool:
+    return type(tl).__name__ == "TensorListGPU"
+
+
+def to_torch(
+    tl: Any, device: torch.device | None, copier: DeviceCopier | None = None
+) -> torch.Tensor | list[torch.Tensor]:
     """A DALI ``TensorList`` as a torch tensor (a copy: DALI reuses its buffers).
 
-    GPU outputs are copied device-to-device; CPU outputs go through pinned memory with a
-    non-blocking copy when ``device`` is a CUDA device. Samples of different shapes (raw
-    bytes of a passed-through field) come back as a list of CPU tensors, one per sample.
+    With a CUDA ``device``, GPU outputs are copied device-to-device and CPU outputs through
+    a pinned buffer, both without blocking on torch's current stream; pass the loader's
+    ``copier`` (between its ``begin()`` and ``end(keep=[tl, ...])``) so the buffers outlive
+    the copies, else the copy is waited for here. Samples of different shapes (raw bytes of
+    a passed-through field) come back as a list of CPU tensors, one per sample.
     """
     if not tl.is_dense_tensor():
         cpu_list = tl.as_cpu() if hasattr(tl, "as_cpu") else tl
         return [torch.from_numpy(np.array(cpu_list.at(i))) for i in range(len(cpu_list))]
-    if type(tl).__name__ == "TensorListGPU":
-        from nvidia.dali.plugin.pytorch import feed_ndarray
-
+    if device is None or device.type != "cuda":
+        if is_gpu(tl):
+            raise ValueError("a DALI GPU output needs a CUDA device to copy to")
+        return torch.from_numpy(np.array(tl.as_tensor()))
+    own = copier is None
+    c = DeviceCopier(device) if copier is None else copier
+    if own:
+        c.begin()
+    if is_gpu(tl):
         t = tl.as_tensor()
-        out = torch.empty(t.shape(), dtype=_torch_dtype(t), device=device)
-        feed_ndarray(t, out, cuda_stream=torch.cuda.current_stream(device))
-        return out
-    arr = np.array(tl.as_tensor())
-    cpu = torch.from_numpy(arr)
-    if device is not None and device.type == "cuda":
-        return cpu.pin_memory().to(device, non_blocking=True)
-    return cpu
+        out = c.dali(t, _torch_dtype(t))
+    else:
+        out = c.host(np.array(tl.as_tensor()))
+    if own:
+        c.end(keep=[tl])
+        c.flush()
+    return out
 
 
 def _torch_dtype(t: Any) -> torch.dtype:

@@ -4,8 +4,11 @@ Its reader processes die with the loader's process, however that dies (``flashfe
 
 Each pass's samples go to a pass file before the pass starts; ``reset()`` moves DALI to the
 next epoch index, which names the next pass file (see ``reader.BatchSource``). A pass left
-early (the consumer stopped mid-epoch) leaves batches in flight, so the next pass builds a
-fresh pipeline instead.
+early (the consumer stopped mid-epoch) leaves batches in flight: ``abandon()`` writes a stop
+file that makes the source end the pass at its next call, and runs out the few batches
+already in flight, so the pipeline and its reader processes serve the next pass too (a
+spawned reader process costs seconds to start). Only if that fails is the pipeline dropped
+and the next pass builds a fresh one.
 """
 
 from __future__ import annotations
@@ -24,13 +27,59 @@ from flashfeed.lifeline import tie_forked_children
 from .passplan import PassPlan
 from .reader import BatchSource, write_pass
 
-__all__ = ["DaliRunner"]
+__all__ = ["READER_STARTS", "DaliRunner", "StoppableSource", "py_start_method"]
+
+#: how DALI starts its reader processes: ``Loader(reader_start=...)``
+READER_STARTS = ("auto", "fork", "spawn")
 
 # what a reader process raises about the data it reads; DALI re-raises them as a bare
 # Exception carrying the worker's traceback text
 _DATA_ERRORS = ("CorruptShardError", "HostileInputError", "ValueError", "FileNotFoundError")
 
-Builder = Callable[[BatchSource], tuple[Any, list[str]]]
+Builder = Callable[[Any], tuple[Any, list[str]]]
+
+
+def py_start_method(reader_start: str, *, decode_on_gpu: bool, cuda_initialized: bool) -> str:
+    """``"fork"`` or ``"spawn"``: how DALI starts the reader processes.
+
+    DALI refuses to fork once CUDA is initialised in the process (a training script that
+    touched the GPU before building the loader), and GPU decode initialises it, so ``"auto"``
+    spawns in both cases and forks otherwise (faster to start, nothing to pickle).
+    """
+    if reader_start not in READER_STARTS:
+        raise ValueError(f"reader_start must be one of {READER_STARTS}, got {reader_start!r}")
+    if reader_start != "auto":
+        return reader_start
+    return "spawn" if decode_on_gpu or cuda_initialized else "fork"
+
+
+def cuda_initialized() -> bool:
+    """Whether this process has initialised CUDA through torch."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def stop_path(pass_dir: str, epoch: int) -> str:
+    return os.path.join(pass_dir, f"stop-{epoch}")
+
+
+class StoppableSource:
+    """A batch source that ends pass ``e`` early once ``stop-<e>`` exists in its pass folder:
+    what lets a pass left early give its pipeline back without rebuilding it. Picklable (a
+    spawned reader process unpickles it)."""
+
+    def __init__(self, source: BatchSource, pass_dir: str) -> None:
+        self.source = source
+        self.pass_dir = pass_dir
+
+    def __call__(self, info: Any) -> Any:
+        if os.path.exists(stop_path(self.pass_dir, int(info.epoch_idx))):
+            raise StopIteration
+        return self.source(info)
 
 
 def _scratch_dir() -> str:
@@ -52,6 +101,9 @@ class DaliRunner:
         self.epoch = -1
         self.ready = False
         self.builds = 0
+        self.abandoned = 0
+        #: bound on the batches ``abandon()`` runs out: DALI's queue and the readers' prefetch
+        self.drain_limit = 64
 
     def start(self, plan: PassPlan) -> float:
         """Make ``plan`` the next pass; returns the seconds spent (building, if it had to)."""
@@ -66,7 +118,8 @@ class DaliRunner:
             write_pass(self.pass_dir, 0, plan.shards, plan.rows, plan.num_batches)
             # DALI forks its reader processes while building; they must die with us
             with tie_forked_children():
-                self.pipe, self.names = self._build(self._make_source(self.pass_dir))
+                source = StoppableSource(self._make_source(self.pass_dir), self.pass_dir)
+                self.pipe, self.names = self._build(source)
             self.builds += 1
         self.ready = False
         return time.perf_counter() - t0
@@ -90,6 +143,27 @@ class DaliRunner:
             self.ready = True
             return
         raise RuntimeError("the DALI pipeline produced more batches than the pass planned")
+
+    def abandon(self) -> float:
+        """The consumer left the pass early: end it in the source and run out the batches in
+        flight, so the next pass reuses this pipeline. Returns the seconds it took; drops the
+        pipeline when the pass does not end within ``drain_limit`` batches or fails."""
+        t0 = time.perf_counter()
+        if self.pipe is None or self.ready:
+            return 0.0
+        try:
+            with open(stop_path(self.pass_dir, self.epoch), "w"):
+                pass
+            for _ in range(self.drain_limit):
+                self.pipe.run()
+        except StopIteration:
+            self.ready = True
+            self.abandoned += 1
+        except Exception:  # a failing pipeline is not reused: the next pass builds anew
+            pass
+        if not self.ready:
+            self.drop()
+        return time.perf_counter() - t0
 
     def drop(self) -> None:
         self.pipe, self.names, self.ready = None, [], False

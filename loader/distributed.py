@@ -83,13 +83,30 @@ def resolve_context(
     return DistContext(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
 
 
-def cuda_device_index(env: Mapping[str, str] | None = None) -> int:
-    """The GPU of this process: ``LOCAL_RANK`` when the launcher set it (torchrun does),
-    else torch's current device."""
+def cuda_device_index(env: Mapping[str, str] | None = None, device_count: int | None = None) -> int:
+    """The GPU of this process, as an ordinal among the devices it sees.
+
+    ``LOCAL_RANK % device_count`` when the launcher set ``LOCAL_RANK`` (torchrun and SLURM
+    wrappers do): a node whose ranks each see every GPU maps rank ``r`` to GPU ``r``, and one
+    where each rank sees a single GPU through ``CUDA_VISIBLE_DEVICES`` maps every rank to its
+    ordinal 0. Without ``LOCAL_RANK``, torch's current device. ``env`` and ``device_count``
+    default to this process's environment and ``torch.cuda.device_count()``.
+    """
     env = os.environ if env is None else env
     local = _env_int(env, "LOCAL_RANK")
-    if local is not None:
-        return local
-    import torch
+    if local is None:
+        import torch
 
-    return int(torch.cuda.current_device())
+        return int(torch.cuda.current_device())
+    if local < 0:
+        raise ValueError(f"environment variable LOCAL_RANK must be >= 0, got {local}")
+    if device_count is None:
+        import torch
+
+        device_count = int(torch.cuda.device_count())
+    if device_count < 1:
+        raise ValueError(
+            f"LOCAL_RANK={local} but this process sees no CUDA device "
+            f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
+    return local % device_count

@@ -12,8 +12,8 @@ import torch
 from flashfeed.dataset import Dataset
 
 from .base import PlannedLoader
-from .convert import to_keys, to_torch
-from .dali_runner import DaliRunner
+from .convert import DeviceCopier, to_keys, to_torch
+from .dali_runner import DaliRunner, cuda_initialized, py_start_method
 from .distributed import cuda_device_index, resolve_context
 from .fields import KEY, parse_fields
 from .passplan import PassPlan
@@ -32,6 +32,11 @@ Batch = dict[str, torch.Tensor | list[torch.Tensor] | list[str]]
 
 class Loader(PlannedLoader):
     """Batches of a WebDataset-format dataset, decoded by DALI in the order of the plan.
+
+    ``device``: ``"gpu"`` (nvJPEG "mixed" decode; needs a CUDA build of torch), ``"cpu"``, or
+    ``"auto"``. ``reader_start``: how DALI starts its ``py_workers`` reader processes,
+    ``"fork"``, ``"spawn"``, or ``"auto"``: spawn when decode runs on the GPU or this process
+    has already initialised CUDA (DALI cannot fork then), fork otherwise.
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP
@@ -58,6 +63,7 @@ class Loader(PlannedLoader):
         fields: Mapping[str, str | Sequence[str]] | None = None,
         num_threads: int = 2,
         py_workers: int = 1,
+        reader_start: str = "auto",
         window: int = 4,
         prefetch: int = 2,
         readahead: int | str = "auto",
@@ -87,6 +93,12 @@ class Loader(PlannedLoader):
             )
         self.specs = parse_fields(fields)
         self.device_kind = decode_device(device)
+        # decided now, before the caller's next CUDA call could change the answer
+        self.py_start_method = py_start_method(
+            reader_start,
+            decode_on_gpu=self.device_kind == "gpu",
+            cuda_initialized=cuda_initialized(),
+        )
         self.augment = AugmentOptions(
             image_size=image_size,
             train=shuffle if train is None else train,
@@ -111,11 +123,11 @@ class Loader(PlannedLoader):
         self.readahead_budget = readahead_budget_bytes(readahead_budget, self.source)
         self._feeder: StreamFeeder | None = None
         self.recorder.extra = self._readahead_stats
+        # decode_device() made sure a "gpu" loader has a CUDA torch
         self.torch_device = (
-            torch.device("cuda", cuda_device_index())
-            if self.device_kind == "gpu" and torch.cuda.is_available()
-            else None
+            torch.device("cuda", cuda_device_index()) if self.device_kind == "gpu" else None
         )
+        self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
         self.runner = DaliRunner(self._build, self._source)
 
     # -- iteration --------------------------------------------------------------------------
@@ -137,7 +149,7 @@ class Loader(PlannedLoader):
             user_fn=self.user_pipeline,
             seed=self._aug_seed(),
             prefetch=self.prefetch,
-            py_start_method="fork" if self.device_kind == "cpu" else "spawn",
+            py_start_method=self.py_start_method,
             device_id=self.torch_device.index or 0 if self.torch_device is not None else 0,
         )
 
@@ -169,10 +181,7 @@ class Loader(PlannedLoader):
                 t2 = time.perf_counter()
                 out = dict(zip(names, outputs, strict=True))
                 keys = to_keys(out.pop(KEY))
-                batch: Batch = {n: to_torch(o, self._out_device(n)) for n, o in out.items()}
-                label = batch.get("label")
-                if isinstance(label, torch.Tensor) and label.ndim > 1:
-                    batch["label"] = label.reshape(-1)
+                batch, h2d = self._to_batch(out, outputs)
                 batch[KEY] = keys
                 t3 = time.perf_counter()
                 self._account_batch(
@@ -182,7 +191,7 @@ class Loader(PlannedLoader):
                     batch=k,
                     storage=storage_wait,
                     decode=(t2 - t1) + (startup if k == 0 else 0.0),
-                    h2d=t3 - t2,
+                    h2d=h2d if h2d is not None else t3 - t2,
                     step=asked - step_start,
                 )
                 storage_wait = 0.0
@@ -192,9 +201,27 @@ class Loader(PlannedLoader):
             if plan.num_batches:
                 self.runner.finish()
             self._end_epoch()
+        except GeneratorExit:  # left early: keep the pipeline (and its readers) for the next
+            self.runner.abandon()
+            raise
         finally:
             if self._feeder is not None:
                 self._feeder.close()
+
+    def _to_batch(self, out: dict[str, Any], outputs: Any) -> tuple[Batch, float | None]:
+        """The batch as torch tensors, and on a GPU the seconds the GPU spent copying (from
+        CUDA events, for batches whose copies have finished; None on the CPU)."""
+        copier = self.copier
+        if copier is not None:
+            copier.begin()
+        batch: Batch = {n: to_torch(o, self._out_device(n), copier) for n, o in out.items()}
+        label = batch.get("label")
+        if isinstance(label, torch.Tensor) and label.ndim > 1:
+            batch["label"] = label.reshape(-1)
+        if copier is None:
+            return batch, None
+        copier.end(keep=[outputs])  # DALI's buffers go back once the copies are done
+        return batch, copier.take_h2d()
 
     def _readahead_stats(self) -> dict[str, Any]:
         feeder = self._feeder
@@ -211,5 +238,7 @@ class Loader(PlannedLoader):
 
     def close(self) -> None:
         """Stop the DALI pipeline and its reader processes; close the stats log."""
+        if self.copier is not None:
+            self.copier.flush()
         self.runner.close()
         super().close()

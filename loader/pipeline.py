@@ -18,6 +18,7 @@ from .fields import KEY, FieldSpec
 from .reader import BatchSource
 
 __all__ = [
+    "CUDA_TORCH_HINT",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "AugmentOptions",
@@ -25,6 +26,7 @@ __all__ = [
     "decode_device",
     "default_image_pipeline",
     "gpu_count",
+    "torch_cuda_usable",
 ]
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
@@ -47,15 +49,49 @@ def gpu_count() -> int:
         return 0
 
 
-def decode_device(device: str = "auto") -> str:
-    """``"gpu"`` or ``"cpu"``: where decoding and augmentation run."""
+#: what a GPU machine needs besides flashfeed, said by every "no usable CUDA" error
+CUDA_TORCH_HINT = (
+    "install a CUDA build of PyTorch (pip install torch --index-url "
+    "https://download.pytorch.org/whl/cu130, or the cu12x index matching the driver) and the "
+    "CUDA libraries DALI loads (pip install 'flashfeed[gpu]'); or pass device='cpu'"
+)
+
+
+def torch_cuda_usable() -> bool:
+    """True when this torch build has CUDA and sees a device."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a torch without CUDA support, or a broken driver
+        return False
+
+
+def decode_device(
+    device: str = "auto", *, dali_gpus: int | None = None, torch_cuda: bool | None = None
+) -> str:
+    """``"gpu"`` or ``"cpu"``: where decoding and augmentation run.
+
+    GPU decode hands DALI's GPU outputs to torch, so it needs both DALI seeing a CUDA device
+    and a CUDA build of torch; without the second, ``"gpu"`` and an ``"auto"`` that finds a
+    GPU through DALI raise here, at construction, saying what to install. ``dali_gpus`` and
+    ``torch_cuda`` default to what this machine has (tests pass them).
+    """
     if device not in ("auto", "cpu", "gpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
-    if device == "auto":
-        return "gpu" if gpu_count() > 0 else "cpu"
-    if device in ("gpu", "cuda") and gpu_count() == 0:
+    if device == "cpu":
+        return "cpu"
+    gpus = gpu_count() if dali_gpus is None else dali_gpus
+    if gpus == 0:
+        if device == "auto":
+            return "cpu"
         raise ValueError(f"device={device!r} but DALI sees no CUDA device")
-    return "gpu" if device == "cuda" else device
+    if not (torch_cuda_usable() if torch_cuda is None else torch_cuda):
+        raise ValueError(
+            f"device={device!r}: DALI sees {gpus} CUDA device(s) but this PyTorch has no "
+            f"usable CUDA (torch.cuda.is_available() is False); {CUDA_TORCH_HINT}"
+        )
+    return "gpu"
 
 
 @dataclass(frozen=True)
@@ -107,7 +143,7 @@ def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[
 
 
 def build_pipeline(
-    source: BatchSource,
+    source: BatchSource | Callable[[Any], Any],
     *,
     specs: tuple[FieldSpec, ...],
     batch_size: int,

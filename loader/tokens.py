@@ -1,9 +1,10 @@
 """``TokenLoader``: fixed-length token sequences from memory-mapped Arrow shards.
 
 Rows are gathered in plan order straight from the mapped shard into the batch buffer (one
-copy, no deserialisation), as int64 or the stored width; on a GPU machine the buffer is
-pinned and copied with ``non_blocking=True``. Same plan, resume state, ledger and stats as
-``Loader``.
+copy, no deserialisation), as int64 or the stored width; on a GPU machine the buffer is a
+pinned one from a reusable pool, copied with ``non_blocking=True`` on torch's current stream
+and given back to the pool once a CUDA event says the copy is done; the same events time the
+copy. Same plan, resume state, ledger and stats as ``Loader``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from flashfeed.dataset import Dataset
 
 from .arrowcols import ArrowShardView, open_arrow_view
 from .base import PlannedLoader
+from .convert import DeviceCopier
 from .distributed import cuda_device_index, resolve_context
 from .fields import KEY
 from .passplan import PassPlan, ShardFeeder
+from .pipeline import CUDA_TORCH_HINT
 from .position import PlanOptions
 from .sources import ShardSource, open_dataset, open_source
 
@@ -98,9 +101,16 @@ class TokenLoader(PlannedLoader):
         self.dtype = dtype
         cuda = torch.cuda.is_available() and device in ("auto", "cuda", "gpu")
         if device in ("cuda", "gpu") and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} but torch sees no CUDA device")
+            raise ValueError(
+                f"device={device!r} but this PyTorch sees no CUDA device "
+                f"(torch.cuda.is_available() is False); {CUDA_TORCH_HINT}"
+            )
         self.device = torch.device("cuda", cuda_device_index()) if cuda else None
         self.pin_memory = cuda if pin_memory is None else pin_memory
+        #: pinned staging buffers and the events of the copies in flight (GPU only)
+        self.copier = (
+            DeviceCopier(self.device) if self.device is not None and self.pin_memory else None
+        )
         self.readahead = readahead
         self.max_open = max_open
         self._views: OrderedDict[int, ArrowShardView] = OrderedDict()
@@ -159,6 +169,10 @@ class TokenLoader(PlannedLoader):
         return out, keys
 
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The batch buffer: a pooled pinned one when it is copied to the GPU from here (it
+        goes back to the pool when its copy is done), else a new one the batch keeps."""
+        if self.copier is not None:
+            return self.copier.staging(shape, _torch_dtype(dtype)).numpy()
         t = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=self.pin_memory)
         return t.numpy()
 
@@ -174,11 +188,17 @@ class TokenLoader(PlannedLoader):
             storage_wait = feeder.ensure(k)
             t1 = time.perf_counter()
             sl = plan.batch_slice(k)
+            if self.copier is not None:
+                self.copier.begin()
             arrays, keys = self._gather(plan.shards[sl], plan.rows[sl])
             t2 = time.perf_counter()
             batch: Batch = {c: self._to_device(torch.from_numpy(a)) for c, a in arrays.items()}
             batch[KEY] = keys
             t3 = time.perf_counter()
+            h2d = t3 - t2
+            if self.copier is not None:
+                self.copier.end()
+                h2d = self.copier.take_h2d()  # GPU time of the copies finished so far
             self.bytes_delivered += sum(a.nbytes for a in arrays.values())
             self._account_batch(
                 plan,
@@ -187,7 +207,7 @@ class TokenLoader(PlannedLoader):
                 batch=k,
                 storage=storage_wait,
                 decode=t2 - t1,
-                h2d=t3 - t2,
+                h2d=h2d,
                 step=asked - step_start,
             )
             yield batch
@@ -197,7 +217,15 @@ class TokenLoader(PlannedLoader):
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device is None:
             return t
-        return t.to(self.device, non_blocking=self.pin_memory)
+        if self.copier is not None:
+            return self.copier.send(t)  # t views a pooled pinned buffer
+        return t.to(self.device)
+
+    def close(self) -> None:
+        """Wait for the copies in flight; close the stats log."""
+        if self.copier is not None:
+            self.copier.flush()
+        super().close()
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
