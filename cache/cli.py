@@ -115,10 +115,20 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _cache_dir(given: str | None, what: str) -> str:
+def _cache_dir(given: str | None, what: str, *, existing: bool) -> str:
+    """The cache directory from the flag or the environment. ``existing``: it must already
+    be one (status, verify and evict read a cache; only warm creates it)."""
     root = given or os.environ.get(CACHE_DIR_ENV)
     if not root:
         raise ValueError(f"{what} is missing and {CACHE_DIR_ENV} is not set")
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise NotADirectoryError(
+            f"{root} is a file, not a cache directory: pass a directory ({what})"
+        )
+    if existing and not os.path.isdir(root):
+        raise FileNotFoundError(
+            f"no cache directory at {root}: check the path (`flashfeed cache warm` creates one)"
+        )
     return root
 
 
@@ -242,7 +252,7 @@ def _warm(args: argparse.Namespace) -> int:
     if args.ray_address is not None:
         results = _warm_cluster(args, share, kwargs)
     else:
-        root = _cache_dir(args.cache_dir, "--cache-dir")
+        root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
         dataset = Dataset.open(args.dataset)
         with ShardCache(root, **kwargs) as cache:
             result = warm_share(cache, dataset, share, progress=not args.no_progress)
@@ -336,7 +346,7 @@ def _share_from(args: argparse.Namespace) -> NodeShare | None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    root = _cache_dir(args.dir, "DIR")
+    root = _cache_dir(args.dir, "DIR", existing=True)
     report = admin.status(root, url=args.dataset, share=_share_from(args))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -387,7 +397,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    root = _cache_dir(args.dir, "DIR")
+    root = _cache_dir(args.dir, "DIR", existing=True)
     report = admin.verify(root)
     print(f"checked {report['checked']} shards in {root}: {len(report['corrupt'])} corrupt")
     for path in report["corrupt"]:
@@ -397,7 +407,9 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _evict(args: argparse.Namespace) -> int:
-    report = admin.evict(_cache_dir(args.dir, "DIR"), url=None if args.all else args.dataset)
+    report = admin.evict(
+        _cache_dir(args.dir, "DIR", existing=True), url=None if args.all else args.dataset
+    )
     print(
         f"evicted {report['evicted']} shards ({format_size(report['bytes'])}); kept "
         f"{report['kept_pinned_or_in_use']} pinned or in use"

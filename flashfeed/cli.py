@@ -1,7 +1,10 @@
 """The ``flashfeed`` command: one entry point, one subcommand per job.
 
 Each component registers its own subcommands (``register(subparsers)`` in its ``cli``
-module), so this file only assembles them and turns flashfeed errors into clear messages.
+module), so this file only assembles them and owns the one error path every command
+shares: a user's mistake is one line naming what to fix and exit 1 (2 for a bad option
+value), Ctrl-C is one line and exit 130 with nothing left running, and only a bug in
+flashfeed itself shows a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .errors import FlashfeedError
+from .interrupt import exit_on_interrupt, interrupted_line
 from .storage import redact
 
 __all__ = ["build_parser", "main"]
@@ -54,22 +58,59 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: mistakes a user fixes (a wrong path, a missing file, no permission): one line, exit 1
+_USER_OS_ERRORS = (
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    PermissionError,
+)
+
+
+def _prog(args: argparse.Namespace) -> str:
+    """``flashfeed cache warm``: the command and its action, as the user typed them."""
+    words = ["flashfeed", args.command]
+    for attr in ("cache_command", "store_command", "loader_command"):
+        if getattr(args, attr, None):
+            words.append(getattr(args, attr))
+    return " ".join(words)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a user's mistake; an OSError names its path and what to do."""
+    if isinstance(exc, OSError) and not isinstance(exc, FlashfeedError) and exc.filename:
+        what = {
+            FileNotFoundError: "does not exist: check the path",
+            FileExistsError: "already exists",
+            NotADirectoryError: "is not a directory (or a part of it is a file): pass a directory",
+            IsADirectoryError: "is a directory: pass a file",
+            PermissionError: "is not accessible: check its permissions",
+        }.get(type(exc), exc.strerror or str(exc))
+        return f"{exc.filename}: {what}"
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())  # one line, whatever the message held
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    prog = _prog(args)
+    if argv is None:  # the real command line (tests call main() in-process: leave them be)
+        exit_on_interrupt(prog)
     try:
         return int(args.func(args) or 0)
-    except FlashfeedError as exc:
-        print(f"flashfeed {args.command}: error: {redact(str(exc))}", file=sys.stderr)
+    except (FlashfeedError, *_USER_OS_ERRORS) as exc:
+        print(f"{prog}: error: {redact(_describe(exc))}", file=sys.stderr)
         return 1
     except ValueError as exc:  # option validation
-        print(f"flashfeed {args.command}: error: {redact(str(exc))}", file=sys.stderr)
+        print(f"{prog}: error: {redact(_describe(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"flashfeed {args.command}: interrupted", file=sys.stderr)
+        print(interrupted_line(prog), file=sys.stderr)
         return 130
 
 

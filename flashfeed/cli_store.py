@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from typing import Any
@@ -19,7 +20,9 @@ def register(sub: Any) -> None:
         "store",
         help="run a local S3 server (SeaweedFS) on 127.0.0.1",
         description="Run the embedded object store: a real S3 server (SeaweedFS) on "
-        "127.0.0.1 with generated credentials. Data persists in --dir between up and down.",
+        "127.0.0.1 with generated credentials. Data persists in --dir between up and down. "
+        "Like SeaweedFS itself, this store creates a missing bucket on the first PUT into it; "
+        "real object stores do not, so `flashfeed ingest` checks the bucket first.",
         epilog='example:\n  eval "$(flashfeed store up --dir /tmp/ff-store)"\n'
         "  flashfeed store status --dir /tmp/ff-store\n"
         "  flashfeed store down --dir /tmp/ff-store",
@@ -50,8 +53,20 @@ def register(sub: Any) -> None:
     status.set_defaults(func=_status)
 
 
+def _state_dir(path: str) -> str:
+    """``--dir`` as given, refused when it names a file (the store keeps a directory there)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(
+            f"--dir {path} is a file, not a directory: pass a directory for the store's state "
+            "and data (it is created if missing)"
+        )
+    return path
+
+
 def _up(args: argparse.Namespace) -> int:
-    store = EmbeddedStore(args.dir, port=args.port, detach=True)  # outlives this command
+    store = EmbeddedStore(
+        _state_dir(args.dir), port=args.port, detach=True
+    )  # outlives this command
     info = store.start()
     bucket = store.make_bucket(args.bucket)
     print(
@@ -65,7 +80,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    store = EmbeddedStore(args.dir)
+    store = EmbeddedStore(_state_dir(args.dir))
     was_running = store.pid_alive()
     store.stop()
     print(
@@ -76,7 +91,7 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    store = EmbeddedStore(args.dir)
+    store = EmbeddedStore(_state_dir(args.dir))
     if store.pid_alive() and store.ready():
         print(f"running: {store.info.endpoint} (pid {store.info.pid}, data in {store.dir})")
         return 0

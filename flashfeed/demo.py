@@ -9,7 +9,8 @@
    streams from the store (cold), the second reads the node cache (hot); samples/s of each,
    batches that waited on storage and stall fractions.
 
-The store is stopped on exit, also on Ctrl-C, SIGTERM or an error.
+The store is stopped on exit, also on SIGTERM or an error; Ctrl-C at any step prints one
+line, stops every process the demo started (store, Ray, DALI readers) and exits 130.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from .interrupt import exit_on_interrupt
 from .store import EmbeddedStore
 
 
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if argv is None:  # the real command line, not a caller's process
+        exit_on_interrupt("flashfeed demo")
     work = Path(args.workdir).absolute()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

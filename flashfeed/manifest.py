@@ -256,6 +256,11 @@ def _version(d: Any, source: str) -> int:
     if not isinstance(d, dict):
         raise ManifestError(f"{source}: a manifest must be a JSON object")
     version = d.get("format_version")
+    if "format_version" not in d:
+        raise ManifestError(
+            f"{source}: no format_version: not a flashfeed manifest, or a damaged one; "
+            "re-create it (`flashfeed index PREFIX` for shards written by other tools)"
+        )
     if type(version) is not int or version not in READ_VERSIONS:
         raise ManifestError(
             f"{source}: manifest format version {version!r:.40} is not supported; "

@@ -2,6 +2,9 @@
 
 ``RetryPolicy`` bounds attempts and total time; ``is_transient`` tells throttling, resets and a
 restarting server (retry) from missing objects and refused credentials (do not).
+``is_refused`` tells a closed port: worth the patient budget only from an endpoint that has
+answered before (a server restarting under a running job), not on first contact (a typo in
+the endpoint, a store that is not up), where ``FIRST_CONTACT`` fails within seconds.
 """
 
 from __future__ import annotations
@@ -11,7 +14,15 @@ import os
 import random
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_RETRY", "RetryPolicy", "env_retry", "is_auth_error", "is_transient"]
+__all__ = [
+    "DEFAULT_RETRY",
+    "FIRST_CONTACT",
+    "RetryPolicy",
+    "env_retry",
+    "is_auth_error",
+    "is_refused",
+    "is_transient",
+]
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,8 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
+#: a refused connection to an endpoint that never answered: a few quick tries, then the error
+FIRST_CONTACT = RetryPolicy(attempts=3, base_delay=0.1, max_delay=0.3, deadline=1.0)
 
 
 def env_retry() -> RetryPolicy:
@@ -103,3 +116,25 @@ def is_auth_error(exc: BaseException) -> bool:
         m in text
         for m in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "Forbidden")
     )
+
+
+def is_refused(exc: BaseException) -> bool:
+    """True when nothing listens at the endpoint (ECONNREFUSED), looking through the
+    wrappers botocore and aiohttp put around it."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError) or (
+            isinstance(e, OSError) and e.errno == errno.ECONNREFUSED
+        ):
+            return True
+        kwargs = getattr(e, "kwargs", None)
+        inner = kwargs.get("error") if isinstance(kwargs, dict) else None
+        todo += [e.__cause__, e.__context__, getattr(e, "os_error", None)]
+        if isinstance(inner, BaseException):
+            todo.append(inner)
+    return False

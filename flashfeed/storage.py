@@ -20,11 +20,12 @@ import xxhash
 from fsspec.core import split_protocol
 
 from .errors import StorageError
-from .retry import RetryPolicy, env_retry, is_auth_error, is_transient
+from .retry import FIRST_CONTACT, RetryPolicy, env_retry, is_auth_error, is_refused, is_transient
 
 __all__ = [
     "RetryPolicy",
     "checksum",
+    "endpoint",
     "exists",
     "filesystem",
     "is_local",
@@ -114,6 +115,11 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
     """
     protocol, path = split_protocol(url)
     protocol = protocol or "file"
+    if protocol not in ("file", "local") and ".." in path.split("/"):
+        raise ValueError(
+            f"{url}: '..' cannot stand in an object store URL (keys are not paths): "
+            "write the prefix without it"
+        )
     if protocol in ("s3", "s3a"):
         protocol = "s3"
         opts = _s3_options(storage_options or {})
@@ -132,6 +138,11 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
     return fs, path
 
 
+def endpoint(url: str, storage_options: dict[str, Any] | None = None) -> str:
+    """Where a URL's requests go, for messages: an endpoint URL, or "local disk"."""
+    return _endpoint(url, storage_options)
+
+
 def _endpoint(url: str, storage_options: dict[str, Any] | None) -> str:
     if is_local(url):
         return "local disk"
@@ -145,6 +156,17 @@ def _endpoint(url: str, storage_options: dict[str, Any] | None) -> str:
 
 
 # --- errors and retries ------------------------------------------------------------------
+
+_ANSWERED: set[str] = set()  # endpoints that answered a request in this process
+
+
+def _hint(exc: Exception, endpoint: str) -> str:
+    """What to do about a failure that is neither transient nor about credentials."""
+    if isinstance(exc, NotADirectoryError):
+        return "a part of that path is a file, not a directory: check the path"
+    if isinstance(exc, OSError) and "Bad Request" in str(exc):
+        return f"{endpoint} refused the request as malformed: check the URL"
+    return "check the URL and the server's log"
 
 
 def call(
@@ -161,26 +183,36 @@ def call(
     everything else that fails ends as one ``StorageError`` naming the URL and the endpoint.
     """
     policy = retry or env_retry()
+    endpoint = _endpoint(url, storage_options)
     start = time.monotonic()
     attempt = 0
     while True:
         try:
-            return fn()
+            result = fn()
+            _ANSWERED.add(endpoint)
+            return result
         except FileNotFoundError:
+            _ANSWERED.add(endpoint)
             raise
         except Exception as exc:
             attempt += 1
             elapsed = time.monotonic() - start
+            if endpoint not in _ANSWERED and is_refused(exc):
+                policy = FIRST_CONTACT  # nothing listens there, and nothing ever did
             if is_transient(exc) and attempt < policy.attempts and elapsed < policy.deadline:
                 time.sleep(min(policy.delay(attempt), max(0.0, policy.deadline - elapsed)))
                 continue
-            endpoint = _endpoint(url, storage_options)
             if is_auth_error(exc):
                 hint = "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or storage_options)"
+            elif is_refused(exc):
+                hint = (
+                    f"nothing listens there (gave up after {attempt} attempts in "
+                    f"{elapsed:.1f}s): start the server or fix AWS_ENDPOINT_URL"
+                )
             elif is_transient(exc):
                 hint = f"gave up after {attempt} attempts in {elapsed:.1f}s; is the server up?"
             else:
-                hint = "see the cause above"
+                hint = _hint(exc, endpoint)
             detail = redact(f"{type(exc).__name__}: {exc}")
             raise StorageError(f"could not {what} {url} at {endpoint}: {detail} ({hint})") from None
 

@@ -7,10 +7,13 @@ import json
 import sys
 from typing import Any
 
+from flashfeed import storage
+from flashfeed.errors import FlashfeedError
+
 from .config import OUTPUT_FORMATS, SOURCE_FORMATS, IngestConfig
 from .progress import summary_table
 
-__all__ = ["build_config", "register"]
+__all__ = ["build_config", "check_bucket", "register"]
 
 EXAMPLES = """\
 examples:
@@ -142,6 +145,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--num-cpus", type=int, help="CPUs of the embedded Ray (default: all)")
     p.add_argument("--overwrite", action="store_true", help="replace a committed dataset at DEST")
     p.add_argument(
+        "--create-bucket",
+        action="store_true",
+        help="create DEST's bucket if it does not exist (default: refuse, before any work)",
+    )
+    p.add_argument(
         "--progress",
         choices=("auto", "bar", "lines", "none"),
         default="auto",
@@ -183,15 +191,33 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
     )
 
 
+def check_bucket(dest: str, *, create: bool) -> None:
+    """An object store DEST's bucket must exist before the first shard is written: some
+    stores (SeaweedFS, the embedded one) create a bucket on the first PUT, so a typo in the
+    bucket name would quietly make a new one. ``create`` makes it on purpose."""
+    protocol, _, rest = dest.partition("://")
+    if not rest or storage.is_local(dest):
+        return
+    bucket = rest.split("/", 1)[0]
+    url = f"{protocol}://{bucket}"
+    fs, path = storage.filesystem(url)
+    if storage.call(lambda: fs.exists(path), url=url, what="look up bucket"):
+        return
+    if not create:
+        raise FlashfeedError(
+            f"bucket {url} does not exist at {storage.endpoint(url)}: create it first, or "
+            "pass --create-bucket to let ingest create it"
+        )
+    storage.call(lambda: fs.mkdir(path), url=url, what="create bucket")
+    print(f"flashfeed ingest: created bucket {url}", file=sys.stderr)
+
+
 def _main(args: argparse.Namespace) -> int:
     from .runner import run
 
     config = build_config(args)
-    try:
-        result = run(config)
-    except FileNotFoundError as exc:
-        print(f"flashfeed ingest: error: {exc}", file=sys.stderr)
-        return 1
+    check_bucket(config.dest, create=args.create_bucket)
+    result = run(config)
     summary = result.to_dict()
     if args.json:
         print(json.dumps(summary, sort_keys=True))

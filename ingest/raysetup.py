@@ -4,6 +4,11 @@ that listens on loopback only, sends no usage stats and keeps its files in a sho
 An embedded Ray dies with the process that started it, SIGKILL included: Ray ties its raylet
 and GCS to the driver, but its agents linger for a minute when the driver is killed, so a
 reaper (``flashfeed.lifeline``) kills every process the embedded Ray started.
+
+Ctrl-C: Ray blocks SIGINT in its own processes and its workers run in their own process
+groups, so a terminal's Ctrl-C reaches the driver alone; the command-line entry points then
+stop through ``flashfeed.interrupt`` (one line, exit 130, Ray's processes killed) instead of
+raising ``KeyboardInterrupt`` inside Ray's driver code, which can end in a native abort.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from flashfeed import lifeline
+from flashfeed.interrupt import cleanup_on_interrupt
 
 __all__ = ["ray_map", "ray_session"]
 
@@ -53,13 +59,18 @@ def ray_session(*, address: str | None = None, num_cpus: int | None = None) -> I
         )
         started = set(lifeline.descendants([os.getpid()])) - before - {os.getpid()}
         reaper = lifeline.reap_with_parent(sorted(started))
+
+    def drop_temp() -> None:
+        if temp:
+            shutil.rmtree(temp, ignore_errors=True)
+
     try:
-        yield
+        with cleanup_on_interrupt(drop_temp):  # a Ctrl-C'd command leaves no ffray- dir
+            yield
     finally:
         ray.shutdown()
         reaper.close()
-        if temp:
-            shutil.rmtree(temp, ignore_errors=True)
+        drop_temp()
 
 
 def _apply(fn: Callable[[Any], Any], arg: Any) -> Any:
