@@ -5,8 +5,13 @@ fake CUDA that records every call."""
 from __future__ import annotations
 
 import gc
+import importlib
+import json
 import os
+import sys
 import weakref
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -349,3 +354,72 @@ def test_token_keys_are_unchanged_by_the_gpu_copy_path(tokens):
     keys = [k for b in loader for k in b["__key__"]]
     assert sorted(keys) == sorted(token_keys(tokens))
     loader.close()
+
+
+# -- 9. benchmarks/gpu.sh's Python parts ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu_bench():
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)  # as when the script runs (spawned encoders import it too)
+    return importlib.import_module("gpu_bench")
+
+
+def test_the_bench_corpus_is_a_dataset_the_loader_reads_exactly_once(gpu_bench, tmp_path):
+    prefix = tmp_path / "photos"
+    made = gpu_bench.build_jpeg_corpus(prefix, images=20, per_shard=8, size=(40, 56), workers=2)
+    assert made["images"] == 20 and len(made["keys"]) == 20 and made["bytes"] > 0
+    again = gpu_bench.build_jpeg_corpus(
+        tmp_path / "again", images=20, per_shard=8, size=(40, 56), workers=1
+    )
+    assert again["bytes"] == made["bytes"]  # the same images however the encoding is split
+    assert len(gpu_bench.read_jpegs(prefix)) == 20
+    ledger = str(tmp_path / "ledger")
+    loader = Loader(str(prefix), batch_size=4, image_size=16, device="cpu", ledger_dir=ledger)
+    labels = {k: int(k.rsplit("-", 1)[1]) % 1000 for k in made["keys"]}
+    for batch in loader:
+        assert batch["label"].tolist() == [labels[k] for k in batch["__key__"]]
+    loader.close()
+    assert check_exactly_once(ledger, made["keys"])[0].ok
+
+
+def test_each_stage_leaves_its_own_result_file_and_the_summary_names_what_is_missing(
+    gpu_bench, tmp_path
+):
+    results = tmp_path / "results"
+    data = gpu_bench.run_stage("env", gpu_bench.Run(tmp_path / "work", results, cpu=True))
+    assert data["status"] == "ok" and data["torch"] == torch.__version__
+    assert (
+        gpu_bench.main(["mark", "ceiling", "--results", str(results), "--status", "timeout"]) == 0
+    )
+    # a mark never replaces a result the stage wrote itself
+    gpu_bench.main(["mark", "env", "--results", str(results), "--status", "failed (exit 1)"])
+    assert json.loads((results / "env.json").read_text())["status"] == "ok"
+    assert sorted(p.name for p in results.iterdir()) == ["ceiling.json", "env.json", "summary.md"]
+    summary = (results / "summary.md").read_text()
+    assert "| ceiling | timeout: |" in summary and "| loader | not run |" in summary
+    assert "CPU smoke run" in summary
+
+
+def _wheel(folder: Path, dist: str, module: str) -> Path:
+    path = folder / f"{dist}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{module}/__init__.py", "VALUE = 42\n")
+        z.writestr(
+            f"{dist}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n"
+        )
+        z.writestr(f"{dist}-1.0.dist-info/RECORD", "")
+    return path
+
+
+def test_only_the_wheels_a_machine_lacks_are_installed_from_the_wheelhouse(gpu_bench, tmp_path):
+    house, target = tmp_path / "wheels", tmp_path / "site"
+    house.mkdir()
+    new = _wheel(house, "ff_gpu_probe", "ff_gpu_probe")
+    _wheel(house, "numpy", "numpy_not_really")  # installed here already: left alone
+    assert gpu_bench.missing_wheels(house, target) == [new]
+    assert gpu_bench.install_wheels([new], target, use_pip=False) == "unzip"
+    assert (target / "ff_gpu_probe" / "__init__.py").exists()
+    assert gpu_bench.missing_wheels(house, target) == []

@@ -1,0 +1,697 @@
+"""The GPU path measured on one GPU, stage by stage (``benchmarks/gpu.sh`` runs it).
+
+Each stage runs in its own process under its own time limit and writes
+``<results>/<stage>.json`` as soon as it is done, then ``summary.md`` is rendered again from
+every result there: a stage that fails or runs out of time costs only itself.
+
+Stages:
+  env           python, torch, CUDA, GPU and DALI versions
+  corpus        a synthetic JPEG dataset (numpy + Pillow, else torchvision), written with
+                flashfeed's shard writer to local disk
+  ceiling       a DALI pipeline with the Loader's operators and "mixed" (nvJPEG) decode, fed
+                the same JPEGs from RAM: the decode ceiling
+  loader        flashfeed's Loader, device="gpu", on that dataset: img/s against the ceiling,
+                and the stall split (storage, decode, h2d)
+  tokens        TokenLoader host-to-device GB/s against a pinned cudaMemcpy of the same bytes
+  exactly_once  two epochs through the Loader on the GPU, one left early and finished, the
+                ledger checked exactly once by __key__
+
+Only the standard library is imported at module level: ``install`` and ``shim`` run before
+numpy or flashfeed can be imported.
+
+    python benchmarks/gpu_bench.py install --wheelhouse DIR --target DIR
+    python benchmarks/gpu_bench.py shim --target DIR
+    python benchmarks/gpu_bench.py run STAGE --results DIR --work DIR [--quick]
+    python benchmarks/gpu_bench.py summary --results DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "STAGES",
+    "build_jpeg_corpus",
+    "install_wheels",
+    "main",
+    "make_shim",
+    "missing_wheels",
+    "render_summary",
+    "write_result",
+]
+
+STAGES = ("env", "corpus", "ceiling", "loader", "tokens", "exactly_once")
+BATCH = 128
+IMAGE_SIZE = 224
+
+
+# -- results --------------------------------------------------------------------------------
+
+
+def write_result(results: str | Path, stage: str, data: dict[str, Any]) -> Path:
+    """``<results>/<stage>.json``, written whole or not at all (a temporary name, renamed)."""
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{stage}.json"
+    tmp = results / f".{stage}.json.tmp"
+    tmp.write_text(json.dumps({"stage": stage, **data}, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _headline(stage: str, r: dict[str, Any]) -> str:
+    line = _figures(stage, r)
+    return f"{line} (CPU smoke run, not a GPU figure)" if r.get("cpu_smoke_run") else line
+
+
+def _figures(stage: str, r: dict[str, Any]) -> str:
+    if r.get("status") != "ok":
+        return f"{r.get('status', '?')}: {r.get('error', '')}".strip()
+    if stage == "env":
+        cuda = f"CUDA {r.get('torch_cuda')}"
+        return f"{r.get('gpu')}, torch {r.get('torch')} ({cuda}), DALI {r.get('dali')}"
+    if stage == "corpus":
+        return f"{r['images']} JPEGs, {r['bytes'] / 1e6:.0f} MB, {r['seconds']:.1f} s"
+    if stage == "ceiling":
+        return f"{r['img_per_s']:,.0f} img/s (DALI mixed decode from RAM)"
+    if stage == "loader":
+        ratio = r.get("vs_ceiling")
+        vs = f", {ratio:.2f} of the ceiling" if ratio is not None else ""
+        s = r["stalls"]
+        return (
+            f"{r['img_per_s']:,.0f} img/s{vs}; waits storage {s['storage']:.3f} s, "
+            f"decode {s['decode']:.3f} s, h2d {s['h2d']:.3f} s"
+        )
+    if stage == "tokens":
+        return (
+            f"TokenLoader {r['loader_gb_per_s']:.1f} GB/s, pinned memcpy "
+            f"{r['memcpy_gb_per_s']:.1f} GB/s ({r['vs_memcpy']:.2f})"
+        )
+    if stage == "exactly_once":
+        return f"ok={r['ok']} over epochs {r['epochs']}, reader builds {r['builds']}"
+    return ""
+
+
+def render_summary(results: str | Path) -> Path:
+    """``summary.md``: one line per stage from the result files present."""
+    results = Path(results)
+    lines = ["| stage | result |", "|---|---|"]
+    for stage in STAGES:
+        path = results / f"{stage}.json"
+        if not path.exists():
+            lines.append(f"| {stage} | not run |")
+            continue
+        try:
+            line = _headline(stage, json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            line = f"unreadable result: {exc!r}"
+        lines.append(f"| {stage} | {line.replace('|', '/')} |")
+    out = results / "summary.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+# -- installing what a bare machine lacks ------------------------------------------------------
+
+
+def _dist_name(wheel: str) -> str:
+    return re.sub(r"[-_.]+", "-", Path(wheel).name.split("-", 1)[0]).lower()
+
+
+def missing_wheels(wheelhouse: str | Path, target: str | Path | None = None) -> list[Path]:
+    """The wheels of ``wheelhouse`` whose distribution is neither installed in this Python
+    nor already in ``target``."""
+    paths = [Path(target)] if target else []
+    have = {
+        re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower()
+        for d in importlib.metadata.distributions()
+    }
+    have |= {
+        re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower()
+        for d in importlib.metadata.distributions(path=[str(p) for p in paths])
+    }
+    return sorted(w for w in Path(wheelhouse).glob("*.whl") if _dist_name(w.name) not in have)
+
+
+def install_wheels(wheels: list[Path], target: str | Path, *, use_pip: bool = True) -> str:
+    """Install ``wheels`` into ``target`` with no index and no dependency resolution (the
+    wheelhouse holds the dependencies); by unpacking them where this Python has no pip.
+    Returns how."""
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    if not wheels:
+        return "nothing missing"
+    if (
+        use_pip
+        and subprocess.run(
+            [sys.executable, "-m", "pip", "--version"], capture_output=True
+        ).returncode
+        == 0
+    ):
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+        cmd += ["--disable-pip-version-check", "--target", str(target), *map(str, wheels)]
+        subprocess.run(cmd, check=True)
+        return "pip"
+    for wheel in wheels:  # a wheel is a zip of what goes into site-packages
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(target)
+    return "unzip"
+
+
+def make_shim(target: str | Path) -> Path | None:
+    """Where flashfeed is not installed, a folder that makes it importable from this checkout
+    (``flashfeed.loader`` is the top-level ``loader/`` folder, as pyproject's package-dir maps
+    it); put ``target`` on PYTHONPATH. None when flashfeed already imports."""
+    probe = "import flashfeed.loader, flashfeed.cache"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    extra = [
+        p
+        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and Path(p) != Path(target)
+    ]
+    env["PYTHONPATH"] = os.pathsep.join(extra)
+    root = Path(__file__).resolve().parent.parent
+    if (
+        subprocess.run(
+            [sys.executable, "-c", probe], env=env, cwd="/", capture_output=True
+        ).returncode
+        == 0
+    ):
+        return None
+    pkg = Path(target) / "flashfeed"
+    if pkg.exists():
+        shutil.rmtree(pkg)
+    shutil.copytree(root / "flashfeed", pkg, symlinks=True)
+    for sub in ("loader", "cache", "ingest"):
+        (pkg / sub).symlink_to(root / sub, target_is_directory=True)
+    return pkg
+
+
+def _merge_nvidia_namespace() -> None:
+    """The ``nvidia`` package spread over several sys.path entries (wheels in the target
+    folder, torch's CUDA wheels in site-packages) seen as one, even where one copy has an
+    ``__init__.py``."""
+    try:
+        import nvidia
+    except ImportError:
+        return
+    dirs = [str(Path(p) / "nvidia") for p in sys.path if p and (Path(p) / "nvidia").is_dir()]
+    nvidia.__path__ = list(dict.fromkeys([*nvidia.__path__, *dirs]))
+
+
+# -- the corpus ---------------------------------------------------------------------------------
+
+
+def _encoder() -> Callable[[Any], bytes]:
+    try:
+        import io
+
+        from PIL import Image
+
+        def pil(a: Any) -> bytes:
+            buf = io.BytesIO()
+            Image.fromarray(a).save(buf, format="JPEG", quality=90)
+            return buf.getvalue()
+
+        return pil
+    except ImportError:
+        import torch
+        from torchvision.io import encode_jpeg
+
+        def tv(a: Any) -> bytes:
+            return bytes(
+                encode_jpeg(torch.from_numpy(a).permute(2, 0, 1).contiguous(), quality=90).numpy()
+            )
+
+        return tv
+
+
+def _photo(rng: Any, h: int, w: int) -> Any:
+    """A photo-like image: smooth colour fields (a coarse random grid blown up bilinearly)
+    and fine noise, so JPEGs come out at photo sizes (tens of KB), not noise sizes."""
+    import numpy as np
+
+    coarse = rng.integers(0, 256, (h // 32 + 2, w // 32 + 2, 3), dtype=np.uint8)
+    try:
+        from PIL import Image
+
+        smooth = np.asarray(Image.fromarray(coarse).resize((w, h), Image.Resampling.BILINEAR))
+    except ImportError:
+        import torch
+
+        t = torch.from_numpy(coarse).permute(2, 0, 1)[None].float()
+        t = torch.nn.functional.interpolate(t, size=(h, w), mode="bilinear", align_corners=False)
+        smooth = t[0].permute(1, 2, 0).clamp(0, 255).to(torch.uint8).numpy()
+    noise = rng.integers(0, 16, (h, w, 3), dtype=np.uint8)
+    return np.minimum(smooth, 239) + noise
+
+
+def _encode_range(args: tuple[int, int, int, int, int]) -> list[bytes]:
+    """JPEGs ``lo..hi`` of the corpus: each image's randomness is seeded by its number, so
+    any split over processes gives the same bytes."""
+    import numpy as np
+
+    lo, hi, h, w, seed = args
+    encode = _encoder()
+    out = []
+    for n in range(lo, hi):
+        rng = np.random.default_rng((seed, n))
+        hh, ww = int(h * rng.uniform(0.75, 1.0)), int(w * rng.uniform(0.75, 1.0))
+        out.append(encode(_photo(rng, hh, ww)))
+    return out
+
+
+def build_jpeg_corpus(
+    prefix: str | Path,
+    *,
+    images: int,
+    per_shard: int = 256,
+    size: tuple[int, int] = (375, 500),
+    classes: int = 1000,
+    seed: int = 0,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """A committed webdataset dataset of ``images`` synthetic JPEGs (``.jpg`` + ``.cls``) at
+    ``prefix``; ``size`` is (height, width), varied by up to a quarter per image; encoded
+    by ``workers`` processes (one per CPU by default), one shard each at a time. Returns
+    ``{"images", "bytes", "keys"}`` (keys as ``<shard path>/<key>``, for the ledger check)."""
+    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.shardio import shard_name, write_tar_shard
+
+    h, w = size
+    ranges = [(lo, min(lo + per_shard, images), h, w, seed) for lo in range(0, images, per_shard)]
+    procs = max(1, min(len(ranges), workers or os.cpu_count() or 1))
+    if procs > 1:
+        with ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
+            encoded = list(pool.map(_encode_range, ranges))
+    else:
+        encoded = [_encode_range(r) for r in ranges]
+    infos, keys, total = [], [], 0
+    for s, ((lo, _, _, _, _), jpgs) in enumerate(zip(ranges, encoded, strict=True)):
+        samples = []
+        for n, jpg in enumerate(jpgs, start=lo):
+            total += len(jpg)
+            samples.append((f"img-{n:07d}", {"jpg": jpg, "cls": str(n % classes).encode()}))
+        info = write_tar_shard(str(prefix), shard_name(s, "tar"), samples)
+        infos.append(info)
+        keys += [f"{info.path}/{k}" for k, _ in samples]
+    manifest = Manifest(
+        name="gpu-bench-photos",
+        shard_format="webdataset",
+        schema={"jpg": "image/jpeg", "cls": "label"},
+        shards=tuple(infos),
+    )
+    commit_manifest(str(prefix), manifest, overwrite=True)
+    return {"images": images, "bytes": total, "keys": keys}
+
+
+def read_jpegs(prefix: str | Path) -> list[bytes]:
+    """Every ``.jpg`` of the dataset's tar shards, in RAM (what the ceiling decodes)."""
+    out = []
+    for tar in sorted((Path(prefix) / "shards").glob("*.tar")):
+        with tarfile.open(tar) as t:
+            for m in t:
+                if m.name.endswith(".jpg"):
+                    f = t.extractfile(m)
+                    if f is not None:
+                        out.append(f.read())
+    return out
+
+
+# -- stages (each in its own process, on the GPU) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every stage gets: its work folder, the results folder, the size, and whether it
+    runs on the GPU (``cpu=True`` is a smoke run of the stage code, its figures no GPU's)."""
+
+    work: Path
+    results: Path
+    quick: bool = False
+    cpu: bool = False
+
+    @property
+    def seconds(self) -> float:
+        """How long a throughput stage keeps measuring."""
+        return 1.0 if self.cpu else 6.0 if self.quick else 15.0
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def stage_env(run: Run) -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    out: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpus": os.cpu_count(),
+    }
+    try:
+        import nvidia.dali as dali
+
+        backend: Any = importlib.import_module("nvidia.dali.backend")
+
+        out["dali"] = dali.__version__
+        out["dali_devices"] = int(backend.GetCUDADeviceCount())
+    except Exception as exc:  # reported, not fatal: the later stages say what fails
+        out["dali"] = f"not importable: {exc!r}"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        q = [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+        out["nvidia_smi"] = subprocess.run(q, capture_output=True, text=True).stdout.strip()
+    return out
+
+
+def stage_corpus(run: Run) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    images = 256 if run.cpu else 1024 if run.quick else 4096
+    made = build_jpeg_corpus(run.work / "photos", images=images, per_shard=256)
+    (run.work / "photos-keys.json").write_text(json.dumps(made.pop("keys")))
+    return {**made, "seconds": time.perf_counter() - t0}
+
+
+def _run_for(seconds: float, step: Callable[[], int], *, warmup: int = 3) -> tuple[int, float]:
+    """Call ``step`` (returns images done) ``warmup`` times, then until ``seconds`` have
+    passed; returns (images, seconds) of the timed part, the GPU synchronised at both ends."""
+    for _ in range(warmup):
+        step()
+    _sync()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        n += step()
+    _sync()
+    return n, time.perf_counter() - t0
+
+
+def stage_ceiling(run: Run) -> dict[str, Any]:
+    """DALI alone: the Loader's operators (``default_image_pipeline``), mixed decode, fed the
+    corpus's JPEGs from RAM, outputs copied to torch as the Loader does."""
+    import numpy as np
+    import torch
+    from nvidia.dali.pipeline import Pipeline
+
+    fn: Any = importlib.import_module("nvidia.dali.fn")
+    types: Any = importlib.import_module("nvidia.dali.types")
+
+    from flashfeed.loader.convert import DeviceCopier, to_torch
+    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
+
+    jpegs = [np.frombuffer(j, np.uint8) for j in read_jpegs(run.work / "photos")]
+    labels = [np.array([i % 1000], np.int64) for i in range(len(jpegs))]
+    pos = [0]
+
+    def source() -> tuple[list[Any], list[Any]]:
+        i = pos[0]
+        pos[0] = (i + BATCH) % len(jpegs)
+        idx = [(i + k) % len(jpegs) for k in range(BATCH)]
+        return [jpegs[k] for k in idx], [labels[k] for k in idx]
+
+    threads = min(8, os.cpu_count() or 4)
+    pipe = Pipeline(
+        batch_size=BATCH,
+        num_threads=threads,
+        device_id=None if run.cpu else 0,
+        prefetch_queue_depth=2,
+        exec_dynamic=True,
+    )
+    with pipe:
+        image, label = fn.external_source(
+            source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64]
+        )
+        opts = AugmentOptions(image_size=IMAGE_SIZE, train=True, device=_dev(run))
+        out = default_image_pipeline({"image": image, "label": label}, opts)
+        pipe.set_outputs(out["image"], out["label"])
+    pipe.build()
+    device = None if run.cpu else torch.device("cuda", 0)
+    copier = None if device is None else DeviceCopier(device)
+
+    def step() -> int:
+        outputs = pipe.run()
+        if copier is not None:
+            copier.begin()
+        batch = [to_torch(o, device, copier) for o in outputs]
+        if copier is not None:
+            copier.end(keep=[outputs])
+        return len(batch[0])
+
+    n, secs = _run_for(run.seconds, step)
+    if copier is not None:
+        copier.flush()
+    return {"images": n, "seconds": secs, "img_per_s": n / secs, "batch": BATCH, "threads": threads}
+
+
+def _dev(run: Run) -> str:
+    return "cpu" if run.cpu else "gpu"
+
+
+def _gpu_loader(run: Run, **kw: Any) -> Any:
+    from flashfeed.loader import Loader
+
+    opts: dict[str, Any] = {
+        "batch_size": BATCH,
+        "image_size": IMAGE_SIZE,
+        "device": _dev(run),
+        "num_threads": min(8, os.cpu_count() or 4),
+        "py_workers": 1 if run.cpu else 4,
+        "drop_last": False,
+        **kw,
+    }
+    return Loader(str(run.work / "photos"), **opts)
+
+
+def stage_loader(run: Run) -> dict[str, Any]:
+    loader = _gpu_loader(run)
+    t0 = time.perf_counter()
+    first = sum(int(b["image"].shape[0]) for b in loader)  # startup: spawning the readers
+    _sync()
+    first_s = time.perf_counter() - t0
+    n, epochs, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < run.seconds:
+        n += sum(int(b["image"].shape[0]) for b in loader)
+        epochs += 1
+    _sync()
+    secs = time.perf_counter() - t0
+    stats = loader.stats()
+    loader.close()
+    out: dict[str, Any] = {
+        "images": n,
+        "epochs": epochs,
+        "seconds": secs,
+        "img_per_s": n / secs,
+        "first_epoch_img_per_s": first / first_s,
+        "reader_start": loader.py_start_method,
+        "stalls": {k: stats["wait_s"][k] for k in ("storage", "decode", "h2d")},
+        "stall_fraction": {k: stats["wait_fraction"][k] for k in ("storage", "decode", "h2d")},
+        "stats": stats,
+    }
+    ceiling = run.results / "ceiling.json"
+    if ceiling.exists():
+        c = json.loads(ceiling.read_text())
+        if c.get("status") == "ok":
+            out["vs_ceiling"] = out["img_per_s"] / c["img_per_s"]
+    return out
+
+
+def stage_tokens(run: Run) -> dict[str, Any]:
+    """TokenLoader to the GPU against a pinned cudaMemcpy of the same bytes per batch."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from flashfeed.loader import TokenLoader
+    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.shardio import shard_name, write_arrow_shard
+
+    seq, shards, batch = 4096, 8, 256
+    rows = 1024 if run.cpu else 8192 if run.quick else 32768
+    prefix = str(run.work / "tokens")
+    infos, per = [], rows // shards
+    rng = np.random.default_rng(0)
+    for s in range(shards):
+        values = rng.integers(0, 50_000, (per, seq), dtype=np.int32)
+        col = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), seq)
+        keys = [f"t{s * per + j:08d}" for j in range(per)]
+        table = pa.table({"__key__": keys, "tokens": col})
+        infos.append(write_arrow_shard(prefix, shard_name(s, "arrow"), table))
+    manifest = Manifest(
+        name="gpu-bench-tokens",
+        shard_format="arrow",
+        schema={"__key__": "string", "tokens": f"fixed_size_list<int32>[{seq}]"},
+        shards=tuple(infos),
+    )
+    commit_manifest(prefix, manifest, overwrite=True)
+
+    device = "cpu" if run.cpu else "cuda"
+    loader = TokenLoader(prefix, batch_size=batch, device=device, dtype="int64")
+    for i, _ in enumerate(loader):  # warm: pages in, the pool filled
+        if i == 4:
+            break
+    _sync()
+    t0 = time.perf_counter()
+    moved = 0
+    for b in loader:
+        t = b["tokens"]
+        assert isinstance(t, torch.Tensor)
+        moved += t.numel() * t.element_size()
+    _sync()
+    loader_s = time.perf_counter() - t0
+    stats = loader.stats()
+    loader.close()
+
+    nbytes = batch * seq * 8
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=not run.cpu)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    copies = max(1, moved // nbytes)
+    for _ in range(5):
+        dst.copy_(src, non_blocking=True)
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(copies):
+        dst.copy_(src, non_blocking=True)
+    _sync()
+    memcpy_s = time.perf_counter() - t0
+    loader_gbs = moved / loader_s / 1e9
+    memcpy_gbs = copies * nbytes / memcpy_s / 1e9
+    return {
+        "batch_bytes": nbytes,
+        "bytes": moved,
+        "loader_seconds": loader_s,
+        "loader_gb_per_s": loader_gbs,
+        "memcpy_gb_per_s": memcpy_gbs,
+        "vs_memcpy": loader_gbs / memcpy_gbs,
+        "stalls": {k: stats["wait_s"][k] for k in ("storage", "decode", "h2d")},
+    }
+
+
+def stage_exactly_once(run: Run) -> dict[str, Any]:
+    """Two epochs on the GPU with a ledger; epoch 1 is left after two batches and finished by
+    a second pass (the readers must serve it without being spawned again)."""
+    from flashfeed.loader.ledger import check_exactly_once
+
+    keys = json.loads((run.work / "photos-keys.json").read_text())
+    ledger = run.work / "ledger"
+    shutil.rmtree(ledger, ignore_errors=True)
+    loader = _gpu_loader(run, ledger_dir=str(ledger), seed=7)
+    for _ in loader:
+        pass
+    it = iter(loader)
+    next(it), next(it)
+    it.close()
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    builds, abandoned = loader.runner.builds, loader.runner.abandoned
+    loader.close()
+    checks = check_exactly_once(str(ledger), keys, epochs=[0, 1])
+    return {
+        "ok": all(c.ok for c in checks.values()),
+        "epochs": sorted(checks),
+        "checks": {e: str(c) for e, c in checks.items()},
+        "builds": builds,
+        "abandoned": abandoned,
+        "stalls": {k: stats["wait_s"][k] for k in ("storage", "decode", "h2d")},
+    }
+
+
+_STAGE_FNS: dict[str, Callable[..., dict[str, Any]]] = {
+    "env": stage_env,
+    "corpus": stage_corpus,
+    "ceiling": stage_ceiling,
+    "loader": stage_loader,
+    "tokens": stage_tokens,
+    "exactly_once": stage_exactly_once,
+}
+
+
+def run_stage(stage: str, run: Run) -> dict[str, Any]:
+    """Run one stage and write its result file (``status`` ok, or failed with the error)."""
+    _merge_nvidia_namespace()
+    run.work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        data = {"status": "ok", **_STAGE_FNS[stage](run), "cpu_smoke_run": run.cpu}
+    except Exception as exc:  # written down, so the summary says which stage failed and why
+        import traceback
+
+        data = {"status": "failed", "error": repr(exc), "traceback": traceback.format_exc()}
+    data["wall_s"] = time.perf_counter() - t0
+    write_result(run.results, stage, data)
+    render_summary(run.results)
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("install")
+    p.add_argument("--wheelhouse", required=True)
+    p.add_argument("--target", required=True)
+    p = sub.add_parser("shim")
+    p.add_argument("--target", required=True)
+    p = sub.add_parser("run")
+    p.add_argument("stage", choices=STAGES)
+    p.add_argument("--results", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--cpu", action="store_true", help="smoke-run the stage code on the CPU")
+    p = sub.add_parser("mark")  # the shell's note for a stage killed by its time limit
+    p.add_argument("stage", choices=STAGES)
+    p.add_argument("--results", required=True)
+    p.add_argument("--status", required=True)
+    p = sub.add_parser("summary")
+    p.add_argument("--results", required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "install":
+        wheels = missing_wheels(a.wheelhouse, a.target)
+        how = install_wheels(wheels, a.target)
+        print(f"installed {len(wheels)} wheel(s) into {a.target} ({how})")
+    elif a.cmd == "shim":
+        made = make_shim(a.target)
+        print(f"flashfeed importable from {made}" if made else "flashfeed already importable")
+    elif a.cmd == "run":
+        run = Run(Path(a.work), Path(a.results), quick=a.quick, cpu=a.cpu)
+        data = run_stage(a.stage, run)
+        print(f"{a.stage}: {_headline(a.stage, data)}")
+        return 0 if data["status"] == "ok" else 1
+    elif a.cmd == "mark":
+        if not (Path(a.results) / f"{a.stage}.json").exists():
+            write_result(a.results, a.stage, {"status": a.status})
+        render_summary(a.results)
+    else:
+        print(render_summary(a.results).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
