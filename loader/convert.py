@@ -128,7 +128,12 @@ class DeviceCopier:
         return buf
 
     def send(self, pinned: torch.Tensor) -> Any:
-        """Copy a buffer from ``staging`` to the device without blocking."""
+        """Copy a buffer from ``staging`` (or a view of one over its whole memory, such as
+        ``torch.from_numpy`` of its ``.numpy()``) to the device without blocking."""
+        for buf in self._staged:  # copy from the pinned tensor itself, not a view's storage
+            if buf.data_ptr() == pinned.data_ptr() and buf.shape == pinned.shape:
+                pinned = buf
+                break
         return self.ops.to_device(pinned, self.device, self.ops.current_stream(self.device))
 
     def end(self, keep: list[Any] | None = None) -> None:
