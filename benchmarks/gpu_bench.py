@@ -16,12 +16,13 @@ Stages:
   exactly_once  two epochs through the Loader on the GPU, one left early and finished, the
                 ledger checked exactly once by __key__
 
-Only the standard library is imported at module level: ``install`` and ``shim`` run before
-numpy or flashfeed can be imported.
+Only the standard library is imported at module level, here and in its siblings
+``gpu_setup`` (wheelhouse, import shim), ``gpu_results`` (result files, summary) and
+``gpu_corpus`` (the JPEGs): ``install`` and ``shim`` run before numpy or flashfeed import.
 
     python benchmarks/gpu_bench.py install --wheelhouse DIR --target DIR
     python benchmarks/gpu_bench.py shim --target DIR
-    python benchmarks/gpu_bench.py run STAGE --results DIR --work DIR [--quick]
+    python benchmarks/gpu_bench.py run STAGE --results DIR --work DIR [--quick] [--cpu]
     python benchmarks/gpu_bench.py summary --results DIR
 """
 
@@ -29,311 +30,25 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
-import zipfile
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "STAGES",
-    "build_jpeg_corpus",
-    "install_wheels",
-    "main",
-    "make_shim",
-    "missing_wheels",
-    "render_summary",
-    "write_result",
-]
+from gpu_corpus import build_jpeg_corpus, read_jpegs
+from gpu_results import STAGES, headline, render_summary, write_result
+from gpu_setup import install_wheels, make_shim, merge_nvidia_namespace, missing_wheels
 
-STAGES = ("env", "corpus", "ceiling", "loader", "tokens", "exactly_once")
+__all__ = ["STAGES", "Run", "main", "run_stage"]
+
 BATCH = 128
 IMAGE_SIZE = 224
-
-
-# -- results --------------------------------------------------------------------------------
-
-
-def write_result(results: str | Path, stage: str, data: dict[str, Any]) -> Path:
-    """``<results>/<stage>.json``, written whole or not at all (a temporary name, renamed)."""
-    results = Path(results)
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"{stage}.json"
-    tmp = results / f".{stage}.json.tmp"
-    tmp.write_text(json.dumps({"stage": stage, **data}, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def _headline(stage: str, r: dict[str, Any]) -> str:
-    line = _figures(stage, r)
-    return f"{line} (CPU smoke run, not a GPU figure)" if r.get("cpu_smoke_run") else line
-
-
-def _figures(stage: str, r: dict[str, Any]) -> str:
-    if r.get("status") != "ok":
-        return f"{r.get('status', '?')}: {r.get('error', '')}".strip()
-    if stage == "env":
-        cuda = f"CUDA {r.get('torch_cuda')}"
-        return f"{r.get('gpu')}, torch {r.get('torch')} ({cuda}), DALI {r.get('dali')}"
-    if stage == "corpus":
-        return f"{r['images']} JPEGs, {r['bytes'] / 1e6:.0f} MB, {r['seconds']:.1f} s"
-    if stage == "ceiling":
-        return f"{r['img_per_s']:,.0f} img/s (DALI mixed decode from RAM)"
-    if stage == "loader":
-        ratio = r.get("vs_ceiling")
-        vs = f", {ratio:.2f} of the ceiling" if ratio is not None else ""
-        s = r["stalls"]
-        return (
-            f"{r['img_per_s']:,.0f} img/s{vs}; waits storage {s['storage']:.3f} s, "
-            f"decode {s['decode']:.3f} s, h2d {s['h2d']:.3f} s"
-        )
-    if stage == "tokens":
-        return (
-            f"TokenLoader {r['loader_gb_per_s']:.1f} GB/s, pinned memcpy "
-            f"{r['memcpy_gb_per_s']:.1f} GB/s ({r['vs_memcpy']:.2f}); the CPU gather alone "
-            f"{r['cpu_gather_gb_per_s']:.1f} GB/s"
-        )
-    if stage == "exactly_once":
-        return f"ok={r['ok']} over epochs {r['epochs']}, reader builds {r['builds']}"
-    return ""
-
-
-def render_summary(results: str | Path) -> Path:
-    """``summary.md``: one line per stage from the result files present."""
-    results = Path(results)
-    lines = ["| stage | result |", "|---|---|"]
-    for stage in STAGES:
-        path = results / f"{stage}.json"
-        if not path.exists():
-            lines.append(f"| {stage} | not run |")
-            continue
-        try:
-            line = _headline(stage, json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError) as exc:
-            line = f"unreadable result: {exc!r}"
-        lines.append(f"| {stage} | {line.replace('|', '/')} |")
-    out = results / "summary.md"
-    out.write_text("\n".join(lines) + "\n")
-    return out
-
-
-# -- installing what a bare machine lacks ------------------------------------------------------
-
-
-def _dist_name(wheel: str) -> str:
-    return re.sub(r"[-_.]+", "-", Path(wheel).name.split("-", 1)[0]).lower()
-
-
-def missing_wheels(wheelhouse: str | Path, target: str | Path | None = None) -> list[Path]:
-    """The wheels of ``wheelhouse`` whose distribution is neither installed in this Python
-    nor already in ``target``."""
-    paths = [Path(target)] if target else []
-    have = {
-        re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower()
-        for d in importlib.metadata.distributions()
-    }
-    have |= {
-        re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower()
-        for d in importlib.metadata.distributions(path=[str(p) for p in paths])
-    }
-    return sorted(w for w in Path(wheelhouse).glob("*.whl") if _dist_name(w.name) not in have)
-
-
-def install_wheels(wheels: list[Path], target: str | Path, *, use_pip: bool = True) -> str:
-    """Install ``wheels`` into ``target`` with no index and no dependency resolution (the
-    wheelhouse holds the dependencies); by unpacking them where this Python has no pip.
-    Returns how."""
-    target = Path(target)
-    target.mkdir(parents=True, exist_ok=True)
-    if not wheels:
-        return "nothing missing"
-    if (
-        use_pip
-        and subprocess.run(
-            [sys.executable, "-m", "pip", "--version"], capture_output=True
-        ).returncode
-        == 0
-    ):
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
-        cmd += ["--disable-pip-version-check", "--target", str(target), *map(str, wheels)]
-        subprocess.run(cmd, check=True)
-        return "pip"
-    for wheel in wheels:  # a wheel is a zip of what goes into site-packages
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(target)
-    return "unzip"
-
-
-def make_shim(target: str | Path) -> Path | None:
-    """Where flashfeed is not installed, a folder that makes it importable from this checkout
-    (``flashfeed.loader`` is the top-level ``loader/`` folder, as pyproject's package-dir maps
-    it); put ``target`` on PYTHONPATH. None when flashfeed already imports."""
-    probe = "import flashfeed.loader, flashfeed.cache"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    extra = [
-        p
-        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        if p and Path(p) != Path(target)
-    ]
-    env["PYTHONPATH"] = os.pathsep.join(extra)
-    root = Path(__file__).resolve().parent.parent
-    if (
-        subprocess.run(
-            [sys.executable, "-c", probe], env=env, cwd="/", capture_output=True
-        ).returncode
-        == 0
-    ):
-        return None
-    pkg = Path(target) / "flashfeed"
-    if pkg.exists():
-        shutil.rmtree(pkg)
-    shutil.copytree(root / "flashfeed", pkg, symlinks=True)
-    for sub in ("loader", "cache", "ingest"):
-        (pkg / sub).symlink_to(root / sub, target_is_directory=True)
-    return pkg
-
-
-def _merge_nvidia_namespace() -> None:
-    """The ``nvidia`` package spread over several sys.path entries (wheels in the target
-    folder, torch's CUDA wheels in site-packages) seen as one, even where one copy has an
-    ``__init__.py``."""
-    try:
-        import nvidia
-    except ImportError:
-        return
-    dirs = [str(Path(p) / "nvidia") for p in sys.path if p and (Path(p) / "nvidia").is_dir()]
-    nvidia.__path__ = list(dict.fromkeys([*nvidia.__path__, *dirs]))
-
-
-# -- the corpus ---------------------------------------------------------------------------------
-
-
-def _encoder() -> Callable[[Any], bytes]:
-    try:
-        import io
-
-        from PIL import Image
-
-        def pil(a: Any) -> bytes:
-            buf = io.BytesIO()
-            Image.fromarray(a).save(buf, format="JPEG", quality=90)
-            return buf.getvalue()
-
-        return pil
-    except ImportError:
-        import torch
-        from torchvision.io import encode_jpeg
-
-        def tv(a: Any) -> bytes:
-            return bytes(
-                encode_jpeg(torch.from_numpy(a).permute(2, 0, 1).contiguous(), quality=90).numpy()
-            )
-
-        return tv
-
-
-def _photo(rng: Any, h: int, w: int) -> Any:
-    """A photo-like image: smooth colour fields (a coarse random grid blown up bilinearly)
-    and fine noise, so JPEGs come out at photo sizes (tens of KB), not noise sizes."""
-    import numpy as np
-
-    coarse = rng.integers(0, 256, (h // 32 + 2, w // 32 + 2, 3), dtype=np.uint8)
-    try:
-        from PIL import Image
-
-        smooth = np.asarray(Image.fromarray(coarse).resize((w, h), Image.Resampling.BILINEAR))
-    except ImportError:
-        import torch
-
-        t = torch.from_numpy(coarse).permute(2, 0, 1)[None].float()
-        t = torch.nn.functional.interpolate(t, size=(h, w), mode="bilinear", align_corners=False)
-        smooth = t[0].permute(1, 2, 0).clamp(0, 255).to(torch.uint8).numpy()
-    noise = rng.integers(0, 16, (h, w, 3), dtype=np.uint8)
-    return np.minimum(smooth, 239) + noise
-
-
-def _encode_range(args: tuple[int, int, int, int, int]) -> list[bytes]:
-    """JPEGs ``lo..hi`` of the corpus: each image's randomness is seeded by its number, so
-    any split over processes gives the same bytes."""
-    import numpy as np
-
-    lo, hi, h, w, seed = args
-    encode = _encoder()
-    out = []
-    for n in range(lo, hi):
-        rng = np.random.default_rng((seed, n))
-        hh, ww = int(h * rng.uniform(0.75, 1.0)), int(w * rng.uniform(0.75, 1.0))
-        out.append(encode(_photo(rng, hh, ww)))
-    return out
-
-
-def build_jpeg_corpus(
-    prefix: str | Path,
-    *,
-    images: int,
-    per_shard: int = 256,
-    size: tuple[int, int] = (375, 500),
-    classes: int = 1000,
-    seed: int = 0,
-    workers: int | None = None,
-) -> dict[str, Any]:
-    """A committed webdataset dataset of ``images`` synthetic JPEGs (``.jpg`` + ``.cls``) at
-    ``prefix``; ``size`` is (height, width), varied by up to a quarter per image; encoded
-    by ``workers`` processes (one per CPU by default), one shard each at a time. Returns
-    ``{"images", "bytes", "keys"}`` (keys as ``<shard path>/<key>``, for the ledger check)."""
-    from flashfeed.manifest import Manifest, commit_manifest
-    from flashfeed.shardio import shard_name, write_tar_shard
-
-    h, w = size
-    ranges = [(lo, min(lo + per_shard, images), h, w, seed) for lo in range(0, images, per_shard)]
-    procs = max(1, min(len(ranges), workers or os.cpu_count() or 1))
-    if procs > 1:
-        with ProcessPoolExecutor(procs, mp_context=get_context("spawn")) as pool:
-            encoded = list(pool.map(_encode_range, ranges))
-    else:
-        encoded = [_encode_range(r) for r in ranges]
-    infos, keys, total = [], [], 0
-    for s, ((lo, _, _, _, _), jpgs) in enumerate(zip(ranges, encoded, strict=True)):
-        samples = []
-        for n, jpg in enumerate(jpgs, start=lo):
-            total += len(jpg)
-            samples.append((f"img-{n:07d}", {"jpg": jpg, "cls": str(n % classes).encode()}))
-        info = write_tar_shard(str(prefix), shard_name(s, "tar"), samples)
-        infos.append(info)
-        keys += [f"{info.path}/{k}" for k, _ in samples]
-    manifest = Manifest(
-        name="gpu-bench-photos",
-        shard_format="webdataset",
-        schema={"jpg": "image/jpeg", "cls": "label"},
-        shards=tuple(infos),
-    )
-    commit_manifest(str(prefix), manifest, overwrite=True)
-    return {"images": images, "bytes": total, "keys": keys}
-
-
-def read_jpegs(prefix: str | Path) -> list[bytes]:
-    """Every ``.jpg`` of the dataset's tar shards, in RAM (what the ceiling decodes)."""
-    out = []
-    for tar in sorted((Path(prefix) / "shards").glob("*.tar")):
-        with tarfile.open(tar) as t:
-            for m in t:
-                if m.name.endswith(".jpg"):
-                    f = t.extractfile(m)
-                    if f is not None:
-                        out.append(f.read())
-    return out
 
 
 # -- stages (each in its own process, on the GPU) -----------------------------------------------
@@ -643,7 +358,7 @@ _STAGE_FNS: dict[str, Callable[..., dict[str, Any]]] = {
 
 def run_stage(stage: str, run: Run) -> dict[str, Any]:
     """Run one stage and write its result file (``status`` ok, or failed with the error)."""
-    _merge_nvidia_namespace()
+    merge_nvidia_namespace()
     run.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     try:
@@ -691,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "run":
         run = Run(Path(a.work), Path(a.results), quick=a.quick, cpu=a.cpu)
         data = run_stage(a.stage, run)
-        print(f"{a.stage}: {_headline(a.stage, data)}")
+        print(f"{a.stage}: {headline(a.stage, data)}")
         return 0 if data["status"] == "ok" else 1
     elif a.cmd == "mark":
         if not (Path(a.results) / f"{a.stage}.json").exists():
