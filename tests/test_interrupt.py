@@ -1,0 +1,79 @@
+"""Ctrl-C in a terminal signals the whole foreground process group. An ingest interrupted so,
+while its embedded Ray starts or while shards are being written, exits 130 with the one line
+"interrupted; re-run to continue", shows no traceback, leaves no process it started, and
+commits nothing: no manifest appears.
+
+Each case is a real ``python -m flashfeed.cli ingest`` in its own session; SIGINT goes to its
+process group (``os.killpg``) once the moment is reached, judged from /proc and the disk.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_orphans import GONE_WITHIN, _cmdline, alive, descendants
+
+from flashfeed.ingest.samplecorpus import make_imagefolder
+
+CLI = [sys.executable, "-m", "flashfeed.cli"]
+#: a bound on waiting for a moment to come, not a measured time
+MOMENT_WITHIN = 180.0
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_imagefolder(
+        tmp_path_factory.mktemp("corpus") / "imgs", classes=4, per_class=60, size=(96, 64)
+    )
+
+
+def _ray_starting(pid: int, dest: Path) -> bool:
+    return any("gcs_server" in _cmdline(p) or "raylet" in _cmdline(p) for p in descendants(pid))
+
+
+def _shards_written(pid: int, dest: Path) -> bool:
+    return bool(glob.glob(str(dest / "**" / "*.tar"), recursive=True))
+
+
+@pytest.mark.parametrize(
+    "moment", [_ray_starting, _shards_written], ids=["ray-start", "mid-ingest"]
+)
+def test_ctrl_c_to_the_process_group_stops_ingest_cleanly(corpus: Path, tmp_path: Path, moment):
+    dest = tmp_path / "ds"
+    argv = [*CLI, "ingest", str(corpus), str(dest), "--samples-per-shard", "4", "--num-cpus", "2"]
+    proc = subprocess.Popen(
+        [*argv, "--progress", "none"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + MOMENT_WITHIN
+        while not moment(proc.pid, dest):
+            assert proc.poll() is None, f"ingest ended before the moment: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the moment never came"
+            time.sleep(0.05)
+        started = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Check failed" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines[-1] == "flashfeed ingest: interrupted; re-run to continue", err
+    deadline = time.monotonic() + GONE_WITHIN
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(started), f"left behind: {alive(started)}"
+    assert not (dest / "manifest.json").exists(), "an interrupted ingest committed"
