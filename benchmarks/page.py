@@ -25,7 +25,7 @@ HOW_TO_RUN = """\
 make bench-venv     # .bench-venv: the peers from benchmarks/requirements.txt, layered over .venv
 make bench          # every stage at the sizes below (~20 minutes on 2 cores) -> this page
 make bench-quick    # the same stages at smoke-check sizes, under 5 minutes
-bash benchmarks/gpu.sh   # on a GPU machine: limits, loader (DALI mixed decode), stalls
+bash benchmarks/gpu.sh   # one GPU, no network (--wheelhouse DIR): nvJPEG ceiling, loader, h2d
 ```
 
 Each stage is also a script of its own (`benchmarks/<stage>.py --help`). The suite runs them
@@ -43,9 +43,11 @@ NOTES = """\
   O_DIRECT, and the JSON names the method used.
 - Small sizes are dominated by fixed costs (Ray start-up, one Ray task per shard, server
   start): the scaling tables show how each figure approaches its steady state.
-- GPU: this machine has none. `benchmarks/gpu.sh` runs the same suite with DALI "mixed"
-  decode and writes the same JSON shape (`...-quick-gpu.json`, the GPU named in
-  `machine.gpu`); no GPU result has been published yet.
+- GPU: this machine has none, and no GPU figure has been measured yet. `benchmarks/gpu.sh`
+  measures the GPU path on one GPU in under 5 minutes: the Loader's mixed decode against a
+  DALI pipeline fed from RAM (the nvJPEG ceiling), TokenLoader h2d against pinned memcpy, a
+  2-epoch exactly-once check and the stall split, one result file per stage
+  (`benchmarks/results/gpu-<date>-<host>/`).
 - Not measured here: TokenLoader host-to-device copy (needs a GPU); litdata and mosaic
   reading from S3 (the peers stage reads their local conversions)."""
 
