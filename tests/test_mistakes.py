@@ -193,3 +193,30 @@ def test_refused_connection_is_patient_only_where_the_server_answered_before(s3_
     with pytest.raises(StorageError, match=quick):
         storage.call(lambda: fs.cat_file(path), url=url, what="read", retry=patient,
                      storage_options=fresh)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "field_name, bad, words",
+    [
+        ("epoch", -3, ["'epoch'", "-3"]),
+        ("seed", "x", ["'seed'", "'x'"]),
+        ("shuffle", 1, ["'shuffle'", "True or False"]),
+        ("dataset", "0" * 32, ["another dataset", "0" * 32]),
+    ],
+)
+def test_a_bad_loader_state_names_its_field(field_name, bad, words):
+    """A hand-edited or foreign loader state fails naming the field (or both datasets)."""
+    import numpy as np
+
+    from flashfeed.loader.distributed import DistContext
+    from flashfeed.loader.position import Position
+    from flashfeed.plan import PlanOptions
+
+    def position() -> Position:
+        return Position(np.array([5, 5, 5, 5]), DistContext(), PlanOptions(), dataset_id="ab" * 16)
+
+    state = {**position().state_dict(), field_name: bad}
+    with pytest.raises(ValueError) as info:
+        position().load_state_dict(state)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
