@@ -3,6 +3,9 @@ while its embedded Ray starts or while shards are being written, exits 130 with 
 "interrupted; re-run to continue", shows no traceback, leaves no process it started, and
 commits nothing: no manifest appears.
 
+A `verify` or `cache warm` interrupted while it reads shards (through a proxy that slows
+the store) stops the same way, and what the cache holds is whole.
+
 Each case is a real ``python -m flashfeed.cli ingest`` in its own session; SIGINT goes to its
 process group (``os.killpg``) once the moment is reached, judged from /proc and the disk.
 """
@@ -15,9 +18,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cache_data import make_dataset
+from slowproxy import SlowProxy
+from test_mistakes import session_members
 from test_orphans import GONE_WITHIN, _cmdline, alive, descendants
 
 from flashfeed.ingest.samplecorpus import make_imagefolder
@@ -77,3 +84,56 @@ def test_ctrl_c_to_the_process_group_stops_ingest_cleanly(corpus: Path, tmp_path
         time.sleep(0.1)
     assert not alive(started), f"left behind: {alive(started)}"
     assert not (dest / "manifest.json").exists(), "an interrupted ingest committed"
+
+
+@pytest.fixture
+def slow_store(s3_store, s3_prefix: str) -> Iterator[tuple[str, SlowProxy]]:
+    """A committed 8-shard dataset, and a proxy that delays every request to the store."""
+    make_dataset(s3_prefix, shards=8, shard_bytes=64 << 10)
+    proxy = SlowProxy(("127.0.0.1", s3_store.info.s3_port), delay=0.3)
+    try:
+        yield s3_prefix, proxy
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("command", ["verify", "cache warm"])
+def test_ctrl_c_to_the_process_group_stops_warm_and_verify(
+    slow_store: tuple[str, SlowProxy], tmp_path: Path, command: str
+):
+    url, proxy = slow_store
+    cache = tmp_path / "cache"
+    if command == "verify":
+        argv = ["verify", url, "--workers", "1", "--no-progress"]
+    else:
+        argv = ["cache", "warm", url, "--cache-dir", str(cache), "--concurrency", "1",
+                "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(
+        [*CLI, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint},
+    )
+    try:
+        deadline = time.monotonic() + MOMENT_WITHIN
+        while len(proxy.log(".tar")) < 2:  # shards are being read
+            assert proc.poll() is None, f"ended before the moment: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the moment never came"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == [f"flashfeed {command}: interrupted; re-run to continue"], err
+    assert not session_members(proc.pid)
+    if command == "cache warm":  # what is cached is whole: every cached shard verifies
+        from flashfeed.cache import admin
+
+        assert admin.verify(str(cache))["corrupt"] == []
