@@ -23,8 +23,10 @@ from flashfeed.units import format_size
 
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
+from .locks import locked
 from .progress import FillProgress, live_path
 from .ranged import FetchReport, RangedFetcher
+from .space import space_lock
 
 __all__ = ["OrderedHasher", "file_checksum", "fill_shard"]
 
@@ -218,11 +220,14 @@ def fill_shard(
         if dataset.encrypted:
             _decrypt_in_place(part, dataset, info)
         make_private_dir(os.path.dirname(final))
-        if index:
-            if progress is None:
-                _write_new(idx_part, index[0])
-            os.replace(idx_part, final + ".idx")
-        os.replace(part, final)
+        if index and progress is None:
+            _write_new(idx_part, index[0])
+        # under the space lock: a scan that sizes the cache (parts, then entries) must not
+        # see one shard both as a part and as an entry, or a tight cache looks full
+        with locked(space_lock(d.root)):
+            if index:
+                os.replace(idx_part, final + ".idx")
+            os.replace(part, final)
         return report
     except OSError as exc:
         if exc.errno == errno.ENOSPC and not isinstance(exc, CacheFullError):
