@@ -24,13 +24,14 @@ import json
 import os
 import re
 import secrets
+import shutil
 import stat
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import xxhash
 
-from flashfeed.errors import DatasetExistsError
 from flashfeed.manifest import Manifest, commit_manifest, read_manifest
 
 from .errors import CachePermissionError
@@ -188,13 +189,24 @@ class DatasetDir:
         for d in (self.dir, self.data_dir, self.parts_dir, self.locks_dir, self.pins_dir):
             make_private_dir(d)
         if not os.path.exists(self.manifest_path):
-            try:  # header and columnar table, as the dataset has them (version 2)
-                commit_manifest(self.dir, manifest)
-            except DatasetExistsError:
-                pass  # another process of the node wrote it first
+            self._keep_manifest(manifest)
         if not os.path.exists(self.meta_path):
             atomic_write_json(self.meta_path, {"url": url.rstrip("/"), "name": manifest.name})
         self._manifest = manifest
+
+    def _keep_manifest(self, manifest: Manifest) -> None:
+        """A private copy of the manifest as the dataset has it (header and columnar table):
+        written in a private scratch directory, made 0600, moved in with the header last."""
+        scratch = tempfile.mkdtemp(prefix=".manifest-", dir=self.dir)
+        try:
+            commit_manifest(scratch, manifest)
+            names = sorted(os.listdir(scratch), key=lambda n: n == "manifest.json")
+            for name in names:
+                os.chmod(os.path.join(scratch, name), 0o600)
+            for name in names:
+                os.replace(os.path.join(scratch, name), os.path.join(self.dir, name))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     @property
     def url(self) -> str:

@@ -36,7 +36,8 @@ MANIFEST_MAX_AGE_S = 300.0
 
 def _write_atomic(path: str, data: bytes | memoryview) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
 
