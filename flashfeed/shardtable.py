@@ -236,6 +236,7 @@ class ShardTable:
         try:
             reader = pa.ipc.open_file(source_buf)
             table = reader.read_all()
+            table.column_names  # noqa: B018 - field names that are not UTF-8 fail here
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise ManifestError(
                 f"{source}: not a readable Arrow IPC shard table ({str(exc)[:200]})"
