@@ -109,5 +109,5 @@ def test_server_gone_for_good_is_one_clear_error_in_bounded_time(
     text = str(err.value)
     assert storage.join(prefix, "shards/000001.tar") in text
     assert own_store.info.endpoint in text
-    assert "is the server up?" in text
+    assert "start the server or fix AWS_ENDPOINT_URL" in text
     assert own_store.info.secret_key not in text
