@@ -4,7 +4,8 @@ while its embedded Ray starts or while shards are being written, exits 130 with 
 commits nothing: no manifest appears.
 
 A `verify` or `cache warm` interrupted while it reads shards (through a proxy that slows
-the store) stops the same way, and what the cache holds is whole.
+the store) stops the same way, and what the cache holds is whole; a warm over a Ray cluster
+also stops its tasks on the cluster.
 
 Each case is a real ``python -m flashfeed.cli ingest`` in its own session; SIGINT goes to its
 process group (``os.killpg``) once the moment is reached, judged from /proc and the disk.
@@ -137,3 +138,54 @@ def test_ctrl_c_to_the_process_group_stops_warm_and_verify(
         from flashfeed.cache import admin
 
         assert admin.verify(str(cache))["corrupt"] == []
+
+
+def test_ctrl_c_to_a_cluster_warm_stops_it_and_its_tasks(
+    slow_store: tuple[str, SlowProxy], tmp_path: Path, ray_session: None
+):
+    """A warm over a Ray cluster (``--ray-address``): the driver stops with the one line, and
+    its tasks on the cluster stop fetching (Ray ends a job's tasks with its driver)."""
+    import ray
+
+    url, proxy = slow_store
+    cache = tmp_path / "cache"
+    (node,) = [n for n in ray.nodes() if n.get("Alive")]
+    argv = ["cache", "warm", url, "--cache-dir", str(cache), "--concurrency", "1",
+            "--ray-address", ray.get_runtime_context().gcs_address,
+            "--hosts", node["NodeManagerAddress"], "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(
+        [*CLI, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint},
+    )
+    try:
+        deadline = time.monotonic() + MOMENT_WITHIN
+        while len(proxy.log(".tar")) < 2:  # the node's task is reading shards
+            assert proc.poll() is None, f"ended before the moment: {proc.communicate()}"
+            assert time.monotonic() < deadline, "the moment never came"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == ["flashfeed cache warm: interrupted; re-run to continue"], err
+    assert not session_members(proc.pid)
+    # the cluster's task stops too: within a few seconds no more shard requests arrive
+    deadline = time.monotonic() + GONE_WITHIN
+    while True:
+        before = len(proxy.log(".tar"))
+        time.sleep(2.0)
+        if len(proxy.log(".tar")) == before:
+            break
+        assert time.monotonic() < deadline, "the cluster's warm task went on fetching"
+    from flashfeed.cache import admin
+
+    assert admin.verify(str(cache))["corrupt"] == []
