@@ -62,7 +62,7 @@ PLAN_TARGETS = {
 }
 
 
-def plan_section(plan: dict[str, Any], json_path: str) -> str:
+def plan_section(plan: dict[str, Any], json_path: str, png: str | None = None) -> str:
     """Planning at scale, from a ``benchmarks/planbench.py`` results file."""
     lines = [
         "## Planning at scale",
@@ -106,6 +106,8 @@ def plan_section(plan: dict[str, Any], json_path: str) -> str:
             f"{c['rank_plan_s']:.2f} s | {c['node_order_s']:.2f} s | {c['resplit_s']:.2f} s | "
             f"{whole} |"
         )
+    if png:
+        lines += ["", f"![planning at scale]({png})"]
     return "\n".join(lines) + "\n"
 
 
@@ -113,7 +115,7 @@ def benchmarks_page(
     result: dict[str, Any],
     json_path: str,
     pngs: Sequence[str],
-    plan: tuple[dict[str, Any], str] | None = None,
+    plan: tuple[dict[str, Any], str, str | None] | None = None,
 ) -> str:
     """The whole page; ``json_path`` and ``pngs`` relative to where the page is written."""
     versions = result.get("versions", {})
@@ -189,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     plan_path = Path(args.plan)
     plan = None
     if plan_path.exists():
-        plan = (json.loads(plan_path.read_text()), os.path.relpath(plan_path.resolve(), base))
+        png = plan_path.with_suffix(".png")
+        plan = (
+            json.loads(plan_path.read_text()),
+            os.path.relpath(plan_path.resolve(), base),
+            os.path.relpath(png.resolve(), base) if png.exists() else None,
+        )
     page = benchmarks_page(result, os.path.relpath(path.resolve(), base), rel, plan)
     Path(args.out).write_text(page)
     print(f"wrote {args.out}")

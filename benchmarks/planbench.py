@@ -179,6 +179,37 @@ def eviction_curve(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def scaling_plot(costs: list[dict[str, Any]], path: Path) -> None:
+    """Seconds against shards, log-log: the rank-local plan and the whole-epoch plan."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    shards = [c["shards"] for c in costs]
+    series = (
+        ("rank_plan_s", "one rank's plan"),
+        ("node_order_s", "one node's warm order"),
+        ("resplit_s", "re-split 8,192 -> 6,144 ranks"),
+        ("open_s", "open the manifest"),
+    )
+    for key, label in series:
+        ax.plot(shards, [c[key] for c in costs], marker="o", label=label)
+    whole = [(c["shards"], c["whole_epoch_s"]) for c in costs if c.get("whole_epoch_s")]
+    if whole:
+        ax.plot(*zip(*whole, strict=True), marker="s", ls="--", label="whole-epoch plan")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("shards (1,000 samples each), 8,192 ranks")
+    ax.set_ylabel("seconds")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -226,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in curve:
         print(f"{r['capacity']:8.0%} {r['lru']:6.1%} {r['plan_aware']:10.1%} {r['optimum']:8.1%}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    scaling_plot(costs, Path(args.out).with_suffix(".png"))
     Path(args.out).write_text(
         json.dumps(
             {"plan_cost": costs, "scale": design, "loader_start": start, "eviction": curve},

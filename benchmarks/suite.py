@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         rel = [os.path.relpath(x.resolve(), base) for x in pngs]
         rel_json = os.path.relpath(json_path.resolve(), base)
         plan = ((result.get("stages") or {}).get("plan") or {}).get("data")
-        page = benchmarks_page(result, rel_json, rel, (plan, rel_json) if plan else None)
+        page = benchmarks_page(result, rel_json, rel, (plan, rel_json, None) if plan else None)
         Path(args.markdown).write_text(page)
     print(table)
     print(f"wrote {json_path}, {', '.join(str(x) for x in pngs)}", file=sys.stderr)
