@@ -5,7 +5,7 @@ commits nothing: no manifest appears.
 
 A `verify` or `cache warm` interrupted while it reads shards (through a proxy that slows
 the store) stops the same way, and what the cache holds is whole; a warm over a Ray cluster
-also stops its tasks on the cluster.
+also stops its tasks on the cluster. So does the demo, interrupted in its loader step.
 
 Each case is a real ``python -m flashfeed.cli ingest`` in its own session; SIGINT goes to its
 process group (``os.killpg``) once the moment is reached, judged from /proc and the disk.
@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,3 +190,41 @@ def test_ctrl_c_to_a_cluster_warm_stops_it_and_its_tasks(
     from flashfeed.cache import admin
 
     assert admin.verify(str(cache))["corrupt"] == []
+
+
+def test_ctrl_c_to_the_demo_stops_it_cleanly(tmp_path: Path):
+    """The demo interrupted in its loader step (store, Ray and DALI readers all up): exit 130,
+    the one line, nothing it started left running."""
+    demo = [sys.executable, "-m", "flashfeed.demo", "--workdir", str(tmp_path / "demo")]
+    proc = subprocess.Popen(
+        [*demo, "--per-class", "24", "--epochs", "3"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + MOMENT_WITHIN
+        while not any(line.startswith("== loader") for line in list(seen)):
+            assert proc.poll() is None, f"the demo ended before the moment: {''.join(seen)}"
+            assert time.monotonic() < deadline, "the moment never came"
+            time.sleep(0.05)
+        time.sleep(1.0)  # its first epoch runs: reader processes are up
+        started = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines[-1].endswith("interrupted; re-run to continue"), err
+    deadline = time.monotonic() + GONE_WITHIN
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(started), f"left behind: {alive(started)}"
