@@ -99,10 +99,21 @@ def slow_store(s3_store, s3_prefix: str) -> Iterator[tuple[str, SlowProxy]]:
         proxy.close()
 
 
-@pytest.mark.parametrize("command", ["verify", "cache warm"])
+def _cluster_flags() -> list[str]:
+    """``--ray-address``/``--hosts`` of the session's one-node Ray cluster."""
+    import ray
+
+    (node,) = [n for n in ray.nodes() if n.get("Alive")]
+    address = ray.get_runtime_context().gcs_address
+    return ["--ray-address", address, "--hosts", node["NodeManagerAddress"]]
+
+
+@pytest.mark.parametrize("command", ["verify", "cache warm", "cluster warm"])
 def test_ctrl_c_to_the_process_group_stops_warm_and_verify(
-    slow_store: tuple[str, SlowProxy], tmp_path: Path, command: str
+    slow_store: tuple[str, SlowProxy], tmp_path: Path, command: str, request
 ):
+    """A cluster warm (``--ray-address``) also stops its task on the cluster: Ray ends a
+    job's tasks with its driver, so shard requests stop arriving."""
     url, proxy = slow_store
     cache = tmp_path / "cache"
     if command == "verify":
@@ -110,6 +121,9 @@ def test_ctrl_c_to_the_process_group_stops_warm_and_verify(
     else:
         argv = ["cache", "warm", url, "--cache-dir", str(cache), "--concurrency", "1",
                 "--no-progress"]  # fmt: skip
+    if command == "cluster warm":
+        request.getfixturevalue("ray_session")
+        argv += _cluster_flags()
     proc = subprocess.Popen(
         [*CLI, *argv],
         stdout=subprocess.PIPE,
@@ -133,63 +147,21 @@ def test_ctrl_c_to_the_process_group_stops_warm_and_verify(
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert lines == [f"flashfeed {command}: interrupted; re-run to continue"], err
+    name = "verify" if command == "verify" else "cache warm"
+    assert lines == [f"flashfeed {name}: interrupted; re-run to continue"], err
     assert not session_members(proc.pid)
-    if command == "cache warm":  # what is cached is whole: every cached shard verifies
+    if command == "cluster warm":  # within a few seconds no more shard requests arrive
+        deadline = time.monotonic() + GONE_WITHIN
+        while True:
+            before = len(proxy.log(".tar"))
+            time.sleep(2.0)
+            if len(proxy.log(".tar")) == before:
+                break
+            assert time.monotonic() < deadline, "the cluster's warm task went on fetching"
+    if command != "verify":  # what is cached is whole: every cached shard verifies
         from flashfeed.cache import admin
 
         assert admin.verify(str(cache))["corrupt"] == []
-
-
-def test_ctrl_c_to_a_cluster_warm_stops_it_and_its_tasks(
-    slow_store: tuple[str, SlowProxy], tmp_path: Path, ray_session: None
-):
-    """A warm over a Ray cluster (``--ray-address``): the driver stops with the one line, and
-    its tasks on the cluster stop fetching (Ray ends a job's tasks with its driver)."""
-    import ray
-
-    url, proxy = slow_store
-    cache = tmp_path / "cache"
-    (node,) = [n for n in ray.nodes() if n.get("Alive")]
-    argv = ["cache", "warm", url, "--cache-dir", str(cache), "--concurrency", "1",
-            "--ray-address", ray.get_runtime_context().gcs_address,
-            "--hosts", node["NodeManagerAddress"], "--no-progress"]  # fmt: skip
-    proc = subprocess.Popen(
-        [*CLI, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint},
-    )
-    try:
-        deadline = time.monotonic() + MOMENT_WITHIN
-        while len(proxy.log(".tar")) < 2:  # the node's task is reading shards
-            assert proc.poll() is None, f"ended before the moment: {proc.communicate()}"
-            assert time.monotonic() < deadline, "the moment never came"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert lines == ["flashfeed cache warm: interrupted; re-run to continue"], err
-    assert not session_members(proc.pid)
-    # the cluster's task stops too: within a few seconds no more shard requests arrive
-    deadline = time.monotonic() + GONE_WITHIN
-    while True:
-        before = len(proxy.log(".tar"))
-        time.sleep(2.0)
-        if len(proxy.log(".tar")) == before:
-            break
-        assert time.monotonic() < deadline, "the cluster's warm task went on fetching"
-    from flashfeed.cache import admin
-
-    assert admin.verify(str(cache))["corrupt"] == []
 
 
 def test_ctrl_c_to_the_demo_stops_it_cleanly(tmp_path: Path):
