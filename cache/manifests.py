@@ -88,6 +88,7 @@ def _fetch(here: str, url: str, storage_options: dict[str, Any] | None) -> None:
         path = check_relative_path(ref.get("path"), what="shard_table.path", source=url)
         local = os.path.join(here, path)
         if not os.path.exists(local) or os.path.getsize(local) != ref.get("bytes"):
+            os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
             table = storage.read_bytes(storage.join(url, path), storage_options=storage_options)
             _write_atomic(local, table)
         for name in os.listdir(here):  # tables of earlier versions
