@@ -101,3 +101,18 @@ def test_no_dataset_is_one_clear_error(s3_prefix, tmp_path):
     with pytest.raises(ManifestError, match="no dataset at"):
         TokenLoader(s3_prefix + "-missing", batch_size=2, cache_dir=str(tmp_path / "c"))
     time.sleep(0)  # nothing left behind to wait for
+
+
+def test_a_header_naming_a_table_outside_the_prefix_is_refused(s3_prefix, tmp_path):
+    import json
+
+    from flashfeed import storage
+
+    make_token_dataset(s3_prefix, [10], seq_len=4)
+    url = storage.join(s3_prefix, "manifest.json")
+    header = json.loads(storage.read_bytes(url))
+    header["shard_table"]["path"] = "../elsewhere/manifest-0.arrow"
+    storage.write_bytes(url, json.dumps(header).encode())
+    with pytest.raises(ManifestError, match="escapes the dataset prefix"):
+        node_manifest(str(tmp_path / "c"), s3_prefix)
+    assert not list((tmp_path / "c").rglob("*.arrow"))
