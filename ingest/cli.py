@@ -12,6 +12,7 @@ from flashfeed.errors import FlashfeedError
 
 from .config import OUTPUT_FORMATS, SOURCE_FORMATS, IngestConfig
 from .progress import summary_table
+from .sources import FORMATS
 
 __all__ = ["build_config", "check_bucket", "register"]
 
@@ -121,12 +122,14 @@ def register(subparsers: Any) -> None:
         help="map a table column or TFRecord feature to output field NAME "
         "(repeatable); default names: image->jpg, text->txt, label->cls",
     )
-    p.add_argument(
-        "--lmdb-decoder",
-        choices=("raw", "json"),
-        default="raw",
-        help="how LMDB values become fields (default: raw bytes)",
-    )
+    for fmt in FORMATS.values():  # each format's own options: --<format>-<option>
+        for opt in fmt.options:
+            p.add_argument(
+                f"--{fmt.name}-{opt.name}",
+                dest=_option_dest(fmt.name, opt.name),
+                choices=opt.choices,
+                help=opt.help,
+            )
     p.add_argument("--tokenizer", help="tokenizer.json (tokenizers library) for token datasets")
     p.add_argument("--seq-len", type=int, help="tokens per packed row (with --tokenizer)")
     p.add_argument(
@@ -177,7 +180,7 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         keep_original_size=args.keep_original_size,
         normalize_text=not args.no_normalize_text,
         fields=dict(args.field),
-        lmdb_decoder=args.lmdb_decoder,
+        source_options=_source_options(args),
         tokenizer=args.tokenizer,
         seq_len=args.seq_len,
         eos_token=args.eos_token,
@@ -189,6 +192,21 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         overwrite=args.overwrite,
         progress="none" if args.json and args.progress == "auto" else args.progress,
     )
+
+
+def _option_dest(fmt: str, option: str) -> str:
+    return f"source_option__{fmt}__{option}"
+
+
+def _source_options(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """The per-format options given on the command line, ``{format: {option: value}}``."""
+    out: dict[str, dict[str, str]] = {}
+    for fmt in FORMATS.values():
+        for opt in fmt.options:
+            value = getattr(args, _option_dest(fmt.name, opt.name), None)
+            if value is not None:
+                out.setdefault(fmt.name, {})[opt.name] = value
+    return out
 
 
 def check_bucket(dest: str, *, create: bool) -> None:

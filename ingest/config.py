@@ -12,20 +12,12 @@ import xxhash
 from flashfeed.crypto import ENV_KEY, ENV_KEY_FILE, EncryptionKey, load_key
 from flashfeed.units import parse_size
 
+from .sources import FORMATS, check_source_options
+
 __all__ = ["OUTPUT_FORMATS", "SOURCE_FORMATS", "IngestConfig"]
 
 OUTPUT_FORMATS = ("webdataset", "arrow")
-SOURCE_FORMATS = (
-    "auto",
-    "imagefolder",
-    "jsonl",
-    "csv",
-    "parquet",
-    "webdataset",
-    "tfrecord",
-    "lmdb",
-)
-LMDB_DECODERS = ("raw", "json")
+SOURCE_FORMATS = ("auto", *FORMATS)
 DEFAULT_MAX_PIXELS = 89_478_485  # Pillow's own bomb threshold
 _FIELD_RE = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
 
@@ -69,7 +61,7 @@ class IngestConfig:
     keep_original_size: bool = False
     normalize_text: bool = True
     fields: dict[str, str] = field(default_factory=dict)
-    lmdb_decoder: str = "raw"
+    source_options: dict[str, dict[str, str]] = field(default_factory=dict)
     tokenizer: str | None = None
     seq_len: int | None = None
     eos_token: str | None = None
@@ -107,10 +99,14 @@ class IngestConfig:
             raise ValueError(
                 f"jpeg_quality must be an integer in 1..100, got {self.jpeg_quality!r}"
             )
-        if self.lmdb_decoder not in LMDB_DECODERS:
+        if not isinstance(self.source_options, dict) or not all(
+            isinstance(v, dict) for v in self.source_options.values()
+        ):
             raise ValueError(
-                f"lmdb_decoder must be one of {LMDB_DECODERS}, got {self.lmdb_decoder!r}"
+                "source_options must map a source format to its options, e.g. "
+                f"{{'lmdb': {{'decoder': 'json'}}}}, got {self.source_options!r}"
             )
+        object.__setattr__(self, "source_options", check_source_options(self.source_options))
         for name, column in self.fields.items():
             if not _FIELD_RE.match(name) or not isinstance(column, str) or not column:
                 raise ValueError(

@@ -27,7 +27,7 @@ from .plan import assign_shards
 from .progress import Progress
 from .raysetup import ray_map, ray_session
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, arrow_type, run_shard
-from .sources import Item, Reject, RejectInfo, SourcePlan, StorageContext, reader_for, scan_source
+from .sources import Item, Reject, RejectInfo, SourcePlan, StorageContext, open_reader, scan_source
 from .tokenize import TokenPacker, text_field
 from .transforms import TransformOptions, content_hash, output_fields
 
@@ -90,14 +90,16 @@ class IngestResult:
 def _hash_items(
     items: list[Item], *, fmt: str, shared: dict[str, Any], ctx: StorageContext
 ) -> list[str | None]:
-    read = reader_for(fmt)
-    cache: dict[str, Any] = {"shared": shared}
+    reader = open_reader(fmt, shared)
     out: list[str | None] = []
-    for item in items:
-        try:
-            out.append(content_hash(read(item, ctx, cache)))
-        except Reject:
-            out.append(None)
+    try:
+        for item in items:
+            try:
+                out.append(content_hash(reader.read(item, ctx)))
+            except Reject:
+                out.append(None)
+    finally:
+        reader.close()
     return out
 
 
@@ -172,7 +174,7 @@ def run(config: IngestConfig) -> IngestResult:
             config.source_format,
             ctx,
             fields=config.fields,
-            lmdb_decoder=config.lmdb_decoder,
+            options=config.source_options,
             mapper=ray_map,
         )
         if not plan.items:

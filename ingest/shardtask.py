@@ -18,7 +18,7 @@ from flashfeed.crypto import EncryptionKey, seal_shard
 from flashfeed.manifest import ShardInfo
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
-from .sources import Item, Reject, StorageContext, reader_for
+from .sources import Item, Reject, StorageContext, open_reader
 from .tokenize import TokenPacker
 from .transforms import TransformOptions, transform_record
 
@@ -112,29 +112,33 @@ def _reusable(spec: TaskSpec, job: ShardJob) -> ShardResult | None:
 
 def _samples(spec: TaskSpec, job: ShardJob, result: ShardResult) -> Iterator[tuple[Item, dict]]:
     """Read and transform the shard's items, in plan order; rejects go to ``result``."""
-    read = reader_for(spec.source_format)
-    cache: dict[str, Any] = {"shared": spec.shared}
+    reader = open_reader(spec.source_format, spec.shared)
     t_read = t_transform = 0.0
     by_source = sorted(range(len(job.items)), key=lambda i: job.items[i].index)
     records: dict[int, dict | None] = {}
-    for i in by_source:
-        item = job.items[i]
-        t0 = time.perf_counter()
-        try:
-            raw = read(item, spec.ctx, cache)
-            result.bytes_in += _nbytes(raw)
-            t1 = time.perf_counter()
-            t_read += t1 - t0
-            records[i] = transform_record(raw, spec.kinds, spec.transform)
-            t_transform += time.perf_counter() - t1
-        except Reject as r:
-            records[i] = None
-            result.rejects.append(
-                {"index": item.index, "source": item.source, "reason": r.reason, "detail": r.detail}
-            )
-    env = cache.pop("lmdb_env", None)
-    if env is not None:
-        env.close()
+    try:
+        for i in by_source:
+            item = job.items[i]
+            t0 = time.perf_counter()
+            try:
+                raw = reader.read(item, spec.ctx)
+                result.bytes_in += _nbytes(raw)
+                t1 = time.perf_counter()
+                t_read += t1 - t0
+                records[i] = transform_record(raw, spec.kinds, spec.transform)
+                t_transform += time.perf_counter() - t1
+            except Reject as r:
+                records[i] = None
+                result.rejects.append(
+                    {
+                        "index": item.index,
+                        "source": item.source,
+                        "reason": r.reason,
+                        "detail": r.detail,
+                    }
+                )
+    finally:
+        reader.close()
     result.timings["read"] = t_read
     result.timings["transform"] = t_transform
     result.rejects.sort(key=lambda d: d["index"])

@@ -1,12 +1,14 @@
-"""Sources: list a corpus into ``Item``s on the driver; read each back in a shard task."""
+"""Sources: list a corpus into ``Item``s on the driver; read each back in a shard task.
+
+Every source format is a ``SourceFormat`` (see ``format.py``) named in ``FORMATS``, the one
+registry table: auto-detection, the CLI's ``--source-format`` choices and per-format
+options, config validation, scanning and reading all come from it.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
-
-from flashfeed import storage
 
 from .base import (
     Item,
@@ -16,67 +18,82 @@ from .base import (
     RejectInfo,
     SourcePlan,
     StorageContext,
-    list_sized,
     serial_map,
 )
-from .imagefolder import image_field, read_imagefolder_item, scan_imagefolder
-from .lmdbsrc import read_lmdb_item, scan_lmdb
-from .tables import TABLE_EXTS, read_table_item, scan_table
-from .tfrecord import TFRECORD_SUFFIXES, read_tfrecord_item, scan_tfrecord
-from .wds import TAR_SUFFIXES, read_wds_item, scan_wds
+from .format import Listing, SourceFormat, SourceOption, SourceReader
+from .imagefolder import IMAGEFOLDER
+from .lmdbsrc import LMDB
+from .tables import CSV, JSONL, PARQUET
+from .tfrecord import TFRECORD
+from .wds import WEBDATASET
 
 __all__ = [
+    "FORMATS",
     "Item",
     "Record",
     "Reject",
     "RejectInfo",
+    "SourceFormat",
+    "SourceOption",
     "SourcePlan",
+    "SourceReader",
     "StorageContext",
+    "check_source_options",
     "detect_format",
-    "reader_for",
+    "format_options",
+    "open_reader",
     "scan_source",
 ]
 
-Reader = Callable[[Item, StorageContext, dict[str, Any]], Record]
-
-_READERS: dict[str, Reader] = {
-    "imagefolder": read_imagefolder_item,
-    "jsonl": read_table_item,
-    "csv": read_table_item,
-    "parquet": read_table_item,
-    "webdataset": read_wds_item,
-    "tfrecord": read_tfrecord_item,
-    "lmdb": read_lmdb_item,
+#: Every source format by name, in the order auto-detection tries them.
+FORMATS: dict[str, SourceFormat] = {
+    f.name: f for f in (LMDB, WEBDATASET, TFRECORD, JSONL, CSV, PARQUET, IMAGEFOLDER)
 }
-
-
-def _is_lmdb(url: str) -> bool:
-    if not storage.is_local(url):
-        return False
-    path = os.path.abspath(os.path.expanduser(url[7:] if url.startswith("file://") else url))
-    return os.path.isfile(os.path.join(path, "data.mdb")) or path.endswith((".mdb", ".lmdb"))
 
 
 def detect_format(url: str, ctx: StorageContext) -> str:
     """The source format from what lies at ``url``; a clear error when nothing fits."""
-    if _is_lmdb(url):
-        return "lmdb"
-    listed = [p.lower() for p, _ in list_sized(url, ctx)]
-    if not listed:
-        raise FileNotFoundError(f"source {url} does not exist (or holds no files)")
-    if any(p.endswith(TAR_SUFFIXES) for p in listed):
-        return "webdataset"
-    if any(p.endswith(TFRECORD_SUFFIXES) for p in listed):
-        return "tfrecord"
-    for fmt, exts in TABLE_EXTS.items():
-        if any(p.endswith(exts) for p in listed):
-            return fmt
-    if any(image_field(p) for p in listed):
-        return "imagefolder"
+    listing = Listing(url, ctx)
+    for fmt in FORMATS.values():
+        if fmt.detect(url, listing):
+            return fmt.name
     raise ValueError(
         f"cannot tell the format of {url}: no tar shards, TFRecords, tables, LMDB or images "
         "found; pass --source-format"
     )
+
+
+def check_source_options(
+    options: Mapping[str, Mapping[str, Any]],
+) -> dict[str, dict[str, str]]:
+    """``{format: {option: value}}`` checked against each format's own options; values
+    equal to the default are dropped, so leaving an option out and giving its default name
+    the same run. A bad format, option or value is a ``ValueError`` naming it."""
+    out: dict[str, dict[str, str]] = {}
+    for name, values in options.items():
+        if name not in FORMATS:
+            raise ValueError(
+                f"source_options: no source format {name!r}; the formats are {list(FORMATS)}"
+            )
+        known = {o.name: o for o in FORMATS[name].options}
+        for key, value in values.items():
+            opt = known.get(key)
+            if opt is None:
+                raise ValueError(
+                    f"source_options: format {name!r} has no option {key!r}"
+                    + (f"; its options are {list(known)}" if known else "")
+                )
+            if value not in opt.choices:
+                raise ValueError(f"{name}_{key} must be one of {opt.choices}, got {value!r}")
+            if value != opt.default:
+                out.setdefault(name, {})[key] = value
+    return dict(sorted(out.items()))
+
+
+def format_options(fmt: str, options: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Every option of ``fmt``: the given values over the defaults."""
+    given = options.get(fmt, {})
+    return {o.name: given.get(o.name, o.default) for o in FORMATS[fmt].options}
 
 
 def scan_source(
@@ -85,24 +102,24 @@ def scan_source(
     ctx: StorageContext,
     *,
     fields: dict[str, str] | None = None,
-    lmdb_decoder: str = "raw",
+    options: Mapping[str, Mapping[str, Any]] | None = None,
     mapper: Mapper = serial_map,
 ) -> SourcePlan:
-    """List the source on the driver. ``mapper`` runs per-file scans (Ray in the runner)."""
+    """List the source on the driver. ``mapper`` runs per-file scans (Ray in the runner);
+    ``options`` are per-format options, ``{format: {option: value}}``."""
     if fmt == "auto":
         fmt = detect_format(url, ctx)
-    if fmt == "imagefolder":
-        return scan_imagefolder(url, ctx)
-    if fmt in TABLE_EXTS:
-        return scan_table(url, fmt, ctx, fields or {})
-    if fmt == "webdataset":
-        return scan_wds(url, ctx, mapper)
-    if fmt == "tfrecord":
-        return scan_tfrecord(url, ctx, mapper, fields or {})
-    if fmt == "lmdb":
-        return scan_lmdb(url, ctx, lmdb_decoder)
-    raise ValueError(f"unknown source format {fmt!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown source format {fmt!r}")
+    return FORMATS[fmt].scan(
+        url,
+        ctx,
+        fields=fields or {},
+        options=format_options(fmt, options or {}),
+        mapper=mapper,
+    )
 
 
-def reader_for(fmt: str) -> Reader:
-    return _READERS[fmt]
+def open_reader(fmt: str, shared: dict[str, Any]) -> SourceReader:
+    """A reader for items of a ``fmt`` scan; close it when the task is done."""
+    return FORMATS[fmt].open_reader(shared)

@@ -7,6 +7,7 @@ from typing import Any
 from .base import (
     IMAGE_EXTS,
     Item,
+    Mapper,
     Record,
     Reject,
     SourcePlan,
@@ -17,8 +18,9 @@ from .base import (
     relative_key,
     source_root,
 )
+from .format import FunctionReader, Listing, SourceOption, SourceReader
 
-__all__ = ["read_imagefolder_item", "scan_imagefolder"]
+__all__ = ["IMAGEFOLDER", "read_imagefolder_item", "scan_imagefolder"]
 
 
 def image_field(name: str) -> str | None:
@@ -73,3 +75,28 @@ def read_imagefolder_item(item: Item, ctx: StorageContext, cache: dict[str, Any]
     except FileNotFoundError:
         raise Reject("missing_media", f"{item.ref['url']} vanished after listing") from None
     return {item.ref["field"]: data, "cls": item.ref["label"]}
+
+
+class ImageFolderFormat:
+    name = "imagefolder"
+    options: tuple[SourceOption, ...] = ()
+
+    def detect(self, url: str, listing: Listing) -> bool:
+        return any(image_field(p) for p in listing.paths)
+
+    def scan(
+        self,
+        url: str,
+        ctx: StorageContext,
+        *,
+        fields: dict[str, str],
+        options: dict[str, str],
+        mapper: Mapper,
+    ) -> SourcePlan:
+        return scan_imagefolder(url, ctx)
+
+    def open_reader(self, shared: dict[str, Any]) -> SourceReader:
+        return FunctionReader(read_imagefolder_item, shared)
+
+
+IMAGEFOLDER = ImageFolderFormat()

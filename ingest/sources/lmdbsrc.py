@@ -9,9 +9,12 @@ from typing import Any
 
 from flashfeed import storage
 
-from .base import Item, Record, Reject, SourcePlan, StorageContext, kind_of_ext
+from .base import Item, Mapper, Record, Reject, SourcePlan, StorageContext, kind_of_ext
+from .format import Listing, SourceOption
 
-__all__ = ["read_lmdb_item", "scan_lmdb", "sniff_field"]
+__all__ = ["LMDB", "LmdbReader", "scan_lmdb", "sniff_field"]
+
+DECODERS = ("raw", "json")
 
 
 def sniff_field(value: bytes) -> str:
@@ -105,20 +108,69 @@ def _json_kind(name: str, v: Any) -> str:
     return "text" if isinstance(v, str) else "json"
 
 
-def read_lmdb_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> Record:
-    shared = cache["shared"]
-    if "lmdb_env" not in cache:
-        cache["lmdb_env"] = _open(shared["path"])
-    with cache["lmdb_env"].begin() as txn:
-        value = txn.get(bytes.fromhex(item.ref["key"]))
-    if value is None:
-        raise Reject("missing_media", "key vanished from the LMDB after listing")
-    value = bytes(value)
-    if shared["decoder"] == "raw":
-        return {sniff_field(value[:16]): value}
-    row = json.loads(value)
-    out: Record = {}
-    for name, v in row.items():
-        kind = shared["kinds"].get(name, "json")
-        out[name] = json.dumps(v) if kind == "json" else v
-    return out
+class LmdbReader:
+    """Reads records back by key; the LMDB environment is opened on the first read and
+    closed by ``close``."""
+
+    def __init__(self, shared: dict[str, Any]) -> None:
+        self._shared = shared
+        self._env: Any = None
+
+    def read(self, item: Item, ctx: StorageContext) -> Record:
+        shared = self._shared
+        if self._env is None:
+            self._env = _open(shared["path"])
+        with self._env.begin() as txn:
+            value = txn.get(bytes.fromhex(item.ref["key"]))
+        if value is None:
+            raise Reject("missing_media", "key vanished from the LMDB after listing")
+        value = bytes(value)
+        if shared["decoder"] == "raw":
+            return {sniff_field(value[:16]): value}
+        row = json.loads(value)
+        out: Record = {}
+        for name, v in row.items():
+            kind = shared["kinds"].get(name, "json")
+            out[name] = json.dumps(v) if kind == "json" else v
+        return out
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+class LmdbFormat:
+    name = "lmdb"
+    options = (
+        SourceOption(
+            "decoder",
+            DECODERS,
+            "raw",
+            "how LMDB values become fields (default: raw bytes)",
+        ),
+    )
+
+    def detect(self, url: str, listing: Listing) -> bool:
+        """A local ``data.mdb`` folder or an ``.mdb``/``.lmdb`` file: decided without listing."""
+        if not storage.is_local(url):
+            return False
+        path = os.path.abspath(os.path.expanduser(url[7:] if url.startswith("file://") else url))
+        return os.path.isfile(os.path.join(path, "data.mdb")) or path.endswith((".mdb", ".lmdb"))
+
+    def scan(
+        self,
+        url: str,
+        ctx: StorageContext,
+        *,
+        fields: dict[str, str],
+        options: dict[str, str],
+        mapper: Mapper,
+    ) -> SourcePlan:
+        return scan_lmdb(url, ctx, options["decoder"])
+
+    def open_reader(self, shared: dict[str, Any]) -> LmdbReader:
+        return LmdbReader(shared)
+
+
+LMDB = LmdbFormat()

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from .base import (
     Item,
+    Mapper,
     Record,
     Reject,
     SourcePlan,
@@ -29,8 +30,9 @@ from .base import (
     missing_source,
     read,
 )
+from .format import FunctionReader, Listing, SourceOption, SourceReader
 
-__all__ = ["TABLE_EXTS", "read_table_item", "scan_table"]
+__all__ = ["CSV", "JSONL", "PARQUET", "TABLE_EXTS", "TableFormat", "read_table_item", "scan_table"]
 
 TABLE_EXTS = {"jsonl": (".jsonl", ".ndjson"), "csv": (".csv",), "parquet": (".parquet",)}
 DEFAULT_NAMES = {
@@ -218,3 +220,34 @@ def read_table_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> R
         except FileNotFoundError:
             raise Reject("missing_media", f"{name} refers to {url}, which does not exist") from None
     return record
+
+
+class TableFormat:
+    """One table format (``jsonl``, ``csv`` or ``parquet``): a name and its extensions."""
+
+    options: tuple[SourceOption, ...] = ()
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def detect(self, url: str, listing: Listing) -> bool:
+        return listing.any_endswith(TABLE_EXTS[self.name])
+
+    def scan(
+        self,
+        url: str,
+        ctx: StorageContext,
+        *,
+        fields: dict[str, str],
+        options: dict[str, str],
+        mapper: Mapper,
+    ) -> SourcePlan:
+        return scan_table(url, self.name, ctx, fields)
+
+    def open_reader(self, shared: dict[str, Any]) -> SourceReader:
+        return FunctionReader(read_table_item, shared)
+
+
+JSONL = TableFormat("jsonl")
+CSV = TableFormat("csv")
+PARQUET = TableFormat("parquet")

@@ -20,9 +20,10 @@ from .base import (
     missing_source,
     read,
 )
+from .format import FunctionReader, Listing, SourceOption, SourceReader
 from .tfrecord_format import iter_records, parse_example
 
-__all__ = ["TFRECORD_SUFFIXES", "read_tfrecord_item", "scan_tfrecord"]
+__all__ = ["TFRECORD", "TFRECORD_SUFFIXES", "read_tfrecord_item", "scan_tfrecord"]
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
 DEFAULT_NAMES = {
@@ -138,3 +139,28 @@ def read_tfrecord_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -
         if feature in features:
             record[name] = _value(shared["kinds"][name], features[feature][1])
     return record
+
+
+class TFRecordFormat:
+    name = "tfrecord"
+    options: tuple[SourceOption, ...] = ()
+
+    def detect(self, url: str, listing: Listing) -> bool:
+        return listing.any_endswith(TFRECORD_SUFFIXES)
+
+    def scan(
+        self,
+        url: str,
+        ctx: StorageContext,
+        *,
+        fields: dict[str, str],
+        options: dict[str, str],
+        mapper: Mapper,
+    ) -> SourcePlan:
+        return scan_tfrecord(url, ctx, mapper, fields)
+
+    def open_reader(self, shared: dict[str, Any]) -> SourceReader:
+        return FunctionReader(read_tfrecord_item, shared)
+
+
+TFRECORD = TFRecordFormat()

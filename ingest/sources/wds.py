@@ -31,8 +31,9 @@ from .base import (
     missing_source,
     read,
 )
+from .format import FunctionReader, Listing, SourceOption, SourceReader
 
-__all__ = ["TAR_SUFFIXES", "member_problem", "read_wds_item", "scan_wds", "to_value"]
+__all__ = ["TAR_SUFFIXES", "WEBDATASET", "member_problem", "read_wds_item", "scan_wds", "to_value"]
 
 TAR_SUFFIXES = (".tar", ".tgz", ".tar.gz")
 
@@ -165,3 +166,28 @@ def read_wds_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> Rec
         data = bytes(blob[off - base : off - base + size])
         record[ext] = to_value(ext, data, kind_of_ext(ext))
     return record
+
+
+class WebDatasetFormat:
+    name = "webdataset"
+    options: tuple[SourceOption, ...] = ()
+
+    def detect(self, url: str, listing: Listing) -> bool:
+        return listing.any_endswith(TAR_SUFFIXES)
+
+    def scan(
+        self,
+        url: str,
+        ctx: StorageContext,
+        *,
+        fields: dict[str, str],
+        options: dict[str, str],
+        mapper: Mapper,
+    ) -> SourcePlan:
+        return scan_wds(url, ctx, mapper)
+
+    def open_reader(self, shared: dict[str, Any]) -> SourceReader:
+        return FunctionReader(read_wds_item, shared)
+
+
+WEBDATASET = WebDatasetFormat()
