@@ -98,6 +98,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
         self.specs: tuple[FieldSpec, ...] | None = parse_fields(fields) if fields else None
         self.readahead = readahead
         self._driven = False
+        self._trainer_pid: int | None = None
 
     def _pass_plan(self) -> PassPlan:
         return make_pass(
@@ -132,7 +133,9 @@ class ShardDataset(PlannedLoader, IterableDataset):
         # is the one the main process had at iter(DataLoader)
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:  # a DataLoader worker dies with the trainer, however it dies
-            tie_to_parent(os.getppid(), kernel_signal=False)
+            # the trainer's pid was taken before the fork: a worker that starts after the
+            # trainer died must not tie itself to whoever adopted it
+            tie_to_parent(self._trainer_pid or os.getppid(), kernel_signal=False)
         return self._samples(self._pass_plan(), worker, workers, in_process=False)
 
     def _sample(self, reader: ShardReader, plan: PassPlan, j: int) -> dict[str, Any]:
@@ -256,6 +259,7 @@ class ShardDataLoader:
             ds._finished = False
         epoch = ds.position.epoch
         ds._driven = True
+        ds._trainer_pid = os.getpid()
         try:
             it = iter(self.loader)  # workers copy the position as it is now
         finally:
