@@ -104,8 +104,8 @@ def _hash_items(
 
 
 def _dedup(plan: SourcePlan, ctx: StorageContext) -> tuple[list[Item], list[RejectInfo]]:
-    """Exact duplicates across the whole source, decided on the driver: the first occurrence
-    in source order stays, later ones are rejected."""
+    """Stage 2 (``dedup=True``): exact duplicates across the whole source, decided on the
+    driver: the first occurrence in source order stays, later ones are rejected."""
     chunks = [plan.items[i : i + 256] for i in range(0, len(plan.items), 256)]
     fn = partial(_hash_items, fmt=plan.format, shared=plan.shared, ctx=ctx)
     hashes = [h for chunk in ray_map(fn, chunks) for h in chunk]
@@ -161,89 +161,119 @@ def _prepare_dest(config: IngestConfig, ctx: StorageContext) -> None:
 
 
 def run(config: IngestConfig) -> IngestResult:
-    """Ingest ``config.source`` into a committed dataset at ``config.dest``."""
+    """Ingest ``config.source`` into a committed dataset at ``config.dest``: scan, dedup,
+    plan shards, dispatch one task per shard, commit. ``phases`` times each stage."""
     if not isinstance(config, IngestConfig):
         raise TypeError(f"run() takes an IngestConfig, got {type(config).__name__}")
     start = time.monotonic()
     ctx = StorageContext.resolve(config.storage_options)
     _prepare_dest(config, ctx)
+    phases: dict[str, float] = {}
     with ray_session(address=config.ray_address, num_cpus=config.num_cpus):
-        ray_ready = time.monotonic()
-        plan = scan_source(
-            config.source,
-            config.source_format,
-            ctx,
-            fields=config.fields,
-            options=config.source_options,
-            mapper=ray_map,
-        )
-        if not plan.items:
-            raise ValueError(f"source {config.source} holds no samples")
-        items, scan_rejects = plan.items, list(plan.rejects)
-        phases = {"ray_start": ray_ready - start, "scan": time.monotonic() - ray_ready}
+        t0 = _lap(phases, "ray_start", start)
+        plan = _scan(config, ctx)
+        t0 = _lap(phases, "scan", t0)
+        items, rejects = plan.items, list(plan.rejects)
         if config.dedup:
-            t0 = time.monotonic()
             items, dup_rejects = _dedup(plan, ctx)
-            scan_rejects += dup_rejects
-            phases["dedup"] = time.monotonic() - t0
-        opts = TransformOptions(
-            validate=config.validate,
-            max_pixels=config.max_pixels,
-            max_image_side=config.max_image_side,
-            jpeg_quality=config.jpeg_quality,
-            keep_original_size=config.keep_original_size,
-            normalize_text=config.normalize_text,
-        )
-        out_fields = output_fields(plan.fields, opts)
-        packer = None
-        txt = None
-        if config.tokenizer is not None:
-            txt = text_field(out_fields)
-            packer = TokenPacker(
-                config.tokenizer, seq_len=config.seq_len or 0, eos_token=config.eos_token
-            )
-        # a tar member costs a 512-byte header and up to 511 bytes of padding
-        overhead = 768 * len(out_fields) if config.format == "webdataset" else 0
-        groups = assign_shards(
-            [it.size + overhead for it in items],
-            target_bytes=config.shard_bytes,
-            samples_per_shard=config.samples_per_shard,
-            seed=config.seed,
-            shuffle=config.shuffle,
-        )
-        spec = TaskSpec(
-            dest=config.dest,
-            source_format=plan.format,
-            out_format=config.format,
-            kinds=plan.fields,
-            out_fields=out_fields,
-            transform=opts,
-            shared=plan.shared,
-            ctx=ctx,
-            tokenizer=config.tokenizer,
-            seq_len=config.seq_len,
-            eos_token=config.eos_token,
-            text_field=txt,
-            encryption=config.encryption_key(),
-        )
-        jobs = []
-        for n, group in enumerate(groups):
-            shard_items = [items[p] for p in group]
-            jobs.append(
-                ShardJob(n, tuple(shard_items), _fingerprint(config, out_fields, shard_items))
-            )
+            rejects += dup_rejects
+            t0 = _lap(phases, "dedup", t0)
+        shards = _plan_shards(config, plan, items, ctx)
         t0 = time.monotonic()
-        results = _execute(spec, jobs, config.progress)
-        phases["shards"] = time.monotonic() - t0
+        results = _dispatch(shards.spec, shards.jobs, config.progress)
+        _lap(phases, "shards", t0)
     t0 = time.monotonic()
-    result = _commit(config, plan, spec, packer, results, scan_rejects, ctx, start)
-    phases["commit"] = time.monotonic() - t0
+    result = _commit(config, plan, shards.spec, shards.packer, results, rejects, ctx, start)
+    _lap(phases, "commit", t0)
     result.phases = phases
     result.seconds = time.monotonic() - start
     return result
 
 
-def _execute(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResult]:
+def _lap(phases: dict[str, float], name: str, since: float) -> float:
+    """Record the time since ``since`` as phase ``name``; the start of the next phase."""
+    now = time.monotonic()
+    phases[name] = now - since
+    return now
+
+
+def _scan(config: IngestConfig, ctx: StorageContext) -> SourcePlan:
+    """Stage 1: list the source on the driver (per-file scans as Ray tasks)."""
+    plan = scan_source(
+        config.source,
+        config.source_format,
+        ctx,
+        fields=config.fields,
+        options=config.source_options,
+        mapper=ray_map,
+    )
+    if not plan.items:
+        raise ValueError(f"source {config.source} holds no samples")
+    return plan
+
+
+@dataclass(frozen=True)
+class _ShardJobs:
+    """Stage 3's output: what every task shares, one job per shard, the token packer."""
+
+    spec: TaskSpec
+    jobs: list[ShardJob]
+    packer: TokenPacker | None
+
+
+def _plan_shards(
+    config: IngestConfig, plan: SourcePlan, items: list[Item], ctx: StorageContext
+) -> _ShardJobs:
+    """Stage 3: the output fields, the items of each shard, and each shard's fingerprint."""
+    opts = TransformOptions(
+        validate=config.validate,
+        max_pixels=config.max_pixels,
+        max_image_side=config.max_image_side,
+        jpeg_quality=config.jpeg_quality,
+        keep_original_size=config.keep_original_size,
+        normalize_text=config.normalize_text,
+    )
+    out_fields = output_fields(plan.fields, opts)
+    packer = None
+    txt = None
+    if config.tokenizer is not None:
+        txt = text_field(out_fields)
+        packer = TokenPacker(
+            config.tokenizer, seq_len=config.seq_len or 0, eos_token=config.eos_token
+        )
+    # a tar member costs a 512-byte header and up to 511 bytes of padding
+    overhead = 768 * len(out_fields) if config.format == "webdataset" else 0
+    groups = assign_shards(
+        [it.size + overhead for it in items],
+        target_bytes=config.shard_bytes,
+        samples_per_shard=config.samples_per_shard,
+        seed=config.seed,
+        shuffle=config.shuffle,
+    )
+    spec = TaskSpec(
+        dest=config.dest,
+        source_format=plan.format,
+        out_format=config.format,
+        kinds=plan.fields,
+        out_fields=out_fields,
+        transform=opts,
+        shared=plan.shared,
+        ctx=ctx,
+        tokenizer=config.tokenizer,
+        seq_len=config.seq_len,
+        eos_token=config.eos_token,
+        text_field=txt,
+        encryption=config.encryption_key(),
+    )
+    jobs = []
+    for n, group in enumerate(groups):
+        shard_items = [items[p] for p in group]
+        jobs.append(ShardJob(n, tuple(shard_items), _fingerprint(config, out_fields, shard_items)))
+    return _ShardJobs(spec, jobs, packer)
+
+
+def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResult]:
+    """Stage 4: one Ray task per shard, retried on storage errors; results in shard order."""
     import ray
 
     from flashfeed.errors import StorageError
@@ -286,6 +316,7 @@ def _commit(
     ctx: StorageContext,
     start: float,
 ) -> IngestResult:
+    """Stage 5: rejects, then the manifest (the commit), then ``_work/`` goes."""
     rejects = [r.to_dict() for r in scan_rejects]
     for r in results:
         rejects += r.rejects
