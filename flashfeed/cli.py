@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .cli_help import formatter
 from .errors import FlashfeedError
 from .interrupt import exit_on_interrupt, interrupted_line
 from .storage import redact
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Turn corpora into sharded datasets on object storage, keep them on "
         "node-local flash, and feed GPUs without stalls.",
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=formatter(),
     )
     parser.add_argument("--version", action="version", version=f"flashfeed {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -112,11 +113,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(interrupted_line(prog), file=sys.stderr)
         return 130
-
-
-def formatter() -> type[argparse.HelpFormatter]:
-    """The help formatter every subcommand uses: keeps the examples in epilogs as written."""
-    return argparse.RawDescriptionHelpFormatter
 
 
 if __name__ == "__main__":

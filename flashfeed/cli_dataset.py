@@ -10,6 +10,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from .cli_help import formatter
 from .dataset import Dataset
 from .indexer import index_dataset
 from .summary import format_summary, summarize
@@ -22,8 +23,6 @@ _URL_HELP = "dataset prefix: s3://bucket/ds, file:///data/ds or a local path"
 
 
 def register(sub: Any) -> None:
-    from .cli import formatter
-
     p = sub.add_parser(
         "inspect",
         help="summarize a dataset: shards, samples, bytes, schema, skips",

@@ -8,14 +8,13 @@ import shlex
 import sys
 from typing import Any
 
+from .cli_help import formatter
 from .store import DEFAULT_BUCKET, EmbeddedStore
 
 DEFAULT_DIR = ".flashfeed-store"
 
 
 def register(sub: Any) -> None:
-    from .cli import formatter
-
     p = sub.add_parser(
         "store",
         help="run a local S3 server (SeaweedFS) on 127.0.0.1",
