@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from .errors import CacheCapacityError, CacheError, CacheFullError, CachePermissionError
 from .handle import CacheHandle
+from .manifests import node_manifest
 from .options import CacheOptions
 from .progress import FillView
 from .shardcache import ShardCache
+from .view import DatasetView, PartialShard
+from .warm import check_warm_record
 
 __all__ = [
     "CacheCapacityError",
@@ -18,6 +21,10 @@ __all__ = [
     "CacheHandle",
     "CacheOptions",
     "CachePermissionError",
+    "DatasetView",
     "FillView",
+    "PartialShard",
     "ShardCache",
+    "check_warm_record",
+    "node_manifest",
 ]

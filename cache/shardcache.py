@@ -40,6 +40,7 @@ from .progress import FillView, live_path
 from .ranged import RangedFetcher
 from .space import SpaceManager, settle_capacity, sweep_dead_parts
 from .stats import Counters
+from .view import DatasetView, PartialShard
 from .warmrecord import read_warm_records, write_warm_record
 
 __all__ = ["ShardCache"]
@@ -205,6 +206,21 @@ class ShardCache:
         """True if a complete copy is present (not verified)."""
         d, i = self._resolve(dataset, shard)
         return os.path.exists(d.shard_path(i))
+
+    def view(self, dataset: Dataset) -> DatasetView:
+        """A picklable reader's view of the dataset's shards here (no fetch, no lock)."""
+        d = self._register(dataset)
+        return DatasetView(dataset, d.data_dir, d.parts_dir)
+
+    def ready_path(self, dataset: Dataset, shard: int | ShardInfo) -> str | None:
+        """The complete copy's path, or None (no fetch, no wait; not verified)."""
+        _, i = self._resolve(dataset, shard)
+        return self.view(dataset).ready_path(i)
+
+    def partial(self, dataset: Dataset, shard: int | ShardInfo) -> PartialShard | None:
+        """The live fill of ``shard``: part file, index and progress (``DatasetView``)."""
+        _, i = self._resolve(dataset, shard)
+        return self.view(dataset).partial(i)
 
     def progress(self, dataset: Dataset, shard: int | ShardInfo) -> FillView | None:
         """The fill of ``shard`` running now in any process of the node, or None: which of

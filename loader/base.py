@@ -53,7 +53,7 @@ class PlannedLoader:
             _shard_samples(dataset), ctx, options, dataset_id=_dataset_id(dataset)
         )
         if isinstance(source, CacheShardSource):  # warns once if warmed for another share
-            from flashfeed.cache.warm import check_warm_record
+            from flashfeed.cache import check_warm_record
 
             check_warm_record(source.cache, dataset, options, ctx.topology, ctx.node_rank)
         self.ledger = (

@@ -2,7 +2,7 @@
 
 ``StreamFeeder`` walks one pass in plan order. For the batches the pipeline will ask for
 next it starts the fills of their shards and waits only until *those samples'* bytes have
-arrived (the cache publishes each part of a fill as it lands, ``flashfeed.cache.progress``),
+arrived (the cache publishes each part of a fill as it lands, ``ShardSource.partial``),
 not for whole shards: the first batch does not wait for its shard. Beyond that it asks the
 cache to fetch the shards of the next N batches, N covering the measured fetch time at the
 measured batch rate (twice over), never more bytes ahead than ``budget``.
@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,7 +23,10 @@ from flashfeed.units import parse_size
 from flashfeed.wdsindex import SampleIndex
 
 from .passplan import PassPlan
-from .sources import ShardSource
+from .sources import LocalShardSource, ShardSource
+
+if TYPE_CHECKING:
+    from flashfeed.cache import FillView
 
 __all__ = ["StreamFeeder", "readahead_budget_bytes"]
 
@@ -61,11 +64,11 @@ class StreamFeeder:
         self.bytes = [int(b) for b in shard_bytes]
         per_sample = np.asarray(shard_bytes, np.float64) / np.maximum(shard_samples, 1)
         self._cum = np.concatenate([[0.0], np.cumsum(per_sample[plan.shards])])
-        self.streaming = hasattr(source, "partial") and hasattr(source, "ready_path")
+        self.streaming = not isinstance(source, LocalShardSource)  # read in place: no fills
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ff-need")
         self._needed: dict[int, Future[str]] = {}
         self._asked: dict[int, float] = {}
-        self._partials: dict[int, tuple[list[SampleIndex], Any]] = {}
+        self._partials: dict[int, tuple[list[SampleIndex], FillView]] = {}
         self._pos = 0  # shards order[:_pos] are needed (their fills started)
         self._hinted = 0  # shards order[_pos:_hinted] are fetched ahead of need
         self._next_batch = 0
@@ -132,13 +135,13 @@ class StreamFeeder:
         self._done(shard)
         return False
 
-    def _partial(self, shard: int) -> tuple[list[SampleIndex], Any] | None:
+    def _partial(self, shard: int) -> tuple[list[SampleIndex], FillView] | None:
         got = self._partials.get(shard)
         if got is None:
-            found = self.source.partial(shard)  # type: ignore[attr-defined]
+            found = self.source.partial(shard)
             if found is None:
                 return None
-            got = self._partials[shard] = (found[1], found[2])
+            got = self._partials[shard] = (found.index, found.progress)
         return got
 
     def _done(self, shard: int) -> None:

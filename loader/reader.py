@@ -13,11 +13,10 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flashfeed.cache.progress import FillView
 from flashfeed.errors import CorruptShardError
 from flashfeed.lifeline import ParentLink
 from flashfeed.wdsindex import SampleIndex
@@ -25,6 +24,9 @@ from flashfeed.wdsindex import SampleIndex
 from .fields import FieldSpec, key_bytes
 from .labels import parse_label
 from .sources import ShardSource
+
+if TYPE_CHECKING:
+    from flashfeed.cache import FillView
 
 __all__ = ["BatchSource", "ShardReader", "pass_path", "write_pass"]
 
@@ -72,15 +74,12 @@ class ShardReader:
         return s
 
     def _map(self, shard: int, attempts: int = 3) -> _OpenShard:
-        partial = getattr(self.source, "partial", None)
-        if partial is not None:
-            got = partial(shard)
-            if got is not None:
-                path, index, view = got
-                try:
-                    return _OpenShard(path, index, self.shard_names[shard], view)
-                except FileNotFoundError:  # renamed into place meanwhile
-                    view.close()
+        got = self.source.partial(shard)
+        if got is not None:
+            try:
+                return _OpenShard(got.part, got.index, self.shard_names[shard], got.progress)
+            except FileNotFoundError:  # renamed into place meanwhile
+                got.progress.close()
         # a cache may evict a shard between handing out its path and our open: ask again
         for attempt in range(attempts):
             try:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from flashfeed import storage
-from flashfeed.cache.progress import FillView, live_path
 from flashfeed.dataset import Dataset, check_shard_bytes
 from flashfeed.errors import CorruptShardError
 from flashfeed.wdsindex import SampleIndex, parse_index
+
+if TYPE_CHECKING:
+    from flashfeed.cache import PartialShard
 
 __all__ = [
     "CacheShardSource",
@@ -46,6 +47,11 @@ class ShardSource(Protocol):
 
     def set_future(self, shards: Sequence[int]) -> None:
         """The shards this process reads next, in order (for eviction)."""
+        ...
+
+    def partial(self, shard: int) -> PartialShard | None:
+        """The shard while it is still arriving (its samples readable as their bytes land),
+        or None: it is complete, not being fetched, or the source does not stream."""
         ...
 
     def stats(self) -> dict[str, Any]: ...
@@ -79,7 +85,7 @@ def open_dataset(
     root = cache.root if cache is not None else node_cache_dir(cache_dir, dataset)
     if root is None or storage.is_local(dataset):
         return Dataset.open(dataset, storage_options=storage_options)
-    from flashfeed.cache.manifests import node_manifest
+    from flashfeed.cache import node_manifest
 
     manifest = node_manifest(root, dataset, storage_options=storage_options)
     return Dataset(dataset, manifest, storage_options=storage_options)
@@ -136,6 +142,9 @@ class LocalShardSource:
     def set_future(self, shards: Sequence[int]) -> None:
         return None
 
+    def partial(self, shard: int) -> PartialShard | None:
+        return None
+
     def stats(self) -> dict[str, Any]:
         return {"kind": "local", "hits": self._hits, "misses": 0}
 
@@ -168,9 +177,7 @@ class CacheShardSource:
     def __init__(self, dataset: Dataset, cache: Any) -> None:
         self.dataset = dataset
         self.cache = cache
-        d = cache.dataset_dir(dataset)
-        self._data_dir = str(d.data_dir)
-        self._parts_dir = str(d.parts_dir)
+        self.view = cache.view(dataset)
         self.capacity = int(cache.capacity)
         self.handle = cache.handle()
         self._owner = os.getpid()
@@ -189,8 +196,8 @@ class CacheShardSource:
     def local_path(self, shard: int) -> str:
         info = self.dataset.shards[shard]
         if self._owner != os.getpid():
-            direct = os.path.join(self._data_dir, info.path)
-            if os.path.exists(direct):
+            direct = self.view.ready_path(shard)
+            if direct is not None:
                 return direct
         try:
             path = str(self._cache().get(self.dataset, shard))
@@ -201,51 +208,24 @@ class CacheShardSource:
         return path
 
     def index(self, shard: int) -> list[SampleIndex]:
-        cached = os.path.join(self._data_dir, self.dataset.shards[shard].path) + ".idx"
-        try:
-            with open(cached, "rb") as f:
-                return parse_index(f.read(), source=cached)
-        except FileNotFoundError:
-            pass
+        cached = self.view.cached_index(shard)
+        if cached is not None:
+            return cached
         partial = self.partial(shard)  # a shard still arriving: its index came first
         if partial is not None:
-            partial[2].close()
-            return partial[1]
+            partial.progress.close()
+            return partial.index
         path = self.local_path(shard) + ".idx"
         with open(path, "rb") as f:
             return parse_index(f.read(), source=path)
 
     def ready_path(self, shard: int) -> str | None:
         """The cached copy's path if the shard is complete now (no fetch, no wait)."""
-        path = os.path.join(self._data_dir, self.dataset.shards[shard].path)
-        return path if os.path.exists(path) else None
+        return self.view.ready_path(shard)
 
-    def partial(self, shard: int) -> tuple[str, list[SampleIndex], FillView] | None:
-        """A fill of ``shard`` running now in any process of the node: its part file (full
-        size, filled as parts arrive), its index and its progress. None when the shard is
-        complete, no fill runs, or the dataset has no index to locate samples with."""
-        final = os.path.join(self._data_dir, self.dataset.shards[shard].path)
-        if os.path.exists(final):
-            return None
-        view = FillView.open(live_path(self._parts_dir, shard))
-        if view is None:
-            return None
-        if view.index_part is None:
-            view.close()
-            return None
-        while not view.index_ready():  # the index is one small GET beside the first parts
-            if view.ended():
-                view.close()
-                return None
-            time.sleep(0.002)
-        for path in (view.index_part, final + ".idx"):
-            try:
-                with open(path, "rb") as f:
-                    return view.part, parse_index(f.read(), source=path), view
-            except FileNotFoundError:
-                continue
-        view.close()
-        return None
+    def partial(self, shard: int) -> PartialShard | None:
+        """A fill of ``shard`` running now in any process of the node (``DatasetView``)."""
+        return self.view.partial(shard)
 
     def prefetch(self, shards: Sequence[int]) -> None:
         self._cache().prefetch(self.dataset, list(shards))
@@ -282,7 +262,7 @@ def open_source(
     if cache_dir is None:
         return LocalShardSource(dataset)
     try:
-        from flashfeed.cache import ShardCache  # type: ignore[attr-defined]
+        from flashfeed.cache import ShardCache
     except ImportError as exc:
         raise ValueError(
             f"cache_dir={cache_dir!r} needs flashfeed.cache.ShardCache, which is not "

@@ -1,0 +1,85 @@
+"""``DatasetView``: one dataset's shards in a cache, as a reader sees them (no fetch, no lock).
+
+A loader's reader processes and ``DataLoader`` workers hold a view (it pickles): a shard
+the cache already holds is opened directly, and a shard still arriving is read from its
+part file as its bytes land, without a ``ShardCache`` in that process. Only a shard the
+cache lacks needs one (``CacheHandle.open``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flashfeed.wdsindex import SampleIndex, parse_index
+
+from .progress import FillView, live_path
+
+if TYPE_CHECKING:
+    from flashfeed.dataset import Dataset
+
+__all__ = ["DatasetView", "PartialShard"]
+
+
+@dataclass(frozen=True)
+class PartialShard:
+    """A fill running now: its part file (full size, filled as parts arrive), the shard's
+    index and the fill's progress (close it when done with it)."""
+
+    part: str
+    index: list[SampleIndex]
+    progress: FillView
+
+
+class DatasetView:
+    """The shards of ``dataset`` in the cache directory ``data_dir`` (fills in ``parts_dir``)."""
+
+    def __init__(self, dataset: Dataset, data_dir: str, parts_dir: str) -> None:
+        self.dataset = dataset
+        self.data_dir = data_dir
+        self.parts_dir = parts_dir
+
+    def _path(self, shard: int) -> str:
+        return os.path.join(self.data_dir, self.dataset.shards[shard].path)
+
+    def ready_path(self, shard: int) -> str | None:
+        """The cached copy's path if the shard is complete now (no fetch, no wait)."""
+        path = self._path(shard)
+        return path if os.path.exists(path) else None
+
+    def cached_index(self, shard: int) -> list[SampleIndex] | None:
+        """The ``.idx`` entries kept beside a cached shard, or None when there are none."""
+        path = self._path(shard) + ".idx"
+        try:
+            with open(path, "rb") as f:
+                return parse_index(f.read(), source=path)
+        except FileNotFoundError:
+            return None
+
+    def partial(self, shard: int) -> PartialShard | None:
+        """A fill of ``shard`` running now in any process of the node. None when the shard
+        is complete, no fill runs, or the dataset has no index to locate samples with."""
+        final = self._path(shard)
+        if os.path.exists(final):
+            return None
+        view = FillView.open(live_path(self.parts_dir, shard))
+        if view is None:
+            return None
+        if view.index_part is None:
+            view.close()
+            return None
+        while not view.index_ready():  # the index is one small GET beside the first parts
+            if view.ended():
+                view.close()
+                return None
+            time.sleep(0.002)
+        for path in (view.index_part, final + ".idx"):
+            try:
+                with open(path, "rb") as f:
+                    return PartialShard(view.part, parse_index(f.read(), source=path), view)
+            except FileNotFoundError:
+                continue
+        view.close()
+        return None
