@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flashfeed import storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
 from flashfeed.plan import PlanOptions, Topology
@@ -158,13 +159,7 @@ def _driver_storage_options(given: dict[str, Any] | None) -> dict[str, Any] | No
     the object store, while a runtime_env's env_vars are written into Ray's logs."""
     if given is not None:
         return given
-    opts: dict[str, Any] = {}
-    if os.environ.get("AWS_ENDPOINT_URL"):
-        opts["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
-    if os.environ.get("AWS_ACCESS_KEY_ID"):
-        opts["key"] = os.environ["AWS_ACCESS_KEY_ID"]
-        opts["secret"] = os.environ.get("AWS_SECRET_ACCESS_KEY")
-    return opts or None
+    return storage.env_storage_options() or None
 
 
 def warm_node(

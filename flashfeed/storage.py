@@ -3,7 +3,8 @@
 Every byte flashfeed reads or writes goes through these functions. URLs are fsspec URLs
 (``s3://bucket/key``, ``file:///path``, plain local paths). S3 is configured from the
 standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``) or from ``storage_options``.
+``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``; read in one place,
+``env_storage_options``) or from ``storage_options``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "RetryPolicy",
     "checksum",
     "endpoint",
+    "env_storage_options",
     "exists",
     "filesystem",
     "is_local",
@@ -76,10 +78,29 @@ _FS_CACHE: dict[tuple, Any] = {}
 _FS_LOCK = threading.Lock()
 
 
+def env_storage_options() -> dict[str, Any]:
+    """The S3 settings of the standard AWS environment variables, as ``storage_options``:
+    ``endpoint_url`` (``AWS_ENDPOINT_URL``), ``key`` and ``secret`` (``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``) and ``token`` (``AWS_SESSION_TOKEN``), each only when set.
+
+    What a driver hands to tasks that may not share its environment (Ray workers)."""
+    env = os.environ
+    opts: dict[str, Any] = {}
+    if env.get("AWS_ENDPOINT_URL"):
+        opts["endpoint_url"] = env["AWS_ENDPOINT_URL"]
+    if env.get("AWS_ACCESS_KEY_ID"):
+        opts["key"] = env["AWS_ACCESS_KEY_ID"]
+        opts["secret"] = env.get("AWS_SECRET_ACCESS_KEY")
+    if env.get("AWS_SESSION_TOKEN"):
+        opts["token"] = env["AWS_SESSION_TOKEN"]
+    return opts
+
+
 def _s3_options(storage_options: dict[str, Any]) -> dict[str, Any]:
     opts = dict(storage_options)
+    env = env_storage_options()
     client_kwargs = dict(opts.pop("client_kwargs", {}) or {})
-    endpoint = opts.pop("endpoint_url", None) or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = opts.pop("endpoint_url", None) or env.get("endpoint_url")
     if endpoint and "endpoint_url" not in client_kwargs:
         client_kwargs["endpoint_url"] = endpoint
     region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
@@ -91,11 +112,10 @@ def _s3_options(storage_options: dict[str, Any]) -> dict[str, Any]:
     config_kwargs.setdefault("connect_timeout", 5)
     config_kwargs.setdefault("read_timeout", 60)
     opts["config_kwargs"] = config_kwargs
-    if "key" not in opts and os.environ.get("AWS_ACCESS_KEY_ID"):
-        opts["key"] = os.environ["AWS_ACCESS_KEY_ID"]
-        opts["secret"] = os.environ.get("AWS_SECRET_ACCESS_KEY")
-        if os.environ.get("AWS_SESSION_TOKEN"):
-            opts["token"] = os.environ["AWS_SESSION_TOKEN"]
+    if "key" not in opts and "key" in env:
+        opts["key"], opts["secret"] = env["key"], env["secret"]
+        if "token" in env:
+            opts["token"] = env["token"]
     return opts
 
 

@@ -113,15 +113,7 @@ class StorageContext:
 
     @classmethod
     def resolve(cls, user: dict[str, Any] | None) -> StorageContext:
-        opts: dict[str, Any] = {}
-        env = os.environ
-        if env.get("AWS_ENDPOINT_URL"):
-            opts["endpoint_url"] = env["AWS_ENDPOINT_URL"]
-        if env.get("AWS_ACCESS_KEY_ID"):
-            opts["key"] = env["AWS_ACCESS_KEY_ID"]
-            opts["secret"] = env.get("AWS_SECRET_ACCESS_KEY")
-        if env.get("AWS_SESSION_TOKEN"):
-            opts["token"] = env["AWS_SESSION_TOKEN"]
+        opts = storage.env_storage_options()
         opts.update(user or {})
         return cls(s3=opts or None)
 
