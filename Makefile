@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m flashfeed.demo
+	$(PY) examples/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra tests

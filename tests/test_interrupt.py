@@ -167,7 +167,8 @@ def test_ctrl_c_to_the_process_group_stops_warm_and_verify(
 def test_ctrl_c_to_the_demo_stops_it_cleanly(tmp_path: Path):
     """The demo interrupted in its loader step (store, Ray and DALI readers all up): exit 130,
     the one line, nothing it started left running."""
-    demo = [sys.executable, "-m", "flashfeed.demo", "--workdir", str(tmp_path / "demo")]
+    script = Path(__file__).parent.parent / "examples" / "demo.py"
+    demo = [sys.executable, str(script), "--workdir", str(tmp_path / "demo")]
     proc = subprocess.Popen(
         [*demo, "--per-class", "24", "--epochs", "3"],
         stdout=subprocess.PIPE,

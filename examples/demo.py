@@ -1,4 +1,6 @@
-"""``make demo``: the whole path on one machine, from nothing, with embedded defaults.
+"""``make demo`` (``python examples/demo.py``): the whole path on one machine, from nothing,
+with embedded defaults. It uses flashfeed as a user would, from outside the package; it
+is not part of the installed package.
 
 1. start the embedded S3 server (SeaweedFS on 127.0.0.1) in ``.demo/store``;
 2. build a small labelled JPEG corpus (ImageFolder layout) in ``.demo/corpus``;
@@ -24,8 +26,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from .interrupt import exit_on_interrupt
-from .store import EmbeddedStore
+from flashfeed.interrupt import exit_on_interrupt
+from flashfeed.store import EmbeddedStore
 
 
 def _say(step: str, text: str = "") -> None:
@@ -38,7 +40,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m flashfeed.demo",
+        prog="python examples/demo.py",
         description="Run ingest -> verify -> cache warm -> DALI loader end to end on a local "
         "S3 server and a local Ray, with a generated sample corpus.",
     )
