@@ -18,6 +18,7 @@ from typing import Any
 from . import storage
 from .errors import CorruptShardError, DatasetExistsError, FlashfeedError
 from .manifest import Manifest, ShardInfo, commit_manifest, manifest_url
+from .media import IMAGE_MEDIA_TYPES
 from .tarshard import scan_index
 from .wdsindex import SampleIndex, format_index
 
@@ -39,14 +40,7 @@ RESHARD_HINT = (
 )
 
 _MEDIA_TYPES = {
-    "jpg": "image/jpeg",
-    "jpeg": "image/jpeg",
-    "png": "image/png",
-    "webp": "image/webp",
-    "gif": "image/gif",
-    "bmp": "image/bmp",
-    "tif": "image/tiff",
-    "tiff": "image/tiff",
+    **IMAGE_MEDIA_TYPES,
     "ppm": "image/x-portable-pixmap",
     "pgm": "image/x-portable-graymap",
     "cls": "text/plain",

@@ -21,6 +21,7 @@ from flashfeed import storage
 from flashfeed.crypto import encryption_record
 from flashfeed.errors import DatasetExistsError
 from flashfeed.manifest import Manifest, commit_manifest, delete_manifest, manifest_url
+from flashfeed.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
 
 from .config import IngestConfig
 from .plan import assign_shards
@@ -34,16 +35,6 @@ from .transforms import TransformOptions, content_hash, output_fields
 __all__ = ["IngestResult", "run"]
 
 REJECTS_NAME = "rejects.jsonl"
-_MEDIA_TYPES = {
-    "jpg": "image/jpeg",
-    "jpeg": "image/jpeg",
-    "png": "image/png",
-    "webp": "image/webp",
-    "gif": "image/gif",
-    "bmp": "image/bmp",
-    "tif": "image/tiff",
-    "tiff": "image/tiff",
-}
 _KIND_TYPES = {
     "text": "text/plain",
     "int": "int",

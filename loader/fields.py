@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from flashfeed.media import LOADER_IMAGE_EXTS
+
 from .labels import LABEL_EXTS
 
 __all__ = ["DEFAULT_FIELDS", "KEY", "FieldSpec", "key_bytes", "key_strings", "parse_fields"]
@@ -15,8 +17,7 @@ __all__ = ["DEFAULT_FIELDS", "KEY", "FieldSpec", "key_bytes", "key_strings", "pa
 #: the batch entry naming each sample, ``<shard path>/<sample key>``, read with the sample
 KEY = "__key__"
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
-DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {"image": IMAGE_EXTS, "label": LABEL_EXTS}
+DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {"image": LOADER_IMAGE_EXTS, "label": LABEL_EXTS}
 
 
 @dataclass(frozen=True)

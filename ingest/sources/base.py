@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flashfeed import storage
+from flashfeed.media import IMAGE_EXTS
 
 __all__ = [
     "IMAGE_EXTS",
@@ -30,7 +31,6 @@ __all__ = [
 Record = dict[str, Any]
 Mapper = Callable[[Callable[[Any], Any], list[Any]], Iterable[Any]]
 
-IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"})
 _TEXT_EXTS = frozenset({"txt", "text", "caption"})
 _INT_EXTS = frozenset({"cls", "label"})
 
