@@ -18,6 +18,20 @@ import pyarrow as pa
 
 from . import storage
 from .errors import DatasetExistsError, ManifestError, StorageError
+from .manifestheader import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    READ_VERSIONS,
+    SHARD_FORMATS,
+    TABLE_FORMAT,
+    TABLE_PREFIX,
+    canonical_json,
+    check_totals,
+    header_kwargs,
+    header_version,
+    parse_json,
+    table_ref,
+)
 from .shardtable import (
     ShardInfo,
     ShardList,
@@ -41,14 +55,6 @@ __all__ = [
     "read_manifest",
     "synthetic_shard_table",
 ]
-
-#: the version writers write; readers read every version in ``READ_VERSIONS``
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
-MANIFEST_NAME = "manifest.json"
-SHARD_FORMATS = ("webdataset", "arrow")
-TABLE_FORMAT = "arrow-ipc"
-_TABLE_PREFIX = "manifest-"
 
 
 class Manifest:
@@ -201,7 +207,7 @@ class Manifest:
 
     def to_json(self) -> str:
         """Canonical version-1 JSON: sorted keys, so identical datasets give identical text."""
-        return _canonical(self.to_dict())
+        return canonical_json(self.to_dict())
 
     # --- parsing --------------------------------------------------------------------------
 
@@ -209,17 +215,17 @@ class Manifest:
     def from_json(cls, text: str | bytes, *, source: str = MANIFEST_NAME) -> Manifest:
         """A version-1 manifest from its text (a version-2 header needs its shard table:
         use ``read_manifest``)."""
-        return cls.from_dict(_parse_json(text, source), source=source)
+        return cls.from_dict(parse_json(text, source), source=source)
 
     @classmethod
     def from_dict(cls, d: Any, *, source: str = MANIFEST_NAME) -> Manifest:
         """A version-1 manifest from its JSON object."""
-        if _version(d, source) != 1:
+        if header_version(d, source) != 1:
             raise ManifestError(
                 f"{source}: a version-2 manifest keeps its shards in a separate table; "
                 "open it with read_manifest(prefix) or Dataset.open(prefix)"
             )
-        fields = _header_kwargs(d, source)
+        fields = header_kwargs(d, source)
         if "shards" not in d:
             raise ManifestError(f"{source}: manifest lacks 'shards'")
         if not isinstance(d["shards"], list):
@@ -228,121 +234,17 @@ class Manifest:
         if len({s.path for s in infos}) != len(infos):
             raise ManifestError(f"{source}: two shards share one path")
         m = cls(shards=infos, format_version=1, **fields)
-        _check_totals(m, d, source)
+        check_totals(m, d, source)
         return m
 
     @classmethod
     def from_header(cls, d: Any, table: ShardTable, *, source: str = MANIFEST_NAME) -> Manifest:
         """A version-2 manifest from its header object and its (already read) shard table."""
-        if _version(d, source) != 2:
+        if header_version(d, source) != 2:
             raise ManifestError(f"{source}: not a version-2 manifest header")
-        m = cls(shards=table, format_version=2, **_header_kwargs(d, source))
-        _check_totals(m, d, source)
+        m = cls(shards=table, format_version=2, **header_kwargs(d, source))
+        check_totals(m, d, source)
         return m
-
-
-def _canonical(d: dict[str, Any]) -> str:
-    return json.dumps(d, indent=2, sort_keys=True) + "\n"
-
-
-def _parse_json(text: str | bytes, source: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ManifestError(f"{source}: not valid JSON ({str(exc)[:200]})") from None
-
-
-def _version(d: Any, source: str) -> int:
-    if not isinstance(d, dict):
-        raise ManifestError(f"{source}: a manifest must be a JSON object")
-    version = d.get("format_version")
-    if "format_version" not in d:
-        raise ManifestError(
-            f"{source}: no format_version: not a flashfeed manifest, or a damaged one; "
-            "re-create it (`flashfeed index PREFIX` for shards written by other tools)"
-        )
-    if type(version) is not int or version not in READ_VERSIONS:
-        raise ManifestError(
-            f"{source}: manifest format version {version!r:.40} is not supported; "
-            f"this flashfeed reads versions {', '.join(map(str, READ_VERSIONS))} "
-            "(upgrade flashfeed to read it)"
-        )
-    return version
-
-
-def _header_kwargs(d: dict[str, Any], source: str) -> dict[str, Any]:
-    """The fields both versions share, checked."""
-    for k in ("name", "shard_format", "schema"):
-        if k not in d:
-            raise ManifestError(f"{source}: manifest lacks {k!r}")
-    if d["shard_format"] not in SHARD_FORMATS:
-        raise ManifestError(
-            f"{source}: shard_format must be one of {SHARD_FORMATS}, got {d['shard_format']!r:.80}"
-        )
-    if not isinstance(d["schema"], dict):
-        raise ManifestError(f"{source}: 'schema' must be an object")
-    if not isinstance(d["name"], str):
-        raise ManifestError(f"{source}: 'name' must be a string, got {d['name']!r:.80}")
-    for k in ("source", "config", "extra"):
-        if not isinstance(d.get(k) or {}, dict):
-            raise ManifestError(f"{source}: {k!r} must be an object")
-    skipped = d.get("skipped") or {}
-    if not isinstance(skipped, dict) or not all(
-        type(v) is int and v >= 0 for v in skipped.values()
-    ):
-        raise ManifestError(f"{source}: 'skipped' must map reasons to counts")
-    classes = d.get("classes")
-    if classes is not None and (
-        not isinstance(classes, list) or not all(isinstance(c, str) for c in classes)
-    ):
-        raise ManifestError(f"{source}: 'classes' must be a list of strings")
-    return {
-        "name": d["name"],
-        "shard_format": d["shard_format"],
-        "schema": {str(k): str(v) for k, v in d["schema"].items()},
-        "skipped": dict(skipped),
-        "source": d.get("source") or {},
-        "config": d.get("config") or {},
-        "classes": tuple(classes) if classes is not None else None,
-        "extra": d.get("extra") or {},
-    }
-
-
-def _check_totals(m: Manifest, d: dict[str, Any], source: str) -> None:
-    totals = d.get("totals")
-    if totals is None:
-        return
-    if not isinstance(totals, dict):
-        raise ManifestError(f"{source}: 'totals' must be an object")
-    actual = m.totals()
-    for k, v in totals.items():
-        if k in actual and v != actual[k]:
-            raise ManifestError(
-                f"{source}: totals.{k} is {v!r:.40} but the shards add up to {actual[k]}; "
-                "the manifest was edited or truncated"
-            )
-
-
-def _table_ref(d: dict[str, Any], source: str) -> dict[str, Any]:
-    """The header's ``shard_table`` record: where the table is, its size, rows, checksum."""
-    ref = d.get("shard_table")
-    if not isinstance(ref, dict):
-        raise ManifestError(f"{source}: a version-2 manifest needs a 'shard_table' object")
-    check_relative_path(ref.get("path"), what="shard_table.path", source=source)
-    if ref.get("format") != TABLE_FORMAT:
-        raise ManifestError(
-            f"{source}: shard_table.format must be {TABLE_FORMAT!r}, got {ref.get('format')!r:.40}"
-        )
-    for k in ("rows", "bytes"):
-        v = ref.get(k)
-        if type(v) is not int or v < 0:
-            raise ManifestError(f"{source}: shard_table.{k} must be an integer >= 0")
-    ck = ref.get("checksum")
-    if not isinstance(ck, str) or not ck.startswith(storage.CHECKSUM_PREFIX):
-        raise ManifestError(
-            f"{source}: shard_table.checksum must look like '{storage.CHECKSUM_PREFIX}<hex>'"
-        )
-    return ref
 
 
 def manifest_url(prefix: str) -> str:
@@ -362,10 +264,10 @@ def read_manifest(prefix: str, *, storage_options: dict[str, Any] | None = None)
             f"no dataset at {prefix}: {url} does not exist (not committed yet, or a wrong "
             "prefix; `flashfeed index PREFIX` builds one for shards written by other tools)"
         ) from None
-    d = _parse_json(text, url)
-    if _version(d, url) == 1:
+    d = parse_json(text, url)
+    if header_version(d, url) == 1:
         return Manifest.from_dict(d, source=url)
-    ref = _table_ref(d, url)
+    ref = table_ref(d, url)
     table = read_shard_table(
         storage.join(prefix, ref["path"]), ref, header=url, storage_options=storage_options
     )
@@ -455,7 +357,7 @@ def commit_manifest(
     elif format_version == 2:
         data = memoryview(manifest.table.to_ipc())
         digest = storage.checksum(data)
-        new_table = f"{_TABLE_PREFIX}{digest[len(storage.CHECKSUM_PREFIX) :][:16]}.arrow"
+        new_table = f"{TABLE_PREFIX}{digest[len(storage.CHECKSUM_PREFIX) :][:16]}.arrow"
         storage.write_bytes(storage.join(prefix, new_table), data, storage_options=storage_options)
         ref = {
             "path": new_table,
@@ -464,7 +366,7 @@ def commit_manifest(
             "bytes": len(data),
             "checksum": digest,
         }
-        header = _canonical(manifest.header_dict(ref)).encode()
+        header = canonical_json(manifest.header_dict(ref)).encode()
         storage.write_bytes(url, header, storage_options=storage_options)
     else:
         raise ValueError(f"format_version must be one of {READ_VERSIONS}, got {format_version}")

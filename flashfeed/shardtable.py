@@ -21,6 +21,15 @@ import xxhash
 
 from . import storage
 from .errors import ManifestError
+from .shardcolumns import (
+    all_distinct,
+    arrow_int64,
+    check_paths,
+    escapes,
+    first_true,
+    int64_numpy,
+    string_parts,
+)
 
 __all__ = [
     "COLUMNS",
@@ -45,21 +54,11 @@ SCHEMA = pa.schema(
 _ITER_CHUNK = 8192
 
 
-def _escapes(path: str) -> bool:
-    return (
-        path.startswith("/")
-        or path.startswith("..")
-        or "://" in path
-        or "\\" in path
-        or ".." in path.split("/")
-    )
-
-
 def check_relative_path(path: Any, *, what: str, source: str) -> str:
     """A path inside the dataset prefix: relative, no ``..``, no scheme."""
     if not isinstance(path, str) or not path:
         raise ManifestError(f"{source}: {what} must be a non-empty string, got {path!r}")
-    if _escapes(path):
+    if escapes(path):
         raise ManifestError(f"{source}: {what} {path!r} escapes the dataset prefix")
     return path
 
@@ -166,8 +165,8 @@ class ShardTable:
         n = len(path)
         cols = {
             "path": pa.array(path, pa.string()),
-            "samples": _arrow_int64(np.asarray(samples, dtype=np.int64)),
-            "bytes": _arrow_int64(np.asarray(bytes, dtype=np.int64)),
+            "samples": arrow_int64(np.asarray(samples, dtype=np.int64)),
+            "bytes": arrow_int64(np.asarray(bytes, dtype=np.int64)),
             "checksum": pa.array(checksum, pa.string()),
             "index": pa.nulls(n, pa.string()) if index is None else pa.array(index, pa.string()),
         }
@@ -203,24 +202,24 @@ class ShardTable:
             arr = _single(col)
             cols[c] = arr.cast(pa.string()) if arr.type == pa.large_string() else arr
             if c != "index" and cols[c].null_count:
-                row = _first(cols[c].is_null())
+                row = first_true(cols[c].is_null())
                 raise ManifestError(f"{source}: shard table column {c!r} is null in row {row}")
         numbers = {}
         for c in ("samples", "bytes"):
-            a = _int64_numpy(cols[c])
+            a = int64_numpy(cols[c])
             if len(a) and a.min() < 0:
                 row = int(np.argmax(a < 0))
                 raise ManifestError(
                     f"{source}: shard table column {c!r} must be >= 0, row {row} holds {a[row]}"
                 )
             numbers[c] = a
-        _check_paths(cols["path"], "path", source)
-        _check_paths(cols["index"], "index", source)
-        if not _all_distinct(cols["path"]):
+        check_paths(cols["path"], "path", source)
+        check_paths(cols["index"], "index", source)
+        if not all_distinct(cols["path"]):
             raise ManifestError(f"{source}: two shards share one path (shard table column 'path')")
         bad = pc.invert(pc.starts_with(cols["checksum"], storage.CHECKSUM_PREFIX))
         if pc.any(bad).as_py():
-            row = _first(bad)
+            row = first_true(bad)
             raise ManifestError(
                 f"{source}: shard table column 'checksum', row {row}: "
                 f"{cols['checksum'][row].as_py()!r:.80} must look like "
@@ -247,7 +246,7 @@ class ShardTable:
 
     def to_arrow(self) -> pa.Table:
         return pa.Table.from_arrays(
-            [self._path, _arrow_int64(self._samples), _arrow_int64(self._sizes), self._checksum,
+            [self._path, arrow_int64(self._samples), arrow_int64(self._sizes), self._checksum,
              self._index],
             schema=SCHEMA,
         )  # fmt: skip
@@ -329,98 +328,10 @@ class ShardTable:
             elif name == "bytes":
                 h.update(self._sizes.astype("<i8").tobytes())
             else:
-                lengths, data = _string_parts(getattr(self, "_" + name))
+                lengths, data = string_parts(getattr(self, "_" + name))
                 h.update(lengths.tobytes())
                 h.update(data)
         return h.hexdigest()
-
-
-def _int64_numpy(arr: pa.Array) -> np.ndarray:
-    """A null-free int64 Arrow array as numpy, zero-copy (``to_numpy`` would import pandas,
-    a second of start-up for a process that never uses it)."""
-    if not len(arr):
-        return np.zeros(0, dtype=np.int64)
-    return np.frombuffer(arr.buffers()[1], dtype=np.int64, count=len(arr), offset=arr.offset * 8)
-
-
-def _bool_numpy(arr: pa.Array) -> np.ndarray:
-    """A null-free boolean Arrow array as a numpy bool array."""
-    if not len(arr):
-        return np.zeros(0, dtype=bool)
-    bits = np.frombuffer(arr.buffers()[1], dtype=np.uint8)
-    return np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + len(arr)].astype(bool)
-
-
-def _arrow_int64(a: np.ndarray) -> pa.Array:
-    a = np.ascontiguousarray(a, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(a)])
-
-
-def _first(mask: pa.Array) -> int:
-    return int(pc.index(mask, True).as_py())
-
-
-def _all_distinct(arr: pa.Array) -> bool:
-    """Whether no value repeats: one vectorised comparison when the values are sorted (as
-    flashfeed's writers leave them), a hash count otherwise."""
-    if len(arr) < 2:
-        return True
-    if pc.all(pc.less(arr.slice(0, len(arr) - 1), arr.slice(1))).as_py():
-        return True
-    return bool(pc.count_distinct(arr).as_py() == len(arr))
-
-
-def _check_paths(arr: pa.Array, column: str, source: str) -> None:
-    """The path rules over a whole column: a scan of its character data finds the few rows
-    that could break them (empty, leading ``/``, ``..``, ``://``, backslash), and only those
-    are checked exactly. Null rows (no index) are allowed."""
-    n = len(arr)
-    if not n:
-        return
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4)
-    starts, ends = offsets[:-1], offsets[1:]
-    rows = [np.flatnonzero(ends == starts)]
-    if data_buf is not None and offsets[-1] > offsets[0]:
-        data = np.frombuffer(data_buf, dtype=np.uint8, count=int(offsets[-1]))
-        lead = pc.starts_with(arr, "/")
-        if pc.any(lead).as_py():
-            rows.append(np.flatnonzero(_bool_numpy(pc.fill_null(lead, False))))
-        hit = data == 0x5C  # backslash
-        hit |= data == 0x3A  # ':' of '://'
-        dots = data[:-1] == 0x2E
-        dots &= data[1:] == 0x2E  # '..'
-        hit[:-1] |= dots
-        rows.append(np.searchsorted(offsets, np.flatnonzero(hit), side="right") - 1)
-    candidates = np.unique(np.concatenate(rows))
-    for i in candidates.tolist():
-        if not 0 <= i < n or not arr[i].is_valid:
-            continue
-        value = arr[i].as_py()
-        if not value or _escapes(value):
-            what = "must be a non-empty string" if not value else "escapes the dataset prefix"
-            raise ManifestError(
-                f"{source}: shard table column {column!r}, row {i}: {value!r:.120} {what}"
-            )
-
-
-def _string_parts(arr: pa.Array) -> tuple[np.ndarray, bytes | memoryview]:
-    """(lengths as int64 with -1 for null, the concatenated bytes) of a string array."""
-    if not len(arr):
-        return np.zeros(0, dtype="<i8"), b""
-    valid = None
-    if arr.null_count:
-        valid = _bool_numpy(arr.is_valid())
-        arr = pc.fill_null(arr, "")
-    _, offsets_buf, data_buf = arr.buffers()
-    n = len(arr)
-    offsets = np.frombuffer(offsets_buf, dtype=np.int32, count=n + 1, offset=arr.offset * 4)
-    lengths = np.diff(offsets).astype("<i8")
-    if valid is not None:
-        lengths[~valid] = -1
-    if data_buf is None or n == 0:
-        return lengths, b""
-    return lengths, memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]
 
 
 class ShardList(Sequence[ShardInfo]):
@@ -489,7 +400,7 @@ def synthetic_shard_table(
     tests at scale; the checksums name no real bytes."""
     if num_shards < 0:
         raise ValueError(f"num_shards must be >= 0, got {num_shards}")
-    numbers = pc.cast(_arrow_int64(np.arange(num_shards, dtype=np.int64)), pa.string())
+    numbers = pc.cast(arrow_int64(np.arange(num_shards, dtype=np.int64)), pa.string())
     width = max(6, len(str(max(num_shards - 1, 0))))
     stem = pc.binary_join_element_wise("shards/", pc.utf8_lpad(numbers, width, "0"), "")
     path = pc.binary_join_element_wise(stem, f".{ext}", "")
