@@ -62,12 +62,23 @@ def _kill_children() -> None:
             pass
 
 
+def _silence_stderr() -> None:
+    """Point file descriptor 2 at /dev/null: the one line is out, and the process is ending."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    except OSError:
+        pass
+
+
 def stop_now(prog: str) -> None:
     """Say so in one line, clean up, kill this process's children, exit 130 (no return)."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing
         sys.stderr.write(interrupted_line(prog) + "\n")
         sys.stderr.flush()
+        _silence_stderr()  # native threads (Ray's core worker) log as their peers die
         _kill_children()
         for fn in list(_cleanups):
             try:
