@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +41,28 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_imagefolder(
         tmp_path_factory.mktemp("corpus") / "imgs", classes=4, per_class=60, size=(96, 64)
     )
+
+
+def interrupt_at(
+    proc: subprocess.Popen[str], moment: Callable[[], bool], *, settle: float = 0.0
+) -> tuple[str, dict[int, str]]:
+    """Wait for ``moment()``, then SIGINT ``proc``'s process group as a terminal's Ctrl-C
+    does: its stderr, and the processes it had started by then."""
+    try:
+        deadline = time.monotonic() + MOMENT_WITHIN
+        while not moment():
+            assert proc.poll() is None, f"ended (rc {proc.returncode}) before the moment"
+            assert time.monotonic() < deadline, "the moment never came"
+            time.sleep(0.05)
+        time.sleep(settle)
+        started = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return err, started
 
 
 def _ray_starting(pid: int, dest: Path) -> bool:
@@ -64,19 +86,7 @@ def test_ctrl_c_to_the_process_group_stops_ingest_cleanly(corpus: Path, tmp_path
         text=True,
         start_new_session=True,
     )
-    try:
-        deadline = time.monotonic() + MOMENT_WITHIN
-        while not moment(proc.pid, dest):
-            assert proc.poll() is None, f"ingest ended before the moment: {proc.communicate()}"
-            assert time.monotonic() < deadline, "the moment never came"
-            time.sleep(0.05)
-        started = descendants(proc.pid)
-        os.killpg(proc.pid, signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    err, started = interrupt_at(proc, lambda: moment(proc.pid, dest))
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "Check failed" not in err, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -132,18 +142,7 @@ def test_ctrl_c_to_the_process_group_stops_warm_and_verify(
         start_new_session=True,
         env={**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint},
     )
-    try:
-        deadline = time.monotonic() + MOMENT_WITHIN
-        while len(proxy.log(".tar")) < 2:  # shards are being read
-            assert proc.poll() is None, f"ended before the moment: {proc.communicate()}"
-            assert time.monotonic() < deadline, "the moment never came"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    err, _ = interrupt_at(proc, lambda: len(proxy.log(".tar")) >= 2)  # shards being read
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -179,20 +178,8 @@ def test_ctrl_c_to_the_demo_stops_it_cleanly(tmp_path: Path):
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(proc.stdout or []), daemon=True)
     reader.start()
-    try:
-        deadline = time.monotonic() + MOMENT_WITHIN
-        while not any(line.startswith("== loader") for line in list(seen)):
-            assert proc.poll() is None, f"the demo ended before the moment: {''.join(seen)}"
-            assert time.monotonic() < deadline, "the moment never came"
-            time.sleep(0.05)
-        time.sleep(1.0)  # its first epoch runs: reader processes are up
-        started = descendants(proc.pid)
-        os.killpg(proc.pid, signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    in_loader = lambda: any(line.startswith("== loader") for line in list(seen))  # noqa: E731
+    err, started = interrupt_at(proc, in_loader, settle=1.0)  # its first epoch is running
     assert proc.returncode == 130, err
     assert "Traceback" not in err, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
