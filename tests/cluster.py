@@ -26,7 +26,6 @@ import contextlib
 import ctypes
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -60,7 +59,6 @@ __all__ = [
 S3_NAME = "s3.ffcluster.test"
 MARKER = "FFCLUSTER_TAG"
 _UNSHARE = ["unshare", "--mount", "--uts", "--propagation", "private", "--"]
-_EXPECT = re.compile(rb"(?im)^expect:[^\r\n]*\r\n")
 VENV_BIN = Path(sys.executable).parent
 
 # The namespace holder: the node's hostname, tmpfs and /etc/hosts, then it waits. It dies
@@ -136,54 +134,8 @@ class NodeProxy(SlowProxy):
     bind_port: int = 0
     netns: str | None = None  # listen inside this network namespace (a /proc/PID/ns/net)
 
-    def __post_init__(self) -> None:
-        self._server = in_netns(
-            self.netns, lambda: socket.create_server((self.host, self.bind_port))
-        )
-        self.port = self._server.getsockname()[1]
-        self._lock = threading.Lock()
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        """Forward requests as they are parsed, counting each. A request that waits for
-        ``100 Continue`` before sending its body (botocore's PUTs) gets it from here, and
-        goes upstream without the ``Expect`` header once its body is in."""
-        try:
-            upstream = socket.create_connection(self.upstream)
-        except OSError:
-            client.close()
-            return
-        threading.Thread(target=self._pipe, args=(upstream, client, []), daemon=True).start()
-        buf = b""
-        try:
-            while True:
-                data = client.recv(65536)
-                if not data:
-                    break
-                buf += data
-                while True:
-                    end = buf.find(b"\r\n\r\n")
-                    if end < 0:
-                        break
-                    head, rest = buf[: end + 4], buf[end + 4 :]
-                    req, body = self._parse(head)
-                    if len(rest) < body:
-                        if _EXPECT.search(head):
-                            client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-                            buf = _EXPECT.sub(b"", head) + rest
-                        break
-                    buf = rest[body:]
-                    with self._lock:
-                        self.requests.append(req)
-                    upstream.sendall(_EXPECT.sub(b"", head) + rest[:body])
-        except OSError:
-            pass
-        finally:
-            for s in (client, upstream):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-                s.close()
+    def _listen(self) -> socket.socket:
+        return in_netns(self.netns, lambda: socket.create_server((self.host, self.bind_port)))
 
     def mark(self) -> int:
         """A position in the request log: ``since(mark)`` is what came after it."""

@@ -3,10 +3,13 @@
 It parses the HTTP requests passing through (method, path, Range), counts them, can delay
 each request (a slow store), answer chosen ones 503 SlowDown (a throttling store) and cut
 chosen responses midway (a store failing mid-transfer). Responses pass through untouched.
+A request that waits for ``100 Continue`` before sending its body (botocore's PUTs) gets it
+from the proxy, and goes upstream without ``Expect``.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 __all__ = ["Request", "SlowProxy"]
 
 
+_EXPECT = re.compile(rb"(?im)^expect:[^\r\n]*\r\n")
 _BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
@@ -43,11 +47,14 @@ class SlowProxy:
     requests: list[Request] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = self._listen()
         self.port = self._server.getsockname()[1]
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def _listen(self) -> socket.socket:
+        return socket.create_server(("127.0.0.1", 0))
 
     @property
     def endpoint(self) -> str:
@@ -91,6 +98,9 @@ class SlowProxy:
                     head, rest = buf[: end + 4], buf[end + 4 :]
                     req, body = self._parse(head)
                     if len(rest) < body:
+                        if _EXPECT.search(head):  # botocore's PUTs wait for 100 Continue
+                            client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                            buf = _EXPECT.sub(b"", head) + rest
                         break
                     buf = rest[body:]
                     with self._lock:
@@ -102,7 +112,7 @@ class SlowProxy:
                         cut.append(600)  # headers and a little body, then the connection dies
                     if self.delay:
                         time.sleep(self.delay)
-                    upstream.sendall(head + rest[:body])
+                    upstream.sendall(_EXPECT.sub(b"", head) + rest[:body])
         except OSError:
             pass
         finally:
