@@ -202,7 +202,7 @@ def node_shard_order(
     order: list[int] = []
     for epoch in epochs:
         rest, _ = _epoch(shard_sizes, options, epoch, topology, ())
-        stream = rest._stream(node_rank)
+        stream = rest.stream(node_rank)
         # its ranks read the first target * rpn samples (round-robin dealing)
         end = rest.current.per_rank(options.drop_last) * topology.rpn
         # a shard's samples all fall into one window: first needs are found window by window

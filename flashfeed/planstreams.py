@@ -151,7 +151,7 @@ class _Epoch:
         self.current = _Level(topology, length)
         self._streams: dict[int, _Stream] = {}
 
-    def _stream(self, node: int) -> _Stream:
+    def stream(self, node: int) -> _Stream:
         if node not in self._streams:
             num_nodes = (self.levels[0] if self.levels else self.current).topology.num_nodes
             self._streams[node] = _node_stream(
@@ -184,7 +184,7 @@ class _Epoch:
             while a < b:
                 end = min(b, int(cuts[j + 1]))
                 if end > a:
-                    out.append(self._stream(j).ids[a - cuts[j] : end - cuts[j]])
+                    out.append(self.stream(j).ids[a - cuts[j] : end - cuts[j]])
                 a = max(a, end)
                 j += 1
         return np.concatenate(out) if out else np.zeros(0, np.int64)
