@@ -33,7 +33,7 @@ class CacheOptions:
     part_size: int = 16 << 20
     concurrency: int = 8
     min_concurrency: int = 1
-    prefetch_workers: int = 4
+    fetch_ahead_workers: int = 4
     verify: str = "once"
     space_timeout: float = 10.0
     retry: RetryPolicy | None = None
@@ -50,8 +50,8 @@ class CacheOptions:
                 f"min_concurrency must be in [1, concurrency={self.concurrency}], "
                 f"got {self.min_concurrency}"
             )
-        if self.prefetch_workers < 1:
-            raise ValueError(f"prefetch_workers must be >= 1, got {self.prefetch_workers}")
+        if self.fetch_ahead_workers < 1:
+            raise ValueError(f"fetch_ahead_workers must be >= 1, got {self.fetch_ahead_workers}")
         if self.verify not in VERIFY_MODES:
             raise ValueError(f"verify must be one of {VERIFY_MODES}, got {self.verify!r}")
         if self.space_timeout < 0:

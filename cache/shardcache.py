@@ -72,7 +72,7 @@ class ShardCache:
         part_size: int | str = "16MiB",
         concurrency: int = 8,
         min_concurrency: int = 1,
-        prefetch_workers: int = 4,
+        fetch_ahead_workers: int = 4,
         verify: str = "once",
         space_timeout: float = 10.0,
         retry: RetryPolicy | None = None,
@@ -83,7 +83,7 @@ class ShardCache:
             part_size=part_size,
             concurrency=concurrency,
             min_concurrency=min_concurrency,
-            prefetch_workers=prefetch_workers,
+            fetch_ahead_workers=fetch_ahead_workers,
             verify=verify,
             space_timeout=space_timeout,
             retry=retry,
@@ -96,7 +96,7 @@ class ShardCache:
         self.counters = Counters(self.root)
         self.limit = AdaptiveLimit(concurrency, minimum=min_concurrency)
         self._parts = ThreadPoolExecutor(concurrency, thread_name_prefix="ff-cache-part")
-        self._prefetcher = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="ff-prefetch")
+        self._ahead = ThreadPoolExecutor(fetch_ahead_workers, thread_name_prefix="ff-ahead")
         self.fetcher = RangedFetcher(
             part_size=self.options.part_size,
             limit=self.limit,
@@ -115,7 +115,7 @@ class ShardCache:
         self._futures: dict[str, FutureOrder] = {}
         self._verified: dict[str, tuple[int, int, int]] = {}
         self._pending: dict[tuple[str, int], Future[str]] = {}
-        self.prefetch_errors: dict[tuple[str, int], BaseException] = {}
+        self.fetch_ahead_errors: dict[tuple[str, int], BaseException] = {}
         self._closed = False
         self._used, self._used_at = 0, -1e9
         self._used = self.space.used_bytes()  # also sweeps the part files of dead fills
@@ -184,10 +184,10 @@ class ShardCache:
                 future.advance(i)
         return self._ensure(dataset, d, i)
 
-    def ensure(self, dataset: Dataset, shard: int | ShardInfo) -> str:
-        """Fetch ahead (``warm``): like ``get`` but not a read, so the position in the future
-        order stays where it is, and only shards needed later than this one are evicted for
-        it (``CacheFullError`` at once otherwise)."""
+    def fetch(self, dataset: Dataset, shard: int | ShardInfo) -> str:
+        """Fetch now and block (``warm``): like ``get`` but not a read, so the position in
+        the future order stays where it is, and only shards needed later than this one are
+        evicted for it (``CacheFullError`` at once otherwise)."""
         d, i = self._resolve(dataset, shard)
         return self._ensure(dataset, d, i, speculative=True)
 
@@ -319,11 +319,11 @@ class ShardCache:
             lock.release()
 
     # -- read-ahead and eviction hints ------------------------------------------------------
-    def prefetch(self, dataset: Dataset, shards: Iterable[int]) -> None:
+    def fetch_ahead(self, dataset: Dataset, shards: Iterable[int]) -> None:
         """Fetch shards in the background (in the given order); returns at once.
 
-        A prefetch never evicts a shard needed sooner than the one it fetches. Failures are
-        counted and kept in ``prefetch_errors``; a later ``get`` retries.
+        A fetch ahead never evicts a shard needed sooner than the one it fetches. Failures are
+        counted and kept in ``fetch_ahead_errors``; a later ``get`` retries.
         """
         d = self._register(dataset)
         for shard in shards:
@@ -333,23 +333,23 @@ class ShardCache:
                 pending = self._pending.get(key)
                 if pending is not None and not pending.done():
                     continue
-                self._pending[key] = self._prefetcher.submit(self._prefetch_one, dataset, d, i)
+                self._pending[key] = self._ahead.submit(self._fetch_ahead_one, dataset, d, i)
 
-    def _prefetch_one(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
+    def _fetch_ahead_one(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
         try:
             path = self._ensure(dataset, d, i, speculative=True)
-            self.prefetch_errors.pop((d.key, i), None)
+            self.fetch_ahead_errors.pop((d.key, i), None)
             return path
         except BaseException as exc:
-            self.prefetch_errors[(d.key, i)] = exc
-            log.warning("prefetch of shard %d of %s failed: %s", i, dataset.url, exc)
+            self.fetch_ahead_errors[(d.key, i)] = exc
+            log.warning("fetch ahead of shard %d of %s failed: %s", i, dataset.url, exc)
             raise
         finally:
             with self._lock:
                 self._pending.pop((d.key, i), None)
 
-    def wait_prefetch(self, timeout: float | None = None) -> None:
-        """Block until the prefetches queued so far have finished (or failed)."""
+    def wait_fetch_ahead(self, timeout: float | None = None) -> None:
+        """Block until the fetches ahead queued so far have finished (or failed)."""
         with self._lock:
             pending = list(self._pending.values())
         wait(pending, timeout=timeout)
@@ -415,11 +415,11 @@ class ShardCache:
         return self.space.used_bytes()
 
     def close(self) -> None:
-        """Finish queued prefetches, stop the threads and persist the counters."""
+        """Finish queued fetches ahead, stop the threads and persist the counters."""
         if self._closed:
             return
         self._closed = True
-        self._prefetcher.shutdown(wait=True)
+        self._ahead.shutdown(wait=True)
         self._parts.shutdown(wait=True)
         self.counters.flush()
         atexit.unregister(self.counters.flush)

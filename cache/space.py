@@ -215,7 +215,7 @@ class SpaceManager:
     ) -> int:
         """Create ``part`` allocated to ``need`` bytes, evicting first if needed; its fd.
 
-        A ``speculative`` fill (prefetch, warm) only evicts shards needed later than the one
+        A ``speculative`` fill (fetch ahead, warm) only evicts shards needed later than the one
         it fetches, and fails at once rather than wait for room.
         """
         deadline = time.monotonic() + self.timeout

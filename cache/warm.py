@@ -242,7 +242,7 @@ def warm(
     )
     done = 0
     with bar, ThreadPoolExecutor(workers or _shard_workers(cache, dataset, wanted)) as pool:
-        futures = {pool.submit(cache.ensure, dataset, i): i for i in wanted}
+        futures = {pool.submit(cache.fetch, dataset, i): i for i in wanted}
         for fut in as_completed(futures):
             i = futures[fut]
             done += 1

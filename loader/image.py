@@ -168,14 +168,14 @@ class Loader(PlannedLoader):
                 readahead=self.readahead,
                 budget=self.readahead_budget,
             )
-            storage_wait = feeder.ensure(0)
+            storage_wait = feeder.wait_ready(0)
             startup = self.runner.start(plan) if plan.num_batches else 0.0
             names = self.runner.names
             step_start = time.perf_counter()
             epoch = self.position.epoch
             for k in range(plan.num_batches):
                 asked = time.perf_counter()
-                storage_wait += feeder.ensure(k)
+                storage_wait += feeder.wait_ready(k)
                 t1 = time.perf_counter()
                 outputs = self.runner.run()
                 t2 = time.perf_counter()

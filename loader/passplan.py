@@ -76,6 +76,6 @@ class ShardFeeder:
         if want > self._hinted:
             start = max(self._hinted, self._ready)
             if want > start:
-                self.source.prefetch(self.order[start:want])
+                self.source.fetch_ahead(self.order[start:want])
             self._hinted = want
         return waited

@@ -84,7 +84,7 @@ class StreamFeeder:
             source.set_future(self.order)
 
     # -- the consumer's side ----------------------------------------------------------------
-    def ensure(self, k: int) -> float:
+    def wait_ready(self, k: int) -> float:
         """Make the samples of batches up to ``k + lookahead`` readable; seconds waited."""
         t0 = time.perf_counter()
         self._k = k
@@ -207,7 +207,7 @@ class StreamFeeder:
             ahead += size
             self._hinted += 1
         if self._hinted > start:
-            self.source.prefetch(self.order[start : self._hinted])
+            self.source.fetch_ahead(self.order[start : self._hinted])
         self.max_ahead_bytes = max(self.max_ahead_bytes, ahead)
 
     def snapshot(self) -> dict[str, Any]:

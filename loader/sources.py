@@ -41,7 +41,7 @@ class ShardSource(Protocol):
         """The ``.idx`` entries of a tar shard."""
         ...
 
-    def prefetch(self, shards: Sequence[int]) -> None:
+    def fetch_ahead(self, shards: Sequence[int]) -> None:
         """Start fetching these shards in the background (a hint)."""
         ...
 
@@ -136,7 +136,7 @@ class LocalShardSource:
     def index(self, shard: int) -> list[SampleIndex]:
         return self.dataset.read_index(shard)
 
-    def prefetch(self, shards: Sequence[int]) -> None:
+    def fetch_ahead(self, shards: Sequence[int]) -> None:
         return None
 
     def set_future(self, shards: Sequence[int]) -> None:
@@ -227,8 +227,8 @@ class CacheShardSource:
         """A fill of ``shard`` running now in any process of the node (``DatasetView``)."""
         return self.view.partial(shard)
 
-    def prefetch(self, shards: Sequence[int]) -> None:
-        self._cache().prefetch(self.dataset, list(shards))
+    def fetch_ahead(self, shards: Sequence[int]) -> None:
+        self._cache().fetch_ahead(self.dataset, list(shards))
 
     def set_future(self, shards: Sequence[int]) -> None:
         self._cache().set_future(self.dataset, list(shards))

@@ -194,34 +194,34 @@ def test_belady_evicts_the_shard_read_last_lru_the_oldest(s3_prefix: str, tmp_pa
         assert future["order"] == order
 
 
-def test_a_prefetch_never_evicts_a_shard_needed_sooner(s3_prefix: str, tmp_path: Path):
+def test_a_fetch_ahead_never_evicts_a_shard_needed_sooner(s3_prefix: str, tmp_path: Path):
     ds = make_dataset(s3_prefix, shards=3, shard_bytes=100_000)
     size = max(s.bytes for s in ds.shards) + 200
     with ShardCache(tmp_path / "c", capacity=2 * size) as cache:
         cache.set_future(ds, [0, 1, 0, 1, 2], active=0)
         cache.get(ds, 0)
         cache.get(ds, 1)
-        cache.prefetch(ds, [2])  # 0 and 1 are read before 2: no room for it ahead of time
-        cache.wait_prefetch(timeout=30)
-        assert isinstance(next(iter(cache.prefetch_errors.values())), CacheFullError)
+        cache.fetch_ahead(ds, [2])  # 0 and 1 are read before 2: no room for it ahead of time
+        cache.wait_fetch_ahead(timeout=30)
+        assert isinstance(next(iter(cache.fetch_ahead_errors.values())), CacheFullError)
         assert cache.contains(ds, 0) and cache.contains(ds, 1) and not cache.contains(ds, 2)
         assert cache.stats()["fetch_ahead_skipped"] == 1
         cache.get(ds, 0)
         cache.get(ds, 1)
-        cache.prefetch(ds, [2])  # now 0 and 1 are not needed again: 2 may take their room
-        cache.wait_prefetch(timeout=30)
-        assert cache.contains(ds, 2) and not cache.prefetch_errors
+        cache.fetch_ahead(ds, [2])  # now 0 and 1 are not needed again: 2 may take their room
+        cache.wait_fetch_ahead(timeout=30)
+        assert cache.contains(ds, 2) and not cache.fetch_ahead_errors
 
 
-def test_prefetch_returns_at_once_and_fills_in_the_background(s3_prefix: str, tmp_path: Path):
+def test_fetch_ahead_returns_at_once_and_fills_in_the_background(s3_prefix: str, tmp_path: Path):
     ds = make_dataset(s3_prefix, shards=3, shard_bytes=100_000)
     with ShardCache(tmp_path / "c", capacity="2MiB") as cache:
         t = time.monotonic()
-        cache.prefetch(ds, [0, 1, 2])
+        cache.fetch_ahead(ds, [0, 1, 2])
         assert time.monotonic() - t < 0.5
-        cache.wait_prefetch(timeout=30)
+        cache.wait_fetch_ahead(timeout=30)
         assert all(cache.contains(ds, i) for i in range(3))
-        assert not cache.prefetch_errors
+        assert not cache.fetch_ahead_errors
         cache.get(ds, 2)
         assert cache.stats()["hits"] == 1
 

@@ -119,7 +119,7 @@ def _odd_cache(root: Path) -> ShardCache:
         part_size="64KiB",
         concurrency=3,
         min_concurrency=2,
-        prefetch_workers=2,
+        fetch_ahead_workers=2,
         verify="always",
         space_timeout=1.5,
         retry=RetryPolicy(attempts=3, deadline=5.0),

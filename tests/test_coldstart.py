@@ -114,9 +114,9 @@ class _Recording(CacheShardSource):
         super().__init__(*a, **kw)
         self.calls: list[tuple[int, list[int]]] = []
 
-    def prefetch(self, shards):
+    def fetch_ahead(self, shards):
         self.calls.append((self.delivered, list(shards)))
-        super().prefetch(shards)
+        super().fetch_ahead(shards)
 
 
 def test_readahead_never_exceeds_its_budget(s3_prefix, proxy, tmp_path):
@@ -172,7 +172,7 @@ def test_slow_store_delivers_every_sample_once_in_plan_order(s3_prefix, proxy, t
     cache.close()
 
 
-def test_storage_errors_mid_prefetch_are_retried_then_named(s3_prefix, proxy, tmp_path):
+def test_storage_errors_mid_fetch_ahead_are_retried_then_named(s3_prefix, proxy, tmp_path):
     ds = _dataset(s3_prefix, proxy, [30, 30, 30, 30])
     victim = ds.shards[2].path
     cuts = defaultdict(int)
