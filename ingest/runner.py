@@ -1,4 +1,5 @@
-"""``run(config)``: plan on the driver, one Ray task per shard, commit the manifest last.
+"""``run(config)``: scan and assign on the driver, one Ray task per shard, commit the
+manifest last.
 
 A re-run after a crash reuses every shard whose done-record matches and whose bytes check
 out; identical input and config give an identical dataset, byte for byte.
@@ -23,12 +24,12 @@ from flashfeed.errors import DatasetExistsError
 from flashfeed.manifest import Manifest, commit_manifest, delete_manifest, manifest_url
 from flashfeed.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
 
+from .assign import assign_shards
 from .config import IngestConfig
-from .plan import assign_shards
 from .progress import Progress
 from .raysetup import ray_map, ray_session
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, arrow_type, run_shard
-from .sources import Item, Reject, RejectInfo, SourcePlan, StorageContext, open_reader, scan_source
+from .sources import Item, Reject, RejectInfo, SourceScan, StorageContext, open_reader, scan_source
 from .tokenize import TokenPacker, text_field
 from .transforms import TransformOptions, content_hash, output_fields
 
@@ -94,15 +95,15 @@ def _hash_items(
     return out
 
 
-def _dedup(plan: SourcePlan, ctx: StorageContext) -> tuple[list[Item], list[RejectInfo]]:
+def _dedup(scan: SourceScan, ctx: StorageContext) -> tuple[list[Item], list[RejectInfo]]:
     """Stage 2 (``dedup=True``): exact duplicates across the whole source, decided on the
     driver: the first occurrence in source order stays, later ones are rejected."""
-    chunks = [plan.items[i : i + 256] for i in range(0, len(plan.items), 256)]
-    fn = partial(_hash_items, fmt=plan.format, shared=plan.shared, ctx=ctx)
+    chunks = [scan.items[i : i + 256] for i in range(0, len(scan.items), 256)]
+    fn = partial(_hash_items, fmt=scan.format, shared=scan.shared, ctx=ctx)
     hashes = [h for chunk in ray_map(fn, chunks) for h in chunk]
     first: dict[str, Item] = {}
     kept, rejects = [], []
-    for item, h in zip(plan.items, hashes, strict=True):
+    for item, h in zip(scan.items, hashes, strict=True):
         if h is not None and h in first:
             rejects.append(
                 RejectInfo(
@@ -153,7 +154,7 @@ def _prepare_dest(config: IngestConfig, ctx: StorageContext) -> None:
 
 def run(config: IngestConfig) -> IngestResult:
     """Ingest ``config.source`` into a committed dataset at ``config.dest``: scan, dedup,
-    plan shards, dispatch one task per shard, commit. ``phases`` times each stage."""
+    assign shards, dispatch one task per shard, commit. ``phases`` times each stage."""
     if not isinstance(config, IngestConfig):
         raise TypeError(f"run() takes an IngestConfig, got {type(config).__name__}")
     start = time.monotonic()
@@ -162,19 +163,19 @@ def run(config: IngestConfig) -> IngestResult:
     phases: dict[str, float] = {}
     with ray_session(address=config.ray_address, num_cpus=config.num_cpus):
         t0 = _lap(phases, "ray_start", start)
-        plan = _scan(config, ctx)
+        scan = _scan(config, ctx)
         t0 = _lap(phases, "scan", t0)
-        items, rejects = plan.items, list(plan.rejects)
+        items, rejects = scan.items, list(scan.rejects)
         if config.dedup:
-            items, dup_rejects = _dedup(plan, ctx)
+            items, dup_rejects = _dedup(scan, ctx)
             rejects += dup_rejects
             t0 = _lap(phases, "dedup", t0)
-        shards = _plan_shards(config, plan, items, ctx)
+        shards = _assign_shards(config, scan, items, ctx)
         t0 = time.monotonic()
         results = _dispatch(shards.spec, shards.jobs, config.progress)
         _lap(phases, "shards", t0)
     t0 = time.monotonic()
-    result = _commit(config, plan, shards.spec, shards.packer, results, rejects, ctx, start)
+    result = _commit(config, scan, shards.spec, shards.packer, results, rejects, ctx, start)
     _lap(phases, "commit", t0)
     result.phases = phases
     result.seconds = time.monotonic() - start
@@ -188,9 +189,9 @@ def _lap(phases: dict[str, float], name: str, since: float) -> float:
     return now
 
 
-def _scan(config: IngestConfig, ctx: StorageContext) -> SourcePlan:
+def _scan(config: IngestConfig, ctx: StorageContext) -> SourceScan:
     """Stage 1: list the source on the driver (per-file scans as Ray tasks)."""
-    plan = scan_source(
+    scan = scan_source(
         config.source,
         config.source_format,
         ctx,
@@ -198,9 +199,9 @@ def _scan(config: IngestConfig, ctx: StorageContext) -> SourcePlan:
         options=config.source_options,
         mapper=ray_map,
     )
-    if not plan.items:
+    if not scan.items:
         raise ValueError(f"source {config.source} holds no samples")
-    return plan
+    return scan
 
 
 @dataclass(frozen=True)
@@ -212,8 +213,8 @@ class _ShardJobs:
     packer: TokenPacker | None
 
 
-def _plan_shards(
-    config: IngestConfig, plan: SourcePlan, items: list[Item], ctx: StorageContext
+def _assign_shards(
+    config: IngestConfig, scan: SourceScan, items: list[Item], ctx: StorageContext
 ) -> _ShardJobs:
     """Stage 3: the output fields, the items of each shard, and each shard's fingerprint."""
     opts = TransformOptions(
@@ -224,7 +225,7 @@ def _plan_shards(
         keep_original_size=config.keep_original_size,
         normalize_text=config.normalize_text,
     )
-    out_fields = output_fields(plan.fields, opts)
+    out_fields = output_fields(scan.fields, opts)
     packer = None
     txt = None
     if config.tokenizer is not None:
@@ -243,12 +244,12 @@ def _plan_shards(
     )
     spec = TaskSpec(
         dest=config.dest,
-        source_format=plan.format,
+        source_format=scan.format,
         out_format=config.format,
-        kinds=plan.fields,
+        kinds=scan.fields,
         out_fields=out_fields,
         transform=opts,
-        shared=plan.shared,
+        shared=scan.shared,
         ctx=ctx,
         tokenizer=config.tokenizer,
         seq_len=config.seq_len,
@@ -299,7 +300,7 @@ def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResu
 
 def _commit(
     config: IngestConfig,
-    plan: SourcePlan,
+    scan: SourceScan,
     spec: TaskSpec,
     packer: TokenPacker | None,
     results: list[ShardResult],
@@ -349,9 +350,9 @@ def _commit(
         schema=_schema(config, spec.out_fields, packer),
         shards=shards,
         skipped=skipped,
-        source={"url": config.source, "format": plan.format, **plan.description},
+        source={"url": config.source, "format": scan.format, **scan.description},
         config=config.provenance(),
-        classes=plan.classes,
+        classes=scan.classes,
         extra=extra,
     )
     commit_manifest(config.dest, manifest, overwrite=config.overwrite, storage_options=dest_opts)
@@ -368,7 +369,7 @@ def _commit(
     return IngestResult(
         dest=config.dest,
         manifest=manifest,
-        source_format=plan.format,
+        source_format=scan.format,
         shards_reused=sum(r.reused for r in results),
         bytes_in=sum(r.bytes_in for r in results),
         seconds=time.monotonic() - start,

@@ -111,7 +111,7 @@ def _reusable(spec: TaskSpec, job: ShardJob) -> ShardResult | None:
 
 
 def _samples(spec: TaskSpec, job: ShardJob, result: ShardResult) -> Iterator[tuple[Item, dict]]:
-    """Read and transform the shard's items, in plan order; rejects go to ``result``."""
+    """Read and transform the shard's items, in assigned order; rejects go to ``result``."""
     reader = open_reader(spec.source_format, spec.shared)
     t_read = t_transform = 0.0
     by_source = sorted(range(len(job.items)), key=lambda i: job.items[i].index)

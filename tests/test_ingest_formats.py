@@ -17,7 +17,7 @@ from flashfeed.ingest.sources import (
     FORMATS,
     Item,
     Record,
-    SourcePlan,
+    SourceScan,
     StorageContext,
     check_source_options,
     detect_format,
@@ -101,16 +101,16 @@ def test_lmdb_json_values_read_back_and_the_reader_closes(tmp_path: Path) -> Non
     ctx = StorageContext()
     url = str(tmp_path / "db")
     assert detect_format(url, ctx) == "lmdb"
-    plan = scan_source(url, "auto", ctx, options={"lmdb": {"decoder": "json"}})
-    assert plan.format == "lmdb" and plan.fields == {"cls": "int", "meta": "json", "txt": "text"}
-    reader = open_reader(plan.format, plan.shared)
+    scan = scan_source(url, "auto", ctx, options={"lmdb": {"decoder": "json"}})
+    assert scan.format == "lmdb" and scan.fields == {"cls": "int", "meta": "json", "txt": "text"}
+    reader = open_reader(scan.format, scan.shared)
     try:
-        got = [reader.read(item, ctx) for item in plan.items]
+        got = [reader.read(item, ctx) for item in scan.items]
     finally:
         reader.close()
     assert got == [{**r, "meta": json.dumps(r["meta"])} for r in rows]
     reader.close()  # twice is harmless
-    assert reader.read(plan.items[0], ctx)["txt"] == "caption 0"  # reopens after a close
+    assert reader.read(scan.items[0], ctx)["txt"] == "caption 0"  # reopens after a close
     reader.close()
     raw = scan_source(url, "lmdb", ctx)
     assert raw.fields == {"bin": "bytes"}  # the default decoder: one raw field
@@ -133,10 +133,10 @@ class _LinesFormat:
         fields: dict[str, str],
         options: dict[str, str],
         mapper: Mapper,
-    ) -> SourcePlan:
+    ) -> SourceScan:
         lines = Path(url, "a.lines").read_text().splitlines()
         items = [Item(i, f"{url}:{i}", len(t), {"text": t}) for i, t in enumerate(lines)]
-        return SourcePlan("lines", items, {"txt": "text"}, shared={"case": options["case"]})
+        return SourceScan("lines", items, {"txt": "text"}, shared={"case": options["case"]})
 
     def open_reader(self, shared: dict[str, Any]) -> SourceReader:
         def read(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> Record:
@@ -155,7 +155,7 @@ def test_a_new_format_is_one_registry_entry(tmp_path: Path, monkeypatch: Any) ->
     assert detect_format(url, ctx) == "lines"
     config = build_config(_args("--lines-case", "upper"))
     assert config.source_options == {"lines": {"case": "upper"}}
-    plan = scan_source(url, "auto", ctx, options=config.source_options)
-    reader = open_reader(plan.format, plan.shared)
-    assert [reader.read(it, ctx) for it in plan.items] == [{"txt": "ONE"}, {"txt": "TWO"}]
+    scan = scan_source(url, "auto", ctx, options=config.source_options)
+    reader = open_reader(scan.format, scan.shared)
+    assert [reader.read(it, ctx) for it in scan.items] == [{"txt": "ONE"}, {"txt": "TWO"}]
     reader.close()

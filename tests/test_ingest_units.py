@@ -1,4 +1,4 @@
-"""Ingest's pure parts: config validation, shard planning, TFRecord framing, transforms."""
+"""Ingest's pure parts: config validation, shard assignment, TFRecord framing, transforms."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from flashfeed.ingest import IngestConfig
-from flashfeed.ingest.plan import assign_shards, size_spread
+from flashfeed.ingest.assign import assign_shards, size_spread
 from flashfeed.ingest.samplecorpus import jpeg_bytes
 from flashfeed.ingest.sources.base import Reject
 from flashfeed.ingest.sources.tfrecord_format import (
@@ -47,7 +47,7 @@ def test_config_rejects_bad_values_by_name() -> None:
     assert "dest" not in cfg.provenance() and "ray_address" not in cfg.provenance()
 
 
-def test_plan_is_seeded_and_sized_within_ten_percent() -> None:
+def test_assignment_is_seeded_and_sized_within_ten_percent() -> None:
     rng = np.random.default_rng(1)
     sizes = rng.integers(50_000, 150_000, size=2000).tolist()
     target = 4_000_000
@@ -61,7 +61,7 @@ def test_plan_is_seeded_and_sized_within_ten_percent() -> None:
     assert shard_bytes[-1] <= target * 1.1
 
 
-def test_plan_shuffles_a_sorted_source_and_keeps_order_without_shuffle() -> None:
+def test_assignment_shuffles_a_sorted_source_and_keeps_order_without_shuffle() -> None:
     sizes = [10] * 100
     shuffled = assign_shards(sizes, target_bytes=100, seed=0)
     assert any(s != sorted(s) for s in shuffled)

@@ -16,7 +16,7 @@ from .base import (
     Record,
     Reject,
     RejectInfo,
-    SourcePlan,
+    SourceScan,
     StorageContext,
     serial_map,
 )
@@ -35,8 +35,8 @@ __all__ = [
     "RejectInfo",
     "SourceFormat",
     "SourceOption",
-    "SourcePlan",
     "SourceReader",
+    "SourceScan",
     "StorageContext",
     "check_source_options",
     "detect_format",
@@ -104,7 +104,7 @@ def scan_source(
     fields: dict[str, str] | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
     mapper: Mapper = serial_map,
-) -> SourcePlan:
+) -> SourceScan:
     """List the source on the driver. ``mapper`` runs per-file scans (Ray in the runner);
     ``options`` are per-format options, ``{format: {option: value}}``."""
     if fmt == "auto":

@@ -1,8 +1,9 @@
-"""What every source gives the planner (items) and the shard tasks (records).
+"""What every source gives the shard assignment (items) and the shard tasks (records).
 
 An ``Item`` is one future sample: its position in source order (its identity and key), a
-human-readable origin for error messages and rejects, an estimated size for planning, and
-the small reference its reader needs. A ``Record`` is the sample read back: field -> value.
+human-readable origin for error messages and rejects, an estimated size for shard
+assignment, and the small reference its reader needs. A ``Record`` is the sample read
+back: field -> value.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ __all__ = [
     "Record",
     "Reject",
     "RejectInfo",
-    "SourcePlan",
+    "SourceScan",
     "StorageContext",
     "kind_of_ext",
     "serial_map",
@@ -88,7 +89,7 @@ class Reject(Exception):
 
 
 @dataclass
-class SourcePlan:
+class SourceScan:
     """What scanning a source found: the items in source order, their fields, and rejects
     already known (hostile tar members, for one)."""
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .base import Item, Mapper, Record, SourcePlan, StorageContext, list_sized, missing_source
+from .base import Item, Mapper, Record, SourceScan, StorageContext, list_sized, missing_source
 
 __all__ = [
     "FunctionReader",
@@ -84,7 +84,7 @@ class SourceFormat(Protocol):
         fields: dict[str, str],
         options: dict[str, str],
         mapper: Mapper,
-    ) -> SourcePlan: ...
+    ) -> SourceScan: ...
 
     def open_reader(self, shared: dict[str, Any]) -> SourceReader: ...
 

@@ -10,7 +10,7 @@ from .base import (
     Mapper,
     Record,
     Reject,
-    SourcePlan,
+    SourceScan,
     StorageContext,
     list_sized,
     missing_source,
@@ -33,7 +33,7 @@ def image_field(name: str) -> str | None:
     return "jpg" if ext == "jpeg" else ext
 
 
-def scan_imagefolder(url: str, ctx: StorageContext) -> SourcePlan:
+def scan_imagefolder(url: str, ctx: StorageContext) -> SourceScan:
     files = list_sized(url, ctx)
     if not files:
         raise missing_source(url)
@@ -60,7 +60,7 @@ def scan_imagefolder(url: str, ctx: StorageContext) -> SourcePlan:
     ]
     fields = {f: "image" for f in sorted({e[2] for e in entries})}
     fields["cls"] = "int"
-    return SourcePlan(
+    return SourceScan(
         format="imagefolder",
         items=items,
         fields=fields,
@@ -92,7 +92,7 @@ class ImageFolderFormat:
         fields: dict[str, str],
         options: dict[str, str],
         mapper: Mapper,
-    ) -> SourcePlan:
+    ) -> SourceScan:
         return scan_imagefolder(url, ctx)
 
     def open_reader(self, shared: dict[str, Any]) -> SourceReader:

@@ -9,7 +9,7 @@ from typing import Any
 
 from flashfeed import storage
 
-from .base import Item, Mapper, Record, Reject, SourcePlan, StorageContext, kind_of_ext
+from .base import Item, Mapper, Record, Reject, SourceScan, StorageContext, kind_of_ext
 from .format import Listing, SourceOption
 
 __all__ = ["LMDB", "LmdbReader", "scan_lmdb", "sniff_field"]
@@ -53,7 +53,7 @@ def _local_path(url: str) -> str:
     return path
 
 
-def scan_lmdb(url: str, ctx: StorageContext, decoder: str) -> SourcePlan:
+def scan_lmdb(url: str, ctx: StorageContext, decoder: str) -> SourceScan:
     path = _local_path(url)
     env = _open(path)
     items: list[Item] = []
@@ -88,7 +88,7 @@ def scan_lmdb(url: str, ctx: StorageContext, decoder: str) -> SourcePlan:
         raise ValueError(f"{url}: the LMDB source has no records")
     if decoder == "raw":
         fields = {f: kind_of_ext(f) if f != "bin" else "bytes" for f in fields}
-    return SourcePlan(
+    return SourceScan(
         format="lmdb",
         items=items,
         fields=dict(sorted(fields.items())),
@@ -166,7 +166,7 @@ class LmdbFormat:
         fields: dict[str, str],
         options: dict[str, str],
         mapper: Mapper,
-    ) -> SourcePlan:
+    ) -> SourceScan:
         return scan_lmdb(url, ctx, options["decoder"])
 
     def open_reader(self, shared: dict[str, Any]) -> LmdbReader:

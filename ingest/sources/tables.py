@@ -23,7 +23,7 @@ from .base import (
     Mapper,
     Record,
     Reject,
-    SourcePlan,
+    SourceScan,
     StorageContext,
     kind_of_ext,
     list_sized,
@@ -114,7 +114,7 @@ def _kind(name: str, value: Any) -> str:
     return "bytes"
 
 
-def scan_table(url: str, fmt: str, ctx: StorageContext, fields: dict[str, str]) -> SourcePlan:
+def scan_table(url: str, fmt: str, ctx: StorageContext, fields: dict[str, str]) -> SourceScan:
     listed = list_sized(url, ctx)
     if not listed:
         raise missing_source(url)
@@ -154,7 +154,7 @@ def scan_table(url: str, fmt: str, ctx: StorageContext, fields: dict[str, str]) 
         items.append(
             Item(index=i, source=f"{t}:{n}", size=size, ref={"values": values, "media": media})
         )
-    return SourcePlan(
+    return SourceScan(
         format=fmt,
         items=items,
         fields=kinds,
@@ -241,7 +241,7 @@ class TableFormat:
         fields: dict[str, str],
         options: dict[str, str],
         mapper: Mapper,
-    ) -> SourcePlan:
+    ) -> SourceScan:
         return scan_table(url, self.name, ctx, fields)
 
     def open_reader(self, shared: dict[str, Any]) -> SourceReader:

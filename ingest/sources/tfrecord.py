@@ -13,7 +13,7 @@ from .base import (
     Record,
     Reject,
     RejectInfo,
-    SourcePlan,
+    SourceScan,
     StorageContext,
     kind_of_ext,
     list_sized,
@@ -60,7 +60,7 @@ def _scan_one(url: str, ctx: StorageContext) -> dict[str, Any]:
 
 def scan_tfrecord(
     url: str, ctx: StorageContext, mapper: Mapper, fields: dict[str, str]
-) -> SourcePlan:
+) -> SourceScan:
     listed = list_sized(url, ctx)
     if not listed:
         raise missing_source(url)
@@ -96,7 +96,7 @@ def scan_tfrecord(
     for name, feature in mapping.items():
         kind = kind_of_ext(name)
         kinds[name] = kind if kind != "bytes" else types[feature]
-    return SourcePlan(
+    return SourceScan(
         format="tfrecord",
         items=items,
         fields=kinds,
@@ -156,7 +156,7 @@ class TFRecordFormat:
         fields: dict[str, str],
         options: dict[str, str],
         mapper: Mapper,
-    ) -> SourcePlan:
+    ) -> SourceScan:
         return scan_tfrecord(url, ctx, mapper, fields)
 
     def open_reader(self, shared: dict[str, Any]) -> SourceReader:

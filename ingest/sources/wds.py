@@ -24,7 +24,7 @@ from .base import (
     Record,
     Reject,
     RejectInfo,
-    SourcePlan,
+    SourceScan,
     StorageContext,
     kind_of_ext,
     list_sized,
@@ -96,7 +96,7 @@ def _scan_one(url: str, ctx: StorageContext) -> dict[str, Any]:
     }
 
 
-def scan_wds(url: str, ctx: StorageContext, mapper: Mapper) -> SourcePlan:
+def scan_wds(url: str, ctx: StorageContext, mapper: Mapper) -> SourceScan:
     listed = list_sized(url, ctx)
     if not listed:
         raise missing_source(url)
@@ -125,7 +125,7 @@ def scan_wds(url: str, ctx: StorageContext, mapper: Mapper) -> SourcePlan:
                 )
             )
     fields = {e: kind_of_ext(e) for e in sorted(exts)}
-    return SourcePlan(
+    return SourceScan(
         format="webdataset",
         items=items,
         fields=fields,
@@ -183,7 +183,7 @@ class WebDatasetFormat:
         fields: dict[str, str],
         options: dict[str, str],
         mapper: Mapper,
-    ) -> SourcePlan:
+    ) -> SourceScan:
         return scan_wds(url, ctx, mapper)
 
     def open_reader(self, shared: dict[str, Any]) -> SourceReader:

@@ -1,4 +1,4 @@
-"""Pure, seeded shard planning: which items go to which shard, in which order. No I/O."""
+"""Pure, seeded shard assignment: which items go to which shard, in which order. No I/O."""
 
 from __future__ import annotations
 
