@@ -1,5 +1,13 @@
 """DALI outputs -> torch tensors, on the GPU when there is one.
 
+On the CPU each dense output is copied once, straight from DALI's buffer into memory from a
+``HostPool`` (DALI reuses its buffers at the next run, so one copy is needed). A pooled
+buffer is reused only once nothing refers to the batch that used it any more: not the
+tensor, not a view or slice of it, not a ``.numpy()`` of it. A caller that keeps batches
+(a list of them, say) keeps their memory; the pool then allocates new buffers. So a yielded
+batch never changes under its holder, and a training loop that drops each batch before the
+next gets the same few buffers back, without fresh pages per batch.
+
 On a CUDA device every copy is issued on torch's current stream, so the training step that
 runs next on that stream is ordered after it. What the copies read must outlive them: a
 ``DeviceCopier`` records a CUDA event after each batch's copies and keeps the DALI outputs
@@ -13,6 +21,8 @@ The CUDA calls go through ``CudaOps``; tests pass a fake that records them.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections import deque
 from typing import Any
 
@@ -21,7 +31,7 @@ import torch
 
 from .fields import key_strings
 
-__all__ = ["CudaOps", "DeviceCopier", "PinnedPool", "to_keys", "to_torch"]
+__all__ = ["CudaOps", "DeviceCopier", "HostPool", "PinnedPool", "to_keys", "to_torch"]
 
 
 class CudaOps:
@@ -72,6 +82,58 @@ class PinnedPool:
 
     def give(self, buf: torch.Tensor) -> None:
         self._free.setdefault((tuple(buf.shape), buf.dtype), []).append(buf)
+
+
+class HostPool:
+    """Host buffers for CPU batches, reused once their batch is no longer referenced.
+
+    Each buffer is a numpy array the pool holds; the batch gets ``torch.from_numpy`` of it,
+    whose storage refers to the array for as long as the tensor, or any view of it, lives.
+    So "nobody holds the batch" reads as the array's reference count being back to the
+    pool's own: no rule for the caller to follow, and no way to see a buffer change.
+    ``per_shape`` buffers are kept for each (shape, dtype); beyond that, while all are in
+    use, a new one is made and not kept.
+    """
+
+    def __init__(self, *, per_shape: int = 4) -> None:
+        if per_shape < 1:
+            raise ValueError(f"per_shape must be >= 1, got {per_shape}")
+        self.per_shape = per_shape
+        self._buffers: dict[tuple[tuple[int, ...], np.dtype], list[np.ndarray]] = {}
+        self.allocated = 0
+        self.reused = 0
+        self._free_refs = _refs_when_free()
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+        key = (tuple(shape), np.dtype(dtype))
+        kept = self._buffers.setdefault(key, [])
+        for arr in kept:
+            if sys.getrefcount(arr) <= self._free_refs:
+                self.reused += 1
+                return torch.from_numpy(arr)
+        arr = np.empty(shape, dtype)
+        self.allocated += 1
+        if len(kept) < self.per_shape:
+            kept.append(arr)
+        return torch.from_numpy(arr)
+
+
+def _refs_when_free() -> int:
+    """The reference count ``HostPool.take`` sees for a buffer nobody else holds: the
+    pool's list, the loop's name and ``getrefcount``'s own argument."""
+    kept = [np.empty(0)]
+    for arr in kept:
+        return sys.getrefcount(arr)
+    raise AssertionError("unreachable")
+
+
+def copy_host(tl: Any, out: torch.Tensor) -> None:
+    """Copy a dense DALI CPU ``TensorList`` into ``out`` (contiguous, same size): one copy,
+    straight from DALI's buffers, contiguous or not."""
+    if type(tl).__name__ == "TensorListCPU":
+        tl.copy_to_external(ctypes.c_void_p(out.data_ptr()))
+    else:  # any other dense array-like batch
+        np.copyto(out.numpy(), np.asarray(tl.as_tensor()))
 
 
 class DeviceCopier:
@@ -176,15 +238,20 @@ def is_gpu(tl: Any) -> bool:
 
 
 def to_torch(
-    tl: Any, device: torch.device | None, copier: DeviceCopier | None = None
+    tl: Any,
+    device: torch.device | None,
+    copier: DeviceCopier | None = None,
+    pool: HostPool | None = None,
 ) -> torch.Tensor | list[torch.Tensor]:
     """A DALI ``TensorList`` as a torch tensor (a copy: DALI reuses its buffers).
 
-    With a CUDA ``device``, GPU outputs are copied device-to-device and CPU outputs through
-    a pinned buffer, both without blocking on torch's current stream; pass the loader's
-    ``copier`` (between its ``begin()`` and ``end(keep=[tl, ...])``) so the buffers outlive
-    the copies, else the copy is waited for here. Samples of different shapes (raw bytes of
-    a passed-through field) come back as a list of CPU tensors, one per sample.
+    On the CPU the copy goes into a buffer of ``pool`` (see ``HostPool`` for when one is
+    reused), else into new memory. With a CUDA ``device``, GPU outputs are copied
+    device-to-device and CPU outputs once into a pooled pinned buffer and from there to the
+    device, both without blocking on torch's current stream; pass the loader's ``copier``
+    (between its ``begin()`` and ``end(keep=[tl, ...])``) so the buffers outlive the copies,
+    else the copy is waited for here. Samples of different shapes (raw bytes of a
+    passed-through field) come back as a list of CPU tensors, one per sample.
     """
     if not tl.is_dense_tensor():
         cpu_list = tl.as_cpu() if hasattr(tl, "as_cpu") else tl
@@ -192,7 +259,14 @@ def to_torch(
     if device is None or device.type != "cuda":
         if is_gpu(tl):
             raise ValueError("a DALI GPU output needs a CUDA device to copy to")
-        return torch.from_numpy(np.array(tl.as_tensor()))
+        shape, dtype = _host_layout(tl)
+        out = (
+            pool.take(shape, dtype)
+            if pool is not None
+            else torch.from_numpy(np.empty(shape, dtype))
+        )
+        copy_host(tl, out)
+        return out
     own = copier is None
     c = DeviceCopier(device) if copier is None else copier
     if own:
@@ -201,11 +275,27 @@ def to_torch(
         t = tl.as_tensor()
         out = c.dali(t, _torch_dtype(t))
     else:
-        out = c.host(np.array(tl.as_tensor()))
+        shape, dtype = _host_layout(tl)
+        staged = c.staging(shape, _torch_dtype_of(dtype))
+        copy_host(tl, staged)
+        out = c.send(staged)
     if own:
         c.end(keep=[tl])
         c.flush()
     return out
+
+
+def _host_layout(tl: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and numpy dtype of a dense CPU batch, read without copying it."""
+    if type(tl).__name__ == "TensorListCPU" and len(tl):
+        first = np.asarray(tl[0])  # a view of sample 0
+        return (len(tl), *first.shape), first.dtype
+    whole = np.asarray(tl.as_tensor())
+    return tuple(whole.shape), whole.dtype
+
+
+def _torch_dtype_of(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 def _torch_dtype(t: Any) -> torch.dtype:
