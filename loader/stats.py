@@ -2,7 +2,9 @@
 
 Waits are split into storage/cache (shards not local yet), decode (the DALI pipeline not
 ready) and host-to-device copy. ``StatsRecorder.summary()`` gives samples/s, wait fractions
-and the source's cache hits; ``log=`` appends one JSON line per batch for ``flashfeed report``.
+and the source's cache hits; ``log=`` appends one JSON line per batch for ``flashfeed report``;
+``status_dir=`` (the node cache directory) keeps the rank's status file for ``flashfeed top``
+(``status.py``); ``exporter=`` feeds the Prometheus metrics (``prometheus.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import IO, Any
+
+from .status import StatusWriter
 
 __all__ = ["STORAGE_WAIT_THRESHOLD", "WAIT_KINDS", "BatchTiming", "StatsRecorder"]
 
@@ -55,6 +59,10 @@ class StatsRecorder:
         log: str | None = None,
         cache_stats: Callable[[], dict[str, Any]] | None = None,
         exporter: Any = None,
+        status_dir: str | None = None,
+        node: str | None = None,
+        dataset: str = "",
+        status_interval: float = 0.5,
     ) -> None:
         self.rank = rank
         self.cache_stats = cache_stats
@@ -69,8 +77,21 @@ class StatsRecorder:
         self.per_batch: deque[dict[str, Any]] = deque(maxlen=PER_BATCH_KEPT)
         self.extra: Callable[[], dict[str, Any]] | None = None
         self._log: IO[str] | None = open(log, "a", encoding="utf-8") if log else None
+        self.epoch = 0
+        self.batch = -1
+        self.epoch_samples = 0
+        self._status: StatusWriter | None = None
+        self._cache_at = float("-inf")
+        if status_dir is not None:
+            self._status = StatusWriter(
+                status_dir, rank=rank, node=node, dataset=dataset, interval=status_interval
+            )
 
     def record(self, timing: BatchTiming) -> None:
+        if timing.epoch != self.epoch:
+            self.epoch, self.epoch_samples = timing.epoch, 0
+        self.batch = timing.batch
+        self.epoch_samples += timing.samples
         self.batches += 1
         self.samples += timing.samples
         for kind in WAIT_KINDS:
@@ -91,6 +112,48 @@ class StatsRecorder:
             self._log.flush()
         if self.exporter is not None:
             self.exporter.observe(timing)
+        self._publish()
+
+    def _publish(self, *, force: bool = False) -> None:
+        """Refresh the status file and the exported cache counters, at most every
+        ``status_interval`` (the cache's stats cost a directory scan now and then)."""
+        if self._status is None and self.exporter is None:
+            return
+        if self._status is not None and not force and not self._status.due():
+            return
+        if self._status is None and not force and time.monotonic() - self._cache_at < 0.5:
+            return
+        self._cache_at = time.monotonic()
+        cache = self._cache_snapshot()
+        if self.exporter is not None and cache:
+            self.exporter.set_cache(cache)
+        if self._status is not None:
+            self._status.write(lambda: self.status(cache), force=force)
+
+    def _cache_snapshot(self) -> dict[str, Any]:
+        if self.cache_stats is None:
+            return {}
+        try:
+            return dict(self.cache_stats())
+        except Exception as exc:  # the view must never stop training
+            return {"error": str(exc)}
+
+    def status(self, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What ``flashfeed top`` shows of this rank: running totals and the position."""
+        elapsed = (self.last_t - self.first_t) if self.last_t and self.first_t else 0.0
+        return {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "epoch_samples": self.epoch_samples,
+            "batches": self.batches,
+            "samples": self.samples,
+            "elapsed_s": elapsed,
+            "wait_s": dict(self.waits),
+            "batches_waited_on_storage": self.waited_on_storage,
+            "cache": {
+                k: (cache or {}).get(k) for k in ("used_bytes", "capacity") if k in (cache or {})
+            },
+        }
 
     def summary(self) -> dict[str, Any]:
         elapsed = (self.last_t - self.first_t) if self.last_t and self.first_t else 0.0
@@ -116,7 +179,10 @@ class StatsRecorder:
         return out
 
     def close(self) -> None:
-        """Close the log and stop the exporter's HTTP server."""
+        """Close the log, remove the status file and stop the exporter's HTTP server."""
+        if self._status is not None:
+            self._status.close()
+            self._status = None
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -1,0 +1,208 @@
+"""Per-rank status files in the node cache directory: what ``flashfeed top`` reads.
+
+Each loader process that reads through a node cache keeps one small JSON file,
+``<cache dir>/.status/rank<R>.<pid>.json``, rewritten atomically (temporary file, then
+rename) at most every ``interval`` seconds while it delivers batches, and removed when the
+loader closes. A reader therefore sees either the previous or the next state, never half of
+one, and no process serves anything: ``flashfeed top`` only reads files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "STATUS_DIRNAME",
+    "NodeCache",
+    "RankStatus",
+    "StatusWriter",
+    "read_node_cache",
+    "read_statuses",
+    "status_dir",
+]
+
+STATUS_DIRNAME = ".status"
+STATUS_VERSION = 1
+#: a status file older than this (seconds) belongs to a loader that is gone
+FORGET_AFTER_S = 600.0
+
+
+def status_dir(cache_dir: str) -> str:
+    """Where the loaders using the node cache ``cache_dir`` keep their status files."""
+    return os.path.join(cache_dir, STATUS_DIRNAME)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
+class StatusWriter:
+    """Writes one rank's status file, at most every ``interval`` seconds."""
+
+    def __init__(
+        self,
+        cache_dir: str,
+        *,
+        rank: int,
+        node: str | None = None,
+        dataset: str = "",
+        interval: float = 0.5,
+    ) -> None:
+        if interval < 0:
+            raise ValueError(f"status interval must be >= 0 seconds, got {interval}")
+        self.dir = status_dir(cache_dir)
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.rank = rank
+        self.node = node or socket.gethostname()
+        self.dataset = dataset
+        self.interval = interval
+        self.path = os.path.join(self.dir, f"rank{rank}.{os.getpid()}.json")
+        self._last = float("-inf")
+        self._sweep_dead()
+
+    def _sweep_dead(self) -> None:
+        """Remove the files of this node's loaders that died without closing."""
+        for st in read_statuses(os.path.dirname(self.dir), include_dead=True):
+            if st.node == self.node and not _pid_alive(st.pid):
+                with contextlib.suppress(OSError):
+                    os.unlink(st.path)
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.interval
+
+    def write(self, state: Callable[[], dict[str, Any]], *, force: bool = False) -> bool:
+        """Write ``state()`` if ``interval`` has passed since the last write (or ``force``).
+        A full or read-only disk costs the status, never the training."""
+        if not force and not self.due():
+            return False
+        self._last = time.monotonic()
+        body = {
+            "version": STATUS_VERSION,
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "node": self.node,
+            "dataset": self.dataset,
+            "updated": time.time(),
+            **state(),
+        }
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump(body, f)
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One rank's status file as read back."""
+
+    path: str
+    rank: int
+    pid: int
+    node: str
+    dataset: str
+    updated: float
+    data: dict[str, Any]
+
+    def total(self, key: str) -> float:
+        return float(self.data.get(key, 0) or 0)
+
+    def wait(self, kind: str) -> float:
+        return float((self.data.get("wait_s") or {}).get(kind, 0.0) or 0.0)
+
+
+def read_statuses(cache_dir: str, *, include_dead: bool = False) -> list[RankStatus]:
+    """The status files under ``cache_dir``, by rank. Files being replaced, unreadable or of
+    another format are skipped; so are (unless ``include_dead``) loaders that are gone: a
+    dead process on this node, or a file nobody updated for ``FORGET_AFTER_S``."""
+    d = status_dir(cache_dir)
+    try:
+        names = sorted(os.listdir(d))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    here, now, out = socket.gethostname(), time.time(), []
+    for name in names:
+        if not name.startswith("rank") or not name.endswith(".json"):
+            continue
+        path = os.path.join(d, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            st = RankStatus(
+                path=path,
+                rank=int(data["rank"]),
+                pid=int(data["pid"]),
+                node=str(data.get("node", "")),
+                dataset=str(data.get("dataset", "")),
+                updated=float(data["updated"]),
+                data=data,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not include_dead:
+            if now - st.updated > FORGET_AFTER_S:
+                continue
+            if st.node == here and not _pid_alive(st.pid):
+                continue
+        out.append(st)
+    out.sort(key=lambda s: (s.rank, s.pid))
+    return out
+
+
+@dataclass(frozen=True)
+class NodeCache:
+    """The node cache's own counters (all processes, persisted by the cache) and its room."""
+
+    counters: dict[str, float]
+    fills_in_flight: int
+    used_bytes: int | None
+    capacity: int | None
+
+
+def read_node_cache(cache_dir: str, *, used_bytes: int | None = None) -> NodeCache:
+    """Counters from the cache's ``stats.json``, live fills, capacity; ``used_bytes`` as a
+    loader last measured it (a directory scan here when None)."""
+    from flashfeed.cache.layout import list_dataset_dirs
+    from flashfeed.cache.space import recorded_capacity
+    from flashfeed.cache.stats import COUNTERS, read_persisted
+
+    persisted = read_persisted(cache_dir)
+    counters = {k: float(persisted.get(k, 0) or 0) for k in COUNTERS}
+    dirs = list_dataset_dirs(cache_dir)
+    fills: set[tuple[str, int]] = set()  # a fill may hold two part files (shard, index)
+    for d in dirs:
+        for shard, path in d.parts():
+            fields = os.path.basename(path).split(".")  # <shard>.<pid>.<token>
+            if len(fields) >= 3 and fields[1].isdigit() and _pid_alive(int(fields[1])):
+                fills.add((d.key, shard))
+    if used_bytes is None:
+        used_bytes = sum(e.size for d in dirs for e in d.entries()) + sum(
+            d.part_bytes() for d in dirs
+        )
+    return NodeCache(counters, len(fills), used_bytes, recorded_capacity(cache_dir))
