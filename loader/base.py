@@ -41,6 +41,7 @@ class PlannedLoader:
         ledger_dir: str | None,
         stats_log: str | None,
         prometheus_port: int | None,
+        prometheus_addr: str = "127.0.0.1",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -63,9 +64,17 @@ class PlannedLoader:
         if prometheus_port is not None:
             from .prometheus import PrometheusExporter
 
-            exporter = PrometheusExporter(port=prometheus_port, rank=ctx.rank)
+            exporter = PrometheusExporter(
+                port=prometheus_port, rank=ctx.rank, addr=prometheus_addr, dataset=dataset.url
+            )
         self.recorder = StatsRecorder(
-            rank=ctx.rank, log=stats_log, cache_stats=source.stats, exporter=exporter
+            rank=ctx.rank,
+            log=stats_log,
+            cache_stats=source.stats,
+            exporter=exporter,
+            # the node cache keeps this rank's status file for ``flashfeed top``
+            status_dir=source.cache.root if isinstance(source, CacheShardSource) else None,
+            dataset=dataset.url,
         )
         self.shard_names = ShardNames(dataset)
         self._finished = False

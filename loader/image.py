@@ -74,6 +74,7 @@ class Loader(PlannedLoader):
         ledger_dir: str | None = None,
         stats_log: str | None = None,
         prometheus_port: int | None = None,
+        prometheus_addr: str = "127.0.0.1",
     ) -> None:
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
@@ -114,6 +115,7 @@ class Loader(PlannedLoader):
             ledger_dir=ledger_dir,
             stats_log=stats_log,
             prometheus_port=prometheus_port,
+            prometheus_addr=prometheus_addr,
         )
         self.user_pipeline = pipeline
         self.num_threads = num_threads

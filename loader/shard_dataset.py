@@ -76,6 +76,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
         ledger_dir: str | None = None,
         stats_log: str | None = None,
         prometheus_port: int | None = None,
+        prometheus_addr: str = "127.0.0.1",
     ) -> None:
         ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
         if ds.manifest.shard_format != "webdataset":
@@ -93,6 +94,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
             ledger_dir=ledger_dir,
             stats_log=stats_log,
             prometheus_port=prometheus_port,
+            prometheus_addr=prometheus_addr,
         )
         self.transform = transform
         self.specs: tuple[FieldSpec, ...] | None = parse_fields(fields) if fields else None

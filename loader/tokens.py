@@ -73,6 +73,7 @@ class TokenLoader(PlannedLoader):
         ledger_dir: str | None = None,
         stats_log: str | None = None,
         prometheus_port: int | None = None,
+        prometheus_addr: str = "127.0.0.1",
     ) -> None:
         if isinstance(columns, str) or not columns:
             raise ValueError(f"columns must be a non-empty sequence of names, got {columns!r}")
@@ -96,6 +97,7 @@ class TokenLoader(PlannedLoader):
             ledger_dir=ledger_dir,
             stats_log=stats_log,
             prometheus_port=prometheus_port,
+            prometheus_addr=prometheus_addr,
         )
         self.columns = tuple(columns)
         self.dtype = dtype
