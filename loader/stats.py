@@ -106,29 +106,33 @@ class StatsRecorder:
         if self.first_t is None:
             self.first_t = timing.t - timing.wait
         self.last_t = timing.t
-        if self._log is not None:
-            line = {**asdict(timing), "waited_on_storage": timing.waited_on_storage}
-            self._log.write(json.dumps(line) + "\n")
-            self._log.flush()
         if self.exporter is not None:
             self.exporter.observe(timing)
-        self._publish()
+        cache = self._publish()
+        if self._log is not None:
+            line = {**asdict(timing), "waited_on_storage": timing.waited_on_storage}
+            if cache is not None and "misses" in cache:  # fills so far, for the HTML report
+                line["cache_fills"] = cache["misses"]
+                line["cache_fetched_bytes"] = cache.get("bytes_fetched", 0)
+            self._log.write(json.dumps(line) + "\n")
+            self._log.flush()
 
-    def _publish(self, *, force: bool = False) -> None:
-        """Refresh the status file and the exported cache counters, at most every
-        ``status_interval`` (the cache's stats cost a directory scan now and then)."""
-        if self._status is None and self.exporter is None:
-            return
-        if self._status is not None and not force and not self._status.due():
-            return
-        if self._status is None and not force and time.monotonic() - self._cache_at < 0.5:
-            return
+    def _publish(self, *, force: bool = False) -> dict[str, Any] | None:
+        """Every ``status_interval`` at most (the cache's stats cost a directory scan now
+        and then): read the cache's counters, refresh the status file and the exported
+        cache metrics; returns the counters read (None when it was not time yet)."""
+        if self._status is None and self.exporter is None and self._log is None:
+            return None
+        interval = self._status.interval if self._status is not None else 0.5
+        if not force and time.monotonic() - self._cache_at < interval:
+            return None
         self._cache_at = time.monotonic()
         cache = self._cache_snapshot()
         if self.exporter is not None and cache:
             self.exporter.set_cache(cache)
         if self._status is not None:
-            self._status.write(lambda: self.status(cache), force=force)
+            self._status.write(lambda: self.status(cache), force=True)
+        return cache
 
     def _cache_snapshot(self) -> dict[str, Any]:
         if self.cache_stats is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import urllib.request
 
@@ -94,8 +95,9 @@ def test_prometheus_exports_waits_on_loopback(tmp_path):
     exporter = loader.recorder.exporter
     assert exporter.addr == "127.0.0.1"
     body = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics").read().decode()
-    assert 'flashfeed_loader_samples_total{rank="0"} 16.0' in body
-    assert 'flashfeed_loader_wait_seconds_total{kind="decode",rank="0"}' in body
+    labels = f'dataset="{prefix}",node="{socket.gethostname()}",rank="0"'
+    assert f"flashfeed_loader_samples_total{{{labels}}} 16.0" in body
+    assert f'flashfeed_loader_wait_seconds_total{{dataset="{prefix}",kind="decode"' in body
     exporter.close()
 
 
