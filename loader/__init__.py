@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .distributed import DistContext, resolve_context
     from .image import Loader
     from .ledger import Ledger, read_ledger
+    from .parts import LoaderParts, SharedKeywords
     from .pipeline import decode_device
     from .position import PlanOptions, Position
     from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
@@ -28,12 +29,14 @@ _LAZY = {
     "DistContext": ".distributed",
     "Ledger": ".ledger",
     "Loader": ".image",
+    "LoaderParts": ".parts",
     "LocalShardSource": ".sources",
     "PlanOptions": ".position",
     "Position": ".position",
     "ShardDataLoader": ".shard_dataset",
     "ShardDataset": ".shard_dataset",
     "ShardSource": ".sources",
+    "SharedKeywords": ".parts",
     "TokenLoader": ".tokens",
     "collate_samples": ".shard_dataset",
     "decode_device": ".pipeline",
@@ -49,12 +52,14 @@ __all__ = [
     "DistContext",
     "Ledger",
     "Loader",
+    "LoaderParts",
     "LocalShardSource",
     "PlanOptions",
     "Position",
     "ShardDataLoader",
     "ShardDataset",
     "ShardSource",
+    "SharedKeywords",
     "TokenLoader",
     "collate_samples",
     "decode_device",

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
 from flashfeed.dataset import Dataset
 
-from .distributed import DistContext
 from .ledger import Ledger
+from .parts import LoaderParts
 from .passplan import PassPlan, make_pass
-from .position import PlanOptions, Position
-from .sources import CacheShardSource, ShardSource
+from .position import Position
 from .stats import BatchTiming, StatsRecorder
 
-__all__ = ["PlannedLoader"]
+__all__ = ["Made", "PlannedLoader"]
 
 T = TypeVar("T")
 
@@ -30,51 +30,31 @@ class PlannedLoader:
     otherwise. ``state_dict()`` after batch k makes a new loader continue with batch k+1.
     """
 
-    def __init__(
-        self,
-        dataset: Dataset,
-        *,
-        ctx: DistContext,
-        batch_size: int,
-        options: PlanOptions,
-        source: ShardSource,
-        ledger_dir: str | None,
-        stats_log: str | None,
-        prometheus_port: int | None,
-        prometheus_addr: str = "127.0.0.1",
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.dataset = dataset
-        self.ctx = ctx
+    def __init__(self, parts: LoaderParts, *, batch_size: int) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 (an integer), got {batch_size!r}")
+        self.parts = parts
+        self.dataset = dataset = parts.dataset
+        self.ctx = ctx = parts.ctx
         self.batch_size = batch_size
-        self.drop_last = options.drop_last
-        self.source = source
+        self.drop_last = parts.options.drop_last
+        self.source = parts.source
         self.position = Position(
-            _shard_samples(dataset), ctx, options, dataset_id=_dataset_id(dataset)
+            _shard_samples(dataset), ctx, parts.options, dataset_id=_dataset_id(dataset)
         )
-        if isinstance(source, CacheShardSource):  # warns once if warmed for another share
-            from flashfeed.cache import check_warm_record
-
-            check_warm_record(source.cache, dataset, options, ctx.topology, ctx.node_rank)
+        telemetry = parts.telemetry
         self.ledger = (
-            Ledger(ledger_dir, rank=ctx.rank, world_size=ctx.world_size) if ledger_dir else None
+            Ledger(telemetry.ledger_dir, rank=ctx.rank, world_size=ctx.world_size)
+            if telemetry.ledger_dir
+            else None
         )
         exporter = None
-        if prometheus_port is not None:
+        if telemetry.prometheus_port is not None:
             from .prometheus import PrometheusExporter
 
-            exporter = PrometheusExporter(
-                port=prometheus_port, rank=ctx.rank, addr=prometheus_addr, dataset=dataset.url
-            )
+            exporter = PrometheusExporter(port=telemetry.prometheus_port, rank=ctx.rank)
         self.recorder = StatsRecorder(
-            rank=ctx.rank,
-            log=stats_log,
-            cache_stats=source.stats,
-            exporter=exporter,
-            # the node cache keeps this rank's status file for ``flashfeed top``
-            status_dir=source.cache.root if isinstance(source, CacheShardSource) else None,
-            dataset=dataset.url,
+            rank=ctx.rank, log=telemetry.stats_log, cache_stats=self.source.stats, exporter=exporter
         )
         self.shard_names = ShardNames(dataset)
         self._finished = False
@@ -155,7 +135,9 @@ class PlannedLoader:
         self._active = True
         return _PassIterator(self, run)
 
-    def _begin_pass(self) -> PassPlan:
+    def begin_pass(self) -> PassPlan:
+        """Start a pass: refuse a second one at once, move on to the next epoch if the last
+        pass finished this one, and return what this pass reads, in order."""
         self._refuse_second_pass()
         if self._finished:
             self.position.next_epoch()
@@ -167,39 +149,75 @@ class PlannedLoader:
             drop_last=self.drop_last,
         )
 
-    def _account_batch(
+    def _deliver_batches(
         self,
-        plan: PassPlan,
+        order: PassPlan,
+        wait: Callable[[int], float],
+        make: Callable[[int], Made[T]],
         *,
-        keys: Sequence[str],
+        storage: float = 0.0,
+    ) -> Generator[T, None, None]:
+        """The pass's batches in order: wait until batch k's bytes are readable (``wait``,
+        its seconds count as storage wait), make it (``make``), account for it, yield it.
+        ``storage``: seconds already waited for batch 0."""
+        epoch = self.position.epoch
+        step_start = time.perf_counter()
+        for k in range(order.num_batches):
+            asked = time.perf_counter()
+            storage += wait(k)
+            made = make(k)
+            self.deliver(
+                len(made.keys),
+                keys=made.keys,
+                planned=order.batch_len(k),
+                epoch=epoch,
+                batch=k,
+                storage=storage,
+                decode=made.decode,
+                h2d=made.h2d,
+                step=asked - step_start,
+            )
+            storage = 0.0
+            yield made.batch
+            step_start = time.perf_counter()
+
+    def deliver(
+        self,
+        samples: int,
+        *,
         epoch: int,
         batch: int,
-        storage: float,
-        decode: float,
-        h2d: float,
-        step: float,
+        keys: Sequence[str] | None = None,
+        planned: int | None = None,
+        storage: float = 0.0,
+        decode: float = 0.0,
+        h2d: float = 0.0,
+        step: float = 0.0,
     ) -> None:
-        """Account for batch ``batch`` of the pass: ledger, resume position, timings.
+        """Account for ``samples`` the consumer receives now (batch ``batch`` of ``epoch``):
+        the ledger, the resume position, the timings.
 
-        ``keys`` is the batch's ``__key__``, as delivered by the pipeline: the ledger records
-        what the consumer receives, never what the plan meant to send.
+        ``keys`` are the delivered ``__key__`` values, as the consumer gets them (needed with
+        a ledger): the ledger records what was received, never what the plan meant to send.
+        ``planned``: the samples the pass order has for this batch, checked against them.
         """
-        sl = plan.batch_slice(batch)
-        if len(keys) != sl.stop - sl.start:
+        if planned is not None and samples != planned:
             raise RuntimeError(
-                f"{self._describe()}: batch {batch} of epoch {epoch} delivered {len(keys)} "
-                f"samples, the plan has {sl.stop - sl.start}"
+                f"{self._describe()}: batch {batch} of epoch {epoch} delivered {samples} "
+                f"samples, the plan has {planned}"
             )
         if self.ledger is not None:
+            if keys is None:
+                raise ValueError(f"{self._describe()} keeps a ledger: deliver() needs the keys")
             self.ledger.record(epoch, keys)
-        self.position.advance(sl.stop - sl.start)
+        self.position.advance(samples)
         self.recorder.record(
             BatchTiming(
                 t=time.time(),
                 rank=self.ctx.rank,
                 epoch=epoch,
                 batch=batch,
-                samples=sl.stop - sl.start,
+                samples=samples,
                 storage=storage,
                 decode=decode,
                 h2d=h2d,
@@ -213,6 +231,17 @@ class PlannedLoader:
 
     def close(self) -> None:
         self.recorder.close()
+
+
+@dataclass(frozen=True)
+class Made(Generic[T]):
+    """One batch as a loader made it: the batch, its keys, the seconds spent decoding (or
+    gathering) it and copying it to the device."""
+
+    batch: T
+    keys: Sequence[str]
+    decode: float
+    h2d: float
 
 
 class _PassIterator(Generic[T]):

@@ -5,23 +5,24 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from flashfeed.dataset import Dataset
 
-from .base import PlannedLoader
+from .base import Made, PlannedLoader
 from .convert import DeviceCopier, to_keys, to_torch
 from .dali_runner import DaliRunner, cuda_initialized, py_start_method
-from .distributed import cuda_device_index, resolve_context
 from .fields import KEY, parse_fields
+from .parts import SharedKeywords, loader_parts
 from .passplan import PassPlan
-from .pipeline import AugmentOptions, PipelineFn, build_pipeline, decode_device
-from .position import PlanOptions
+from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
 from .readahead import StreamFeeder, readahead_budget_bytes
 from .reader import BatchSource, ShardReader
-from .sources import ShardSource, open_dataset, open_source
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Batch", "Loader"]
 
@@ -36,7 +37,8 @@ class Loader(PlannedLoader):
     ``device``: ``"gpu"`` (nvJPEG "mixed" decode; needs a CUDA build of torch), ``"cpu"``, or
     ``"auto"``. ``reader_start``: how DALI starts its ``py_workers`` reader processes,
     ``"fork"``, ``"spawn"``, or ``"auto"``: spawn when decode runs on the GPU or this process
-    has already initialised CUDA (DALI cannot fork then), fork otherwise.
+    has already initialised CUDA (DALI cannot fork then), fork otherwise. Every loader's
+    keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP
@@ -49,13 +51,6 @@ class Loader(PlannedLoader):
         dataset: str | Dataset,
         *,
         batch_size: int,
-        cache_dir: str | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        ranks_per_node: int | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = True,
         image_size: int = 224,
         train: bool | None = None,
         device: str = "auto",
@@ -64,17 +59,10 @@ class Loader(PlannedLoader):
         num_threads: int = 2,
         py_workers: int = 1,
         reader_start: str = "auto",
-        window: int = 4,
         prefetch: int = 2,
         readahead: int | str = "auto",
         readahead_budget: int | str | None = None,
-        cache: Any = None,
-        source: ShardSource | None = None,
-        storage_options: dict[str, Any] | None = None,
-        ledger_dir: str | None = None,
-        stats_log: str | None = None,
-        prometheus_port: int | None = None,
-        prometheus_addr: str = "127.0.0.1",
+        **shared: Unpack[SharedKeywords],
     ) -> None:
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
@@ -86,12 +74,7 @@ class Loader(PlannedLoader):
             isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0
         ):
             raise ValueError(f"readahead must be 'auto' or a shard count >= 0, got {readahead!r}")
-        ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
-        if ds.manifest.shard_format != "webdataset":
-            raise ValueError(
-                f"{ds.url} holds {ds.manifest.shard_format} shards; "
-                "Loader reads webdataset shards (use TokenLoader for arrow)"
-            )
+        parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
         self.specs = parse_fields(fields)
         self.device_kind = decode_device(device)
         # decided now, before the caller's next CUDA call could change the answer
@@ -102,21 +85,10 @@ class Loader(PlannedLoader):
         )
         self.augment = AugmentOptions(
             image_size=image_size,
-            train=shuffle if train is None else train,
+            train=parts.options.shuffle if train is None else train,
             device=self.device_kind,
         )
-        super().__init__(
-            ds,
-            ctx=resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node),
-            batch_size=batch_size,
-            options=PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window),
-            source=source
-            or open_source(ds, cache_dir=cache_dir, cache=cache, storage_options=storage_options),
-            ledger_dir=ledger_dir,
-            stats_log=stats_log,
-            prometheus_port=prometheus_port,
-            prometheus_addr=prometheus_addr,
-        )
+        super().__init__(parts, batch_size=batch_size)
         self.user_pipeline = pipeline
         self.num_threads = num_threads
         self.py_workers = py_workers
@@ -126,15 +98,13 @@ class Loader(PlannedLoader):
         self._feeder: StreamFeeder | None = None
         self.recorder.extra = self._readahead_stats
         # decode_device() made sure a "gpu" loader has a CUDA torch
-        self.torch_device = (
-            torch.device("cuda", cuda_device_index()) if self.device_kind == "gpu" else None
-        )
+        self.torch_device = cuda_device() if self.device_kind == "gpu" else None
         self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
         self.runner = DaliRunner(self._build, self._source)
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
-        return self._pass_iter(self._run(self._begin_pass()))
+        return self._pass_iter(self._run(self.begin_pass()))
 
     def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
         if self.py_workers:
@@ -170,35 +140,14 @@ class Loader(PlannedLoader):
                 readahead=self.readahead,
                 budget=self.readahead_budget,
             )
-            storage_wait = feeder.wait_ready(0)
+            storage = feeder.wait_ready(0)
             startup = self.runner.start(plan) if plan.num_batches else 0.0
-            names = self.runner.names
-            step_start = time.perf_counter()
-            epoch = self.position.epoch
-            for k in range(plan.num_batches):
-                asked = time.perf_counter()
-                storage_wait += feeder.wait_ready(k)
-                t1 = time.perf_counter()
-                outputs = self.runner.run()
-                t2 = time.perf_counter()
-                out = dict(zip(names, outputs, strict=True))
-                keys = to_keys(out.pop(KEY))
-                batch, h2d = self._to_batch(out, outputs)
-                batch[KEY] = keys
-                t3 = time.perf_counter()
-                self._account_batch(
-                    plan,
-                    keys=keys,
-                    epoch=epoch,
-                    batch=k,
-                    storage=storage_wait,
-                    decode=(t2 - t1) + (startup if k == 0 else 0.0),
-                    h2d=h2d if h2d is not None else t3 - t2,
-                    step=asked - step_start,
-                )
-                storage_wait = 0.0
-                yield batch
-                step_start = time.perf_counter()
+            yield from self._deliver_batches(
+                plan,
+                feeder.wait_ready,
+                lambda k: self._make(startup if k == 0 else 0.0),
+                storage=storage,
+            )
             feeder.finish()
             if plan.num_batches:
                 self.runner.finish()
@@ -209,6 +158,19 @@ class Loader(PlannedLoader):
         finally:
             if self._feeder is not None:
                 self._feeder.close()
+
+    def _make(self, startup: float) -> Made[Batch]:
+        """The pipeline's next batch as torch tensors (``startup``: seconds the pipeline
+        took to start, counted as this batch's decode time)."""
+        t1 = time.perf_counter()
+        outputs = self.runner.run()
+        t2 = time.perf_counter()
+        out = dict(zip(self.runner.names, outputs, strict=True))
+        keys = to_keys(out.pop(KEY))
+        batch, h2d = self._to_batch(out, outputs)
+        batch[KEY] = keys
+        t3 = time.perf_counter()
+        return Made(batch, keys, t2 - t1 + startup, h2d if h2d is not None else t3 - t2)
 
     def _to_batch(self, out: dict[str, Any], outputs: Any) -> tuple[Batch, float | None]:
         """The batch as torch tensors, and on a GPU the seconds the GPU spent copying (from

@@ -32,6 +32,11 @@ class PassPlan:
     def batch_slice(self, k: int) -> slice:
         return slice(k * self.batch_size, min((k + 1) * self.batch_size, len(self.ids)))
 
+    def batch_len(self, k: int) -> int:
+        """Samples in batch ``k`` (the last one may be short without ``drop_last``)."""
+        sl = self.batch_slice(k)
+        return sl.stop - sl.start
+
     def shard_order(self) -> tuple[list[int], list[int]]:
         """Shards in order of first need, and the batch that first needs each."""
         uniq, first = np.unique(self.shards, return_index=True)

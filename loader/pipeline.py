@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .distributed import cuda_device_index
 from .fields import KEY, FieldSpec
 from .reader import BatchSource
 
@@ -22,7 +23,10 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "AugmentOptions",
+    "batch_device",
     "build_pipeline",
+    "check_device",
+    "cuda_device",
     "decode_device",
     "default_image_pipeline",
     "gpu_count",
@@ -67,6 +71,38 @@ def torch_cuda_usable() -> bool:
         return False
 
 
+def check_device(device: str) -> str:
+    """``device`` as every loader takes it: ``"auto"``, ``"cpu"`` or ``"gpu"`` (``"cuda"`` is
+    another name for it); refuses anything else."""
+    if device not in ("auto", "cpu", "gpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu', 'gpu' or 'cuda', got {device!r}")
+    return "gpu" if device == "cuda" else device
+
+
+def batch_device(device: str, *, torch_cuda: bool | None = None) -> Any:
+    """Where a loader that copies its batches itself (``TokenLoader``; no DALI decode) puts
+    them: a ``torch.device`` of this rank's GPU when ``device`` asks for one, or is
+    ``"auto"`` and torch sees CUDA; None for the CPU. ``"gpu"`` without a CUDA torch raises
+    here, at construction, saying what to install. ``torch_cuda`` defaults to this machine."""
+    kind = check_device(device)
+    cuda = torch_cuda_usable() if torch_cuda is None else torch_cuda
+    if kind == "cpu" or (kind == "auto" and not cuda):
+        return None
+    if not cuda:
+        raise ValueError(
+            f"device={device!r} but this PyTorch sees no CUDA device "
+            f"(torch.cuda.is_available() is False); {CUDA_TORCH_HINT}"
+        )
+    return cuda_device()
+
+
+def cuda_device() -> Any:
+    """This rank's GPU as a ``torch.device`` (see ``cuda_device_index``)."""
+    import torch
+
+    return torch.device("cuda", cuda_device_index())
+
+
 def decode_device(
     device: str = "auto", *, dali_gpus: int | None = None, torch_cuda: bool | None = None
 ) -> str:
@@ -77,9 +113,7 @@ def decode_device(
     GPU through DALI raise here, at construction, saying what to install. ``dali_gpus`` and
     ``torch_cuda`` default to what this machine has (tests pass them).
     """
-    if device not in ("auto", "cpu", "gpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
-    if device == "cpu":
+    if check_device(device) == "cpu":
         return "cpu"
     gpus = gpu_count() if dali_gpus is None else dali_gpus
     if gpus == 0:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,14 +24,15 @@ from flashfeed.dataset import Dataset
 from flashfeed.lifeline import tie_to_parent
 
 from .base import PlannedLoader
-from .distributed import resolve_context
 from .fields import KEY, FieldSpec, parse_fields
 from .labels import parse_label
-from .passplan import PassPlan, ShardFeeder, make_pass
-from .position import PlanOptions
+from .parts import SharedKeywords, loader_parts
+from .passplan import PassPlan, ShardFeeder
 from .reader import ShardReader
-from .sources import ShardSource, open_dataset, open_source
-from .stats import BatchTiming, StatsRecorder
+from .stats import StatsRecorder
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ShardDataLoader", "ShardDataset", "collate_samples"]
 
@@ -51,7 +52,8 @@ class ShardDataset(PlannedLoader, IterableDataset):
     """This rank's samples of a webdataset dataset, in plan order; resumable.
 
     ``batch_size`` must match the ``DataLoader``'s (``loader()`` sets both); ``fields=None``
-    yields every member of a sample, labels (``.cls``/``.json``...) parsed to int64.
+    yields every member of a sample, labels (``.cls``/``.json``...) parsed to int64. Every
+    loader's keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
     """
 
     def __init__(
@@ -61,54 +63,18 @@ class ShardDataset(PlannedLoader, IterableDataset):
         batch_size: int = 1,
         transform: Transform | None = None,
         fields: Mapping[str, str | Sequence[str]] | None = None,
-        cache_dir: str | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        ranks_per_node: int | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = True,
-        window: int = 4,
         readahead: int = 4,
-        cache: Any = None,
-        source: ShardSource | None = None,
-        storage_options: dict[str, Any] | None = None,
-        ledger_dir: str | None = None,
-        stats_log: str | None = None,
-        prometheus_port: int | None = None,
-        prometheus_addr: str = "127.0.0.1",
+        **shared: Unpack[SharedKeywords],
     ) -> None:
-        ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
-        if ds.manifest.shard_format != "webdataset":
-            raise ValueError(f"{ds.url} holds {ds.manifest.shard_format} shards, not webdataset")
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be callable, got {type(transform).__name__}")
-        PlannedLoader.__init__(
-            self,
-            ds,
-            ctx=resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node),
-            batch_size=batch_size,
-            options=PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window),
-            source=source
-            or open_source(ds, cache_dir=cache_dir, cache=cache, storage_options=storage_options),
-            ledger_dir=ledger_dir,
-            stats_log=stats_log,
-            prometheus_port=prometheus_port,
-            prometheus_addr=prometheus_addr,
-        )
+        parts = loader_parts("ShardDataset", dataset, shard_format="webdataset", keywords=shared)
+        PlannedLoader.__init__(self, parts, batch_size=batch_size)
         self.transform = transform
         self.specs: tuple[FieldSpec, ...] | None = parse_fields(fields) if fields else None
         self.readahead = readahead
         self._driven = False
         self._trainer_pid: int | None = None
-
-    def _pass_plan(self) -> PassPlan:
-        return make_pass(
-            self.position.remaining(),
-            self.position.shard_sizes,
-            batch_size=self.batch_size,
-            drop_last=self.drop_last,
-        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -130,7 +96,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
                 "state_dict() resumes exactly"
             )
         if info is None and not self._driven:
-            return self._pass_iter(self._samples(self._begin_pass(), 0, 1, in_process=True))
+            return self._pass_iter(self._samples(self.begin_pass(), 0, 1, in_process=True))
         # under a ShardDataLoader, which counts deliveries itself; in a worker, the position
         # is the one the main process had at iter(DataLoader)
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -138,7 +104,9 @@ class ShardDataset(PlannedLoader, IterableDataset):
             # the trainer's pid was taken before the fork: a worker that starts after the
             # trainer died must not tie itself to whoever adopted it
             tie_to_parent(self._trainer_pid or os.getppid(), kernel_signal=False)
-        return self._samples(self._pass_plan(), worker, workers, in_process=False)
+        # the main process began this pass (``ShardDataLoader.__iter__``): this copy of the
+        # loader, in a worker or driven in-process, reads its share of the same pass
+        return self._samples(self.begin_pass(), worker, workers, in_process=False)
 
     def _sample(self, reader: ShardReader, plan: PassPlan, j: int) -> dict[str, Any]:
         shard, row = int(plan.shards[j]), int(plan.rows[j])
@@ -179,31 +147,21 @@ class ShardDataset(PlannedLoader, IterableDataset):
                     sample = self._sample(reader, plan, j)
                     out = self.transform(sample) if self.transform else sample
                     if in_process:
-                        self._delivered(epoch, sample, storage, time.perf_counter() - t0)
+                        work = time.perf_counter() - t0
+                        self.deliver(
+                            1,
+                            keys=[sample[KEY]],
+                            epoch=epoch,
+                            batch=self.position.consumed,
+                            storage=storage,
+                            decode=work,
+                        )
                         storage = 0.0
                     yield out
             if in_process:
                 self._end_epoch()
         finally:
             reader.close()
-
-    def _delivered(self, epoch: int, sample: dict[str, Any], storage: float, work: float) -> None:
-        if self.ledger is not None:
-            self.ledger.record(epoch, [sample[KEY]])
-        self.position.advance(1)
-        self.recorder.record(
-            BatchTiming(
-                t=time.time(),
-                rank=self.ctx.rank,
-                epoch=epoch,
-                batch=self.position.consumed - 1,
-                samples=1,
-                storage=storage,
-                decode=work,
-                h2d=0.0,
-                step=0.0,
-            )
-        )
 
     def loader(self, **kwargs: Any) -> ShardDataLoader:
         """A ``DataLoader`` over this dataset whose batches follow the plan and whose
@@ -255,10 +213,7 @@ class ShardDataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
-        ds._refuse_second_pass()
-        if ds._finished:
-            ds.position.next_epoch()
-            ds._finished = False
+        ds.begin_pass()
         epoch = ds.position.epoch
         ds._driven = True
         ds._trainer_pid = os.getpid()
@@ -279,12 +234,8 @@ class ShardDataLoader:
                 break
             wait = time.perf_counter() - t0
             n = _batch_len(batch)
-            if ds.ledger is not None:
-                ds.ledger.record(epoch, _batch_keys(batch, n))
-            ds.position.advance(n)
-            ds.recorder.record(
-                BatchTiming(time.time(), ds.ctx.rank, epoch, k, n, 0.0, wait, 0.0, 0.0)
-            )
+            keys = _batch_keys(batch, n) if ds.ledger is not None else None
+            ds.deliver(n, keys=keys, epoch=epoch, batch=k, decode=wait)
             k += 1
             yield batch
         ds._end_epoch()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,14 +21,15 @@ import torch
 from flashfeed.dataset import Dataset
 
 from .arrowcols import ArrowShardView, open_arrow_view
-from .base import PlannedLoader
+from .base import Made, PlannedLoader
 from .convert import DeviceCopier
-from .distributed import cuda_device_index, resolve_context
 from .fields import KEY
+from .parts import SharedKeywords, loader_parts
 from .passplan import PassPlan, ShardFeeder
-from .pipeline import CUDA_TORCH_HINT
-from .position import PlanOptions
-from .sources import ShardSource, open_dataset, open_source
+from .pipeline import batch_device, check_device
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["Batch", "TokenLoader"]
 
@@ -41,7 +42,9 @@ Batch = dict[str, torch.Tensor | list[str]]
 
 class TokenLoader(PlannedLoader):
     """Batches ``{column: (batch, seq_len) tensor, "__key__": [<shard>/<key>, ...]}`` of an
-    Arrow token dataset.
+    Arrow token dataset. ``device``: ``"auto"`` (this rank's GPU when torch sees CUDA),
+    ``"cpu"`` or ``"gpu"``. Every loader's keywords (``cache_dir``, ``rank``, ``seed``,
+    ``ledger_dir``...): ``SharedKeywords``.
 
     >>> loader = TokenLoader("s3://b/tokens", batch_size=8, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> next(iter(loader))["tokens"].shape                                         # doctest: +SKIP
@@ -55,60 +58,23 @@ class TokenLoader(PlannedLoader):
         batch_size: int,
         columns: Sequence[str] = ("tokens",),
         dtype: str | None = "int64",
-        cache_dir: str | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        ranks_per_node: int | None = None,
-        seed: int = 0,
-        shuffle: bool = True,
-        drop_last: bool = True,
-        window: int = 4,
         device: str = "auto",
         pin_memory: bool | None = None,
         readahead: int = 4,
         max_open: int = 16,
-        cache: Any = None,
-        source: ShardSource | None = None,
-        storage_options: dict[str, Any] | None = None,
-        ledger_dir: str | None = None,
-        stats_log: str | None = None,
-        prometheus_port: int | None = None,
-        prometheus_addr: str = "127.0.0.1",
+        **shared: Unpack[SharedKeywords],
     ) -> None:
         if isinstance(columns, str) or not columns:
             raise ValueError(f"columns must be a non-empty sequence of names, got {columns!r}")
         if dtype is not None and dtype not in _DTYPES:
             raise ValueError(f"dtype must be None (stored width) or one of {sorted(_DTYPES)}")
-        if device not in ("auto", "cpu", "cuda", "gpu"):
-            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-        ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
-        if ds.manifest.shard_format != "arrow":
-            raise ValueError(
-                f"{ds.url} holds {ds.manifest.shard_format} shards; TokenLoader reads arrow "
-                "shards (use Loader or ShardDataset for webdataset)"
-            )
-        super().__init__(
-            ds,
-            ctx=resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node),
-            batch_size=batch_size,
-            options=PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window),
-            source=source
-            or open_source(ds, cache_dir=cache_dir, cache=cache, storage_options=storage_options),
-            ledger_dir=ledger_dir,
-            stats_log=stats_log,
-            prometheus_port=prometheus_port,
-            prometheus_addr=prometheus_addr,
-        )
+        check_device(device)
+        parts = loader_parts("TokenLoader", dataset, shard_format="arrow", keywords=shared)
+        super().__init__(parts, batch_size=batch_size)
         self.columns = tuple(columns)
         self.dtype = dtype
-        cuda = torch.cuda.is_available() and device in ("auto", "cuda", "gpu")
-        if device in ("cuda", "gpu") and not torch.cuda.is_available():
-            raise ValueError(
-                f"device={device!r} but this PyTorch sees no CUDA device "
-                f"(torch.cuda.is_available() is False); {CUDA_TORCH_HINT}"
-            )
-        self.device = torch.device("cuda", cuda_device_index()) if cuda else None
-        self.pin_memory = cuda if pin_memory is None else pin_memory
+        self.device = batch_device(device)
+        self.pin_memory = self.device is not None if pin_memory is None else pin_memory
         #: pinned staging buffers and the events of the copies in flight (GPU only)
         self.copier = (
             DeviceCopier(self.device) if self.device is not None and self.pin_memory else None
@@ -179,42 +145,29 @@ class TokenLoader(PlannedLoader):
         return t.numpy()
 
     def __iter__(self) -> Iterator[Batch]:
-        return self._pass_iter(self._run(self._begin_pass()))
+        return self._pass_iter(self._run(self.begin_pass()))
 
     def _run(self, plan: PassPlan) -> Generator[Batch, None, None]:
         feeder = ShardFeeder(self.source, plan, lookahead=1, readahead=self.readahead)
-        epoch = self.position.epoch
-        step_start = time.perf_counter()
-        for k in range(plan.num_batches):
-            asked = time.perf_counter()
-            storage_wait = feeder.ensure(k)
-            t1 = time.perf_counter()
-            sl = plan.batch_slice(k)
-            if self.copier is not None:
-                self.copier.begin()
-            arrays, keys = self._gather(plan.shards[sl], plan.rows[sl])
-            t2 = time.perf_counter()
-            batch: Batch = {c: self._to_device(torch.from_numpy(a)) for c, a in arrays.items()}
-            batch[KEY] = keys
-            t3 = time.perf_counter()
-            h2d = t3 - t2
-            if self.copier is not None:
-                self.copier.end()
-                h2d = self.copier.take_h2d()  # GPU time of the copies finished so far
-            self.bytes_delivered += sum(a.nbytes for a in arrays.values())
-            self._account_batch(
-                plan,
-                keys=keys,
-                epoch=epoch,
-                batch=k,
-                storage=storage_wait,
-                decode=t2 - t1,
-                h2d=h2d,
-                step=asked - step_start,
-            )
-            yield batch
-            step_start = time.perf_counter()
+        yield from self._deliver_batches(plan, feeder.ensure, lambda k: self._make(plan, k))
         self._end_epoch()
+
+    def _make(self, plan: PassPlan, k: int) -> Made[Batch]:
+        """Batch ``k``: its rows gathered from the mapped shards, then sent to the device."""
+        t1 = time.perf_counter()
+        sl = plan.batch_slice(k)
+        if self.copier is not None:
+            self.copier.begin()
+        arrays, keys = self._gather(plan.shards[sl], plan.rows[sl])
+        t2 = time.perf_counter()
+        batch: Batch = {c: self._to_device(torch.from_numpy(a)) for c, a in arrays.items()}
+        batch[KEY] = keys
+        h2d = time.perf_counter() - t2
+        if self.copier is not None:
+            self.copier.end()
+            h2d = self.copier.take_h2d()  # GPU time of the copies finished so far
+        self.bytes_delivered += sum(a.nbytes for a in arrays.values())
+        return Made(batch, keys, t2 - t1, h2d)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device is None:

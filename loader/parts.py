@@ -1,0 +1,125 @@
+"""What every flashfeed loader is made of, built in one place.
+
+``Loader``, ``TokenLoader`` and ``ShardDataset`` take the same keywords for the dataset's
+storage, this rank's place in the job, the plan options and the telemetry
+(``SharedKeywords``). ``loader_parts`` turns them into one frozen ``LoaderParts``, checked
+once, and ``PlannedLoader`` takes it whole: each loader adds only its own options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from flashfeed.dataset import Dataset
+from flashfeed.plan import PlanOptions
+
+from .distributed import DistContext, resolve_context
+from .sources import CacheShardSource, ShardSource, open_dataset, open_source
+
+__all__ = ["LoaderParts", "SharedKeywords", "Telemetry", "loader_parts"]
+
+#: which loader reads which shard format (said when a dataset reaches the wrong one)
+_READERS = {"webdataset": "Loader or ShardDataset", "arrow": "TokenLoader"}
+
+
+class SharedKeywords(TypedDict, total=False):
+    """The keywords every loader takes; defaults are those of ``loader_parts``.
+
+    ``cache_dir``/``cache``/``source``/``storage_options``: where shard bytes come from;
+    ``rank``/``world_size``/``ranks_per_node``: this process's place in the job (default:
+    torch.distributed, then the launcher's environment); ``seed``/``shuffle``/``drop_last``/
+    ``window``: the plan; ``ledger_dir``/``stats_log``/``prometheus_port``: telemetry.
+    """
+
+    cache_dir: str | None
+    rank: int | None
+    world_size: int | None
+    ranks_per_node: int | None
+    seed: int
+    shuffle: bool
+    drop_last: bool
+    window: int
+    cache: Any
+    source: ShardSource | None
+    storage_options: dict[str, Any] | None
+    ledger_dir: str | None
+    stats_log: str | None
+    prometheus_port: int | None
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """Where a loader reports: the ledger of delivered keys, the stats log, Prometheus."""
+
+    ledger_dir: str | None = None
+    stats_log: str | None = None
+    prometheus_port: int | None = None
+
+
+@dataclass(frozen=True)
+class LoaderParts:
+    """The shared parts of a loader: dataset, topology, plan options, source, telemetry."""
+
+    dataset: Dataset
+    ctx: DistContext
+    options: PlanOptions
+    source: ShardSource
+    telemetry: Telemetry
+
+
+def loader_parts(
+    loader: str,
+    dataset: str | Dataset,
+    *,
+    shard_format: str,
+    keywords: Mapping[str, Any],
+) -> LoaderParts:
+    """The parts of loader ``loader`` (its class name, for messages) reading ``dataset``,
+    whose shards must be ``shard_format``, from the user's ``SharedKeywords``."""
+    unknown = sorted(set(keywords) - SharedKeywords.__optional_keys__)
+    if unknown:
+        raise TypeError(
+            f"{loader}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
+        )
+    return _build(loader, dataset, shard_format=shard_format, **keywords)
+
+
+def _build(
+    loader: str,
+    dataset: str | Dataset,
+    *,
+    shard_format: str,
+    cache_dir: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    ranks_per_node: int | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    drop_last: bool = True,
+    window: int = 4,
+    cache: Any = None,
+    source: ShardSource | None = None,
+    storage_options: dict[str, Any] | None = None,
+    ledger_dir: str | None = None,
+    stats_log: str | None = None,
+    prometheus_port: int | None = None,
+) -> LoaderParts:
+    telemetry = Telemetry(ledger_dir, stats_log, prometheus_port)
+    options = PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window)
+    ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
+    ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
+    found = ds.manifest.shard_format
+    if found != shard_format:
+        raise ValueError(
+            f"{ds.url} holds {found} shards; {loader} reads {shard_format} shards"
+            + (f" (use {_READERS[found]} for {found})" if found in _READERS else "")
+        )
+    if source is None:
+        source = open_source(ds, cache_dir=cache_dir, cache=cache, storage_options=storage_options)
+    if isinstance(source, CacheShardSource):  # warns once if warmed for another share
+        from flashfeed.cache import check_warm_record
+
+        check_warm_record(source.cache, ds, options, ctx.topology, ctx.node_rank)
+    return LoaderParts(ds, ctx, options, source, telemetry)
