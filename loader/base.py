@@ -15,6 +15,7 @@ from .ledger import Ledger
 from .parts import LoaderParts
 from .passplan import PassPlan, make_pass
 from .position import Position
+from .sources import CacheShardSource
 from .stats import BatchTiming, StatsRecorder
 
 __all__ = ["Made", "PlannedLoader"]
@@ -52,9 +53,21 @@ class PlannedLoader:
         if telemetry.prometheus_port is not None:
             from .prometheus import PrometheusExporter
 
-            exporter = PrometheusExporter(port=telemetry.prometheus_port, rank=ctx.rank)
+            exporter = PrometheusExporter(
+                port=telemetry.prometheus_port,
+                rank=ctx.rank,
+                addr=telemetry.prometheus_addr,
+                dataset=dataset.url,
+            )
+        source = self.source
         self.recorder = StatsRecorder(
-            rank=ctx.rank, log=telemetry.stats_log, cache_stats=self.source.stats, exporter=exporter
+            rank=ctx.rank,
+            log=telemetry.stats_log,
+            cache_stats=source.stats,
+            exporter=exporter,
+            # the node cache keeps this rank's status file for ``flashfeed top``
+            status_dir=source.cache.root if isinstance(source, CacheShardSource) else None,
+            dataset=dataset.url,
         )
         self.shard_names = ShardNames(dataset)
         self._finished = False

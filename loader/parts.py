@@ -30,7 +30,8 @@ class SharedKeywords(TypedDict, total=False):
     ``cache_dir``/``cache``/``source``/``storage_options``: where shard bytes come from;
     ``rank``/``world_size``/``ranks_per_node``: this process's place in the job (default:
     torch.distributed, then the launcher's environment); ``seed``/``shuffle``/``drop_last``/
-    ``window``: the plan; ``ledger_dir``/``stats_log``/``prometheus_port``: telemetry.
+    ``window``: the plan; ``ledger_dir``/``stats_log``/``prometheus_port``/
+    ``prometheus_addr``: telemetry.
     """
 
     cache_dir: str | None
@@ -47,15 +48,19 @@ class SharedKeywords(TypedDict, total=False):
     ledger_dir: str | None
     stats_log: str | None
     prometheus_port: int | None
+    prometheus_addr: str
 
 
 @dataclass(frozen=True)
 class Telemetry:
-    """Where a loader reports: the ledger of delivered keys, the stats log, Prometheus."""
+    """Where a loader reports: the ledger of delivered keys, the stats log, Prometheus
+    (``prometheus_addr``: the address it listens on; loopback unless a server elsewhere
+    scrapes it)."""
 
     ledger_dir: str | None = None
     stats_log: str | None = None
     prometheus_port: int | None = None
+    prometheus_addr: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,9 @@ def _build(
     ledger_dir: str | None = None,
     stats_log: str | None = None,
     prometheus_port: int | None = None,
+    prometheus_addr: str = "127.0.0.1",
 ) -> LoaderParts:
-    telemetry = Telemetry(ledger_dir, stats_log, prometheus_port)
+    telemetry = Telemetry(ledger_dir, stats_log, prometheus_port, prometheus_addr)
     options = PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window)
     ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
     ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
