@@ -8,6 +8,7 @@ from __future__ import annotations
 from .errors import CacheCapacityError, CacheError, CacheFullError, CachePermissionError
 from .handle import CacheHandle
 from .manifests import node_manifest
+from .needorder import ShardNeed
 from .options import CacheOptions
 from .progress import FillView
 from .shardcache import ShardCache
@@ -25,6 +26,7 @@ __all__ = [
     "FillView",
     "PartialShard",
     "ShardCache",
+    "ShardNeed",
     "check_warm_record",
     "node_manifest",
 ]

@@ -55,6 +55,12 @@ class AdaptiveLimit:
             self._record(throttled)
             self._cond.notify_all()
 
+    def cancel(self) -> None:
+        """Give back a slot that sent no request: no signal for the limit."""
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+
     def record_throttle(self) -> None:
         """A throttling answer to a request that did not hold a slot."""
         with self._cond:

@@ -20,10 +20,12 @@ from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
 from flashfeed.manifest import ShardInfo
 from flashfeed.units import format_size
+from flashfeed.wdsindex import parse_index
 
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
 from .locks import locked
+from .needorder import PartPriority
 from .progress import FillProgress, live_path
 from .ranged import FetchReport, RangedFetcher
 from .space import space_lock
@@ -86,6 +88,7 @@ def _fetch_to(
     meanwhile: Callable[[FetchReport], None] | None = None,
     hasher: OrderedHasher | None = None,
     progress: FillProgress | None = None,
+    priority: PartPriority | None = None,
 ) -> FetchReport:
     url = dataset.shard_url(info)
     fs, path = storage.filesystem(url, opts)
@@ -102,7 +105,7 @@ def _fetch_to(
             if progress is not None:
                 progress.part_done(offset)
 
-        return fetcher.fetch_into(fetch, info.bytes, write, meanwhile=meanwhile)
+        return fetcher.fetch_into(fetch, info.bytes, write, meanwhile=meanwhile, priority=priority)
     except (FlashfeedError, CacheFullError):
         raise
     except FileNotFoundError:
@@ -174,11 +177,13 @@ def fill_shard(
     reserve: Reserve,
     storage_options: dict[str, Any] | None,
     publish: bool = True,
+    priority: PartPriority | None = None,
 ) -> FetchReport:
     """Fetch shard ``shard`` into the cache; the caller holds its fill lock.
 
     With ``publish`` the parts that have arrived are announced (``progress.py``) so that
-    readers can serve samples before the whole shard is there."""
+    readers can serve samples before the whole shard is there. ``priority`` ranks its
+    parts among all parts in flight (``needorder.py``); it learns the index on arrival."""
     info = dataset.shards[shard]
     final = d.shard_path(shard)
     part = d.new_part(shard)
@@ -202,13 +207,22 @@ def fill_shard(
         def fetch_index(report: FetchReport) -> None:
             if index_url is not None:
                 index.append(_fetch_index(fetcher, dataset, info, index_url, opts, report))
+                if priority is not None and priority.need is not None and not dataset.encrypted:
+                    try:
+                        entries = parse_index(index[0], source=index_url)
+                    except Exception:  # a bad index fails the reader, not the order
+                        entries = None
+                    if entries is not None:
+                        priority.learn_index(entries, size=info.bytes, part_size=fetcher.part_size)
                 if progress is not None:
                     _write_new(idx_part, index[0])
                     progress.index_ready()
 
         hasher = OrderedHasher()
         try:
-            report = _fetch_to(fetcher, dataset, info, fd, opts, fetch_index, hasher, progress)
+            report = _fetch_to(
+                fetcher, dataset, info, fd, opts, fetch_index, hasher, progress, priority
+            )
         finally:
             os.close(fd)
         got = hasher.checksum(info.bytes)

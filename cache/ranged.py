@@ -1,22 +1,24 @@
-"""Parallel ranged reads of one object, seen only through ``fetch(start, end) -> bytes``.
+"""Parallel ranged reads of objects, each seen only through ``fetch(start, end) -> bytes``.
 
-Parts run on a shared thread pool, gated by an ``AdaptiveLimit``: a throttling answer shrinks
-the number of requests in flight, successes grow it back. Each part retries transient
-failures with exponential backoff and full jitter.
+The parts of every object in flight wait in one ``PartQueue`` and are fetched in need order
+(``needorder.py``), gated by an ``AdaptiveLimit``: a throttling answer shrinks the number of
+requests in flight, successes grow it back. Each part retries transient failures with
+exponential backoff and full jitter.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from flashfeed.storage import RetryPolicy, is_transient
 
 from .aimd import AdaptiveLimit
+from .needorder import SPECULATIVE, PartQueue
 
 __all__ = ["FetchReport", "RangedFetcher", "is_retryable", "is_throttle", "split_ranges"]
 
@@ -86,35 +88,45 @@ class FetchReport:
 
 
 class RangedFetcher:
-    """Fetch objects part by part with adaptive concurrency shared by all callers."""
+    """Fetch objects part by part, in need order, with adaptive concurrency shared by all
+    callers (``limit.maximum`` fetch threads; ``close`` stops them)."""
 
-    def __init__(
-        self,
-        *,
-        part_size: int,
-        limit: AdaptiveLimit,
-        pool: ThreadPoolExecutor,
-        retry: RetryPolicy,
-    ) -> None:
+    def __init__(self, *, part_size: int, limit: AdaptiveLimit, retry: RetryPolicy) -> None:
         self.part_size = part_size
         self.limit = limit
-        self.pool = pool
         self.retry = retry
+        self.queue = PartQueue(limit, workers=limit.maximum)
         self._report_lock = threading.Lock()
 
+    def close(self) -> None:
+        self.queue.close()
+
+    def __enter__(self) -> RangedFetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def call(
-        self, fn: Callable[[], bytes], report: FetchReport, expect: int = -1, gated: bool = True
+        self,
+        fn: Callable[[], bytes],
+        report: FetchReport,
+        expect: int = -1,
+        gated: bool = True,
+        held: bool = False,
     ) -> bytes:
         """One request, retried with backoff and jitter while retryable.
 
-        ``gated`` requests count against the adaptive limit; small side requests (an index
-        next to its shard) skip the queue but still report throttling to it.
+        ``gated`` requests count against the adaptive limit (``held``: the caller already
+        holds a slot for the first attempt); small side requests (an index next to its
+        shard) skip the queue but still report throttling to it.
         """
         attempt = 0
         first = time.monotonic()
         while True:
-            if gated:
+            if gated and not held:
                 self.limit.acquire()
+            held = False
             try:
                 data = fn()
                 if expect >= 0 and len(data) != expect:
@@ -154,44 +166,61 @@ class RangedFetcher:
         write: Write,
         *,
         meanwhile: Callable[[FetchReport], None] | None = None,
+        priority: Callable[[int], float] | None = None,
     ) -> FetchReport:
         """Read ``[0, size)`` with ``fetch`` and hand each part to ``write(offset, data)``.
 
-        ``meanwhile(report)`` runs in the calling thread while the parts download (the
-        shard's index, say). Raises the first part's final error (after its retries), the
-        other parts stop; then any error of ``meanwhile``.
+        ``priority(offset)`` ranks the part at ``offset`` among the parts of every object
+        in flight (lower first; asked again each time a thread picks a part, so it may
+        change while the part waits). ``meanwhile(report)`` runs in the calling thread
+        while the parts download (the shard's index, say). Raises the first part's final
+        error (after its retries), the other parts stop; then any error of ``meanwhile``.
         """
         report = FetchReport()
         start = time.monotonic()
-
-        def part(lo: int, hi: int) -> None:
-            if report.failed:
-                return
-            try:
-                data = self.call(lambda: fetch(lo, hi), report, expect=hi - lo)
-            except BaseException:
-                report.failed = True
-                raise
-            write(lo, data)
-
+        rank = priority or (lambda offset: SPECULATIVE)
         ranges = split_ranges(size, self.part_size)
+        errors: list[BaseException] = []
+        left = [len(ranges)]
+        done = threading.Event()
+        lock = threading.Lock()
+
+        def part(lo: int, hi: int, held: bool) -> None:
+            try:
+                if report.failed:
+                    if held:
+                        self.limit.cancel()
+                    return
+                try:
+                    data = self.call(lambda: fetch(lo, hi), report, expect=hi - lo, held=held)
+                    write(lo, data)
+                except BaseException as exc:
+                    report.failed = True
+                    with lock:
+                        errors.append(exc)
+            finally:
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        done.set()
+
         side_error: BaseException | None = None
         if len(ranges) <= 1 and meanwhile is None:
             for lo, hi in ranges:
-                part(lo, hi)
+                part(lo, hi, False)
         else:
-            futures: list[Future[None]] = [self.pool.submit(part, lo, hi) for lo, hi in ranges]
+            if not ranges:
+                done.set()
+            for lo, hi in ranges:
+                self.queue.submit(functools.partial(rank, lo), functools.partial(part, lo, hi))
             if meanwhile is not None:
                 try:
                     meanwhile(report)
                 except BaseException as exc:
                     side_error = exc
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            errors = [f.exception() for f in done if f.exception() is not None]
-            if errors:
-                report.failed = True
-                wait(futures)
-                raise errors[0]  # type: ignore[misc]
+            done.wait()
+        if errors:
+            raise errors[0]
         if side_error is not None:
             raise side_error
         report.seconds = time.monotonic() - start

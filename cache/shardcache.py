@@ -34,6 +34,7 @@ from .layout import (
     sweep_dead_tmp,
 )
 from .locks import FileLock
+from .needorder import SPECULATIVE, URGENT, PartPriority, ShardNeed
 from .options import CacheOptions
 from .policy import FutureOrder
 from .progress import FillView, live_path
@@ -95,12 +96,10 @@ class ShardCache:
         self.storage_options = storage_options
         self.counters = Counters(self.root)
         self.limit = AdaptiveLimit(concurrency, minimum=min_concurrency)
-        self._parts = ThreadPoolExecutor(concurrency, thread_name_prefix="ff-cache-part")
         self._ahead = ThreadPoolExecutor(fetch_ahead_workers, thread_name_prefix="ff-ahead")
         self.fetcher = RangedFetcher(
             part_size=self.options.part_size,
             limit=self.limit,
-            pool=self._parts,
             retry=self.options.retry_policy,
         )
         self.space = SpaceManager(
@@ -115,6 +114,7 @@ class ShardCache:
         self._futures: dict[str, FutureOrder] = {}
         self._verified: dict[str, tuple[int, int, int]] = {}
         self._pending: dict[tuple[str, int], Future[str]] = {}
+        self._needs: dict[tuple[str, int], ShardNeed] = {}
         self.fetch_ahead_errors: dict[tuple[str, int], BaseException] = {}
         self._closed = False
         self._used, self._used_at = 0, -1e9
@@ -236,6 +236,11 @@ class ShardCache:
             return path
         return self._fill(dataset, d, i, speculative)
 
+    def _priority(self, d: DatasetDir, i: int, speculative: bool) -> PartPriority:
+        with self._lock:
+            need = self._needs.get((d.key, i))
+        return PartPriority(need, default=SPECULATIVE if speculative else URGENT)
+
     def _usable(self, path: str, info: ShardInfo) -> bool | None:
         """True: good copy. False: present but corrupt. None: absent."""
         try:
@@ -293,6 +298,7 @@ class ShardCache:
                         d, i, need, part, speculative=speculative
                     ),
                     storage_options=self.storage_options,
+                    priority=self._priority(d, i, speculative),
                 )
             except CacheFullError:
                 self.counters.add(**{"fetch_ahead_skipped" if speculative else "failures": 1})
@@ -354,6 +360,27 @@ class ShardCache:
             pending = list(self._pending.values())
         wait(pending, timeout=timeout)
 
+    def need(
+        self,
+        dataset: Dataset,
+        shard: int | ShardInfo,
+        rows: Sequence[int] | Any,
+        batches: Sequence[int] | Any,
+    ) -> None:
+        """When this process needs which samples of ``shard``: ``rows[j]`` (its index in the
+        shard's ``.idx``) is first needed by batch ``batches[j]`` of the current pass.
+
+        Fills of this process then fetch the parts of all shards in flight in need order:
+        each part when the first batch needing a sample in it comes (the shard's first
+        batch until its index has arrived), parts with no needed sample with the shard's
+        last batch. Without a need, a ``get`` goes first and a fetch ahead last.
+        ``set_future`` starts a new pass and forgets the needs of the last one.
+        """
+        d, i = self._resolve(dataset, shard)
+        need = ShardNeed.build(rows, batches)
+        with self._lock:
+            self._needs[(d.key, i)] = need
+
     def set_future(
         self, dataset: Dataset, shards_in_order: Sequence[int], *, active: int = 4
     ) -> None:
@@ -366,6 +393,7 @@ class ShardCache:
         order = FutureOrder(shards_in_order, active=active)
         with self._lock:
             self._futures[d.key] = order
+            self._needs = {k: v for k, v in self._needs.items() if k[0] != d.key}
         atomic_write_json(d.future_path, {"order": order.order, "updated": time.time()})
 
     def record_warm(self, record: dict[str, Any]) -> None:
@@ -420,7 +448,7 @@ class ShardCache:
             return
         self._closed = True
         self._ahead.shutdown(wait=True)
-        self._parts.shutdown(wait=True)
+        self.fetcher.close()
         self.counters.flush()
         atexit.unregister(self.counters.flush)
 

@@ -3,7 +3,9 @@
 ``StreamFeeder`` walks one pass in plan order. For the batches the pipeline will ask for
 next it starts the fills of their shards and waits only until *those samples'* bytes have
 arrived (the cache publishes each part of a fill as it lands, ``ShardSource.partial``),
-not for whole shards: the first batch does not wait for its shard. Beyond that it asks the
+not for whole shards: the first batch does not wait for its shard. It tells the source
+which batch first needs each sample of a shard (``ShardSource.need``), so the node cache
+fetches the parts of all shards in flight in that order. Beyond that it asks the
 cache to fetch the shards of the next N batches, N covering the measured fetch time at the
 measured batch rate (twice over), never more bytes ahead than ``budget``.
 """
@@ -66,6 +68,8 @@ class StreamFeeder:
         self._cum = np.concatenate([[0.0], np.cumsum(per_sample[plan.shards])])
         self.streaming = not isinstance(source, LocalShardSource)  # read in place: no fills
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ff-need")
+        self._by_shard: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._told: set[int] = set()
         self._needed: dict[int, Future[str]] = {}
         self._asked: dict[int, float] = {}
         self._partials: dict[int, tuple[list[SampleIndex], FillView]] = {}
@@ -101,7 +105,23 @@ class StreamFeeder:
         self._hint()
         return now - t0
 
+    def _tell_need(self, shard: int) -> None:
+        """Tell the source which rows of ``shard`` which batches need (once per pass), so
+        that its fetches put the bytes needed sooner first, across shards."""
+        if not self.streaming or shard in self._told:
+            return
+        self._told.add(shard)
+        if self._by_shard is None:
+            pos = np.argsort(self.plan.shards, kind="stable")
+            self._by_shard = (pos, self.plan.shards[pos], np.asarray(self.plan.rows)[pos])
+        pos, shards, rows = self._by_shard
+        lo, hi = np.searchsorted(shards, [shard, shard + 1])
+        if hi > lo:
+            batches = pos[lo:hi] // self.plan.batch_size
+            self.source.need(shard, rows[lo:hi], batches)
+
     def _need(self, shard: int) -> None:
+        self._tell_need(shard)
         if shard not in self._needed:
             self._asked[shard] = time.perf_counter()
             self._needed[shard] = self._pool.submit(self.source.local_path, shard)
@@ -207,6 +227,8 @@ class StreamFeeder:
             ahead += size
             self._hinted += 1
         if self._hinted > start:
+            for shard in self.order[start : self._hinted]:
+                self._tell_need(shard)
             self.source.fetch_ahead(self.order[start : self._hinted])
         self.max_ahead_bytes = max(self.max_ahead_bytes, ahead)
 

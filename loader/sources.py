@@ -12,6 +12,8 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from flashfeed import storage
 from flashfeed.dataset import Dataset, check_shard_bytes
 from flashfeed.errors import CorruptShardError
@@ -43,6 +45,13 @@ class ShardSource(Protocol):
 
     def fetch_ahead(self, shards: Sequence[int]) -> None:
         """Start fetching these shards in the background (a hint)."""
+        ...
+
+    def need(
+        self, shard: int, rows: Sequence[int] | np.ndarray, batches: Sequence[int] | np.ndarray
+    ) -> None:
+        """Row ``rows[j]`` of ``shard`` is first needed by batch ``batches[j]`` of this pass:
+        fetches put the bytes needed sooner first (a hint)."""
         ...
 
     def set_future(self, shards: Sequence[int]) -> None:
@@ -139,6 +148,11 @@ class LocalShardSource:
     def fetch_ahead(self, shards: Sequence[int]) -> None:
         return None
 
+    def need(
+        self, shard: int, rows: Sequence[int] | np.ndarray, batches: Sequence[int] | np.ndarray
+    ) -> None:
+        return None
+
     def set_future(self, shards: Sequence[int]) -> None:
         return None
 
@@ -229,6 +243,11 @@ class CacheShardSource:
 
     def fetch_ahead(self, shards: Sequence[int]) -> None:
         self._cache().fetch_ahead(self.dataset, list(shards))
+
+    def need(
+        self, shard: int, rows: Sequence[int] | np.ndarray, batches: Sequence[int] | np.ndarray
+    ) -> None:
+        self._cache().need(self.dataset, shard, rows, batches)
 
     def set_future(self, shards: Sequence[int]) -> None:
         self._cache().set_future(self.dataset, list(shards))

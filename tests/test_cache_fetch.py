@@ -7,7 +7,6 @@ import errno
 import math
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -93,8 +92,7 @@ def test_parts_arrive_in_place_with_bounded_concurrency():
     data = np.random.default_rng(0).bytes(1_000_003)
     store = Store(data, max_in_flight=100)
     limit = AdaptiveLimit(4)
-    with ThreadPoolExecutor(8) as pool:
-        fetcher = RangedFetcher(part_size=10_000, limit=limit, pool=pool, retry=FAST)
+    with RangedFetcher(part_size=10_000, limit=limit, retry=FAST) as fetcher:
         got, report = fetch_all(fetcher, store.fetch, len(data))
     assert got == data
     assert report.requests == 101 and report.throttles == 0
@@ -108,8 +106,7 @@ def test_throttling_halves_the_concurrency_and_successes_bring_it_back():
     # a part may meet SlowDown many times while the limit climbs back (cooldown 0) on a
     # loaded machine: a generous attempt budget keeps the test about the limit, not luck
     patient = RetryPolicy(attempts=200, base_delay=0.001, max_delay=0.01, deadline=60)
-    with ThreadPoolExecutor(8) as pool:
-        fetcher = RangedFetcher(part_size=5_000, limit=limit, pool=pool, retry=patient)
+    with RangedFetcher(part_size=5_000, limit=limit, retry=patient) as fetcher:
         got, report = fetch_all(fetcher, store.fetch, len(data))
         assert got == data
         assert report.throttles > 0 and report.retries >= report.throttles
@@ -130,8 +127,7 @@ def test_permanent_errors_are_not_retried_and_transient_ones_give_up():
         calls.append(start)
         raise FileNotFoundError("no such key")
 
-    with ThreadPoolExecutor(2) as pool:
-        fetcher = RangedFetcher(part_size=10, limit=limit, pool=pool, retry=FAST)
+    with RangedFetcher(part_size=10, limit=limit, retry=FAST) as fetcher:
         with pytest.raises(FileNotFoundError):
             fetch_all(fetcher, missing, 5)
         assert calls == [0]
