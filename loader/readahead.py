@@ -89,21 +89,24 @@ class StreamFeeder:
 
     # -- the consumer's side ----------------------------------------------------------------
     def wait_ready(self, k: int) -> float:
-        """Make the samples of batches up to ``k + lookahead`` readable; seconds waited."""
-        t0 = time.perf_counter()
+        """Make the samples of batches up to ``k + lookahead`` readable.
+
+        Returns the seconds spent blocked on bytes that had not arrived: looking up,
+        verifying or opening shards already on local storage is not a storage wait."""
         self._k = k
         limit = min(k + self.lookahead, self.plan.num_batches - 1)
         while self._pos < len(self.order) and self.first_batch[self._pos] <= limit:
             self._need(self.order[self._pos])
             self._pos += 1
         self._hinted = max(self._hinted, self._pos)
+        blocked = 0.0
         while self._next_batch <= limit:
-            self._wait_batch(self._next_batch)
+            blocked += self._wait_batch(self._next_batch)
             self._next_batch += 1
         now = time.perf_counter()
         self._seen.append((now, float(self._cum[self.plan.batch_slice(k).start]), k))
         self._hint()
-        return now - t0
+        return blocked
 
     def _tell_need(self, shard: int) -> None:
         """Tell the source which rows of ``shard`` which batches need (once per pass), so
@@ -126,17 +129,43 @@ class StreamFeeder:
             self._asked[shard] = time.perf_counter()
             self._needed[shard] = self._pool.submit(self.source.local_path, shard)
 
-    def _wait_batch(self, j: int) -> None:
+    def _wait_batch(self, j: int) -> float:
+        """Until batch ``j``'s samples are readable; the seconds blocked on their bytes."""
         sl = self.plan.batch_slice(j)
         shards, rows = self.plan.shards[sl], self.plan.rows[sl]
         streamed = False
+        blocked = 0.0
         for shard in np.unique(shards).tolist():
-            streamed |= self._wait_rows(shard, rows[shards == shard].tolist())
+            early, waited = self._wait_rows(shard, rows[shards == shard].tolist())
+            streamed |= early
+            blocked += waited
         self.streamed_batches += streamed
+        return blocked
 
-    def _wait_rows(self, shard: int, rows: list[int]) -> bool:
-        """Until the shard is cached or these rows have arrived; True if served early."""
+    def _present(self, shard: int) -> bool:
+        """The shard's bytes are all on local storage (a complete cached copy)."""
+        ready = getattr(self.source, "ready_path", None)
+        return ready is not None and ready(shard) is not None
+
+    def _wait_rows(self, shard: int, rows: list[int]) -> tuple[bool, float]:
+        """Until the shard is cached or these rows have arrived: (served early, seconds
+        blocked on bytes). Waiting for a shard already complete locally (its lookup or
+        first checksum) is not blocking on bytes; a local dataset read in place counts its
+        first read (the checksum pass over the file) as storage."""
         future = self._needed[shard]
+        if future.done() or (self.streaming and self._present(shard)):
+            future.result()  # a failed fill raises here, naming the shard
+            self._done(shard)
+            return False, 0.0
+        t0 = time.perf_counter()
+        early = self._stream_rows(shard, rows, future)
+        if not early:
+            future.result()
+            self._done(shard)
+        return early, time.perf_counter() - t0
+
+    def _stream_rows(self, shard: int, rows: list[int], future: Future[str]) -> bool:
+        """Poll the live fill until these rows have arrived (True) or the fill ended."""
         delay = 0.0005
         while self.streaming and not future.done():
             got = self._partial(shard)
@@ -151,8 +180,6 @@ class StreamFeeder:
                     self._partials.pop(shard, None)
             time.sleep(delay)
             delay = min(delay * 2, 0.01)
-        future.result()  # a failed fill raises here, naming the shard
-        self._done(shard)
         return False
 
     def _partial(self, shard: int) -> tuple[list[SampleIndex], FillView] | None:

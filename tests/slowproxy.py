@@ -1,10 +1,11 @@
 """A TCP proxy on 127.0.0.1 in front of the real S3 server, for cold-start tests.
 
 It parses the HTTP requests passing through (method, path, Range), counts them, can delay
-each request (a slow store), answer chosen ones 503 SlowDown (a throttling store) and cut
-chosen responses midway (a store failing mid-transfer). Responses pass through untouched.
-A request that waits for ``100 Continue`` before sending its body (botocore's PUTs) gets it
-from the proxy, and goes upstream without ``Expect``.
+each request or the chosen ones (a slow store, ``delay_if``), answer chosen ones 503
+SlowDown (a throttling store) and cut chosen responses midway (a store failing
+mid-transfer). Responses pass through untouched. A request that waits for ``100 Continue``
+before sending its body (botocore's PUTs) gets it from the proxy, and goes upstream
+without ``Expect``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Request:
 class SlowProxy:
     upstream: tuple[str, int]
     delay: float = 0.0
+    delay_if: Callable[[Request], bool] = field(default=lambda r: True)
     fail: Callable[[Request], bool] = field(default=lambda r: False)
     throttle: Callable[[Request], bool] = field(default=lambda r: False)
     requests: list[Request] = field(default_factory=list)
@@ -110,7 +112,7 @@ class SlowProxy:
                         continue
                     if self.fail(req):
                         cut.append(600)  # headers and a little body, then the connection dies
-                    if self.delay:
+                    if self.delay and self.delay_if(req):
                         time.sleep(self.delay)
                     upstream.sendall(_EXPECT.sub(b"", head) + rest[:body])
         except OSError:
