@@ -51,7 +51,7 @@ class _History:
 
 
 def _gb(n: float | None) -> str:
-    return "?" if n is None else f"{n / 1e9:.2f} GB"
+    return "?" if n is None else f"{n / 1e9:.3f} GB"
 
 
 def _pct(x: float) -> str:
