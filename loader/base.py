@@ -15,6 +15,7 @@ from .ledger import Ledger
 from .parts import LoaderParts
 from .passplan import PassPlan, make_pass
 from .position import Position
+from .readahead import StreamFeeder
 from .sources import CacheShardSource
 from .stats import BatchTiming, StatsRecorder
 
@@ -70,6 +71,10 @@ class PlannedLoader:
             dataset=dataset.url,
         )
         self.shard_names = ShardNames(dataset)
+        self.readahead = parts.readahead
+        self.readahead_budget = parts.readahead_budget
+        self._feeder: StreamFeeder | None = None
+        self.recorder.extra = self._readahead_stats
         self._finished = False
         self._active = False
 
@@ -162,22 +167,45 @@ class PlannedLoader:
             drop_last=self.drop_last,
         )
 
+    def stream(self, order: PassPlan, *, lookahead: int) -> StreamFeeder:
+        """The pass's feeder: it starts the fills of the shards of batches up to ``k +
+        lookahead`` when batch k is asked for, serves their samples as their bytes arrive,
+        and fetches further ahead as ``readahead``/``readahead_budget`` allow. Its
+        ``snapshot()`` is the ``"readahead"`` entry of ``stats()``."""
+        if self._feeder is not None:
+            self._feeder.close()
+        self._feeder = StreamFeeder(
+            self.source,
+            order,
+            shard_bytes=self.dataset.manifest.shard_bytes.tolist(),
+            shard_samples=self.position.shard_sizes.tolist(),
+            lookahead=lookahead,
+            readahead=self.readahead,
+            budget=self.readahead_budget,
+        )
+        return self._feeder
+
+    def _readahead_stats(self) -> dict[str, Any]:
+        feeder = self._feeder
+        return {} if feeder is None else {"readahead": feeder.snapshot()}
+
     def _deliver_batches(
         self,
         order: PassPlan,
-        wait: Callable[[int], float],
+        feeder: StreamFeeder,
         make: Callable[[int], Made[T]],
         *,
         storage: float = 0.0,
     ) -> Generator[T, None, None]:
-        """The pass's batches in order: wait until batch k's bytes are readable (``wait``,
-        its seconds count as storage wait), make it (``make``), account for it, yield it.
+        """The pass's batches in order: wait until batch k's bytes are readable (the
+        feeder's ``wait_ready``; storage wait), make it (``make``), account for it, yield it;
+        at the end, wait for the pass's fills to land verified (``StreamFeeder.finish``).
         ``storage``: seconds already waited for batch 0."""
         epoch = self.position.epoch
         step_start = time.perf_counter()
         for k in range(order.num_batches):
             asked = time.perf_counter()
-            storage += wait(k)
+            storage += feeder.wait_ready(k)
             made = make(k)
             self.deliver(
                 len(made.keys),
@@ -193,6 +221,7 @@ class PlannedLoader:
             storage = 0.0
             yield made.batch
             step_start = time.perf_counter()
+        feeder.finish()
 
     def deliver(
         self,

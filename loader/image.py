@@ -18,7 +18,6 @@ from .fields import KEY, parse_fields
 from .parts import SharedKeywords, loader_parts
 from .passplan import PassPlan
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
-from .readahead import StreamFeeder, readahead_budget_bytes
 from .reader import BatchSource, ShardReader
 
 if TYPE_CHECKING:
@@ -60,8 +59,6 @@ class Loader(PlannedLoader):
         py_workers: int = 1,
         reader_start: str = "auto",
         prefetch: int = 2,
-        readahead: int | str = "auto",
-        readahead_budget: int | str | None = None,
         **shared: Unpack[SharedKeywords],
     ) -> None:
         if num_threads < 1:
@@ -70,10 +67,6 @@ class Loader(PlannedLoader):
             raise ValueError(f"py_workers must be >= 0, got {py_workers}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        if readahead != "auto" and (
-            isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0
-        ):
-            raise ValueError(f"readahead must be 'auto' or a shard count >= 0, got {readahead!r}")
         parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
         self.specs = parse_fields(fields)
         self.device_kind = decode_device(device)
@@ -93,10 +86,6 @@ class Loader(PlannedLoader):
         self.num_threads = num_threads
         self.py_workers = py_workers
         self.prefetch = prefetch
-        self.readahead = None if readahead == "auto" else int(readahead)
-        self.readahead_budget = readahead_budget_bytes(readahead_budget, self.source)
-        self._feeder: StreamFeeder | None = None
-        self.recorder.extra = self._readahead_stats
         # decode_device() made sure a "gpu" loader has a CUDA torch
         self.torch_device = cuda_device() if self.device_kind == "gpu" else None
         self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
@@ -130,25 +119,13 @@ class Loader(PlannedLoader):
         return BatchSource(reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir)
 
     def _run(self, plan: PassPlan) -> Generator[Batch, None, None]:
+        feeder = self.stream(plan, lookahead=self.prefetch + 1)
         try:
-            self._feeder = feeder = StreamFeeder(
-                self.source,
-                plan,
-                shard_bytes=self.dataset.manifest.shard_bytes.tolist(),
-                shard_samples=self.position.shard_sizes.tolist(),
-                lookahead=self.prefetch + 1,
-                readahead=self.readahead,
-                budget=self.readahead_budget,
-            )
             storage = feeder.wait_ready(0)
             startup = self.runner.start(plan) if plan.num_batches else 0.0
             yield from self._deliver_batches(
-                plan,
-                feeder.wait_ready,
-                lambda k: self._make(startup if k == 0 else 0.0),
-                storage=storage,
+                plan, feeder, lambda k: self._make(startup if k == 0 else 0.0), storage=storage
             )
-            feeder.finish()
             if plan.num_batches:
                 self.runner.finish()
             self._end_epoch()
@@ -156,8 +133,7 @@ class Loader(PlannedLoader):
             self.runner.abandon()
             raise
         finally:
-            if self._feeder is not None:
-                self._feeder.close()
+            feeder.close()
 
     def _make(self, startup: float) -> Made[Batch]:
         """The pipeline's next batch as torch tensors (``startup``: seconds the pipeline
@@ -186,12 +162,6 @@ class Loader(PlannedLoader):
             return batch, None
         copier.end(keep=[outputs])  # DALI's buffers go back once the copies are done
         return batch, copier.take_h2d()
-
-    def _readahead_stats(self) -> dict[str, Any]:
-        feeder = self._feeder
-        if feeder is None:
-            return {}
-        return {"readahead": feeder.snapshot()}
 
     def _out_device(self, name: str) -> torch.device | None:
         return self.torch_device

@@ -16,9 +16,10 @@ from flashfeed.dataset import Dataset
 from flashfeed.plan import PlanOptions
 
 from .distributed import DistContext, resolve_context
+from .readahead import readahead_budget_bytes
 from .sources import CacheShardSource, ShardSource, open_dataset, open_source
 
-__all__ = ["LoaderParts", "SharedKeywords", "Telemetry", "loader_parts"]
+__all__ = ["LoaderParts", "SharedKeywords", "Telemetry", "loader_parts", "readahead_shards"]
 
 #: which loader reads which shard format (said when a dataset reaches the wrong one)
 _READERS = {"webdataset": "Loader or ShardDataset", "arrow": "TokenLoader"}
@@ -30,7 +31,10 @@ class SharedKeywords(TypedDict, total=False):
     ``cache_dir``/``cache``/``source``/``storage_options``: where shard bytes come from;
     ``rank``/``world_size``/``ranks_per_node``: this process's place in the job (default:
     torch.distributed, then the launcher's environment); ``seed``/``shuffle``/``drop_last``/
-    ``window``: the plan; ``ledger_dir``/``stats_log``/``prometheus_port``/
+    ``window``: the plan; ``readahead``/``readahead_budget``: how far ahead of need shards
+    are fetched (``"auto"``: from the measured fetch time and batch rate; an int: that many
+    shards; never more bytes than the budget, default half the cache up to 4 GiB);
+    ``ledger_dir``/``stats_log``/``prometheus_port``/
     ``prometheus_addr``: telemetry.
     """
 
@@ -42,6 +46,8 @@ class SharedKeywords(TypedDict, total=False):
     shuffle: bool
     drop_last: bool
     window: int
+    readahead: int | str
+    readahead_budget: int | str | None
     cache: Any
     source: ShardSource | None
     storage_options: dict[str, Any] | None
@@ -72,6 +78,10 @@ class LoaderParts:
     options: PlanOptions
     source: ShardSource
     telemetry: Telemetry
+    #: shards fetched ahead of need; None: sized from measurements (``"auto"``)
+    readahead: int | None = None
+    #: bytes the shards fetched ahead of need may hold at most
+    readahead_budget: int = 1 << 30
 
 
 def loader_parts(
@@ -104,6 +114,8 @@ def _build(
     shuffle: bool = True,
     drop_last: bool = True,
     window: int = 4,
+    readahead: int | str = "auto",
+    readahead_budget: int | str | None = None,
     cache: Any = None,
     source: ShardSource | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -112,6 +124,7 @@ def _build(
     prometheus_port: int | None = None,
     prometheus_addr: str = "127.0.0.1",
 ) -> LoaderParts:
+    shards_ahead = readahead_shards(readahead)
     telemetry = Telemetry(ledger_dir, stats_log, prometheus_port, prometheus_addr)
     options = PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window)
     ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
@@ -128,4 +141,14 @@ def _build(
         from flashfeed.cache import check_warm_record
 
         check_warm_record(source.cache, ds, options, ctx.topology, ctx.node_rank)
-    return LoaderParts(ds, ctx, options, source, telemetry)
+    budget = readahead_budget_bytes(readahead_budget, source)
+    return LoaderParts(ds, ctx, options, source, telemetry, shards_ahead, budget)
+
+
+def readahead_shards(readahead: int | str) -> int | None:
+    """The ``readahead=`` keyword: None for ``"auto"``, else a shard count >= 0."""
+    if readahead == "auto":
+        return None
+    if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
+        raise ValueError(f"readahead must be 'auto' or a shard count >= 0, got {readahead!r}")
+    return readahead

@@ -4,7 +4,9 @@ Each sample is a dict ``{"__key__", "__shard__", "__index__", field: bytes | int
 passed through ``transform``; ``__key__`` is ``<shard path>/<sample key>``, read from the
 shard with the sample (as in every flashfeed loader's batches), ``__shard__`` the shard path.
 Under a ``DataLoader`` with ``num_workers=W`` worker ``w`` produces batches ``w, w+W, ...``
-of the plan, so the loader's round-robin yields the plan's batches in order.
+of the plan, so the loader's round-robin yields the plan's batches in order. The first
+epoch streams: a sample is served as soon as its bytes have arrived in the node cache, while
+the rest of its shard is still being fetched (``StreamFeeder``, as in ``Loader``).
 ``ShardDataLoader`` (``ShardDataset.loader()``) counts what the consumer received, which is
 what ``state_dict()`` must describe.
 """
@@ -27,7 +29,7 @@ from .base import PlannedLoader
 from .fields import KEY, FieldSpec, parse_fields
 from .labels import parse_label
 from .parts import SharedKeywords, loader_parts
-from .passplan import PassPlan, ShardFeeder
+from .passplan import PassPlan
 from .reader import ShardReader
 from .stats import StatsRecorder
 
@@ -63,7 +65,6 @@ class ShardDataset(PlannedLoader, IterableDataset):
         batch_size: int = 1,
         transform: Transform | None = None,
         fields: Mapping[str, str | Sequence[str]] | None = None,
-        readahead: int = 4,
         **shared: Unpack[SharedKeywords],
     ) -> None:
         if transform is not None and not callable(transform):
@@ -72,7 +73,6 @@ class ShardDataset(PlannedLoader, IterableDataset):
         PlannedLoader.__init__(self, parts, batch_size=batch_size)
         self.transform = transform
         self.specs: tuple[FieldSpec, ...] | None = parse_fields(fields) if fields else None
-        self.readahead = readahead
         self._driven = False
         self._trainer_pid: int | None = None
 
@@ -80,6 +80,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
         state = self.__dict__.copy()
         state["recorder"] = StatsRecorder(rank=self.ctx.rank)  # workers neither log nor export
         state["ledger"] = None
+        state["_feeder"] = None  # a worker streams its share through a feeder of its own
         return state
 
     def __len__(self) -> int:
@@ -136,11 +137,11 @@ class ShardDataset(PlannedLoader, IterableDataset):
         self, plan: PassPlan, worker: int, workers: int, *, in_process: bool
     ) -> Generator[Any, None, None]:
         reader = ShardReader(self.source, self.shard_names)
-        feeder = ShardFeeder(self.source, plan, lookahead=1, readahead=self.readahead)
+        feeder = self.stream(plan, lookahead=1)
         epoch = self.position.epoch
         try:
             for k in range(worker, plan.num_batches, workers):
-                storage = feeder.ensure(k)
+                storage = feeder.wait_ready(k)
                 sl = plan.batch_slice(k)
                 for j in range(sl.start, sl.stop):
                     t0 = time.perf_counter()
@@ -158,9 +159,11 @@ class ShardDataset(PlannedLoader, IterableDataset):
                         )
                         storage = 0.0
                     yield out
+            feeder.finish()  # samples served while their shard arrived: checked here
             if in_process:
                 self._end_epoch()
         finally:
+            feeder.close()
             reader.close()
 
     def loader(self, **kwargs: Any) -> ShardDataLoader:

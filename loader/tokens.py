@@ -4,7 +4,15 @@ Rows are gathered in plan order straight from the mapped shard into the batch bu
 copy, no deserialisation), as int64 or the stored width; on a GPU machine the buffer is a
 pinned one from a reusable pool, copied with ``non_blocking=True`` on torch's current stream
 and given back to the pool once a CUDA event says the copy is done; the same events time the
-copy. Same plan, resume state, ledger and stats as ``Loader``.
+copy. Same plan, resume state, ledger, stats and read-ahead as ``Loader``.
+
+The first epoch streams as ``Loader``'s does, with one difference. The pass's
+``StreamFeeder`` starts the fill of a shard only when a batch within reach needs it, fetches
+further ahead as measured, and waits for a needed shard's bytes only, never for the rest of
+the pass. But an Arrow shard is served once it is whole, not while it arrives: an Arrow IPC
+file says where its record batches lie only in its footer, at the very end, and the shards
+carry no sample index, so the cache has no partial view of them (``ShardSource.partial``
+is None) and no row can be located before the last bytes have landed.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from .base import Made, PlannedLoader
 from .convert import DeviceCopier
 from .fields import KEY
 from .parts import SharedKeywords, loader_parts
-from .passplan import PassPlan, ShardFeeder
+from .passplan import PassPlan
 from .pipeline import batch_device, check_device
 
 if TYPE_CHECKING:
@@ -60,7 +68,6 @@ class TokenLoader(PlannedLoader):
         dtype: str | None = "int64",
         device: str = "auto",
         pin_memory: bool | None = None,
-        readahead: int = 4,
         max_open: int = 16,
         **shared: Unpack[SharedKeywords],
     ) -> None:
@@ -79,7 +86,6 @@ class TokenLoader(PlannedLoader):
         self.copier = (
             DeviceCopier(self.device) if self.device is not None and self.pin_memory else None
         )
-        self.readahead = readahead
         self.max_open = max_open
         self._views: OrderedDict[int, ArrowShardView] = OrderedDict()
         self.bytes_delivered = 0
@@ -148,9 +154,12 @@ class TokenLoader(PlannedLoader):
         return self._pass_iter(self._run(self.begin_pass()))
 
     def _run(self, plan: PassPlan) -> Generator[Batch, None, None]:
-        feeder = ShardFeeder(self.source, plan, lookahead=1, readahead=self.readahead)
-        yield from self._deliver_batches(plan, feeder.ensure, lambda k: self._make(plan, k))
-        self._end_epoch()
+        feeder = self.stream(plan, lookahead=1)
+        try:
+            yield from self._deliver_batches(plan, feeder, lambda k: self._make(plan, k))
+            self._end_epoch()
+        finally:
+            feeder.close()
 
     def _make(self, plan: PassPlan, k: int) -> Made[Batch]:
         """Batch ``k``: its rows gathered from the mapped shards, then sent to the device."""
