@@ -13,7 +13,7 @@ BENCH_VENV  ?= .bench-venv
 BENCH_PY    := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: help venv demo test test-fast lint format bench bench-quick bench-venv clean
+.PHONY: help venv demo test test-fast lint format bench bench-quick bench-venv clean system-tools
 
 help:
 	@echo "make demo   - start a local object store, build a sample corpus, run ingest -> warm -> load"
@@ -35,7 +35,23 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+# Programs the monitoring tests drive (a terminal, a Prometheus server, a browser): installed
+# with apt when missing and running as root; never fails the build (the tests then skip,
+# saying what is missing).
+SYSTEM_TOOLS := tmux prometheus chromium
+
+system-tools:
+	@missing=""; for tool in $(SYSTEM_TOOLS); do \
+		command -v "$$tool" >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing (apt-get)"; \
+		( apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq $$missing ) >/dev/null 2>&1 \
+			|| echo "could not install$$missing: the tests that need them will skip"; \
+	fi; true
+
+test: $(STAMP) system-tools
 	$(PY) -m pytest -q -ra tests
 
 lint: $(STAMP)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from .report import plot_stalls, read_stats_log, summarize
@@ -74,9 +76,20 @@ def register(subparsers: Any) -> None:
 def _top(args: argparse.Namespace) -> int:
     from .top import default_cache_dir, run_top
 
-    return run_top(
-        args.cache_dir or default_cache_dir(), interval=args.interval, iterations=args.iterations
-    )
+    main = threading.current_thread() is threading.main_thread()
+    # Ctrl-C is how one leaves the view, not an interrupted job: no message, exit 0
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
+    try:
+        return run_top(
+            args.cache_dir or default_cache_dir(),
+            interval=args.interval,
+            iterations=args.iterations,
+        )
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ __all__ = ["TopView", "default_cache_dir", "run_top"]
 
 #: rates are measured over at most this many seconds of history
 WINDOW_S = 5.0
-CLEAR = "\x1b[H\x1b[2J"
+HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
 
 
 def default_cache_dir() -> str:
@@ -169,8 +169,8 @@ def run_top(
     while True:
         lines = view.frame()
         found = not any(line.startswith("no loader status files") for line in lines)
-        if tty:
-            stream.write(CLEAR + "\n".join(lines) + "\n")
+        if tty:  # overwrite in place (no blank flash between frames)
+            stream.write(HOME + "".join(line + CLEAR_LINE + "\n" for line in lines) + CLEAR_BELOW)
         else:
             stream.write(("\n" if shown else "") + "\n".join(lines) + "\n")
         stream.flush()

@@ -93,3 +93,27 @@ def test_embedded_ray_listens_on_loopback_only(ray_session):
         pytest.fail("no Ray listener found: the check would prove nothing")
     exposed = {(ip, port) for ip, port in listeners if ip not in LOOPBACK}
     assert not exposed, f"Ray listens beyond loopback: {sorted(exposed)}"
+
+
+def test_loader_metrics_listen_on_loopback_unless_told(tmp_path):
+    pytest.importorskip("prometheus_client")
+    from loader_helpers import make_token_dataset
+
+    from flashfeed.loader import TokenLoader
+
+    prefix = str(tmp_path / "tok")
+    make_token_dataset(prefix, [8], seq_len=4)
+    loader = TokenLoader(prefix, batch_size=4, prometheus_port=0)
+    try:
+        port = loader.recorder.exporter.port
+        mine = {(ip, p) for ip, p in _listeners_of({os.getpid()}) if p == port}
+        assert mine, "the exporter's listener was not found: the check would prove nothing"
+        assert {ip for ip, _ in mine} <= LOOPBACK, f"metrics listen beyond loopback: {mine}"
+    finally:
+        loader.close()
+    wide = TokenLoader(prefix, batch_size=4, prometheus_port=0, prometheus_addr="0.0.0.0")
+    try:
+        port = wide.recorder.exporter.port
+        assert ("0.0.0.0", port) in _listeners_of({os.getpid()})
+    finally:
+        wide.close()

@@ -164,3 +164,9 @@ def test_a_real_prometheus_scrapes_the_rates_of_two_ranks(tmp_path):
     assert all(0 <= float(x["value"][1]) <= 1 for x in stalls)
     assert {x["metric"]["rank"] for x in hits} == {"0", "1"}
     assert sorted(x["value"][1] for x in up) == ["1", "1"]
+
+
+def test_the_monitoring_page_lists_every_exported_metric(exporter):
+    page = (DASHBOARD.parent / "MONITORING.md").read_text()
+    documented = set(re.findall(r"`(flashfeed_[a-z_]+)`", page))
+    assert documented == _scraped_names(exporter)
