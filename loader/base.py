@@ -13,7 +13,7 @@ from flashfeed.dataset import Dataset
 
 from .ledger import Ledger
 from .parts import LoaderParts
-from .passplan import PassPlan, make_pass
+from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
 from .sources import CacheShardSource
@@ -153,21 +153,21 @@ class PlannedLoader:
         self._active = True
         return _PassIterator(self, run)
 
-    def begin_pass(self) -> PassPlan:
+    def begin_pass(self) -> PassOrder:
         """Start a pass: refuse a second one at once, move on to the next epoch if the last
         pass finished this one, and return what this pass reads, in order."""
         self._refuse_second_pass()
         if self._finished:
             self.position.next_epoch()
             self._finished = False
-        return make_pass(
+        return make_pass_order(
             self.position.remaining(),
             self.position.shard_sizes,
             batch_size=self.batch_size,
             drop_last=self.drop_last,
         )
 
-    def stream(self, order: PassPlan, *, lookahead: int) -> StreamFeeder:
+    def stream(self, order: PassOrder, *, lookahead: int) -> StreamFeeder:
         """The pass's feeder: it starts the fills of the shards of batches up to ``k +
         lookahead`` when batch k is asked for, serves their samples as their bytes arrive,
         and fetches further ahead as ``readahead``/``readahead_budget`` allow. Its
@@ -191,7 +191,7 @@ class PlannedLoader:
 
     def _deliver_batches(
         self,
-        order: PassPlan,
+        order: PassOrder,
         feeder: StreamFeeder,
         make: Callable[[int], Made[T]],
         *,
@@ -246,7 +246,7 @@ class PlannedLoader:
         if planned is not None and samples != planned:
             raise RuntimeError(
                 f"{self._describe()}: batch {batch} of epoch {epoch} delivered {samples} "
-                f"samples, the plan has {planned}"
+                f"samples, its pass order has {planned}"
             )
         if self.ledger is not None:
             if keys is None:

@@ -24,7 +24,7 @@ from typing import Any
 from flashfeed.errors import CorruptShardError
 from flashfeed.lifeline import tie_forked_children
 
-from .passplan import PassPlan
+from .passorder import PassOrder
 from .reader import BatchSource, write_pass
 
 __all__ = ["READER_STARTS", "DaliRunner", "StoppableSource", "py_start_method"]
@@ -105,17 +105,17 @@ class DaliRunner:
         #: bound on the batches ``abandon()`` runs out: DALI's queue and the readers' prefetch
         self.drain_limit = 64
 
-    def start(self, plan: PassPlan) -> float:
-        """Make ``plan`` the next pass; returns the seconds spent (building, if it had to)."""
+    def start(self, order: PassOrder) -> float:
+        """Make ``order`` the next pass; returns the seconds spent (building, if it had to)."""
         t0 = time.perf_counter()
         if self.pipe is not None and self.ready:
             self.epoch += 1
-            write_pass(self.pass_dir, self.epoch, plan.shards, plan.rows, plan.num_batches)
+            write_pass(self.pass_dir, self.epoch, order.shards, order.rows, order.num_batches)
             self.pipe.reset()
         else:
             self.drop()
             self.epoch = 0
-            write_pass(self.pass_dir, 0, plan.shards, plan.rows, plan.num_batches)
+            write_pass(self.pass_dir, 0, order.shards, order.rows, order.num_batches)
             # DALI forks its reader processes while building; they must die with us
             with tie_forked_children():
                 source = StoppableSource(self._make_source(self.pass_dir), self.pass_dir)

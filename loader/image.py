@@ -16,7 +16,7 @@ from .convert import DeviceCopier, to_keys, to_torch
 from .dali_runner import DaliRunner, cuda_initialized, py_start_method
 from .fields import KEY, parse_fields
 from .parts import SharedKeywords, loader_parts
-from .passplan import PassPlan
+from .passorder import PassOrder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
 from .reader import BatchSource, ShardReader
 
@@ -118,15 +118,15 @@ class Loader(PlannedLoader):
         reader = ShardReader(self.source, self.shard_names)
         return BatchSource(reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir)
 
-    def _run(self, plan: PassPlan) -> Generator[Batch, None, None]:
-        feeder = self.stream(plan, lookahead=self.prefetch + 1)
+    def _run(self, order: PassOrder) -> Generator[Batch, None, None]:
+        feeder = self.stream(order, lookahead=self.prefetch + 1)
         try:
             storage = feeder.wait_ready(0)
-            startup = self.runner.start(plan) if plan.num_batches else 0.0
+            startup = self.runner.start(order) if order.num_batches else 0.0
             yield from self._deliver_batches(
-                plan, feeder, lambda k: self._make(startup if k == 0 else 0.0), storage=storage
+                order, feeder, lambda k: self._make(startup if k == 0 else 0.0), storage=storage
             )
-            if plan.num_batches:
+            if order.num_batches:
                 self.runner.finish()
             self._end_epoch()
         except GeneratorExit:  # left early: keep the pipeline (and its readers) for the next

@@ -24,7 +24,7 @@ import numpy as np
 from flashfeed.units import parse_size
 from flashfeed.wdsindex import SampleIndex
 
-from .passplan import PassPlan
+from .passorder import PassOrder
 from .sources import LocalShardSource, ShardSource
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class StreamFeeder:
     def __init__(
         self,
         source: ShardSource,
-        plan: PassPlan,
+        pass_order: PassOrder,
         *,
         shard_bytes: Sequence[int],
         shard_samples: Sequence[int],
@@ -58,14 +58,14 @@ class StreamFeeder:
         if budget < 0:
             raise ValueError(f"budget must be >= 0 bytes, got {budget}")
         self.source = source
-        self.plan = plan
+        self.pass_order = pass_order
         self.lookahead = lookahead
         self.fixed = readahead
         self.budget = budget
-        self.order, self.first_batch = plan.shard_order()
+        self.order, self.first_batch = pass_order.shard_order()
         self.bytes = [int(b) for b in shard_bytes]
         per_sample = np.asarray(shard_bytes, np.float64) / np.maximum(shard_samples, 1)
-        self._cum = np.concatenate([[0.0], np.cumsum(per_sample[plan.shards])])
+        self._cum = np.concatenate([[0.0], np.cumsum(per_sample[pass_order.shards])])
         self.streaming = not isinstance(source, LocalShardSource)  # read in place: no fills
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ff-need")
         self._by_shard: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -94,7 +94,7 @@ class StreamFeeder:
         Returns the seconds spent blocked on bytes that had not arrived: looking up,
         verifying or opening shards already on local storage is not a storage wait."""
         self._k = k
-        limit = min(k + self.lookahead, self.plan.num_batches - 1)
+        limit = min(k + self.lookahead, self.pass_order.num_batches - 1)
         while self._pos < len(self.order) and self.first_batch[self._pos] <= limit:
             self._need(self.order[self._pos])
             self._pos += 1
@@ -104,7 +104,7 @@ class StreamFeeder:
             blocked += self._wait_batch(self._next_batch)
             self._next_batch += 1
         now = time.perf_counter()
-        self._seen.append((now, float(self._cum[self.plan.batch_slice(k).start]), k))
+        self._seen.append((now, float(self._cum[self.pass_order.batch_slice(k).start]), k))
         self._hint()
         return blocked
 
@@ -115,12 +115,16 @@ class StreamFeeder:
             return
         self._told.add(shard)
         if self._by_shard is None:
-            pos = np.argsort(self.plan.shards, kind="stable")
-            self._by_shard = (pos, self.plan.shards[pos], np.asarray(self.plan.rows)[pos])
+            pos = np.argsort(self.pass_order.shards, kind="stable")
+            self._by_shard = (
+                pos,
+                self.pass_order.shards[pos],
+                np.asarray(self.pass_order.rows)[pos],
+            )
         pos, shards, rows = self._by_shard
         lo, hi = np.searchsorted(shards, [shard, shard + 1])
         if hi > lo:
-            batches = pos[lo:hi] // self.plan.batch_size
+            batches = pos[lo:hi] // self.pass_order.batch_size
             self.source.need(shard, rows[lo:hi], batches)
 
     def _need(self, shard: int) -> None:
@@ -131,8 +135,8 @@ class StreamFeeder:
 
     def _wait_batch(self, j: int) -> float:
         """Until batch ``j``'s samples are readable; the seconds blocked on their bytes."""
-        sl = self.plan.batch_slice(j)
-        shards, rows = self.plan.shards[sl], self.plan.rows[sl]
+        sl = self.pass_order.batch_slice(j)
+        shards, rows = self.pass_order.shards[sl], self.pass_order.rows[sl]
         streamed = False
         blocked = 0.0
         for shard in np.unique(shards).tolist():

@@ -29,7 +29,7 @@ from .base import PlannedLoader
 from .fields import KEY, FieldSpec, parse_fields
 from .labels import parse_label
 from .parts import SharedKeywords, loader_parts
-from .passplan import PassPlan
+from .passorder import PassOrder
 from .reader import ShardReader
 from .stats import StatsRecorder
 
@@ -109,10 +109,10 @@ class ShardDataset(PlannedLoader, IterableDataset):
         # loader, in a worker or driven in-process, reads its share of the same pass
         return self._samples(self.begin_pass(), worker, workers, in_process=False)
 
-    def _sample(self, reader: ShardReader, plan: PassPlan, j: int) -> dict[str, Any]:
-        shard, row = int(plan.shards[j]), int(plan.rows[j])
+    def _sample(self, reader: ShardReader, order: PassOrder, j: int) -> dict[str, Any]:
+        shard, row = int(order.shards[j]), int(order.rows[j])
         name = self.shard_names[shard]
-        sample: dict[str, Any] = {"__shard__": name, "__index__": int(plan.ids[j])}
+        sample: dict[str, Any] = {"__shard__": name, "__index__": int(order.ids[j])}
         if self.specs is not None:
             key, values = reader.fields(shard, row, self.specs)
             sample.update(
@@ -134,18 +134,18 @@ class ShardDataset(PlannedLoader, IterableDataset):
         return sample
 
     def _samples(
-        self, plan: PassPlan, worker: int, workers: int, *, in_process: bool
+        self, order: PassOrder, worker: int, workers: int, *, in_process: bool
     ) -> Generator[Any, None, None]:
         reader = ShardReader(self.source, self.shard_names)
-        feeder = self.stream(plan, lookahead=1)
+        feeder = self.stream(order, lookahead=1)
         epoch = self.position.epoch
         try:
-            for k in range(worker, plan.num_batches, workers):
+            for k in range(worker, order.num_batches, workers):
                 storage = feeder.wait_ready(k)
-                sl = plan.batch_slice(k)
+                sl = order.batch_slice(k)
                 for j in range(sl.start, sl.stop):
                     t0 = time.perf_counter()
-                    sample = self._sample(reader, plan, j)
+                    sample = self._sample(reader, order, j)
                     out = self.transform(sample) if self.transform else sample
                     if in_process:
                         work = time.perf_counter() - t0

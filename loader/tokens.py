@@ -33,7 +33,7 @@ from .base import Made, PlannedLoader
 from .convert import DeviceCopier
 from .fields import KEY
 from .parts import SharedKeywords, loader_parts
-from .passplan import PassPlan
+from .passorder import PassOrder
 from .pipeline import batch_device, check_device
 
 if TYPE_CHECKING:
@@ -153,21 +153,21 @@ class TokenLoader(PlannedLoader):
     def __iter__(self) -> Iterator[Batch]:
         return self._pass_iter(self._run(self.begin_pass()))
 
-    def _run(self, plan: PassPlan) -> Generator[Batch, None, None]:
-        feeder = self.stream(plan, lookahead=1)
+    def _run(self, order: PassOrder) -> Generator[Batch, None, None]:
+        feeder = self.stream(order, lookahead=1)
         try:
-            yield from self._deliver_batches(plan, feeder, lambda k: self._make(plan, k))
+            yield from self._deliver_batches(order, feeder, lambda k: self._make(order, k))
             self._end_epoch()
         finally:
             feeder.close()
 
-    def _make(self, plan: PassPlan, k: int) -> Made[Batch]:
+    def _make(self, order: PassOrder, k: int) -> Made[Batch]:
         """Batch ``k``: its rows gathered from the mapped shards, then sent to the device."""
         t1 = time.perf_counter()
-        sl = plan.batch_slice(k)
+        sl = order.batch_slice(k)
         if self.copier is not None:
             self.copier.begin()
-        arrays, keys = self._gather(plan.shards[sl], plan.rows[sl])
+        arrays, keys = self._gather(order.shards[sl], order.rows[sl])
         t2 = time.perf_counter()
         batch: Batch = {c: self._to_device(torch.from_numpy(a)) for c, a in arrays.items()}
         batch[KEY] = keys

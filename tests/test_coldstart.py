@@ -23,7 +23,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.errors import StorageError
 from flashfeed.loader import Loader, read_ledger
 from flashfeed.loader.ledger import key_hash
-from flashfeed.loader.passplan import make_pass
+from flashfeed.loader.passorder import make_pass_order
 from flashfeed.loader.sources import CacheShardSource
 from flashfeed.retry import RetryPolicy
 
@@ -49,7 +49,7 @@ def _cache(tmp_path, **kw):
 
 
 def _planned_keys(loader, ds):
-    plan = make_pass(
+    plan = make_pass_order(
         loader.position.remaining(), loader.position.shard_sizes,
         batch_size=loader.batch_size, drop_last=loader.drop_last,
     )  # fmt: skip

@@ -20,7 +20,7 @@ from flashfeed.cache.needorder import PartPriority, part_priorities
 from flashfeed.cache.ranged import RangedFetcher
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
-from flashfeed.loader.passplan import make_pass
+from flashfeed.loader.passorder import make_pass_order
 from flashfeed.retry import RetryPolicy
 from flashfeed.wdsindex import Component, SampleIndex
 
@@ -166,7 +166,7 @@ def test_a_shuffled_first_batch_is_served_before_its_shards_are_complete(
         ds, batch_size=8, image_size=16, cache=cache, shuffle=True, window=3, py_workers=0,
         readahead=0, fields={"image": "jpg", "label": "cls", "raw": "jpg"},
     )  # fmt: skip
-    plan = make_pass(
+    plan = make_pass_order(
         loader.position.remaining(), loader.position.shard_sizes,
         batch_size=loader.batch_size, drop_last=loader.drop_last,
     )  # fmt: skip

@@ -1,5 +1,8 @@
-"""One pass over what remains of an epoch: its samples in batches, and the shards it needs
-in order of first need (``loader/readahead.py`` walks them)."""
+"""The order of one pass over what remains of an epoch: its samples in batches, and the
+shards it needs in order of first need (``loader/readahead.py`` walks them).
+
+"Plan" means the epoch plan (``flashfeed.plan``) only; a ``PassOrder`` is this rank's part of
+it still to read, cut into batches."""
 
 from __future__ import annotations
 
@@ -9,11 +12,11 @@ import numpy as np
 
 from flashfeed.plan import locate
 
-__all__ = ["PassPlan", "make_pass"]
+__all__ = ["PassOrder", "make_pass_order"]
 
 
 @dataclass(frozen=True)
-class PassPlan:
+class PassOrder:
     """The samples of one pass, in order, cut into ``num_batches`` batches."""
 
     ids: np.ndarray
@@ -37,11 +40,11 @@ class PassPlan:
         return uniq[order].tolist(), (first[order] // self.batch_size).tolist()
 
 
-def make_pass(
+def make_pass_order(
     remaining: np.ndarray, shard_sizes: np.ndarray, *, batch_size: int, drop_last: bool
-) -> PassPlan:
+) -> PassOrder:
     n = len(remaining)
     num_batches = n // batch_size if drop_last else -(-n // batch_size)
     ids = remaining[: min(n, num_batches * batch_size)]
     shards, rows = locate(shard_sizes, ids)
-    return PassPlan(ids, shards, rows, batch_size, num_batches)
+    return PassOrder(ids, shards, rows, batch_size, num_batches)
