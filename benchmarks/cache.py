@@ -32,6 +32,7 @@ import numpy as np
 
 from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.cache import ShardCache
+from flashfeed.cache.options import CacheOptions
 from flashfeed.cache.policy import belady_hits, lru_hits
 from flashfeed.cache.ranged import split_ranges
 from flashfeed.cache.stats import read_persisted
@@ -160,6 +161,7 @@ WORKER = """
 import os, sys, time
 from flashfeed import Dataset
 from flashfeed.cache import ShardCache
+from flashfeed.cache.options import CacheOptions
 root, url, barrier = sys.argv[1:4]
 ds = Dataset.open(url)
 cache = ShardCache(root, capacity="4GiB", part_size="4MiB")
@@ -243,8 +245,9 @@ def main() -> None:
     )
     ap.add_argument("--shards", type=int, default=12)
     ap.add_argument("--shard-size", default="32MiB")
-    ap.add_argument("--part-size", default="8MiB")
-    ap.add_argument("--concurrency", type=int, default=8)
+    defaults = CacheOptions.__dataclass_fields__
+    ap.add_argument("--part-size", default=str(defaults["part_size"].default))
+    ap.add_argument("--concurrency", type=int, default=int(defaults["concurrency"].default))  # type: ignore[call-overload]
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="benchmarks/results/cache.json")
     ap.add_argument(
@@ -269,12 +272,21 @@ def main() -> None:
         disk = tempfile.mkdtemp(prefix="ffcb-disk-", dir=args.cache_parent)
         root = os.path.join(disk, "cache")
         raw_parallel_get(ds, opts, args.concurrency, part, None)  # connections, server caches
+        runs = {
+            "raw": (raw, lambda: raw_parallel_get(ds, opts, args.concurrency, part, None)),
+            "raw+write": (
+                raw_write,
+                lambda: raw_parallel_get(
+                    ds, opts, args.concurrency, part, os.path.join(disk, "raw")
+                ),
+            ),
+            "warm": (cold, lambda: cold_warm(ds, opts, root, args.concurrency, part)),
+        }
         for r in range(args.rounds):
-            raw.append(raw_parallel_get(ds, opts, args.concurrency, part, None))
-            raw_write.append(
-                raw_parallel_get(ds, opts, args.concurrency, part, os.path.join(disk, "raw"))
-            )
-            cold.append(cold_warm(ds, opts, root, args.concurrency, part))
+            names = list(runs)
+            for name in names[r % 3 :] + names[: r % 3]:  # the order rotates each round
+                got, measure = runs[name]
+                got.append(measure())
             print(
                 f"round {r}: raw GET {raw[-1]:.2f} GB/s, raw GET + write {raw_write[-1]:.2f} "
                 f"GB/s, cold warm {cold[-1]:.2f} GB/s",

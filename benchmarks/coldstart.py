@@ -14,7 +14,9 @@ SeaweedFS server and empties the cache, then runs, interleaved:
                     --shards-2x shards (40): with 10 shards the cache would hold 5, and the
                     plan's window of 4 shards read at once would leave room for 1 ahead
 
-Throughput is a whole epoch: images / seconds from creating the loader to its last batch.
+Throughput is a whole epoch: images / seconds from creating the loader to its last batch,
+for every row (flashfeed's timers include ``Loader(...)`` too; a second epoch is timed from
+the end of the first). The order of the runs rotates each round.
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
     python benchmarks/coldstart.py --out .bench/coldstart.json
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--images", type=int, default=5000)
     p.add_argument("--shards", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--shards-2x", type=int, default=40, help="shards of the 2x-capacity run")
@@ -103,16 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         upload(local2x, url + "-2x")
         fs, path = storage.filesystem(url)
         shard_paths = [f"{url}/{s['path']}" for s in manifest["shards"]]
-        for r in range(args.rounds):
-            store.restart()
+        from flashfeed.cache import ShardCache
+
+        def ff_s3() -> dict[str, float]:
             cache_dir = scratch / "cache"
             shutil.rmtree(cache_dir, ignore_errors=True)
-            row: dict[str, float] = {}
-            ff = Loader(url, batch_size=BATCH, num_threads=thr, py_workers=1,
-                        cache_dir=str(cache_dir))  # fmt: skip
-            t0 = time.perf_counter()
+            out: dict[str, float] = {}
+            t0 = time.perf_counter()  # construction inside the timer, as for every row
+            ff = Loader(url, batch_size=BATCH, num_threads=thr, cache_dir=str(cache_dir))
             n = sum(BATCH for _ in ff)
-            row["ff-s3-first"] = n / (time.perf_counter() - t0)
+            out["ff-s3-first"] = n / (time.perf_counter() - t0)
             first = ff.stats()
             extra["first_epoch_storage_waits"].append(
                 {"batches": first["batches_waited_on_storage"], "of": first["batches"],
@@ -120,33 +122,46 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             t0 = time.perf_counter()
             n = sum(BATCH for _ in ff)
-            row["ff-s3-second"] = n / (time.perf_counter() - t0)
+            out["ff-s3-second"] = n / (time.perf_counter() - t0)
             ff.close()
-            row["ff-local"] = epoch_rate(
-                lambda: Loader(str(local), batch_size=BATCH, num_threads=thr, py_workers=1),
-                images,
-            )
-            row["dali-s3"] = epoch_rate(
-                lambda: dali_webdataset_reader(
-                    shard_paths, batch_size=BATCH, threads=thr, device="cpu", batches=batches
-                ),
-                images,
-            )
+            return out
+
+        def ff_local() -> dict[str, float]:
+            return {
+                "ff-local": epoch_rate(
+                    lambda: Loader(str(local), batch_size=BATCH, num_threads=thr), images
+                )
+            }
+
+        def dali_s3() -> dict[str, float]:
+            return {
+                "dali-s3": epoch_rate(
+                    lambda: dali_webdataset_reader(
+                        shard_paths, batch_size=BATCH, threads=thr, device="cpu", batches=batches
+                    ),
+                    images,
+                )
+            }
+
+        def wds_http() -> dict[str, float]:
             urls = [fs.url(f"{path}/{s['path']}", expires=3600) for s in manifest["shards"]]
-            row["wds-http"] = epoch_rate(
-                lambda u=urls: webdataset_loader(u, batch_size=BATCH, workers=thr), images
-            )
+            return {
+                "wds-http": epoch_rate(
+                    lambda: webdataset_loader(urls, batch_size=BATCH, workers=thr), images
+                )
+            }
+
+        def ff_2x() -> dict[str, float]:
             small = scratch / "cache-2x"
             shutil.rmtree(small, ignore_errors=True)
-            from flashfeed.cache import ShardCache
-
-            cache = ShardCache(str(small), capacity=total // 2)
-            two = Loader(url + "-2x", batch_size=BATCH, num_threads=thr, py_workers=1, cache=cache)
             epochs = []
+            t0 = time.perf_counter()
+            cache = ShardCache(str(small), capacity=total // 2)
+            two = Loader(url + "-2x", batch_size=BATCH, num_threads=thr, cache=cache)
             for _ in range(2):
-                t0 = time.perf_counter()
                 n = sum(BATCH for _ in two)
                 epochs.append(n / (time.perf_counter() - t0))
+                t0 = time.perf_counter()
             stats = cache.stats()
             two.close()
             cache.close()
@@ -154,10 +169,22 @@ def main(argv: list[str] | None = None) -> int:
                 {"img_per_s": epochs, "bytes_fetched": stats["bytes_fetched"],
                  "evictions": stats["evictions"]}
             )  # fmt: skip
-            row["ff-s3-2x-capacity"] = statistics.median(epochs)
-            for k, v in row.items():
-                rates.setdefault(k, []).append(v)
-            print(f"round {r}: " + ", ".join(f"{k} {v:.0f}" for k, v in row.items()),
+            return {"ff-s3-2x-capacity": statistics.median(epochs)}
+
+        runs: dict[str, Callable[[], dict[str, float]]] = {
+            "ff-s3": ff_s3, "ff-local": ff_local, "dali-s3": dali_s3, "wds-http": wds_http,
+            "ff-2x": ff_2x,
+        }  # fmt: skip
+        for r in range(args.rounds):
+            store.restart()
+            row: dict[str, float] = {}
+            names = list(runs)
+            k = r % len(names)
+            for name in names[k:] + names[:k]:  # the order rotates each round
+                row.update(runs[name]())
+            for k2, v in row.items():
+                rates.setdefault(k2, []).append(v)
+            print(f"round {r}: " + ", ".join(f"{k2} {v:.0f}" for k2, v in row.items()),
                   file=sys.stderr, flush=True)  # fmt: skip
     finally:
         store.stop()

@@ -2,14 +2,17 @@
 
   memcpy          GB/s of one large numpy copy (the best of 3)
   read hot        GB/s reading the corpus files (and one large file, as shards are) again
-                  while they sit in the page cache
+                  while they sit in the page cache; each file in one read into a buffer
+                  of its size, as the cache's hit path reads a whole shard
   read cold       GB/s reading them from the device: page cache dropped
                   (``/proc/sys/vm/drop_caches`` when permitted, else per-file
                   ``posix_fadvise(DONTNEED)``, else O_DIRECT); the JSON names the method
   S3 GET          GB/s of parallel ranged GETs from a private SeaweedFS server, bytes dropped
-                  on arrival (no disk, no checksum)
+                  on arrival (no disk, no checksum), in the cache's own shape: its default
+                  part size and GETs in flight (``CacheOptions``), several rounds
 
-The decode ceiling (DALI fed from RAM) comes from benchmarks/loader.py in the same run.
+The decode ceiling (the Loader's DALI pipeline fed from RAM) comes from benchmarks/loader.py
+in the same run; the PUT limit of ingest from benchmarks/ingest.py (same server as the run).
 Prints a table and writes JSON.
 
     python benchmarks/limits.py --files .bench/corpus --read-mb 256 --out .bench/limits.json
@@ -103,9 +106,19 @@ def _read_direct(path: Path, buf: memoryview) -> int:
         os.close(fd)
 
 
+def cache_fetch_shape() -> tuple[int, int]:
+    """(part size, GETs in flight) of the node cache's fills: its defaults."""
+    from flashfeed.cache.options import CacheOptions
+
+    fields = CacheOptions.__dataclass_fields__
+    return int(fields["part_size"].default), int(fields["concurrency"].default)  # type: ignore[call-overload]
+
+
 def read_gbps(files: list[Path], *, direct: bool = False) -> float:
-    """GB/s reading ``files`` one after another in 4 MiB reads."""
-    buf = mmap.mmap(-1, _CHUNK)  # page-aligned, as O_DIRECT needs
+    """GB/s reading ``files`` one after another, each in one read into a buffer as large as
+    the largest file (the hit path reads a shard whole)."""
+    size = max(p.stat().st_size for p in files)
+    buf = mmap.mmap(-1, max(_CHUNK, -(-size // 4096) * 4096))  # page-aligned, as O_DIRECT needs
     view = memoryview(buf)
     read = _read_direct if direct else _read_buffered
     t0 = time.perf_counter()
@@ -121,6 +134,7 @@ def s3_get_gbps(
 ) -> list[float]:
     """Per round: GB/s of every object's ranged GETs, ``concurrency`` at a time."""
     from flashfeed import storage
+    from flashfeed.cache.ranged import split_ranges
     from flashfeed.store import EmbeddedStore
 
     work = tempfile.mkdtemp(prefix="fflim-", dir="/tmp")
@@ -136,10 +150,7 @@ def s3_get_gbps(
         jobs = []
         for u in urls:
             fs, path = storage.filesystem(u, opts)
-            jobs += [
-                (fs, path, lo, min(lo + part_size, object_size))
-                for lo in range(0, object_size, part_size)
-            ]
+            jobs += [(fs, path, lo, hi) for lo, hi in split_ranges(object_size, part_size)]
 
         def one(job: tuple[Any, str, int, int]) -> int:
             fs, path, lo, hi = job
@@ -165,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", default=".bench/corpus", help="a folder of files to read")
     p.add_argument("--read-mb", type=int, default=256)
     p.add_argument("--s3-objects", type=int, default=8)
-    p.add_argument("--s3-object-mb", type=int, default=32)
-    p.add_argument("--part-mb", type=int, default=8)
-    p.add_argument("--concurrency", type=int, default=8)
+    part, conc = cache_fetch_shape()
+    p.add_argument("--s3-object-mb", type=int, default=64, help="object (shard) size")
+    p.add_argument("--part-mb", type=int, default=part >> 20, help="the cache's part size")
+    p.add_argument("--concurrency", type=int, default=conc, help="the cache's GETs in flight")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--big-file-dir", default="/tmp", help="where the one large file is read")
     p.add_argument("--out", default=".bench/limits.json")

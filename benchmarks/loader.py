@@ -1,13 +1,19 @@
 """Loader benchmark: flashfeed's DALI Loader against its peers and the decode ceiling.
 
 Every image loader does the same work: decode, random-resized crop to 224, flip, normalize,
-NCHW float32, batch 64, 2 workers/threads, rounds interleaved, median images/s:
+NCHW float32, batch 64, 2 workers/threads, median images/s over rounds whose order rotates
+each round:
 
   flashfeed          Loader (plan order, DALI decode: CPU here, "mixed" with --device gpu)
   dali-reader        plain DALI fn.readers.webdataset pipeline, same operators
-  wds+pil            webdataset + torch DataLoader workers decoding with PIL
+  wds+pil            webdataset + torch DataLoader workers decoding with PIL (Image.draft)
+  wds+dali           webdataset's bytes (DataLoader workers) through flashfeed's DALI graph
   imagefolder+pil    one JPEG file per image, map-style Dataset, DataLoader workers
-  decode-ceiling     the same DALI operators fed from bytes already in RAM
+  decode-ceiling     the Loader's own pipeline (build_pipeline) fed from bytes in RAM
+
+Every row has the same timer: it starts before the loader is constructed and stops at the
+first batch after ``--min-seconds`` (epochs repeat until then), so construction, start-up
+and epoch turns count the same for all.
 
 plus the token loader's GB/s against a plain memory copy and a random-row gather of the same
 bytes, and shuffle quality (label entropy per batch / ideal) on a class-sorted layout.
@@ -37,6 +43,7 @@ from loader_peers import (
     dali_webdataset_reader,
     imagefolder_loader,
     optional_peers,
+    webdataset_dali,
     webdataset_loader,
 )
 
@@ -138,19 +145,37 @@ def tree_cpu_seconds() -> float:
     return sum(cpu.get(p, 0.0) for p in tree)
 
 
-def timed(make: Callable[[], Iterable[Any]], batches: int, warm: int = 3) -> tuple[float, float]:
-    """(images/s, CPU ms per image) over ``batches`` batches after ``warm`` untimed ones."""
-    it = iter(make())
-    for _ in range(warm):
-        next(it)
+def timed(make: Callable[[], Iterable[Any]], min_seconds: float) -> tuple[float, float, float]:
+    """(images/s, CPU ms per image, seconds): the timer starts before ``make()`` constructs
+    the loader and stops at the first batch after ``min_seconds``; epochs repeat until then.
+    The same boundaries for every loader, construction included."""
     c0, t0 = tree_cpu_seconds(), time.perf_counter()
+    loader = make()
     n = 0
-    for _ in range(batches):
-        next(it)
-        n += BATCH
+    while True:
+        got = 0
+        for _ in loader:
+            got += BATCH
+            if time.perf_counter() - t0 >= min_seconds:
+                break
+        n += got
+        if not got:
+            raise RuntimeError("the loader gave no batch")
+        if time.perf_counter() - t0 >= min_seconds:
+            break
     wall, cpu = time.perf_counter() - t0, tree_cpu_seconds() - c0
-    del it
-    return n / wall, 1000 * cpu / n
+    close = getattr(loader, "close", None)
+    if callable(close):
+        close()
+    del loader
+    return n / wall, 1000 * cpu / n, wall
+
+
+def rotated(names: list[str], r: int) -> list[str]:
+    """Round ``r``'s order: each round starts one name later, so no loader always runs first
+    (after a conversion, beside a warm page cache) or last."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
 
 
 def image_rows(args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -159,36 +184,46 @@ def image_rows(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     files = image_corpus(root, args.images, args.seed, args.corpus)
     prefix = root / "wds"
     shards = write_dataset(prefix, files, args.shards, args.seed)
-    jpegs = [f.read_bytes() for f, _ in files[: 40 * BATCH]]
-    batches = args.images // BATCH - 4
+    ram = files[: 40 * BATCH]
+    jpegs, labels = [f.read_bytes() for f, _ in ram], [c for _, c in ram]
     dev, thr = args.device, args.threads
 
     def flashfeed() -> Iterable[Any]:
-        return Loader(str(prefix), batch_size=BATCH, num_threads=thr, device=dev, py_workers=1)
+        return Loader(str(prefix), batch_size=BATCH, num_threads=thr, device=dev)
 
     loaders: dict[str, Callable[[], Iterable[Any]]] = {
         "flashfeed": flashfeed,
         "dali-reader": lambda: dali_webdataset_reader(
-            shards, batch_size=BATCH, threads=thr, device=dev, batches=batches + 3
+            shards, batch_size=BATCH, threads=thr, device=dev
         ),
         "wds+pil": lambda: webdataset_loader(shards, batch_size=BATCH, workers=thr),
+        "wds+dali": lambda: webdataset_dali(
+            shards, batch_size=BATCH, workers=thr, threads=thr, device=dev
+        ),
         "imagefolder+pil": lambda: imagefolder_loader(files, batch_size=BATCH, workers=thr),
         "decode-ceiling": lambda: dali_decode_ceiling(
-            jpegs, batch_size=BATCH, threads=thr, device=dev, batches=batches + 3
+            jpegs, labels, batch_size=BATCH, threads=thr, device=dev
         ),
     }
     rates: dict[str, list[float]] = {k: [] for k in loaders}
     cpu: dict[str, list[float]] = {k: [] for k in loaders}
+    secs: dict[str, list[float]] = {k: [] for k in loaders}
     for r in range(args.rounds):
-        for name, make in loaders.items():
-            rate, ms = timed(make, batches)
+        for name in rotated(list(loaders), r):
+            rate, ms, wall = timed(loaders[name], args.min_seconds)
             rates[name].append(rate)
             cpu[name].append(ms)
-            print(f"round {r}: {name:16s} {rate:8.0f} img/s {ms:6.2f} CPU ms/img", file=sys.stderr)
+            secs[name].append(wall)
+            print(
+                f"round {r}: {name:16s} {rate:8.0f} img/s {ms:6.2f} CPU ms/img {wall:5.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     return {
         "img_per_s": {k: statistics.median(v) for k, v in rates.items()},
         "cpu_ms_per_img": {k: statistics.median(v) for k, v in cpu.items()},
-        "rounds": {"img_per_s": rates, "cpu_ms_per_img": cpu},
+        "rounds": {"img_per_s": rates, "cpu_ms_per_img": cpu, "seconds": secs},
+        "timer": f"construction to the first batch after {args.min_seconds} s, rotated order",
     }
 
 
@@ -275,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--images", type=int, default=5000)
     p.add_argument("--shards", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--min-seconds", type=float, default=5.0, help="timed window of each run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
@@ -299,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'loader':18s} {'img/s':>7s} {'vs dali-reader':>15s} {'vs wds+pil':>11s}"
         f" {'of ceiling':>11s} {'CPU ms/img':>11s}"
     )
-    for name in ("flashfeed", "dali-reader", "wds+pil", "imagefolder+pil", "decode-ceiling"):
+    for name in rate:
         v = rate[name]
         print(
             f"{name:18s} {v:7.0f} {v / rate['dali-reader']:14.2f}x {v / rate['wds+pil']:10.2f}x"

@@ -1,7 +1,13 @@
 """The peers of the loader benchmark, each doing the same work per image: decode,
 random-resized crop to 224, flip, normalize, NCHW float32, batches of 64.
 
-Each factory returns an iterable of batches; the benchmark times them side by side.
+Each factory returns an iterable of batches; the benchmark times them side by side. The PIL
+peers decode with ``Image.draft`` (JPEG DCT scaling: a crop that is later shrunk to 224 px is
+decoded at 1/2, 1/4 or 1/8 scale when that still leaves it at least 224 px), their best
+documented setting, as DALI's crop decode reads only the crop region. ``wds+dali`` sends
+webdataset's bytes through the same DALI graph as flashfeed's; the decode ceiling is the
+Loader's own pipeline (``build_pipeline``: same executor, operators, threads, reader process
+and prefetch) fed from bytes in RAM.
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 __all__ = [
+    "RamBatches",
     "dali_decode_ceiling",
     "dali_webdataset_reader",
     "imagefolder_loader",
     "optional_peers",
     "pil_transform",
+    "webdataset_dali",
     "webdataset_loader",
 ]
 
@@ -45,8 +53,16 @@ def _crop_box(w: int, h: int, rng: random.Random) -> tuple[int, int, int, int]:
 
 
 def pil_transform(data: bytes, rng: random.Random, size: int = 224) -> torch.Tensor:
-    img = Image.open(io.BytesIO(data)).convert("RGB")
-    img = img.resize((size, size), Image.Resampling.BILINEAR, box=_crop_box(*img.size, rng))
+    img = Image.open(io.BytesIO(data))
+    w, h = img.size
+    box: tuple[float, float, float, float] = _crop_box(w, h, rng)
+    scale = min(box[2] - box[0], box[3] - box[1]) / size  # the crop may shrink this much
+    if img.format == "JPEG" and scale >= 2:
+        # DCT scaling: PIL picks the largest reduction that keeps the image >= the request
+        img.draft("RGB", (math.ceil(w / scale), math.ceil(h / scale)))
+        fx, fy = img.size[0] / w, img.size[1] / h
+        box = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
+    img = img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR, box=box)
     if rng.random() < 0.5:
         img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     arr = (np.asarray(img, np.float32) - MEAN) / STD
@@ -70,7 +86,9 @@ def webdataset_loader(shards: list[str], *, batch_size: int, workers: int) -> Da
         .shuffle(1000)
         .map(_Transform())
     )
-    return DataLoader(ds, batch_size=batch_size, num_workers=workers)
+    return DataLoader(
+        ds, batch_size=batch_size, num_workers=workers, persistent_workers=workers > 0
+    )
 
 
 class _ImageFolder(Dataset):
@@ -90,15 +108,24 @@ def imagefolder_loader(
     files: list[tuple[Path, int]], *, batch_size: int, workers: int
 ) -> DataLoader:
     """One file per image, a map-style Dataset with a full random permutation."""
-    return DataLoader(_ImageFolder(files), batch_size=batch_size, num_workers=workers, shuffle=True)
+    return DataLoader(
+        _ImageFolder(files),
+        batch_size=batch_size,
+        num_workers=workers,
+        shuffle=True,
+        persistent_workers=workers > 0,
+    )
 
 
-def _dali_iter(pipe: Any, batches: int) -> Iterator[Any]:
-    """Batches as torch tensors, copied out as flashfeed's Loader and DALI's iterator do."""
+def _dali_iter(pipe: Any, batches: int | None) -> Iterator[Any]:
+    """Batches as torch tensors, copied out as flashfeed's Loader and DALI's iterator do;
+    endless (the reader wraps around epochs) when ``batches`` is None."""
+    import itertools
+
     from flashfeed.loader.convert import to_torch
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else None
-    for _ in range(batches):
+    for _ in itertools.count() if batches is None else range(batches):
         outputs = pipe.run()
         batch = [to_torch(outputs[0], device)]
         if len(outputs) > 1:  # .cls text labels: bytes of varying length, parsed here
@@ -110,7 +137,7 @@ def _dali_iter(pipe: Any, batches: int) -> Iterator[Any]:
 
 
 def dali_webdataset_reader(
-    shards: list[str], *, batch_size: int, threads: int, device: str, batches: int
+    shards: list[str], *, batch_size: int, threads: int, device: str, batches: int | None = None
 ) -> Iterable[Any]:
     """Plain DALI: ``fn.readers.webdataset`` with its shuffle buffer, same operators."""
     from nvidia.dali import fn
@@ -136,30 +163,140 @@ def dali_webdataset_reader(
     return _dali_iter(pipe, batches)
 
 
+class RamBatches:
+    """``external_source`` callback in the Loader's layout (one list per field: JPEG bytes,
+    int64 labels; then each sample's key bytes), cycling over samples held in RAM."""
+
+    def __init__(self, jpegs: list[bytes], labels: list[int], batch_size: int) -> None:
+        from flashfeed.loader.fields import key_bytes
+
+        self.images = [np.frombuffer(j, np.uint8) for j in jpegs]
+        self.labels = [np.array(x, np.int64) for x in labels]
+        self.keys = [key_bytes("ram", f"{i:07d}") for i in range(len(jpegs))]
+        self.batch_size = batch_size
+
+    def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
+        n = len(self.images)
+        picked = [(int(info.iteration) * self.batch_size + k) % n for k in range(self.batch_size)]
+        return (
+            [self.images[i] for i in picked],
+            [self.labels[i] for i in picked],
+            [self.keys[i] for i in picked],
+        )
+
+
+def loader_defaults() -> dict[str, Any]:
+    """The Loader's own defaults for the pipeline knobs the ceiling must share."""
+    import inspect
+
+    from flashfeed.loader import Loader
+
+    params = inspect.signature(Loader.__init__).parameters
+    return {k: params[k].default for k in ("py_workers", "prefetch")}
+
+
+def _pipeline_batches(pipe: Any, names: list[str], device: str) -> Iterator[dict[str, Any]]:
+    """Endless batches of a pipeline built by ``build_pipeline``, converted as the Loader
+    converts them (``to_torch`` per output, ``to_keys`` for the keys)."""
+    from flashfeed.loader.convert import to_keys, to_torch
+    from flashfeed.loader.fields import KEY
+
+    dev = torch.device("cuda", 0) if device == "gpu" else None
+    while True:
+        out = dict(zip(names, pipe.run(), strict=True))
+        keys = to_keys(out.pop(KEY))
+        batch: dict[str, Any] = {n: to_torch(o, dev) for n, o in out.items()}
+        batch[KEY] = keys
+        yield batch
+
+
+def _build_like_loader(
+    source: Any, *, batch_size: int, threads: int, device: str, py_workers: int
+) -> tuple[Any, list[str]]:
+    from flashfeed.lifeline import tie_forked_children
+    from flashfeed.loader.fields import parse_fields
+    from flashfeed.loader.pipeline import AugmentOptions, build_pipeline
+
+    with tie_forked_children():  # the reader process dies with this one
+        return build_pipeline(
+            source,
+            specs=parse_fields(None),
+            batch_size=batch_size,
+            num_threads=threads,
+            py_workers=py_workers,
+            augment=AugmentOptions(device=device),
+            user_fn=None,
+            seed=0,
+            prefetch=loader_defaults()["prefetch"],
+            py_start_method="fork" if device == "cpu" else "spawn",
+        )
+
+
 def dali_decode_ceiling(
-    jpegs: list[bytes], *, batch_size: int, threads: int, device: str, batches: int
+    jpegs: list[bytes], labels: list[int], *, batch_size: int, threads: int, device: str
 ) -> Iterable[Any]:
-    """The same DALI operators fed from bytes already in RAM: the decode ceiling."""
-    from nvidia.dali import fn, types
-    from nvidia.dali.pipeline import Pipeline
-
-    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
-
-    arrays = [np.frombuffer(j, np.uint8) for j in jpegs]
-
-    def source(info: Any) -> list[np.ndarray]:
-        start = (info.iteration * batch_size) % max(len(arrays) - batch_size, 1)
-        return arrays[start : start + batch_size]
-
-    pipe = Pipeline(
-        batch_size=batch_size, num_threads=threads, device_id=0 if device == "gpu" else None
+    """The Loader's own pipeline (``build_pipeline``, exec_dynamic, its reader process and
+    prefetch) fed from bytes already in RAM: the decode ceiling of the Loader."""
+    pipe, names = _build_like_loader(
+        RamBatches(jpegs, labels, batch_size),
+        batch_size=batch_size,
+        threads=threads,
+        device=device,
+        py_workers=loader_defaults()["py_workers"],
     )
-    with pipe:
-        raw = fn.external_source(source=source, batch=True, batch_info=True, dtype=types.UINT8)
-        out = default_image_pipeline({"image": raw}, AugmentOptions(device=device))
-        pipe.set_outputs(out["image"])
-    pipe.build()
-    return _dali_iter(pipe, batches)
+    return _pipeline_batches(pipe, names, device)
+
+
+class _WdsBytes:
+    """webdataset's samples as ``(images, labels, keys)`` batches for ``external_source``:
+    bytes read in DataLoader workers, nothing decoded there."""
+
+    def __init__(self, shards: list[str], batch_size: int, workers: int) -> None:
+        import webdataset as wds
+
+        ds = (
+            wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False)
+            .shuffle(1000)
+            .to_tuple("__key__", "jpg", "cls")
+        )
+        self.loader = DataLoader(
+            ds,
+            batch_size=batch_size,
+            num_workers=workers,
+            collate_fn=list,
+            persistent_workers=workers > 0,
+            drop_last=True,
+        )
+        self.it: Iterator[Any] = iter(())
+
+    def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
+        from flashfeed.loader.fields import key_bytes
+
+        try:
+            batch = next(self.it)
+        except StopIteration:  # next epoch
+            self.it = iter(self.loader)
+            batch = next(self.it)
+        return (
+            [np.frombuffer(jpg, np.uint8) for _, jpg, _ in batch],
+            [np.array(int(cls), np.int64) for _, _, cls in batch],
+            [key_bytes("wds", key) for key, _, _ in batch],
+        )
+
+
+def webdataset_dali(
+    shards: list[str], *, batch_size: int, workers: int, threads: int, device: str
+) -> Iterable[Any]:
+    """webdataset's reader (shard shuffle, 1000-sample buffer, DataLoader workers) feeding
+    the same DALI graph as flashfeed's Loader: the peers' bytes through our decode."""
+    pipe, names = _build_like_loader(
+        _WdsBytes(shards, batch_size, workers),
+        batch_size=batch_size,
+        threads=threads,
+        device=device,
+        py_workers=0,  # the bytes come from the DataLoader's workers, in this process
+    )
+    return _pipeline_batches(pipe, names, device)
 
 
 def optional_peers() -> dict[str, str]:

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import machine_markdown, markdown
+from report import machine_markdown, markdown, targets_markdown
 
 __all__ = ["benchmarks_page"]
 
 HOW_TO_RUN = """\
 ```sh
 make bench-venv     # .bench-venv: the peers from benchmarks/requirements.txt, layered over .venv
-make bench          # every stage at the sizes below (~20 minutes on 2 cores) -> this page
+make bench          # every stage at the sizes below (~30 minutes on 2 cores) -> this page
 make bench-quick    # the same stages at smoke-check sizes, under 5 minutes
 bash benchmarks/gpu.sh   # one GPU, no network (--wheelhouse DIR): nvJPEG ceiling, loader, h2d
 ```
@@ -33,6 +33,47 @@ as child processes, one at a time, each starting and stopping its own SeaweedFS 
 Ray, for ingest); comparisons inside a stage run side by side in interleaved rounds. Ratios
 are ratios of medians with the min-max of the per-round ratios; "of limit" is the median
 over the physical limit measured in the same run."""
+
+HOW_MEASURED = """\
+- Rounds: the full profile runs every comparison in 5 interleaved rounds (the shard-size
+  targets stage, whose rounds hold about ten whole epochs each, in 3, as its targets ask),
+  and the order of the runs rotates by one every round, so no run is always first (after a
+  conversion, on a cold page cache) or last. Tables give the median with the min-max
+  over rounds; a ratio is the ratio of medians with the min-max of the per-round ratios.
+- Timers: every row of a table has the same boundaries, construction included. Loader rows
+  start the clock before the loader (flashfeed's `Loader(...)`, a DataLoader, a DALI
+  pipeline) is constructed and stop it at the first batch after a window of at least 5 s
+  (epochs repeat until then); cold-start rows time whole epochs from construction to the last
+  batch, for flashfeed as for the peers; a hot epoch is timed from the end of the first
+  epoch. Start-up is `Loader(...)` to the first batch.
+- Limits are measured in the same run with the product's own shapes: the decode ceiling is
+  the Loader's own DALI pipeline (`build_pipeline`: exec_dynamic, the same operators, threads,
+  reader process and prefetch) fed from JPEG bytes in RAM; the S3 GET limit uses the cache's
+  default part size and GETs in flight; the PUT limit writes shard-sized objects, one PUT
+  each, as many at once as ingest runs Ray tasks, several rounds; page-cache reads read each
+  file whole, as the hit path does. A result above its limit is a measurement error: the run
+  lists it under `limit_errors`, exits 1, and the tables show the row as refused (never above
+  100%).
+- Peers at their best documented settings: PIL peers decode with `Image.draft` (JPEG DCT
+  scaling, the counterpart of DALI's crop decode) and keep their DataLoader workers across
+  epochs; `wds+dali` sends webdataset's bytes through the same DALI graph as flashfeed;
+  Ray Data writes with `map_batches`, one block per output shard, on an object store of
+  1 GiB (several times the largest corpus); litdata and mosaicml-streaming also read cold
+  from the same SeaweedFS with their own clients (litdata through boto3: its optional
+  obstore client refuses a plain-http endpoint).
+- Noise: the machine's 2 cores are shared with other engineers' tests and benchmarks and
+  with the SeaweedFS server; the min-max columns show how far rounds moved. Compare the
+  ratios of a row, measured in interleaved rounds, rather than absolute figures across rows.
+
+The quick profile's result of 2026-11-29 (`2026-11-29-vm-quick.*`, since replaced) showed
+flashfeed at 58.6 img/s, 0.37x litdata, in the peers stage. Its result file gives the cause:
+that stage ran one round and timed 4 batches (256 images, 4.4 s) after 3 untimed ones, with
+flashfeed first in its only round, straight after litdata's `optimize` had run its spawned
+workers, and the load average at 2.6-3.6 on 2 cores. flashfeed's CPU per image was 3.6 ms, as
+in the loader stage of the same run (3.5-3.6 ms at 221-263 img/s): it did the same work per
+image but got about a fifth of a core (58.6 img/s x 3.6 ms), so it waited for CPU, not on its
+own work. One 4-second sample under contention is not a measurement; the rules above (time
+windows, rotation, rounds) replace it, and the quick profile remains a smoke check."""
 
 NOTES = """\
 - Noise: the machine's 2 cores are shared with other engineers' test and benchmark runs
@@ -48,8 +89,51 @@ NOTES = """\
   DALI pipeline fed from RAM (the nvJPEG ceiling), TokenLoader h2d against pinned memcpy, a
   2-epoch exactly-once check and the stall split, one result file per stage
   (`benchmarks/results/gpu-<date>-<host>/`).
-- Not measured here: TokenLoader host-to-device copy (needs a GPU); litdata and mosaic
-  reading from S3 (the peers stage reads their local conversions)."""
+- Not measured here: TokenLoader host-to-device copy (needs a GPU)."""
+
+
+def fillcpu_section(result: dict[str, Any]) -> str:
+    """Client CPU per GB of a cache fill vs raw ranged GETs (benchmarks/fillcpu.py)."""
+    data = ((result.get("stages") or {}).get("fillcpu") or {}).get("data") or {}
+    rounds = data.get("rounds") or []
+    if not rounds:
+        return ""
+    import statistics
+
+    methods = list(rounds[0])
+    med = {m: statistics.median(r[m]["cpu_s_per_gb"] for r in rounds) for m in methods}
+    ref = "raw-botocore" if "raw-botocore" in med else methods[-1]
+    a = data.get("args", {})
+    lines = [
+        "## Cache fill: client CPU per GB",
+        "",
+        f"`benchmarks/fillcpu.py`: {a.get('shards', '?')} shards x {a.get('shard_size', '?')}, "
+        f"part {a.get('part_size', '?')}, {a.get('concurrency', '?')} GETs in flight, "
+        f"{len(rounds)} interleaved rounds; CPU seconds of the client process only. Target: "
+        "fill <= 1.3x raw ranged GETs.",
+        "",
+        "| method | CPU s/GB (median, min-max) | vs raw |",
+        "|---|---|---|",
+    ]
+    for m in methods:
+        vals = [r[m]["cpu_s_per_gb"] for r in rounds]
+        lines.append(
+            f"| {m} | {med[m]:.3f} ({min(vals):.3f}-{max(vals):.3f}) | {med[m] / med[ref]:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def targets_section(result: dict[str, Any]) -> str:
+    table = targets_markdown(result)
+    if not table:
+        return ""
+    return (
+        "## Cold start on 64 and 128 MiB shards: targets\n\n"
+        "`benchmarks/targets.py`, run in `.bench-venv` beside litdata and mosaicml-streaming "
+        "reading from the same SeaweedFS (which shares the 2 cores). Ratios are of medians, "
+        "with the min-max of per-round ratios; the best cold peer is the fastest cold peer "
+        "of the run.\n\n" + table
+    )
 
 
 #: the design point's targets on a 2-CPU machine (seconds; MiB)
@@ -140,6 +224,8 @@ def benchmarks_page(
         "",
         markdown(result).rstrip(),
         "",
+        *([t] if (t := targets_section(result)) else []),
+        *([f] if (f := fillcpu_section(result)) else []),
         *([plan_section(*plan)] if plan else []),
         "## Plots",
         "",
@@ -157,6 +243,10 @@ def benchmarks_page(
         "## How to run",
         "",
         HOW_TO_RUN,
+        "",
+        "## How it was measured",
+        "",
+        HOW_MEASURED,
         "",
         "## Notes",
         "",

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loader_peers import pil_transform, webdataset_loader
 
-from loader import BATCH, image_corpus, timed, write_dataset
+from loader import BATCH, image_corpus, rotated, timed, write_dataset
 
 __all__ = ["litdata_loader", "mosaic_loader", "peer_loaders"]
 
@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", default=".bench/corpus")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--shards", type=int, default=10)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--min-seconds", type=float, default=5.0, help="timed window of each run")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", default=".bench/peers")
     p.add_argument("--out", default=".bench/peers.json")
@@ -159,23 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     makers, convert, missing = peer_loaders(files, work, batch_size=BATCH, workers=args.threads)
     loaders: dict[str, Callable[[], Iterable[Any]]] = {
         "flashfeed": lambda: Loader(
-            str(work / "wds"),
-            batch_size=BATCH,
-            num_threads=args.threads,
-            device="cpu",
-            py_workers=1,
+            str(work / "wds"), batch_size=BATCH, num_threads=args.threads, device="cpu"
         ),
         "wds+pil": lambda: webdataset_loader(shards, batch_size=BATCH, workers=args.threads),
         **makers,
     }
-    batches = args.images // BATCH - 4
     rates: dict[str, list[float]] = {k: [] for k in loaders}
     cpu: dict[str, list[float]] = {k: [] for k in loaders}
     for r in range(args.rounds):
-        names = list(loaders)
-        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
+        for name in rotated(list(loaders), r):
             try:
-                rate, ms = timed(loaders[name], batches)
+                rate, ms, _ = timed(loaders[name], args.min_seconds)
             except Exception as exc:
                 missing[name] = f"unavailable: {type(exc).__name__}: {str(exc)[:160]}"
                 del loaders[name], rates[name], cpu[name]

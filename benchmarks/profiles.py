@@ -1,4 +1,10 @@
-"""How big each stage of a suite run is: the quick smoke profile and the full one."""
+"""How big each stage of a suite run is: the quick smoke profile and the full one.
+
+The full profile is sized to finish in about half an hour on 2 shared cores: every stage
+runs at least 5 interleaved rounds whose order rotates (the shard-size targets stage, whose
+rounds hold ~10 whole epochs each, runs 3), and each loader row is timed over a window of at
+least ``min_seconds``, construction included.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +15,14 @@ __all__ = ["FULL", "QUICK", "Profile"]
 
 @dataclass(frozen=True)
 class Profile:
-    """Sizes of one suite run. ``scales`` multiply each stage's base size."""
+    """Sizes of one suite run. ``scales`` multiply the base size of ingest and cache;
+    ``loader_scales`` that of the loader stage."""
 
     name: str
     scales: tuple[int, ...]
+    loader_scales: tuple[int, ...]
     rounds: int
+    min_seconds: float
     ingest_base_mb: int
     ingest_shard: str
     cache_base_shards: int
@@ -23,6 +32,11 @@ class Profile:
     peer_images: int
     stall_images: int
     coldstart_images: int
+    targets_mb: int
+    targets_shard_mib: str
+    targets_rounds: int
+    fillcpu_shards: int
+    fillcpu_shard: str
     read_mb: int
     s3_objects: int
     crypto_args: tuple[str, ...]
@@ -33,7 +47,9 @@ class Profile:
 QUICK = Profile(
     name="quick",
     scales=(1, 4),
+    loader_scales=(1,),
     rounds=1,
+    min_seconds=2.0,
     ingest_base_mb=4,
     ingest_shard="4MiB",
     cache_base_shards=2,
@@ -43,6 +59,11 @@ QUICK = Profile(
     peer_images=512,
     stall_images=512,
     coldstart_images=512,
+    targets_mb=16,
+    targets_shard_mib="4,8",
+    targets_rounds=1,
+    fillcpu_shards=2,
+    fillcpu_shard="16MiB",
     read_mb=64,
     s3_objects=4,
     crypto_args=(
@@ -62,8 +83,10 @@ QUICK = Profile(
 )
 FULL = Profile(
     name="full",
-    scales=(1, 4, 16),
-    rounds=2,
+    scales=(1, 4),
+    loader_scales=(4,),
+    rounds=5,
+    min_seconds=5.0,
     ingest_base_mb=24,
     ingest_shard="16MiB",
     cache_base_shards=3,
@@ -72,9 +95,14 @@ FULL = Profile(
     token_rows=16384,
     peer_images=2048,
     stall_images=2048,
-    coldstart_images=5000,
+    coldstart_images=1280,
+    targets_mb=256,
+    targets_shard_mib="64,128",
+    targets_rounds=3,
+    fillcpu_shards=4,
+    fillcpu_shard="64MiB",
     read_mb=512,
     s3_objects=8,
-    crypto_args=("--loader-rounds", "2"),
+    crypto_args=("--loader-rounds", "5"),
     stage_timeout_s=900,
 )

@@ -15,11 +15,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from benchmath import OverLimitError, check_limit, fmt, ratio, spread
 from machine import PACKAGES, machine_info, package_versions
+from targets_report import targets_markdown, targets_rows
+
+_fmt = fmt
 
 __all__ = [
     "PACKAGES",
+    "OverLimitError",
+    "check_limit",
     "headline",
+    "limit_errors",
     "machine_info",
     "main_variant",
     "markdown",
@@ -27,28 +34,21 @@ __all__ = [
     "ratio",
     "scaling",
     "spread",
+    "targets_markdown",
+    "targets_rows",
 ]
-
-
-def spread(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
-
-
-def ratio(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
-    """Ratio of medians, and the min-max of per-round ratios (rounds were interleaved)."""
-    per = [x / y for x, y in zip(a, b, strict=False) if y] or [0.0]
-    return {"ratio": statistics.median(a) / statistics.median(b), "min": min(per), "max": max(per)}
 
 
 def main_variant(variants: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """The largest data size at the default worker count: the headline run of a stage."""
     ok = [v for v in variants if "data" in v and v.get("default_workers", True)]
     return max(ok, key=lambda v: v["factor"]) if ok else None
+
+
+def limit_errors(result: dict[str, Any]) -> list[str]:
+    """Every headline or targets row refused because its result exceeds its limit."""
+    rows = headline(result) + targets_rows(result)
+    return [r["refused"] for r in rows if r.get("refused")]
 
 
 def _row(
@@ -62,6 +62,11 @@ def _row(
     limit: str = "",
     limit_v: float | None = None,
 ) -> dict[str, Any]:
+    refused = None
+    try:
+        check_limit(mine["median"], limit_v, f"{area} {what} vs {limit}")
+    except OverLimitError as exc:
+        refused = str(exc)
     return {
         "area": area,
         "measure": what,
@@ -73,6 +78,7 @@ def _row(
         "limit": limit,
         "limit_value": limit_v,
         "of_limit": mine["median"] / limit_v if limit_v else None,
+        "refused": refused,
     }
 
 
@@ -96,7 +102,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
                     peer,
                     spread(other),
                     ratio(ff, other),
-                    "one S3 PUT",
+                    "S3 PUT, ingest's shape",
                     put,
                 )
             )
@@ -254,7 +260,16 @@ def scaling(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "stage": "loader",
                     "variant": v["label"],
                     "unit": "img/s",
-                    **{k: m[k] for k in ("flashfeed", "dali-reader", "wds+pil", "decode-ceiling")},
+                    **{
+                        k: m.get(k)
+                        for k in (
+                            "flashfeed",
+                            "dali-reader",
+                            "wds+pil",
+                            "wds+dali",
+                            "decode-ceiling",
+                        )
+                    },
                 }
             )
     for c in ((st.get("plan") or {}).get("data") or {}).get("plan_cost", []):
@@ -266,16 +281,6 @@ def scaling(result: dict[str, Any]) -> list[dict[str, Any]]:
             keys = ("open", "plan_epoch", "node_shard_order")
         rows.append({**row, **{k: c.get(f"{k}_s") for k in keys}})
     return rows
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    if abs(x) >= 1:
-        return f"{x:.2f}"
-    return f"{x:.3f}"
 
 
 LIMITS = (
@@ -325,6 +330,8 @@ def markdown(result: dict[str, Any]) -> str:
         rat = f"{q['ratio']:.2f}x ({q['min']:.2f}-{q['max']:.2f})" if q else "-"
         lim = f"{r['limit']} {_fmt(r['limit_value'])}" if r["limit"] else "-"
         frac = f"{100 * r['of_limit']:.0f}%" if r["of_limit"] is not None else "-"
+        if r.get("refused"):  # never more than 100%: the row is an error, not a result
+            mine, rat, frac = "refused: above its limit", "-", "measurement error"
         lines.append(f"| {r['area']} | {r['measure']} | {mine} | {ref} | {rat} | {lim} | {frac} |")
     lines += ["", "Physical limits, measured in the same run:", "", limits_markdown(result)]
     lines += ["Scaling (medians):", ""]
@@ -340,6 +347,8 @@ def markdown(result: dict[str, Any]) -> str:
     missing = {**result.get("unavailable", {})}
     for stage, err in result.get("errors", {}).items():
         missing[f"stage {stage}"] = err
+    for i, why in enumerate(limit_errors(result)):
+        missing[f"refused row {i + 1}"] = why
     if missing:
         lines.append("Not measured:")
         lines.append("")

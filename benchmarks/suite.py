@@ -3,23 +3,31 @@ result file, plots and BENCHMARKS.md.
 
 Stages (each a script of this folder run as a child process, each starting and stopping its
 own SeaweedFS server where it needs one; comparisons inside a stage run in interleaved
-rounds):
+rounds whose order rotates every round):
 
-  limits   memcpy, read hot/cold, parallel S3 GET              (limits.py)
-  ingest   flashfeed vs Ray Data's writer vs ShardWriter, 1x/4x/16x data, 1 and 2 Ray CPUs
-  cache    cold warm-up vs raw GET, hit path, 1x/4x/16x data, 1 and 2 GET threads
-  loader   flashfeed vs plain DALI vs wds+PIL vs ImageFolder vs decode ceiling, tokens,
-           1x/4x/16x images, 1 and 2 threads                      (loader.py)
+  limits   memcpy, read hot/cold (whole files), parallel S3 GET in the cache's shape
+  ingest   flashfeed vs Ray Data's writer vs ShardWriter, 1x/4x data, 1 and 2 Ray CPUs;
+           the PUT limit in ingest's shape
+  cache    cold warm-up vs raw GET, hit path, 1x/4x data, 1, 2 and 8 GETs in flight
+  fillcpu  client CPU s/GB of a cache fill vs raw ranged GETs   (fillcpu.py)
+  loader   flashfeed vs plain DALI vs wds+PIL vs wds+DALI vs ImageFolder vs the decode
+           ceiling (the Loader's pipeline fed from RAM), tokens   (loader.py)
+  coldstart first epoch from S3 vs local disk and cold peers, the suite's small shards
+  targets  issue #18's targets on 64/128 MiB ShardWriter shards, litdata and mosaic cold
+           from S3                                                (targets.py, .bench-venv)
   peers    litdata and mosaicml-streaming beside flashfeed       (peers.py, .bench-venv)
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
 
+A result above the limit that bounds it is a measurement error: the run lists it under
+``limit_errors`` and exits 1; the tables show the row as refused.
+
 Writes ``benchmarks/results/<date>-<host>[-quick].json``, PNG plots beside it, and
 BENCHMARKS.md (full runs; ``--quick`` writes its Markdown next to its JSON).
 
     python benchmarks/suite.py --quick          # smoke check, under 5 minutes
-    python benchmarks/suite.py                  # the published numbers (~20 minutes)
+    python benchmarks/suite.py                  # the published numbers (~30 minutes)
 """
 
 from __future__ import annotations
@@ -43,14 +51,18 @@ import report  # noqa: E402
 from page import benchmarks_page  # noqa: E402
 from profiles import FULL, QUICK, Profile  # noqa: E402
 
+from flashfeed.units import parse_size  # noqa: E402
+
 __all__ = ["FULL", "QUICK", "Profile", "main"]
 
 STAGES = (
     "limits",
     "ingest",
     "cache",
+    "fillcpu",
     "loader",
     "coldstart",
+    "targets",
     "peers",
     "stalls",
     "plan",
@@ -75,11 +87,15 @@ class Runner:
         *,
         python: str | None = None,
         timeout: int | None = None,
+        out_flag: str = "--out",
     ) -> dict[str, Any] | None:
         out = self.work / f"{name}.json"
         out.unlink(missing_ok=True)
         log = self.work / f"{name}.log"
-        cmd = [python or self.product_py, str(HERE / script), *args, "--out", str(out)]
+        cmd = [python or self.product_py, str(HERE / script), *args, out_flag, str(out)]
+        # the peers' environment finds the product's tools (SeaweedFS's weed) on PATH
+        env = {**os.environ}
+        env["PATH"] = os.pathsep.join([str(Path(self.product_py).parent), env.get("PATH", "")])
         print(f"[suite] {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
@@ -90,6 +106,7 @@ class Runner:
                     stderr=subprocess.STDOUT,
                     check=False,
                     timeout=timeout or self.profile.stage_timeout_s,
+                    env=env,
                 ).returncode
         except subprocess.TimeoutExpired:
             rc = -1
@@ -171,8 +188,10 @@ def run_stages(
                 str(p.read_mb),
                 "--s3-objects",
                 str(p.s3_objects),
+                "--s3-object-mb",  # the cache stage's shards: the objects the cache fetches
+                str(max(1, parse_size(p.cache_shard) >> 20)),
                 "--rounds",
-                str(max(2, p.rounds)),
+                str(max(3, p.rounds)),
             ],
         )
         out["limits"] = {"data": data} if data else {}
@@ -204,15 +223,26 @@ def run_stages(
                     "--concurrency",
                     str(conc),
                     "--rounds",
-                    str(max(2, p.rounds)),
+                    str(max(3, p.rounds)),
                 ],
             )
             label = f"{f}x ({n} x {p.cache_shard}), {conc} GETs in flight"
             runs.append(variant(label, f, conc, data, conc == 8))
         out["cache"] = runs
+    if "fillcpu" in stages:
+        data = r.run(
+            "fillcpu",
+            "fillcpu.py",
+            ["--shards", str(p.fillcpu_shards), "--shard-size", p.fillcpu_shard,
+             "--rounds", str(max(3, p.rounds))],
+            out_flag="--json",
+        )  # fmt: skip
+        out["fillcpu"] = {"data": data} if data else {}
     if "loader" in stages:
         runs = []
-        for f, t in [(f, threads) for f in p.scales] + extra(1):
+        lmid = p.loader_scales[-1]
+        lextra = [(lmid, 1)] if p.worker_variants and len(p.loader_scales) > 1 else []
+        for f, t in [(f, threads) for f in p.loader_scales] + lextra:
             n = p.loader_base_images * f
             data = r.run(
                 f"loader-{f}x-t{t}",
@@ -223,6 +253,8 @@ def run_stages(
                     "--shards",
                     str(shards_for(n)),
                     *rounds,
+                    "--min-seconds",
+                    str(p.min_seconds),
                     "--threads",
                     str(t),
                     "--device",
@@ -257,6 +289,27 @@ def run_stages(
             ],
         )
         out["coldstart"] = {"data": data} if data else {}
+    if "targets" in stages:
+        data = r.run(
+            "targets",
+            "targets.py",
+            [
+                "--corpus",
+                str(corpus),
+                "--mb",
+                str(p.targets_mb),
+                "--shard-mib",
+                p.targets_shard_mib,
+                "--rounds",
+                str(p.targets_rounds),
+                "--threads",
+                str(threads),
+                "--work",
+                str(r.work / "targets"),
+            ],
+            python=r.peer_py,
+        )
+        out["targets"] = {"data": data} if data else {}
     if "peers" in stages:
         data = r.run(
             "peers",
@@ -269,6 +322,8 @@ def run_stages(
                 "--shards",
                 str(shards_for(p.peer_images)),
                 *rounds,
+                "--min-seconds",
+                str(p.min_seconds),
                 "--threads",
                 str(threads),
                 "--work",
@@ -354,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     corpus = Path(args.corpus)
     need = max(
-        p.ingest_base_mb * max(p.scales) << 20, int(p.loader_base_images * max(p.scales) * 110e3)
+        p.ingest_base_mb * max(p.scales) << 20,
+        int(p.loader_base_images * max(p.loader_scales) * 110e3),
+        p.targets_mb << 20,
     )
     ensure_corpus(corpus, need, sys.executable)
     started = dt.datetime.now(dt.timezone.utc)
@@ -374,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     result["errors"] = runner.errors
     result["loadavg_end"] = list(os.getloadavg())
     result["versions"], result["unavailable"] = peer_status(result["stages"], peer_py)
+    result["limit_errors"] = report.limit_errors(result)
+    for why in result["limit_errors"]:  # a result above its limit: a measurement error
+        print(f"[suite] LIMIT ERROR: {why}", file=sys.stderr)
     suffix = "" if p.name == "full" else f"-{p.name}"
     suffix += "" if args.device == "cpu" else f"-{args.device}"
     stem = f"{started:%Y-%m-%d}-{platform.node()}{suffix}"
@@ -393,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.markdown).write_text(page)
     print(table)
     print(f"wrote {json_path}, {', '.join(str(x) for x in pngs)}", file=sys.stderr)
-    return 1 if runner.errors else 0
+    return 1 if runner.errors or result["limit_errors"] else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,304 @@
+"""Cold start on real shard sizes: the targets of issue #18, measured in one run.
+
+The same photos are written twice by webdataset's ``ShardWriter`` (64 MiB and 128 MiB shards,
+as a new user would) and adopted with ``flashfeed index``; litdata (``optimize``) and
+mosaicml-streaming (``MDSWriter``) convert them with their own writers. Everything is
+uploaded to one private SeaweedFS server. Each round restarts the server and runs, in an
+order that rotates every round:
+
+  ff-s3-<S>        flashfeed Loader from S3 with an empty cache: the first epoch (timer from
+                   ``Loader(...)`` to the last batch) and the next one (hot: from the cache)
+  ff-local-<S>     flashfeed Loader on the same shards on local disk: the first epoch, timer
+                   from ``Loader(...)`` to the last batch
+  startup-<S>      ``Loader(...)`` to the first batch, local disk, warm page cache
+  wds-http-<S>     webdataset + PIL over presigned HTTP URLs of the same shards (cold)
+  litdata-s3       litdata's StreamingDataset from S3 (its boto3 client), empty cache dir
+  mosaic-s3        mosaic's StreamingDataset from S3 (its boto3 client), empty local dir
+  ceiling          the Loader's own DALI pipeline fed from RAM, an epoch after warm-up
+
+Every peer's timer starts before its dataset/loader is constructed. Targets: first epoch
+from S3 >= 0.95 of the first epoch from local disk; >= 1.2x the best cold peer; hot epoch
+>= 0.95 of the ceiling; start-up <= 0.5 s. Runs in .bench-venv (the peers live there).
+
+    .bench-venv/bin/python benchmarks/targets.py --corpus .bench/corpus --mb 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from coldstart import upload
+from loader_peers import dali_decode_ceiling, webdataset_loader
+
+from loader import BATCH, rotated
+
+#: the targets: measure -> (reference, bound); "min" ratios must reach it, "max" stay below
+TARGETS = {
+    "cold_vs_local": 0.95,
+    "cold_vs_best_peer": 1.2,
+    "hot_vs_ceiling": 0.95,
+    "startup_s": 0.5,
+}
+
+
+def pick_files(corpus: Path, nbytes: int) -> list[tuple[Path, int]]:
+    files, total = [], 0
+    for f in sorted(corpus.glob("class_*/*.jpg")):
+        files.append((f, int(f.parent.name.split("_")[1])))
+        total += f.stat().st_size
+        if total >= nbytes:
+            break
+    return files
+
+
+def shardwriter_layout(files: list[tuple[Path, int]], out: Path, shard_mib: int) -> int:
+    """``ShardWriter`` tars of ``shard_mib`` MiB, adopted with ``flashfeed index``."""
+    import webdataset as wds
+
+    if (out / "manifest.json").exists():
+        return len(list(out.glob("*.tar")))
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with wds.ShardWriter(str(out / "%06d.tar"), maxsize=shard_mib << 20, verbose=0) as sink:
+        for i, (path, label) in enumerate(files):
+            sink.write({"__key__": f"img{i:07d}", "jpg": path.read_bytes(), "cls": str(label)})
+    cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
+    subprocess.run(cli, check=True)
+    return len(list(out.glob("*.tar")))
+
+
+def count(batch: Any) -> int:
+    if isinstance(batch, dict):
+        return len(batch["__key__"]) if "__key__" in batch else BATCH
+    return len(batch[0])
+
+
+def epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, int]:
+    """(images/s, images) of one whole epoch, the timer starting before ``make()``."""
+    t0 = time.perf_counter()
+    n = sum(count(b) for b in make())
+    return n / (time.perf_counter() - t0), n
+
+
+def litdata_s3(url: str, cache: Path, opts: dict[str, Any], workers: int) -> Iterable[Any]:
+    """litdata from S3 through its boto3 client: its optional obstore client refuses a
+    plain-http endpoint (this SeaweedFS), so it is switched off as if not installed."""
+    import litdata.streaming.downloader as downloader
+    from litdata import StreamingDataLoader, StreamingDataset
+    from peers import DecodeBatch
+
+    downloader._OBSTORE_AVAILABLE = False  # type: ignore[attr-defined]
+
+    ds = StreamingDataset(url, cache_dir=str(cache), shuffle=True, storage_options=opts)
+    return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=DecodeBatch())
+
+
+def mosaic_s3(url: str, local: Path, workers: int) -> Iterable[Any]:
+    from peers import DecodeBatch
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+    from torch.utils.data import DataLoader
+
+    clean_stale_shared_memory()
+    ds = StreamingDataset(remote=url, local=str(local), shuffle=True, batch_size=BATCH)
+    return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=DecodeBatch())
+
+
+def convert_peers(
+    files: list[tuple[Path, int]], work: Path, workers: int
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each peer's own conversion of the files (local), or why it is unavailable."""
+    from peers import convert_litdata, convert_mosaic
+
+    out, missing = {}, {}
+    for name, conv in (
+        ("litdata", lambda p: convert_litdata(files, p, workers)),
+        ("mosaicml-streaming", lambda p: convert_mosaic(files, p)),
+    ):
+        path = work / name
+        try:
+            conv(path)
+            out[name] = path
+        except Exception as exc:
+            missing[name] = f"unavailable: {type(exc).__name__}: {str(exc)[:160]}"
+    return out, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--corpus", default=".bench/corpus")
+    p.add_argument("--mb", type=int, default=256, help="dataset size in MiB")
+    p.add_argument("--shard-mib", default="64,128", help="shard sizes, MiB")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--startup-repeats", type=int, default=2, help="start-ups per round")
+    p.add_argument("--min-seconds", type=float, default=5.0, help="least timed ceiling window")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--work", default=".bench/targets")
+    p.add_argument("--out", default=".bench/targets.json")
+    args = p.parse_args(argv)
+    from flashfeed.loader import Loader
+    from flashfeed.store import EmbeddedStore
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    files = pick_files(Path(args.corpus), args.mb << 20)
+    sizes = [int(s) for s in args.shard_mib.split(",") if s]
+    layouts = {s: work / f"wds-{s}MiB" for s in sizes}
+    shard_counts = {s: shardwriter_layout(files, layouts[s], s) for s in sizes}
+    peer_dirs, missing = convert_peers(files, work / "peers", args.threads)
+    images = len(files)
+    ram = files[: 40 * BATCH]
+    jpegs, labels = [f.read_bytes() for f, _ in ram], [c for _, c in ram]
+    thr = args.threads
+    scratch = Path(tempfile.mkdtemp(prefix="fftarget-", dir="/tmp"))
+    store = EmbeddedStore(scratch / "store")
+    rounds: dict[str, list[float]] = {}
+    waits: dict[str, list[dict[str, Any]]] = {}
+    try:
+        store.start()
+        bucket = store.make_bucket("flashfeed")
+        env = store.info.env()
+        os.environ.update(env)
+        os.environ["S3_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"]  # mosaic's variable
+        for s in sizes:
+            upload(layouts[s], f"{bucket}/wds-{s}")
+        for name, d in peer_dirs.items():
+            upload_tree(d, f"{bucket}/{name}")
+        from flashfeed import storage
+
+        boto = {
+            "endpoint_url": env["AWS_ENDPOINT_URL"],
+            "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        }
+
+        def fresh(name: str) -> Path:
+            d = scratch / "cache" / name
+            shutil.rmtree(d, ignore_errors=True)
+            return d
+
+        def ff_s3(s: int) -> dict[str, float]:
+            url = f"{bucket}/wds-{s}"
+            t0 = time.perf_counter()
+            ff = Loader(url, batch_size=BATCH, num_threads=thr, cache_dir=str(fresh("ff")))
+            n = sum(BATCH for _ in ff)
+            first = n / (time.perf_counter() - t0)
+            st = ff.stats()
+            waits.setdefault(f"ff-s3-{s}", []).append(
+                {"storage_s": st["wait_s"]["storage"], "batches_waited":
+                 st["batches_waited_on_storage"], "of": st["batches"]}
+            )  # fmt: skip
+            t0 = time.perf_counter()
+            n = sum(BATCH for _ in ff)
+            hot = n / (time.perf_counter() - t0)
+            ff.close()
+            return {f"ff-s3-first-{s}": first, f"ff-hot-{s}": hot}
+
+        def ff_local(s: int) -> dict[str, float]:
+            rate, _ = epoch(lambda: Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr))
+            return {f"ff-local-first-{s}": rate}
+
+        def startup(s: int) -> dict[str, float]:
+            got = []
+            for _ in range(args.startup_repeats):
+                t0 = time.perf_counter()
+                ff = Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr)
+                next(iter(ff))
+                got.append(time.perf_counter() - t0)
+                ff.close()
+            return {f"startup-{s}": statistics.median(got)}
+
+        def wds_http(s: int) -> dict[str, float]:
+            fs, path = storage.filesystem(f"{bucket}/wds-{s}")
+            urls = [fs.url(str(u), expires=3600) for u in sorted(fs.glob(f"{path}/*.tar"))]
+            rate, _ = epoch(lambda: webdataset_loader(urls, batch_size=BATCH, workers=thr))
+            return {f"wds-http-{s}": rate}
+
+        def ceiling() -> dict[str, float]:
+            it = iter(dali_decode_ceiling(jpegs, labels, batch_size=BATCH, threads=thr,
+                                          device="cpu"))  # fmt: skip
+            for _ in range(5):  # construction, start-up, the reader's prefetch
+                next(it)
+            t0, n = time.perf_counter(), 0  # an epoch's batches, and at least min_seconds
+            while n < images - BATCH + 1 or time.perf_counter() - t0 < args.min_seconds:
+                next(it)
+                n += BATCH
+            return {"ceiling": n / (time.perf_counter() - t0)}
+
+        runs: dict[str, Callable[[], dict[str, float]]] = {"ceiling": ceiling}
+        for s in sizes:
+            runs[f"ff-s3-{s}"] = lambda s=s: ff_s3(s)  # type: ignore[misc]
+            runs[f"ff-local-{s}"] = lambda s=s: ff_local(s)  # type: ignore[misc]
+            runs[f"startup-{s}"] = lambda s=s: startup(s)  # type: ignore[misc]
+            runs[f"wds-http-{s}"] = lambda s=s: wds_http(s)  # type: ignore[misc]
+        if "litdata" in peer_dirs:
+            runs["litdata-s3"] = lambda: {
+                "litdata-s3": epoch(
+                    lambda: litdata_s3(f"{bucket}/litdata", fresh("lit"), boto, thr)
+                )[0]
+            }
+        if "mosaicml-streaming" in peer_dirs:
+            runs["mosaic-s3"] = lambda: {
+                "mosaic-s3": epoch(
+                    lambda: mosaic_s3(f"{bucket}/mosaicml-streaming", fresh("mds"), thr)
+                )[0]
+            }
+        for r in range(args.rounds):
+            store.restart()
+            for name in rotated(list(runs), r):
+                try:
+                    got = runs[name]()
+                except Exception as exc:  # a peer that fails says why; the rest still run
+                    missing[name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+                    print(f"round {r}: {name} {missing[name]}", file=sys.stderr, flush=True)
+                    continue
+                for k, v in got.items():
+                    rounds.setdefault(k, []).append(v)
+                    print(f"round {r}: {k} {v:.2f}", file=sys.stderr, flush=True)
+    finally:
+        store.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = {
+        "config": vars(args),
+        "images": images,
+        "bytes": sum(f.stat().st_size for f, _ in files),
+        "shards": {str(s): shard_counts[s] for s in sizes},
+        "rounds": rounds,
+        "median": {k: statistics.median(v) for k, v in rounds.items()},
+        "first_epoch_waits": waits,
+        "targets": TARGETS,
+        "unavailable": missing,
+    }
+    for k, v in result["median"].items():
+        print(f"{k:24s} {v:9.2f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def upload_tree(local: Path, url: str) -> None:
+    """Every file under ``local`` to ``url`` (a peer's own layout, index files included)."""
+    from flashfeed import storage
+
+    fs, path = storage.filesystem(url)
+    for f in sorted(local.rglob("*")):
+        if f.is_file():
+            fs.put_file(str(f), f"{path}/{f.relative_to(local)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The cold-start targets table (benchmarks/targets.py's result): per shard size, each ratio
+with its per-round min-max, its target and whether it was met. The hot epoch is bounded by
+the decode ceiling: a hot epoch above it is refused as a measurement error."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from benchmath import OverLimitError, check_limit, fmt, ratio, spread
+
+__all__ = ["COLD_PEERS", "TARGETS", "targets_markdown", "targets_rows"]
+
+
+#: the cold-start targets: key -> (what, at least / at most, bound)
+TARGETS = {
+    "cold_vs_local": ("first epoch from S3 (empty cache) / first epoch from local disk", 0.95),
+    "cold_vs_best_peer": ("first epoch from S3 / best cold peer", 1.2),
+    "hot_vs_ceiling": ("hot epoch / the Loader's DALI pipeline fed from RAM", 0.95),
+    "startup_s": ("Loader(...) to first batch, local disk, warm page cache", 0.5),
+}
+
+COLD_PEERS = {"litdata-s3": "litdata from S3", "mosaic-s3": "mosaicml-streaming from S3"}
+
+
+def targets_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue #18's table, per shard size: each ratio with its per-round min-max and target.
+    The hot epoch is bounded by the ceiling: a hot epoch above it is refused."""
+    data = ((result.get("stages") or {}).get("targets") or {}).get("data") or {}
+    r = data.get("rounds") or {}
+    rows: list[dict[str, Any]] = []
+    for size in data.get("shards", {}):
+        s = f"{size} MiB"
+
+        def add(key: str, mine: str, ref: str, label: str, target: bool = True, s: str = s) -> None:
+            if mine not in r or ref not in r:
+                return
+            q = ratio(r[mine], r[ref])
+            bound = TARGETS[key][1] if target else None
+            row = {
+                "shards": s,
+                "measure": TARGETS[key][0] if target else label,
+                "value": spread(r[mine]),
+                "reference": label,
+                "reference_value": spread(r[ref]),
+                "ratio": q,
+                "target": bound,
+                "met": None if bound is None else q["ratio"] >= bound,
+                "refused": None,
+            }
+            if key == "hot_vs_ceiling":
+                try:
+                    check_limit(row["value"]["median"], row["reference_value"]["median"], label)
+                except OverLimitError as exc:
+                    row["refused"], row["met"] = str(exc), None
+            rows.append(row)
+
+        add("cold_vs_local", f"ff-s3-first-{size}", f"ff-local-first-{size}", "local disk")
+        peers = {k: v for k, v in COLD_PEERS.items() if k in r}
+        if f"wds-http-{size}" in r:
+            peers[f"wds-http-{size}"] = "webdataset + PIL over HTTP"
+        if peers:
+            best = max(peers, key=lambda k: statistics.median(r[k]))
+            add("cold_vs_best_peer", f"ff-s3-first-{size}", best, f"best: {peers[best]}")
+            for k, label in peers.items():
+                if k != best:
+                    add("", f"ff-s3-first-{size}", k, label, target=False)
+        add("hot_vs_ceiling", f"ff-hot-{size}", "ceiling", "decode ceiling (RAM)")
+        if f"startup-{size}" in r:
+            v = spread(r[f"startup-{size}"])
+            bound = TARGETS["startup_s"][1]
+            rows.append(
+                {
+                    "shards": s,
+                    "measure": TARGETS["startup_s"][0],
+                    "value": v,
+                    "reference": "",
+                    "reference_value": None,
+                    "ratio": None,
+                    "target": bound,
+                    "met": v["median"] <= bound,
+                    "refused": None,
+                }
+            )
+    return rows
+
+
+def targets_markdown(result: dict[str, Any]) -> str:
+    """The targets table as Markdown ('' without a targets stage)."""
+    rows = targets_rows(result)
+    if not rows:
+        return ""
+    data = result["stages"]["targets"]["data"]
+    lines = [
+        f"{data.get('images', '?')} photos ({data.get('bytes', 0) / 2**20:.0f} MiB) written by "
+        "webdataset's ShardWriter and adopted with `flashfeed index`; shards per size: "
+        + ", ".join(f"{k} MiB: {v}" for k, v in data.get("shards", {}).items())
+        + f"; {len(next(iter(data['rounds'].values()), []))} rounds, order rotated.",
+        "",
+        "| shards | measure | flashfeed (median, min-max) | reference | ratio (min-max) "
+        "| target | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        v, q = row["value"], row["ratio"]
+        unit = " s" if q is None else " img/s"
+        mine = f"{fmt(v['median'])}{unit} ({fmt(v['min'])}-{fmt(v['max'])})"
+        ref = f"{row['reference']} {fmt(row['reference_value']['median'])}" if q else "-"
+        rat = f"{q['ratio']:.2f}x ({q['min']:.2f}-{q['max']:.2f})" if q else "-"
+        tgt = "-" if row["target"] is None else (
+            f"<= {row['target']} s" if q is None else f">= {row['target']}x"
+        )  # fmt: skip
+        met = {True: "met", False: "missed", None: ""}[row["met"]]
+        if row["refused"]:
+            mine, rat, met = "refused: above its limit", "-", "measurement error"
+        lines.append(f"| {row['shards']} | {row['measure']} | {mine} | {ref} | {rat} | {tgt} "
+                     f"| {met} |")  # fmt: skip
+    return "\n".join(lines) + "\n"

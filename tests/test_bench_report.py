@@ -1,0 +1,131 @@
+"""The benchmark report keeps the driver honest: a result above the limit that bounds it is a
+measurement error, refused by the report code and never shown as more than 100%. Pure
+functions on small hand-made results; no timing."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))  # as when the scripts run: siblings import each other
+    spec = importlib.util.spec_from_file_location(f"ffbenchr_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return _load("report")
+
+
+def _loader_result(flashfeed: list[float], ceiling: list[float]) -> dict[str, Any]:
+    rounds = {
+        "flashfeed": flashfeed,
+        "dali-reader": [100.0] * len(flashfeed),
+        "wds+pil": [90.0] * len(flashfeed),
+        "imagefolder+pil": [80.0] * len(flashfeed),
+        "decode-ceiling": ceiling,
+    }
+    data = {
+        "images": {
+            "img_per_s": {k: sorted(v)[len(v) // 2] for k, v in rounds.items()},
+            "rounds": {"img_per_s": rounds},
+        },
+        "tokens_gbps": {"tokens-int32": 1.0, "row-gather": 2.0, "memcpy": 8.0},
+    }
+    return {
+        "stages": {
+            "limits": {"data": {"memcpy_gbps": 8.0}},
+            "loader": [{"label": "4x", "factor": 4, "workers": 2, "data": data}],
+        }
+    }
+
+
+def _percentages(text: str) -> list[int]:
+    return [int(x) for x in re.findall(r"\| (\d+)% \|", text)]
+
+
+def test_check_limit_refuses_a_result_above_its_limit(report: ModuleType) -> None:
+    assert report.check_limit(90.0, 100.0, "x") == pytest.approx(0.9)
+    assert report.check_limit(100.0, 100.0, "x") == pytest.approx(1.0)
+    assert report.check_limit(5.0, None, "x") is None
+    with pytest.raises(report.OverLimitError, match="110% of its limit"):
+        report.check_limit(110.0, 100.0, "loader vs ceiling")
+
+
+def test_a_loader_row_above_the_decode_ceiling_is_refused(report: ModuleType) -> None:
+    result = _loader_result([300.0, 320.0, 310.0], [250.0, 260.0, 255.0])
+    rows = [r for r in report.headline(result) if r["area"] == "loader"]
+    assert rows and all(r["refused"] and "measurement error" in r["refused"] for r in rows)
+    table = report.markdown(result)
+    assert "refused: above its limit" in table
+    assert all(p <= 100 for p in _percentages(table))  # never more than 100%
+    assert len(report.limit_errors(result)) == len(rows)
+
+
+def test_a_row_within_its_limit_shows_its_fraction(report: ModuleType) -> None:
+    result = _loader_result([200.0, 210.0, 190.0], [250.0, 260.0, 255.0])
+    rows = [r for r in report.headline(result) if r["area"] == "loader"]
+    assert rows and not any(r["refused"] for r in rows)
+    table = report.markdown(result)
+    assert "refused" not in table and 78 in _percentages(table)  # 200 / 255
+    assert report.limit_errors(result) == []
+
+
+def _targets(hot: float) -> dict[str, Any]:
+    r = {
+        "ff-s3-first-64": [240.0, 250.0, 245.0],
+        "ff-local-first-64": [250.0, 255.0, 260.0],
+        "ff-hot-64": [hot] * 3,
+        "ceiling": [300.0, 310.0, 305.0],
+        "startup-64": [0.4, 0.6, 0.45],
+        "wds-http-64": [150.0, 160.0, 155.0],
+        "litdata-s3": [180.0, 170.0, 175.0],
+        "mosaic-s3": [120.0, 125.0, 130.0],
+    }
+    data = {"images": 2400, "bytes": 256 << 20, "shards": {"64": 4}, "rounds": r}
+    return {"stages": {"targets": {"data": data}}}
+
+
+def test_targets_table_has_each_ratio_and_its_target(report: ModuleType) -> None:
+    rows = report.targets_rows(_targets(hot=290.0))
+    by = {r["measure"]: r for r in rows}
+    cold = next(r for m, r in by.items() if m.startswith("first epoch from S3 (empty"))
+    assert cold["ratio"]["ratio"] == pytest.approx(245.0 / 255.0)
+    assert cold["target"] == 0.95 and cold["met"] is True
+    best = next(r for m, r in by.items() if m == "first epoch from S3 / best cold peer")
+    assert "litdata" in best["reference"] and best["met"] is True  # 245 / 175 = 1.4
+    assert {"webdataset + PIL over HTTP", "mosaicml-streaming from S3"} <= set(by)
+    start = next(r for m, r in by.items() if m.startswith("Loader(...)"))
+    assert start["value"]["median"] == pytest.approx(0.45) and start["met"] is True
+    table = report.targets_markdown(_targets(hot=290.0))
+    assert "| 64 MiB |" in table and ">= 1.2x" in table and "<= 0.5 s" in table
+
+
+def test_a_hot_epoch_above_the_ceiling_is_refused(report: ModuleType) -> None:
+    result = _targets(hot=400.0)
+    hot = next(r for r in report.targets_rows(result) if r["measure"].startswith("hot epoch"))
+    assert hot["refused"] and hot["met"] is None
+    assert "measurement error" in report.targets_markdown(result)
+    assert report.limit_errors(result) == [hot["refused"]]
+
+
+def test_page_explains_how_it_was_measured() -> None:
+    page = _load("page").benchmarks_page(_targets(hot=290.0), "r.json", [])
+    assert "## How it was measured" in page and "rotates" in page
+    assert "58.6 img/s" in page  # the quick-profile anomaly and its cause
+    assert "Cold start on 64 and 128 MiB shards" in page
