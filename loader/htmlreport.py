@@ -139,7 +139,7 @@ def _series(records: list[dict[str, Any]], t0: float, bin_s: float, n: int) -> d
     """Per bin: samples/s, wait fraction per kind, cache fills started (this process)."""
     out: dict[str, list[float]] = {"rate": [0.0] * n, "fills": [0.0] * n}
     out.update({k: [0.0] * n for k in WAIT_KINDS})
-    last_fills = None
+    last_fills = 0.0  # a process's cache counters start at 0
     for r in records:
         i = min(int((r["t"] - t0) // bin_s), n - 1)
         out["rate"][i] += r["samples"] / bin_s
@@ -147,8 +147,8 @@ def _series(records: list[dict[str, Any]], t0: float, bin_s: float, n: int) -> d
             out[k][i] += float(r.get(k, 0.0)) / bin_s
         if "cache_fills" in r:
             fills = float(r["cache_fills"])
-            if last_fills is not None and fills > last_fills:
-                out["fills"][i] += fills - last_fills
+            # counters going down: a new process appending to the same log
+            out["fills"][i] += fills - last_fills if fills >= last_fills else fills
             last_fills = fills
     for k in WAIT_KINDS:
         out[k] = [min(v, 1.0) for v in out[k]]

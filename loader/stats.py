@@ -23,6 +23,8 @@ __all__ = ["STORAGE_WAIT_THRESHOLD", "WAIT_KINDS", "BatchTiming", "StatsRecorder
 WAIT_KINDS = ("storage", "decode", "h2d")
 STORAGE_WAIT_THRESHOLD = 0.001
 PER_BATCH_KEPT = 10_000
+#: how often the status file, exporter and log pick up the cache's counters (seconds)
+CACHE_STATS_EVERY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class StatsRecorder:
         self.epoch_samples = 0
         self._status: StatusWriter | None = None
         self._cache_at = float("-inf")
+        self._cache: dict[str, Any] = {}
         if status_dir is not None:
             self._status = StatusWriter(
                 status_dir, rank=rank, node=node, dataset=dataset, interval=status_interval
@@ -117,21 +120,20 @@ class StatsRecorder:
             self._log.write(json.dumps(line) + "\n")
             self._log.flush()
 
-    def _publish(self, *, force: bool = False) -> dict[str, Any] | None:
-        """Every ``status_interval`` at most (the cache's stats cost a directory scan now
-        and then): read the cache's counters, refresh the status file and the exported
-        cache metrics; returns the counters read (None when it was not time yet)."""
+    def _publish(self) -> dict[str, Any] | None:
+        """Refresh the status file (every ``status_interval`` at most) and, every
+        ``CACHE_STATS_EVERY_S`` at most, the cache's counters (its ``stats()`` may scan the
+        cache directory: not a per-batch cost); returns the counters when read now."""
         if self._status is None and self.exporter is None and self._log is None:
             return None
-        interval = self._status.interval if self._status is not None else 0.5
-        if not force and time.monotonic() - self._cache_at < interval:
-            return None
-        self._cache_at = time.monotonic()
-        cache = self._cache_snapshot()
-        if self.exporter is not None and cache:
-            self.exporter.set_cache(cache)
+        cache = None
+        if time.monotonic() - self._cache_at >= CACHE_STATS_EVERY_S:
+            self._cache_at = time.monotonic()
+            cache = self._cache = self._cache_snapshot()
+            if self.exporter is not None and cache:
+                self.exporter.set_cache(cache)
         if self._status is not None:
-            self._status.write(lambda: self.status(cache), force=True)
+            self._status.write(lambda: self.status(self._cache))
         return cache
 
     def _cache_snapshot(self) -> dict[str, Any]:

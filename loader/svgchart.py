@@ -106,7 +106,7 @@ def chart(
                 if v > 0:
                     y = py(v, r_top)
                     out.append(
-                        f'<rect x="{px(x):.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
+                        f'<rect class="bar" x="{px(x):.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
                         f'height="{TOP + ph - y:.1f}" fill="{s.color}" fill-opacity="0.45"/>'
                     )
         else:

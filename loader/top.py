@@ -26,6 +26,8 @@ __all__ = ["TopView", "default_cache_dir", "run_top"]
 
 #: rates are measured over at most this many seconds of history
 WINDOW_S = 5.0
+#: how often the view scans the cache directory for its size when no loader reports it
+SCAN_EVERY_S = 5.0
 HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
 
 
@@ -65,6 +67,8 @@ class TopView:
         self.cache_dir = cache_dir
         self._ranks: dict[str, _History] = {}
         self._cache = _History()
+        self._scanned: int | None = None
+        self._scanned_at = float("-inf")
 
     def frame(self, *, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
@@ -73,10 +77,14 @@ class TopView:
         fresh = [s for s in statuses if "used_bytes" in (s.data.get("cache") or {})]
         if fresh:
             used = int(max(fresh, key=lambda s: s.updated).data["cache"]["used_bytes"])
+        if used is None and now - self._scanned_at < SCAN_EVERY_S:
+            used = self._scanned  # no loader measured it: a scan here, now and then
         try:
             cache: NodeCache | None = read_node_cache(self.cache_dir, used_bytes=used)
         except (OSError, ValueError):
             cache = None
+        if used is None and cache is not None:
+            self._scanned, self._scanned_at = cache.used_bytes, now
         head = (
             f"flashfeed top  node {socket.gethostname()}  cache {self.cache_dir}  "
             + time.strftime("%H:%M:%S", time.localtime(now))

@@ -71,6 +71,13 @@ def test_the_page_is_self_contained_and_gives_the_time_lost(copy, tmp_path, caps
     money = re.search(r"per GPU-hour = <b>([\d.,]+)</b>", page).group(1)
     assert float(money) == pytest.approx(2.5 * _lost_hours(copy), abs=0.01)
     assert "Slowest ranks" in page and page.count("<svg") == 3  # throughput + one per rank
+    fills = [
+        json.loads(line).get("cache_fills", 0)
+        for p in copy.glob("*.jsonl")
+        for line in p.read_text().splitlines()
+    ]
+    assert max(fills) > 0  # the ranks fetched shards into the node cache...
+    assert '<rect class="bar"' in page  # ...drawn as bars against the storage stalls
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
