@@ -1,7 +1,7 @@
 """Per-rank status files in the node cache directory: what ``flashfeed top`` reads.
 
 Each loader process that reads through a node cache keeps one small JSON file,
-``<cache dir>/.status/rank<R>.<pid>.json``, rewritten atomically (temporary file, then
+``<cache dir>/.status/rank<R>.<pid>.<n>.json``, rewritten atomically (temporary file, then
 rename) at most every ``interval`` seconds while it delivers batches, and removed when the
 loader closes. A reader therefore sees either the previous or the next state, never half of
 one, and no process serves anything: ``flashfeed top`` only reads files.
@@ -10,6 +10,7 @@ one, and no process serves anything: ``flashfeed top`` only reads files.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -33,6 +34,7 @@ STATUS_DIRNAME = ".status"
 STATUS_VERSION = 1
 #: a status file older than this (seconds) belongs to a loader that is gone
 FORGET_AFTER_S = 600.0
+_serial = itertools.count()
 
 
 def status_dir(cache_dir: str) -> str:
@@ -70,7 +72,8 @@ class StatusWriter:
         self.node = node or socket.gethostname()
         self.dataset = dataset
         self.interval = interval
-        self.path = os.path.join(self.dir, f"rank{rank}.{os.getpid()}.json")
+        # several loaders of one rank (train and validation, say) keep a file each
+        self.path = os.path.join(self.dir, f"rank{rank}.{os.getpid()}.{next(_serial)}.json")
         self._last = float("-inf")
         self._sweep_dead()
 

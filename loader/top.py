@@ -104,7 +104,10 @@ class TopView:
             live = {s.path for s in statuses}
             for key in [k for k in self._ranks if k not in live]:
                 del self._ranks[key]
-            lines += [self._rank_row(s, now) for s in statuses]
+            several = len({s.dataset for s in statuses}) > 1  # then each row names its own
+            lines += [
+                self._rank_row(s, now) + (f"  {s.dataset}" if several else "") for s in statuses
+            ]
         if cache is not None:
             lines.append(self._cache_line(cache, now))
         return lines

@@ -130,3 +130,16 @@ def test_top_in_a_real_terminal_shows_both_ranks_updating(tmp_path):
     assert first.count("flashfeed top") == 1 and second.count("flashfeed top") == 1
     assert set(rows(second)) == {0, 1}
     assert "cache: hit" in second
+
+
+def test_two_loaders_of_one_rank_keep_a_row_each(tmp_path):
+    train = StatusWriter(str(tmp_path), rank=0, dataset="s3://b/train", interval=0.0)
+    val = StatusWriter(str(tmp_path), rank=0, dataset="s3://b/val", interval=0.0)
+    for w, n in ((train, 64), (val, 8)):
+        w.write(lambda n=n: {"samples": n, "elapsed_s": 1.0, "epoch": 0, "batch": 3})
+    frame = TopView(str(tmp_path)).frame()
+    mine = [line for line in frame if ROW.match(line)]
+    assert len(mine) == 2, frame
+    assert mine[0].endswith("s3://b/train") and mine[1].endswith("s3://b/val"), frame
+    val.close()
+    assert [s.dataset for s in read_statuses(str(tmp_path))] == ["s3://b/train"]
