@@ -30,9 +30,14 @@ def proxy(s3_store):
     p.close()
 
 
-def _cache(tmp_path, **kw):
+def _cold(prefix, proxy, tmp_path, *, delay, **cache_kw):
+    """The dataset at ``prefix`` read through the delaying proxy, an empty node cache and a
+    ledger directory."""
+    proxy.delay = delay
+    ds = Dataset.open(prefix, storage_options={"endpoint_url": proxy.endpoint})
     retry = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, deadline=10)
-    return ShardCache(str(tmp_path / "cache"), capacity=1 << 30, retry=retry, **kw)
+    cache = ShardCache(str(tmp_path / "cache"), capacity=1 << 30, retry=retry, **cache_kw)
+    return ds, cache, str(tmp_path / "ledger")
 
 
 def _store_bytes(ds: Dataset, shard: int) -> bytes:
@@ -42,10 +47,7 @@ def _store_bytes(ds: Dataset, shard: int) -> bytes:
 
 def test_token_loader_cold_epoch_delivers_the_store_rows_once(s3_prefix, proxy, tmp_path):
     make_token_dataset(s3_prefix, [40, 24, 36, 30], seq_len=8)
-    proxy.delay = 0.02
-    ds = Dataset.open(s3_prefix, storage_options={"endpoint_url": proxy.endpoint})
-    cache = _cache(tmp_path, part_size="16KiB")
-    ledger = str(tmp_path / "ledger")
+    ds, cache, ledger = _cold(s3_prefix, proxy, tmp_path, delay=0.02, part_size="16KiB")
     loader = TokenLoader(ds, batch_size=6, cache=cache, seed=3, window=2, ledger_dir=ledger)
     expected = {}
     for i in range(len(ds.shards)):
@@ -71,10 +73,10 @@ def test_token_loader_cold_epoch_delivers_the_store_rows_once(s3_prefix, proxy, 
 
 def test_shard_dataset_cold_epoch_streams_the_store_bytes_once(s3_prefix, proxy, tmp_path):
     make_image_dataset(s3_prefix, [48, 48, 40], size=16)
-    proxy.delay = 0.05  # a slow store, one part in flight at a time: shards arrive slowly
-    ds = Dataset.open(s3_prefix, storage_options={"endpoint_url": proxy.endpoint})
-    cache = _cache(tmp_path, part_size="16KiB", concurrency=1)
-    ledger = str(tmp_path / "ledger")
+    # a slow store, one part in flight at a time: shards arrive slowly
+    ds, cache, ledger = _cold(
+        s3_prefix, proxy, tmp_path, delay=0.05, part_size="16KiB", concurrency=1
+    )
     dataset = ShardDataset(ds, batch_size=4, cache=cache, shuffle=False, ledger_dir=ledger)
     stored = {i: _store_bytes(ds, i) for i in range(len(ds.shards))}
     entries = {f"{ds.shards[i].path}/{e.key}": (i, e) for i in stored for e in ds.read_index(i)}
@@ -93,4 +95,27 @@ def test_shard_dataset_cold_epoch_streams_the_store_bytes_once(s3_prefix, proxy,
     assert readahead["batches_served_while_arriving"] >= 1
     assert all(cache.contains(ds, i) for i in range(len(ds.shards)))
     dataset.close()
+    cache.close()
+
+
+def test_shard_dataset_workers_stream_a_cold_epoch_once(s3_prefix, proxy, tmp_path):
+    make_image_dataset(s3_prefix, [30, 30, 30, 30], size=16)
+    ds, cache, ledger = _cold(s3_prefix, proxy, tmp_path, delay=0.02, part_size="16KiB")
+    dataset = ShardDataset(ds, batch_size=5, cache=cache, seed=2, ledger_dir=ledger)
+    stored = {i: _store_bytes(ds, i) for i in range(len(ds.shards))}
+    jpg = {
+        f"{ds.shards[i].path}/{e.key}": stored[i][c.offset : c.offset + c.size]
+        for i in stored
+        for e in ds.read_index(i)
+        for c in e.components
+        if c.ext == "jpg"
+    }
+    got: list[str] = []
+    for batch in dataset.loader(num_workers=2):
+        for key, data in zip(batch["__key__"], batch["jpg"], strict=True):
+            assert data == jpg[key], key
+            got.append(key)
+    assert sorted(got) == sorted(jpg)  # 120 samples, batch 5, one rank: nothing dropped
+    assert read_ledger(ledger)[0] == [key_hash(k) for k in got]
+    assert all(cache.contains(ds, i) for i in range(len(ds.shards)))
     cache.close()
