@@ -124,6 +124,8 @@ def _build(
     prometheus_port: int | None = None,
     prometheus_addr: str = "127.0.0.1",
 ) -> LoaderParts:
+    """``loader_parts`` with the shared keywords' defaults: the options are checked before
+    anything is opened, the source after the dataset (it needs its shard table)."""
     shards_ahead = readahead_shards(readahead)
     telemetry = Telemetry(ledger_dir, stats_log, prometheus_port, prometheus_addr)
     options = PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window)
