@@ -87,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (local2x / "manifest.json").exists():
         files = image_corpus(root, args.images, args.seed, args.corpus)
         write_dataset(local2x, files, args.shards_2x, args.seed)
-    manifest = json.loads((local / "manifest.json").read_text())
-    images = sum(s["samples"] for s in manifest["shards"])
-    total = sum(s["bytes"] for s in manifest["shards"])
+    from flashfeed import Dataset
+
+    m = Dataset.open(str(local)).manifest
+    shard_rel = [s.path for s in m.shards]
+    images, total = int(m.num_samples), int(m.num_bytes)
     batches = images // BATCH
     scratch = Path(tempfile.mkdtemp(prefix="ffcold-", dir="/tmp"))
     store = EmbeddedStore(scratch / "store")
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         upload(local, url)
         upload(local2x, url + "-2x")
         fs, path = storage.filesystem(url)
-        shard_paths = [f"{url}/{s['path']}" for s in manifest["shards"]]
+        shard_paths = [f"{url}/{rel}" for rel in shard_rel]
         from flashfeed.cache import ShardCache
 
         def ff_s3() -> dict[str, float]:
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             }
 
         def wds_http() -> dict[str, float]:
-            urls = [fs.url(f"{path}/{s['path']}", expires=3600) for s in manifest["shards"]]
+            urls = [fs.url(f"{path}/{rel}", expires=3600) for rel in shard_rel]
             return {
                 "wds-http": epoch_rate(
                     lambda: webdataset_loader(urls, batch_size=BATCH, workers=thr), images

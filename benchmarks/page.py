@@ -18,7 +18,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import machine_markdown, markdown, targets_markdown
 
-__all__ = ["benchmarks_page"]
+__all__ = ["benchmarks_page", "fillcpu_section", "targets_section"]
 
 HOW_TO_RUN = """\
 ```sh
@@ -47,13 +47,14 @@ HOW_MEASURED = """\
   batch, for flashfeed as for the peers; a hot epoch is timed from the end of the first
   epoch. Start-up is `Loader(...)` to the first batch.
 - Limits are measured in the same run with the product's own shapes: the decode ceiling is
-  the Loader's own DALI pipeline (`build_pipeline`: exec_dynamic, the same operators, threads,
-  reader process and prefetch) fed from JPEG bytes in RAM; the S3 GET limit uses the cache's
-  default part size and GETs in flight; the PUT limit writes shard-sized objects, one PUT
-  each, as many at once as ingest runs Ray tasks, several rounds; page-cache reads read each
-  file whole, as the hit path does. A result above its limit is a measurement error: the run
-  lists it under `limit_errors`, exits 1, and the tables show the row as refused (never above
-  100%).
+  the Loader's own DALI pipeline (`build_pipeline`: exec_dynamic, the same operators,
+  threads, reader process and prefetch) fed from JPEG bytes in RAM (it bounds flashfeed's
+  Loader, whose pipeline it is; another DALI graph, such as the plain reader, may exceed
+  it); the S3 GET limit uses the cache's default part size and GETs in flight; the PUT limit
+  writes shard-sized objects, one PUT each, as many at once as ingest runs Ray tasks,
+  several rounds; page-cache reads read each file whole, as the hit path does. A result
+  above its limit is a measurement error: the run lists it under `limit_errors`, exits 1,
+  and the tables show the row as refused (never above 100%).
 - Peers at their best documented settings: PIL peers decode with `Image.draft` (JPEG DCT
   scaling, the counterpart of DALI's crop decode) and keep their DataLoader workers across
   epochs; `wds+dali` sends webdataset's bytes through the same DALI graph as flashfeed;
@@ -222,7 +223,7 @@ def benchmarks_page(
         "",
         "## Results",
         "",
-        markdown(result).rstrip(),
+        markdown(result, targets=False).rstrip(),
         "",
         *([t] if (t := targets_section(result)) else []),
         *([f] if (f := fillcpu_section(result)) else []),

@@ -314,8 +314,9 @@ def limits_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown(result: dict[str, Any]) -> str:
-    """The headline and scaling tables, and what did not run, as Markdown."""
+def markdown(result: dict[str, Any], *, targets: bool = True) -> str:
+    """The headline, targets (unless ``targets=False``) and scaling tables, and what did not
+    run, as Markdown."""
     lines = [
         "| area | measure | flashfeed (median, min-max) | reference | ratio (min-max) "
         "| limit | of limit |",
@@ -333,6 +334,8 @@ def markdown(result: dict[str, Any]) -> str:
         if r.get("refused"):  # never more than 100%: the row is an error, not a result
             mine, rat, frac = "refused: above its limit", "-", "measurement error"
         lines.append(f"| {r['area']} | {r['measure']} | {mine} | {ref} | {rat} | {lim} | {frac} |")
+    if targets and (table := targets_markdown(result)):
+        lines += ["", "Cold start on real shard sizes (targets):", "", table.rstrip()]
     lines += ["", "Physical limits, measured in the same run:", "", limits_markdown(result)]
     lines += ["Scaling (medians):", ""]
     for stage_rows in _group(scaling(result)):

@@ -21,7 +21,7 @@ rounds whose order rotates every round):
   crypto   sealed vs plain shards                                  (crypto.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
-``limit_errors`` and exits 1; the tables show the row as refused.
+``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
 
 Writes ``benchmarks/results/<date>-<host>[-quick].json``, PNG plots beside it, and
 BENCHMARKS.md (full runs; ``--quick`` writes its Markdown next to its JSON).
@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import plots  # noqa: E402
 import report  # noqa: E402
-from page import benchmarks_page  # noqa: E402
+from page import benchmarks_page, fillcpu_section  # noqa: E402
 from profiles import FULL, QUICK, Profile  # noqa: E402
 
 from flashfeed.units import parse_size  # noqa: E402
@@ -191,7 +191,7 @@ def run_stages(
                 "--s3-object-mb",  # the cache stage's shards: the objects the cache fetches
                 str(max(1, parse_size(p.cache_shard) >> 20)),
                 "--rounds",
-                str(max(3, p.rounds)),
+                str(max(2, p.rounds)),
             ],
         )
         out["limits"] = {"data": data} if data else {}
@@ -223,7 +223,7 @@ def run_stages(
                     "--concurrency",
                     str(conc),
                     "--rounds",
-                    str(max(3, p.rounds)),
+                    str(max(2, p.rounds)),
                 ],
             )
             label = f"{f}x ({n} x {p.cache_shard}), {conc} GETs in flight"
@@ -302,6 +302,8 @@ def run_stages(
                 p.targets_shard_mib,
                 "--rounds",
                 str(p.targets_rounds),
+                "--min-seconds",
+                str(p.min_seconds),
                 "--threads",
                 str(threads),
                 "--work",
@@ -443,7 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     json_path.write_text(json.dumps(result, indent=1) + "\n")
     pngs = plots.write_all(result, results, stem)
     table = report.markdown(result)
-    (results / f"{stem}.md").write_text(report.machine_markdown(result) + "\n" + table)
+    fill = fillcpu_section(result)
+    (results / f"{stem}.md").write_text(
+        report.machine_markdown(result) + "\n" + table + ("\n" + fill if fill else "")
+    )
     if args.markdown and p.name == "full" and args.device == "cpu":
         base = Path(args.markdown).resolve().parent
         rel = [os.path.relpath(x.resolve(), base) for x in pngs]
@@ -453,7 +458,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.markdown).write_text(page)
     print(table)
     print(f"wrote {json_path}, {', '.join(str(x) for x in pngs)}", file=sys.stderr)
-    return 1 if runner.errors or result["limit_errors"] else 0
+    # a full run with a result above its limit fails; the quick profile's windows are too
+    # short to bound anything, so there it is only listed
+    over = bool(result["limit_errors"]) and p.name == "full"
+    return 1 if runner.errors or over else 0
 
 
 if __name__ == "__main__":
