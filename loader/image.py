@@ -12,7 +12,7 @@ import torch
 from flashfeed.dataset import Dataset
 
 from .base import Made, PlannedLoader
-from .convert import DeviceCopier, to_keys, to_torch
+from .convert import DeviceCopier, HostPool, to_keys, to_torch
 from .dali_runner import DaliRunner, cuda_initialized, py_start_method
 from .fields import KEY, parse_fields
 from .parts import SharedKeywords, loader_parts
@@ -89,6 +89,7 @@ class Loader(PlannedLoader):
         # decode_device() made sure a "gpu" loader has a CUDA torch
         self.torch_device = cuda_device() if self.device_kind == "gpu" else None
         self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
+        self.host_pool = HostPool()  # CPU batches: reused once nothing refers to them
         self.runner = DaliRunner(self._build, self._source)
 
     # -- iteration --------------------------------------------------------------------------
@@ -154,7 +155,9 @@ class Loader(PlannedLoader):
         copier = self.copier
         if copier is not None:
             copier.begin()
-        batch: Batch = {n: to_torch(o, self._out_device(n), copier) for n, o in out.items()}
+        batch: Batch = {
+            n: to_torch(o, self._out_device(n), copier, self.host_pool) for n, o in out.items()
+        }
         label = batch.get("label")
         if isinstance(label, torch.Tensor) and label.ndim > 1:
             batch["label"] = label.reshape(-1)

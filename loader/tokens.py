@@ -30,7 +30,7 @@ from flashfeed.dataset import Dataset
 
 from .arrowcols import ArrowShardView, open_arrow_view
 from .base import Made, PlannedLoader
-from .convert import DeviceCopier
+from .convert import DeviceCopier, HostPool
 from .fields import KEY
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
@@ -83,6 +83,7 @@ class TokenLoader(PlannedLoader):
         self.device = batch_device(device)
         self.pin_memory = self.device is not None if pin_memory is None else pin_memory
         #: pinned staging buffers and the events of the copies in flight (GPU only)
+        self.host_pool = HostPool()
         self.copier = (
             DeviceCopier(self.device) if self.device is not None and self.pin_memory else None
         )
@@ -144,9 +145,12 @@ class TokenLoader(PlannedLoader):
 
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """The batch buffer: a pooled pinned one when it is copied to the GPU from here (it
-        goes back to the pool when its copy is done), else a new one the batch keeps."""
+        goes back to the pool when its copy is done); on the CPU a pooled one, reused once
+        nothing refers to its batch (``HostPool``); else a new one the batch keeps."""
         if self.copier is not None:
             return self.copier.staging(shape, _torch_dtype(dtype)).numpy()
+        if not self.pin_memory:
+            return self.host_pool.take(shape, dtype).numpy()
         t = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=self.pin_memory)
         return t.numpy()
 

@@ -69,3 +69,44 @@ def test_a_consumer_that_keeps_every_batch_sees_each_unchanged(pipe):
 def test_pool_options_are_checked():
     with pytest.raises(ValueError, match="per_shape must be >= 1"):
         HostPool(per_shape=0)
+
+
+def test_loader_batches_kept_stay_intact_and_dropped_ones_are_reused(tmp_path):
+    from loader_helpers import make_image_dataset
+
+    from flashfeed.loader import Loader
+
+    root = str(tmp_path / "ds")
+    make_image_dataset(root, [16, 16])
+    loader = Loader(root, batch_size=4, image_size=16, device="cpu", py_workers=0, seed=3)
+    kept, copies = [], []
+    for batch in loader:  # a consumer that keeps every batch
+        kept.append(batch["image"])
+        copies.append(batch["image"].clone())
+    assert all(torch.equal(k, c) for k, c in zip(kept, copies, strict=True))
+    assert len({k.data_ptr() for k in kept}) == len(kept)
+    del kept, copies, batch
+    before = loader.host_pool.reused
+    for batch in loader:  # a training loop: each batch dropped before the next
+        assert batch["image"].shape == (4, 3, 16, 16)
+    assert loader.host_pool.reused - before >= 7  # 8 batches of images, labels too
+    loader.close()
+
+
+def test_token_loader_cpu_batches_come_from_the_pool(tmp_path):
+    from loader_helpers import make_token_dataset
+
+    from flashfeed.loader import TokenLoader
+
+    root = str(tmp_path / "tok")
+    make_token_dataset(root, [32, 32])
+    loader = TokenLoader(root, batch_size=8, seed=1)
+    for _epoch in range(2):
+        ids = []
+        for batch in loader:
+            tokens = batch["tokens"].numpy()
+            assert (np.diff(tokens, axis=1) == 1).all()  # each row is its own sequence
+            ids += (tokens[:, 0] // 7).tolist()  # row n starts at 7 n
+        assert sorted(ids) == list(range(64))  # every row once, none overwritten
+    assert loader.host_pool.reused > 0
+    loader.close()
