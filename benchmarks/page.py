@@ -24,7 +24,7 @@ HOW_TO_RUN = """\
 ```sh
 make bench-venv     # .bench-venv: the peers from benchmarks/requirements.txt, layered over .venv
 make bench          # every stage at the sizes below (~30 minutes on 2 cores) -> this page
-make bench-quick    # the same stages at smoke-check sizes, under 5 minutes
+make bench-quick    # the same stages at smoke-check sizes (5-10 minutes; numbers not published)
 bash benchmarks/gpu.sh   # one GPU, no network (--wheelhouse DIR): nvJPEG ceiling, loader, h2d
 ```
 
@@ -77,9 +77,6 @@ own work. One 4-second sample under contention is not a measurement; the rules a
 windows, rotation, rounds) replace it, and the quick profile remains a smoke check."""
 
 NOTES = """\
-- Noise: the machine's 2 cores are shared with other engineers' test and benchmark runs
-  (another benchmark ran during part of this run); expect +-30-50% between runs. Compare the
-  ratios of a row, measured in interleaved rounds, rather than absolute figures across rows.
 - Cold reads drop the whole page cache (`echo 1 > /proc/sys/vm/drop_caches`, as root); where
   that is not permitted the suite falls back to per-file `posix_fadvise(DONTNEED)`, then
   O_DIRECT, and the JSON names the method used.

@@ -42,6 +42,8 @@ class Profile:
     crypto_args: tuple[str, ...]
     stage_timeout_s: int
     worker_variants: bool = True
+    #: GETs in flight besides the default 8, in the cache stage (with ``worker_variants``)
+    cache_get_variants: tuple[int, ...] = ()
 
 
 QUICK = Profile(

@@ -8,7 +8,8 @@ rounds whose order rotates every round):
   limits   memcpy, read hot/cold (whole files), parallel S3 GET in the cache's shape
   ingest   flashfeed vs Ray Data's writer vs ShardWriter, 1x/4x data, 1 and 2 Ray CPUs;
            the PUT limit in ingest's shape
-  cache    cold warm-up vs raw GET, hit path, 1x/4x data, 1, 2 and 8 GETs in flight
+  cache    cold warm-up vs raw GET, hit path, 1x/4x data, 8 GETs in flight (and the
+           profile's ``cache_get_variants``)
   fillcpu  client CPU s/GB of a cache fill vs raw ranged GETs   (fillcpu.py)
   loader   flashfeed vs plain DALI vs wds+PIL vs wds+DALI vs ImageFolder vs the decode
            ceiling (the Loader's pipeline fed from RAM), tokens   (loader.py)
@@ -26,7 +27,7 @@ A result above the limit that bounds it is a measurement error: the run lists it
 Writes ``benchmarks/results/<date>-<host>[-quick].json``, PNG plots beside it, and
 BENCHMARKS.md (full runs; ``--quick`` writes its Markdown next to its JSON).
 
-    python benchmarks/suite.py --quick          # smoke check, under 5 minutes
+    python benchmarks/suite.py --quick          # smoke check, a few minutes
     python benchmarks/suite.py                  # the published numbers (~30 minutes)
 """
 
@@ -210,7 +211,7 @@ def run_stages(
         out["ingest"] = runs
     if "cache" in stages:
         runs = []
-        for f, conc in [(f, 8) for f in p.scales] + extra(1, 2):
+        for f, conc in [(f, 8) for f in p.scales] + extra(*p.cache_get_variants):
             n = p.cache_base_shards * f
             data = r.run(
                 f"cache-{f}x-c{conc}",
@@ -386,7 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--quick", action="store_true", help="smoke-check sizes (< 5 minutes)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke-check sizes (a few minutes; numbers not published)",
+    )
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset")
     ap.add_argument("--corpus", default=".bench/corpus")
     ap.add_argument("--work", default=".bench/suite")

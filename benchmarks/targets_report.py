@@ -39,7 +39,7 @@ def targets_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             bound = TARGETS[key][1] if target else None
             row = {
                 "shards": s,
-                "measure": TARGETS[key][0] if target else label,
+                "measure": TARGETS[key][0] if target else f"first epoch from S3 / {label}",
                 "value": spread(r[mine]),
                 "reference": label,
                 "reference_value": spread(r[ref]),
@@ -95,7 +95,7 @@ def targets_markdown(result: dict[str, Any]) -> str:
         f"{data.get('images', '?')} photos ({data.get('bytes', 0) / 2**20:.0f} MiB) written by "
         "webdataset's ShardWriter and adopted with `flashfeed index`; shards per size: "
         + ", ".join(f"{k} MiB: {v}" for k, v in data.get("shards", {}).items())
-        + f"; {len(next(iter(data['rounds'].values()), []))} rounds, order rotated.",
+        + f"; rounds: {len(next(iter(data['rounds'].values()), []))}, order rotated.",
         "",
         "| shards | measure | flashfeed (median, min-max) | reference | ratio (min-max) "
         "| target | |",

@@ -109,7 +109,8 @@ def test_targets_table_has_each_ratio_and_its_target(report: ModuleType) -> None
     assert cold["target"] == 0.95 and cold["met"] is True
     best = next(r for m, r in by.items() if m == "first epoch from S3 / best cold peer")
     assert "litdata" in best["reference"] and best["met"] is True  # 245 / 175 = 1.4
-    assert {"webdataset + PIL over HTTP", "mosaicml-streaming from S3"} <= set(by)
+    others = {"webdataset + PIL over HTTP", "mosaicml-streaming from S3"}
+    assert {f"first epoch from S3 / {o}" for o in others} <= set(by)
     start = next(r for m, r in by.items() if m.startswith("Loader(...)"))
     assert start["value"]["median"] == pytest.approx(0.45) and start["met"] is True
     table = report.targets_markdown(_targets(hot=290.0))
