@@ -145,6 +145,13 @@ def tree_cpu_seconds() -> float:
     return sum(cpu.get(p, 0.0) for p in tree)
 
 
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: a flashfeed/DALI dict (its keys) or a DataLoader's (images, ...)."""
+    if isinstance(batch, dict):
+        return len(batch["__key__"]) if "__key__" in batch else BATCH
+    return len(batch[0])
+
+
 def timed(make: Callable[[], Iterable[Any]], min_seconds: float) -> tuple[float, float, float]:
     """(images/s, CPU ms per image, seconds): the timer starts before ``make()`` constructs
     the loader and stops at the first batch after ``min_seconds``; epochs repeat until then.
@@ -154,8 +161,8 @@ def timed(make: Callable[[], Iterable[Any]], min_seconds: float) -> tuple[float,
     n = 0
     while True:
         got = 0
-        for _ in loader:
-            got += BATCH
+        for batch in loader:
+            got += batch_len(batch)
             if time.perf_counter() - t0 >= min_seconds:
                 break
         n += got

@@ -125,8 +125,10 @@ def targets_section(result: dict[str, Any]) -> str:
     table = targets_markdown(result)
     if not table:
         return ""
+    data = result["stages"]["targets"]["data"]
+    sizes = " and ".join(str(k) for k in data.get("shards", {}))
     return (
-        "## Cold start on 64 and 128 MiB shards: targets\n\n"
+        f"## Cold start on {sizes} MiB shards: targets\n\n"
         "`benchmarks/targets.py`, run in `.bench-venv` beside litdata and mosaicml-streaming "
         "reading from the same SeaweedFS (which shares the 2 cores). Ratios are of medians, "
         "with the min-max of per-round ratios; the best cold peer is the fastest cold peer "

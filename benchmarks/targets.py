@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from coldstart import upload
 from loader_peers import dali_decode_ceiling, webdataset_loader
 
-from loader import BATCH, rotated
+from loader import BATCH, batch_len, rotated
 
 #: the targets: measure -> (reference, bound); "min" ratios must reach it, "max" stay below
 TARGETS = {
@@ -79,16 +79,10 @@ def shardwriter_layout(files: list[tuple[Path, int]], out: Path, shard_mib: int)
     return len(list(out.glob("*.tar")))
 
 
-def count(batch: Any) -> int:
-    if isinstance(batch, dict):
-        return len(batch["__key__"]) if "__key__" in batch else BATCH
-    return len(batch[0])
-
-
 def epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, int]:
     """(images/s, images) of one whole epoch, the timer starting before ``make()``."""
     t0 = time.perf_counter()
-    n = sum(count(b) for b in make())
+    n = sum(batch_len(b) for b in make())
     return n / (time.perf_counter() - t0), n
 
 

@@ -129,4 +129,4 @@ def test_page_explains_how_it_was_measured() -> None:
     page = _load("page").benchmarks_page(_targets(hot=290.0), "r.json", [])
     assert "## How it was measured" in page and "rotates" in page
     assert "58.6 img/s" in page  # the quick-profile anomaly and its cause
-    assert "Cold start on 64 and 128 MiB shards" in page
+    assert "## Cold start on 64 MiB shards: targets" in page
