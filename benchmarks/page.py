@@ -53,8 +53,8 @@ HOW_MEASURED = """\
   it); the S3 GET limit uses the cache's default part size and GETs in flight; the PUT limit
   writes shard-sized objects, one PUT each, as many at once as ingest runs Ray tasks,
   several rounds; page-cache reads read each file whole, as the hit path does. A result
-  above its limit is a measurement error: the run lists it under `limit_errors`, exits 1,
-  and the tables show the row as refused (never above 100%).
+  above its limit is a measurement error: the run lists it under `limit_errors` (a full run
+  then exits 1), and the tables show the row as refused (never above 100%).
 - Peers at their best documented settings: PIL peers decode with `Image.draft` (JPEG DCT
   scaling, the counterpart of DALI's crop decode) and keep their DataLoader workers across
   epochs; `wds+dali` sends webdataset's bytes through the same DALI graph as flashfeed;
@@ -70,11 +70,12 @@ The quick profile's result of 2026-11-29 (`2026-11-29-vm-quick.*`, since replace
 flashfeed at 58.6 img/s, 0.37x litdata, in the peers stage. Its result file gives the cause:
 that stage ran one round and timed 4 batches (256 images, 4.4 s) after 3 untimed ones, with
 flashfeed first in its only round, straight after litdata's `optimize` had run its spawned
-workers, and the load average at 2.6-3.6 on 2 cores. flashfeed's CPU per image was 3.6 ms, as
-in the loader stage of the same run (3.5-3.6 ms at 221-263 img/s): it did the same work per
-image but got about a fifth of a core (58.6 img/s x 3.6 ms), so it waited for CPU, not on its
-own work. One 4-second sample under contention is not a measurement; the rules above (time
-windows, rotation, rounds) replace it, and the quick profile remains a smoke check."""
+workers, and the load average at 2.6-3.6 on 2 cores. flashfeed's CPU per image was 3.6 ms,
+as in the loader stage of the same run (3.5-3.6 ms at 221-263 img/s): it did the same work
+per image but got about a fifth of a core (58.6 img/s x 3.6 ms): it spent most of that
+window waiting, most likely for CPU (its shards sat on local disk, just written). One
+4-second sample under contention is not a measurement; the rules above (time windows,
+rotation, rounds) replace it, and the quick profile remains a smoke check."""
 
 NOTES = """\
 - Cold reads drop the whole page cache (`echo 1 > /proc/sys/vm/drop_caches`, as root); where
