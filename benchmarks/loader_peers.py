@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import math
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +117,25 @@ def imagefolder_loader(
     )
 
 
+def loader_conversion() -> Callable[[Any, torch.device | None], Any]:
+    """DALI output -> torch as the Loader converts CPU batches: into a pool of host buffers
+    reused once a batch is dropped (``HostPool``), where this flashfeed has one."""
+    from flashfeed.loader import convert
+
+    pool_type = getattr(convert, "HostPool", None)
+    if pool_type is None:
+        return lambda tl, dev: convert.to_torch(tl, dev)
+    pool = pool_type()
+    return lambda tl, dev: convert.to_torch(tl, dev, None, pool)
+
+
 def _dali_iter(pipe: Any, batches: int | None) -> Iterator[Any]:
     """Batches as torch tensors, copied out as flashfeed's Loader and DALI's iterator do;
     endless (the reader wraps around epochs) when ``batches`` is None."""
     import itertools
 
-    from flashfeed.loader.convert import to_torch
-
     device = torch.device("cuda", 0) if torch.cuda.is_available() else None
+    to_torch = loader_conversion()  # DALI's own iterator also copies into reused tensors
     for _ in itertools.count() if batches is None else range(batches):
         outputs = pipe.run()
         batch = [to_torch(outputs[0], device)]
@@ -198,14 +209,15 @@ def loader_defaults() -> dict[str, Any]:
 def _pipeline_batches(pipe: Any, names: list[str], device: str) -> Iterator[dict[str, Any]]:
     """Endless batches of a pipeline built by ``build_pipeline``, converted as the Loader
     converts them (``to_torch`` per output, ``to_keys`` for the keys)."""
-    from flashfeed.loader.convert import to_keys, to_torch
+    from flashfeed.loader.convert import to_keys
     from flashfeed.loader.fields import KEY
 
     dev = torch.device("cuda", 0) if device == "gpu" else None
+    convert = loader_conversion()
     while True:
         out = dict(zip(names, pipe.run(), strict=True))
         keys = to_keys(out.pop(KEY))
-        batch: dict[str, Any] = {n: to_torch(o, dev) for n, o in out.items()}
+        batch: dict[str, Any] = {n: convert(o, dev) for n, o in out.items()}
         batch[KEY] = keys
         yield batch
 
