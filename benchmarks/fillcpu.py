@@ -13,9 +13,9 @@ all its threads; the server is another process and is not counted) per GB moved 
   raw-botocore the same ranges with a plain botocore client (what boto3 wraps), same part
                size and concurrency, bytes dropped on arrival
   raw-s3fs     the same ranges through s3fs ``cat_file`` (flashfeed's storage layer), dropped
-  raw-to-file  the same ranges read straight into memory-mapped, preallocated files (the
-               floor of any cache that lands bytes in the page cache: no checksum, no
-               bookkeeping), files removed like the cache's
+  raw-to-file  the same ranges read straight into memory-mapped, preallocated files, pages
+               faulted in per part (the floor of any cache that lands bytes in the page
+               cache: no checksum, no bookkeeping), files removed like the cache's
 
 Prints a table (``--json PATH`` also writes the rounds). The target: fill <= 1.3x raw.
 
@@ -146,17 +146,22 @@ def raw_to_file(ds: Dataset, opts: dict[str, Any], folder: str, concurrency: int
     files: dict[str, tuple[int, mmap.mmap, Any]] = {}
     for i, info in enumerate(ds.shards):
         fs, key = storage.filesystem(ds.shard_url(i), opts)
-        read_into = reader_for(fs, key, connections=concurrency)
-        assert read_into is not None, "the direct reader refused these storage options"
+        direct = reader_for(fs, key, connections=concurrency)
+        assert direct is not None, "the direct reader refused these storage options"
         fd = os.open(os.path.join(folder, str(i)), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.posix_fallocate(fd, 0, info.bytes)
-        files[info.path] = (fd, mmap.mmap(fd, info.bytes), read_into)
+        files[info.path] = (fd, mmap.mmap(fd, info.bytes), direct)
 
     def one(job: tuple[str, int, int]) -> int:
         path, lo, hi = job
-        _, m, read_into = files[path]
+        _, m, direct = files[path]
+        try:  # fault the part's pages in at once, as the fill does (MADV_POPULATE_WRITE)
+            start = lo - lo % mmap.PAGESIZE
+            m.madvise(getattr(mmap, "MADV_POPULATE_WRITE", 23), start, hi - start)
+        except OSError:
+            pass
         with memoryview(m) as view, view[lo:hi] as dest:
-            read_into(lo, hi, dest)
+            direct.read_into(lo, hi, dest)
         return hi - lo
 
     with ThreadPoolExecutor(concurrency) as pool:

@@ -16,13 +16,9 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ReadInto", "reader_for"]
-
-#: ``read_into(start, end, view)`` fills ``view`` with bytes ``[start, end)`` of the object
-ReadInto = Callable[[int, int, memoryview], None]
+__all__ = ["DirectObject", "reader_for"]
 
 _CLIENTS: dict[tuple[Any, ...], Any] = {}
 _LOCK = threading.Lock()
@@ -82,9 +78,48 @@ def _client(settings: dict[str, Any], pool: int) -> Any:
     return client
 
 
-def reader_for(fs: Any, path: str, *, connections: int) -> ReadInto | None:
-    """A ``ReadInto`` for the object ``path`` ("bucket/key") of the s3fs instance ``fs``,
-    or None when this path cannot stand in for s3fs with its options."""
+class DirectObject:
+    """One object read through the plain client: ranges into a buffer, or whole."""
+
+    def __init__(self, client: Any, path: str) -> None:
+        self.client = client
+        self.path = path
+        self.bucket, self.key = path.split("/", 1)
+
+    def read_into(self, start: int, end: int, view: memoryview) -> None:
+        """Fill ``view`` with bytes ``[start, end)`` of the object."""
+        body = self._get(Range=f"bytes={start}-{end - 1}")
+        try:
+            got = _read_body(body, view)
+        except Exception as exc:
+            body.close()
+            raise _as_oserror(exc, self.path) from None
+        if got != end - start:
+            body.close()
+            raise ConnectionError(f"s3://{self.path}: asked for {end - start} bytes, got {got}")
+        _release(body)
+
+    def read(self) -> bytes:
+        """The whole object (a small one: a shard's index)."""
+        body = self._get()
+        try:
+            data = body.read()
+        except Exception as exc:
+            body.close()
+            raise _as_oserror(exc, self.path) from None
+        _release(body)
+        return bytes(data)
+
+    def _get(self, **kwargs: str) -> Any:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self.key, **kwargs)["Body"]
+        except Exception as exc:
+            raise _as_oserror(exc, self.path) from None
+
+
+def reader_for(fs: Any, path: str, *, connections: int) -> DirectObject | None:
+    """The object ``path`` ("bucket/key") of the s3fs instance ``fs`` through the plain
+    client, or None when this path cannot stand in for s3fs with its options."""
     settings = _settings(fs)
     if settings is None or "/" not in path:
         return None
@@ -92,25 +127,7 @@ def reader_for(fs: Any, path: str, *, connections: int) -> ReadInto | None:
         client = _client(settings, max(10, connections))
     except Exception:  # an option botocore refuses: s3fs keeps the job
         return None
-    bucket, key = path.split("/", 1)
-
-    def read_into(start: int, end: int, view: memoryview) -> None:
-        try:
-            resp = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
-        except Exception as exc:
-            raise _as_oserror(exc, path) from None
-        body = resp["Body"]
-        try:
-            got = _read_body(body, view)
-        except Exception as exc:
-            body.close()
-            raise _as_oserror(exc, path) from None
-        if got != end - start:
-            body.close()
-            raise ConnectionError(f"s3://{path}: asked for {end - start} bytes, got {got}")
-        _release(body)
-
-    return read_into
+    return DirectObject(client, path)
 
 
 def _read_body(body: Any, view: memoryview) -> int:

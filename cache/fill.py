@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ from flashfeed.manifest import ShardInfo
 from flashfeed.units import format_size
 from flashfeed.wdsindex import parse_index
 
-from .directget import reader_for
+from .directget import DirectObject, reader_for
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
 from .locks import locked
@@ -44,6 +45,13 @@ def file_checksum(path: str) -> str:
             return storage.checksum(b"")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             return storage.checksum(memoryview(m))
+
+
+# MADV_POPULATE_WRITE (Linux 5.14+): 23 on x86-64 and arm64; Python names it from 3.13
+_LINUX_POPULATE = (
+    23 if sys.platform == "linux" and os.uname().machine in ("x86_64", "aarch64") else None
+)
+_POPULATE: int | None = getattr(mmap, "MADV_POPULATE_WRITE", _LINUX_POPULATE)
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -98,15 +106,14 @@ def _fetch_to(
 ) -> FetchReport:
     url = dataset.shard_url(info)
     fs, path = storage.filesystem(url, opts)
-    read_into = None
-    if info.bytes > 0 and url.startswith(("s3://", "s3a://")):
-        read_into = reader_for(fs, path, connections=fetcher.limit.maximum)
-    mapped = _Mapped(fd, info.bytes) if read_into is not None else None
+    direct = _direct(url, fs, path, fetcher) if info.bytes > 0 else None
+    mapped = _Mapped(fd, info.bytes) if direct is not None else None
 
     def fetch(start: int, end: int) -> bytes | memoryview:
-        if mapped is not None and read_into is not None:
+        if mapped is not None and direct is not None:
+            mapped.populate(start, end)
             part = mapped.view[start:end]
-            read_into(start, end, part)  # from the socket straight into the part file
+            direct.read_into(start, end, part)  # from the socket straight into the part file
             return part
         return fs.cat_file(path, start=start, end=end)
 
@@ -145,6 +152,12 @@ def _fetch_to(
             mapped.close()
 
 
+def _direct(url: str, fs: Any, path: str, fetcher: RangedFetcher) -> DirectObject | None:
+    if not url.startswith(("s3://", "s3a://")):
+        return None
+    return reader_for(fs, path, connections=fetcher.limit.maximum)
+
+
 class _Mapped:
     """The part file (reserved to its full size) mapped for writing: parts are read into
     it directly, and hashed from it."""
@@ -152,6 +165,18 @@ class _Mapped:
     def __init__(self, fd: int, size: int) -> None:
         self._map = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
         self.view = memoryview(self._map)
+
+    def populate(self, start: int, end: int) -> None:
+        """Fault in the pages of ``[start, end)`` in one call before a part is read into
+        them (MADV_POPULATE_WRITE), rather than one fault per page during the copy."""
+        global _POPULATE
+        if _POPULATE is None:
+            return
+        lo = start - start % mmap.PAGESIZE
+        try:
+            self._map.madvise(_POPULATE, lo, end - lo)
+        except OSError:  # a kernel before 5.14: faults as usual
+            _POPULATE = None
 
     def close(self) -> None:
         try:
@@ -170,8 +195,10 @@ def _fetch_index(
     report: FetchReport,
 ) -> bytes:
     fs, path = storage.filesystem(url, opts)
+    direct = _direct(url, fs, path, fetcher)
+    read = direct.read if direct is not None else lambda: fs.cat_file(path)
     try:
-        data = fetcher.call(lambda: fs.cat_file(path), report, gated=False)
+        data = fetcher.call(read, report, gated=False)
         return data if isinstance(data, bytes) else bytes(data)
     except FileNotFoundError:
         raise CorruptShardError(

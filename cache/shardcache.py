@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -20,6 +20,7 @@ from flashfeed.manifest import ShardInfo
 from flashfeed.storage import RetryPolicy
 from flashfeed.units import format_size, parse_size
 
+from .ahead import FetchAhead
 from .aimd import AdaptiveLimit
 from .errors import CacheCapacityError, CacheFullError
 from .fill import file_checksum, fill_shard
@@ -96,7 +97,7 @@ class ShardCache:
         self.storage_options = storage_options
         self.counters = Counters(self.root)
         self.limit = AdaptiveLimit(concurrency, minimum=min_concurrency)
-        self._ahead = ThreadPoolExecutor(fetch_ahead_workers, thread_name_prefix="ff-ahead")
+        self._ahead = FetchAhead(fetch_ahead_workers)
         self.fetcher = RangedFetcher(
             part_size=self.options.part_size,
             limit=self.limit,
@@ -113,9 +114,8 @@ class ShardCache:
         self._dirs: dict[int, tuple[Any, DatasetDir]] = {}
         self._futures: dict[str, FutureOrder] = {}
         self._verified: dict[str, tuple[int, int, int]] = {}
-        self._pending: dict[tuple[str, int], Future[str]] = {}
         self._needs: dict[tuple[str, int], ShardNeed] = {}
-        self.fetch_ahead_errors: dict[tuple[str, int], BaseException] = {}
+        self.fetch_ahead_errors: dict[Any, BaseException] = self._ahead.errors
         self._closed = False
         self._used, self._used_at = 0, -1e9
         self._used = self.space.used_bytes()  # also sweeps the part files of dead fills
@@ -328,37 +328,21 @@ class ShardCache:
     def fetch_ahead(self, dataset: Dataset, shards: Iterable[int]) -> None:
         """Fetch shards in the background (in the given order); returns at once.
 
-        A fetch ahead never evicts a shard needed sooner than the one it fetches. Failures are
-        counted and kept in ``fetch_ahead_errors``; a later ``get`` retries.
+        A fetch ahead never evicts a shard needed sooner than the one it fetches. Failures
+        are counted and kept in ``fetch_ahead_errors``; a later ``get`` retries.
         """
         d = self._register(dataset)
         for shard in shards:
             _, i = self._resolve(dataset, shard)
-            key = (d.key, i)
-            with self._lock:
-                pending = self._pending.get(key)
-                if pending is not None and not pending.done():
-                    continue
-                self._pending[key] = self._ahead.submit(self._fetch_ahead_one, dataset, d, i)
-
-    def _fetch_ahead_one(self, dataset: Dataset, d: DatasetDir, i: int) -> str:
-        try:
-            path = self._ensure(dataset, d, i, speculative=True)
-            self.fetch_ahead_errors.pop((d.key, i), None)
-            return path
-        except BaseException as exc:
-            self.fetch_ahead_errors[(d.key, i)] = exc
-            log.warning("fetch ahead of shard %d of %s failed: %s", i, dataset.url, exc)
-            raise
-        finally:
-            with self._lock:
-                self._pending.pop((d.key, i), None)
+            self._ahead.submit(
+                (d.key, i),
+                functools.partial(self._ensure, dataset, d, i, speculative=True),
+                f"shard {i} of {dataset.url}",
+            )
 
     def wait_fetch_ahead(self, timeout: float | None = None) -> None:
         """Block until the fetches ahead queued so far have finished (or failed)."""
-        with self._lock:
-            pending = list(self._pending.values())
-        wait(pending, timeout=timeout)
+        self._ahead.wait(timeout)
 
     def need(
         self,
@@ -447,7 +431,7 @@ class ShardCache:
         if self._closed:
             return
         self._closed = True
-        self._ahead.shutdown(wait=True)
+        self._ahead.close()
         self.fetcher.close()
         self.counters.flush()
         atexit.unregister(self.counters.flush)

@@ -34,16 +34,17 @@ def _object(s3_prefix: str, size: int, opts=None) -> tuple[str, bytes]:
 def test_ranges_are_read_into_the_buffer_given(s3_prefix):
     url, data = _object(s3_prefix, 300_001)
     fs, path = storage.filesystem(url)
-    read_into = reader_for(fs, path, connections=4)
-    assert read_into is not None
+    obj = reader_for(fs, path, connections=4)
+    assert obj is not None
     out = bytearray(len(data))
     view = memoryview(out)
     for lo, hi in [(0, 1), (1, 65_536), (65_536, 300_001)]:
-        read_into(lo, hi, view[lo:hi])
+        obj.read_into(lo, hi, view[lo:hi])
     assert bytes(out) == data
     again = bytearray(10)  # the connection went back to its pool and serves the next GET
-    read_into(100, 110, memoryview(again))
+    obj.read_into(100, 110, memoryview(again))
     assert bytes(again) == data[100:110]
+    assert obj.read() == data
 
 
 def test_errors_read_like_the_ones_s3fs_raises(s3_prefix, s3_store, proxy):
@@ -52,14 +53,16 @@ def test_errors_read_like_the_ones_s3fs_raises(s3_prefix, s3_store, proxy):
     missing = reader_for(fs, path, connections=2)
     assert missing is not None
     with pytest.raises(FileNotFoundError):
-        missing(0, 10, memoryview(bytearray(10)))
+        missing.read_into(0, 10, memoryview(bytearray(10)))
+    with pytest.raises(FileNotFoundError):
+        missing.read()
 
     wrong = {"endpoint_url": s3_store.info.endpoint, "key": "nobody", "secret": "wrong"}
     fs, path = storage.filesystem(url, wrong)
     refused = reader_for(fs, path, connections=2)
     assert refused is not None
     with pytest.raises(PermissionError) as caught:
-        refused(0, 10, memoryview(bytearray(10)))
+        refused.read_into(0, 10, memoryview(bytearray(10)))
     assert not is_retryable(caught.value)
 
     proxy.throttle = lambda req: req.method == "GET"
@@ -68,13 +71,13 @@ def test_errors_read_like_the_ones_s3fs_raises(s3_prefix, s3_store, proxy):
     throttled = reader_for(fs, path, connections=2)
     assert throttled is not None
     with pytest.raises(OSError) as caught:
-        throttled(0, 10, memoryview(bytearray(10)))
+        throttled.read_into(0, 10, memoryview(bytearray(10)))
     assert caught.value.errno == errno.EBUSY and is_throttle(caught.value)
 
     proxy.throttle = lambda req: False
     proxy.fail = lambda req: req.method == "GET"  # the response is cut mid-body
     with pytest.raises(Exception) as caught:
-        throttled(0, 1000, memoryview(bytearray(1000)))
+        throttled.read_into(0, 1000, memoryview(bytearray(1000)))
     assert is_retryable(caught.value)
 
 

@@ -18,8 +18,8 @@ from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.retry import RetryPolicy
 
-DELAY = 0.4
-SHARDS = 6
+DELAY = 1.0
+SHARDS = 4
 PER_SHARD = 16
 
 
