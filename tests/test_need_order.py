@@ -194,4 +194,20 @@ def test_a_shuffled_first_batch_is_served_before_its_shards_are_complete(
     # one GET per byte: each shard's ranges were asked for exactly once, in all
     for info in ds.shards:
         assert _tar_bytes_asked(proxy, info.path) == info.bytes
+    # need order: once the indexes were in (a few parts go before, in submission order),
+    # the parts holding batch 0's samples were asked for before the rest of all shards
+    part = 4096
+    asked = [
+        (r.path.rsplit("/", 1)[1], r.range[0] // part)
+        for r in proxy.requests
+        if r.method == "GET" and r.path.endswith(".tar") and r.range
+    ]
+    first = {
+        (ds.shards[s].path.rsplit("/", 1)[1], p)
+        for s, r in zip(plan.shards[:8].tolist(), plan.rows[:8].tolist(), strict=True)
+        for p in range(index[s][r].start // part, (index[s][r].end - 1) // part + 1)
+    }
+    last_needed = max(asked.index(p) for p in first)
+    slack = 4 * len(first_shards)  # parts taken before a shard's index had arrived
+    assert last_needed < len(first) + slack < len(asked) // 2
     cache.close()
