@@ -7,7 +7,8 @@ uploaded to one private SeaweedFS server. Each round restarts the server and run
 order that rotates every round:
 
   ff-s3-<S>        flashfeed Loader from S3 with an empty cache: the first epoch (timer from
-                   ``Loader(...)`` to the last batch) and the next one (hot: from the cache)
+                   ``Loader(...)`` to the last batch) and the next ones (hot: from the cache;
+                   whole epochs, at least --min-seconds)
   ff-local-<S>     flashfeed Loader on the same shards on local disk: the first epoch, timer
                    from ``Loader(...)`` to the last batch
   startup-<S>      ``Loader(...)`` to the first batch, local disk, warm page cache
@@ -196,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                 {"storage_s": st["wait_s"]["storage"], "batches_waited":
                  st["batches_waited_on_storage"], "of": st["batches"]}
             )  # fmt: skip
-            t0 = time.perf_counter()
-            n = sum(BATCH for _ in ff)
+            t0, n = time.perf_counter(), 0  # hot epochs: whole ones, at least min_seconds
+            while not n or time.perf_counter() - t0 < args.min_seconds:
+                n += sum(BATCH for _ in ff)
             hot = n / (time.perf_counter() - t0)
             ff.close()
             return {f"ff-s3-first-{s}": first, f"ff-hot-{s}": hot}
