@@ -10,9 +10,9 @@ from flashfeed.dataset import Dataset
 
 from .fill import file_checksum
 from .layout import DatasetDir, list_dataset_dirs, read_json
+from .nodeshare import NodeShare, fitting_prefix, warm_mismatch
 from .space import SpaceManager, recorded_capacity, remove_entry, sweep_dead_parts
 from .stats import Counters, read_persisted
-from .warm import NodeShare, fitting_prefix, warm_mismatch
 from .warmrecord import read_warm_records
 
 __all__ = ["evict", "find_dataset_dir", "status", "verify"]

@@ -14,8 +14,9 @@ from flashfeed.units import format_size, parse_size
 
 from . import admin
 from .cluster import CACHE_DIR_ENV
+from .nodeshare import NodeShare, describe_warm_record
 from .shardcache import ShardCache
-from .warm import NodeShare, describe_warm_record, warm_share
+from .warm import warm_share
 
 __all__ = ["register"]
 

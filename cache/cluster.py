@@ -21,8 +21,9 @@ from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
 from flashfeed.plan import PlanOptions, Topology
 
+from .nodeshare import NodeShare
 from .shardcache import ShardCache
-from .warm import NodeShare, WarmResult, warm_share
+from .warm import WarmResult, warm_share
 
 __all__ = [
     "CACHE_DIR_ENV",
