@@ -6,15 +6,16 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from flashfeed.dataset import Dataset
 from flashfeed.plan import PlanOptions
-from flashfeed.units import format_size, parse_size
+from flashfeed.units import parse_size
 
 from . import admin
+from .cliprint import evict_lines, status_lines, verify_lines, warm_errors, warm_summary
 from .cluster import CACHE_DIR_ENV
-from .nodeshare import NodeShare, describe_warm_record
+from .nodeshare import NodeShare
 from .shardcache import ShardCache
 from .warm import warm_share
 
@@ -133,6 +134,17 @@ def _cache_dir(given: str | None, what: str, *, existing: bool) -> str:
     return root
 
 
+def _on_cache_dir(
+    sub: Any, name: str, *, help: str, description: str, epilog: str
+) -> argparse.ArgumentParser:
+    """A command that reads an existing cache: its directory is the optional DIR."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=description, epilog=epilog, formatter_class=_RAW
+    )
+    p.add_argument("dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}")
+    return p
+
+
 def register(subparsers: Any) -> None:
     cache = subparsers.add_parser(
         "cache",
@@ -180,40 +192,37 @@ def register(subparsers: Any) -> None:
     _cluster_options(w)
     w.set_defaults(func=_warm)
 
-    s = sub.add_parser(
+    s = _on_cache_dir(
+        sub,
         "status",
         help="what the cache holds, whether a share fits, counters",
         description="Capacity and use, whether each dataset's share for this node fits,\n"
         "hit/miss/byte counters, throttling events, and the next shards to fetch.",
         epilog=STATUS_EPILOG,
-        formatter_class=_RAW,
     )
-    s.add_argument("dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}")
     s.add_argument("--dataset", metavar="URL")
     s.add_argument("--json", action="store_true", help="print JSON")
     _plan_options(s, defaults=False)
     s.set_defaults(func=_status)
 
-    v = sub.add_parser(
+    v = _on_cache_dir(
+        sub,
         "verify",
         help="check every cached shard's checksum",
         description="Check every cached shard against its manifest checksum; corrupt\n"
         "shards are removed (they are fetched again on next use).",
         epilog=VERIFY_EPILOG,
-        formatter_class=_RAW,
     )
-    v.add_argument("dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}")
     v.set_defaults(func=_verify)
 
-    e = sub.add_parser(
+    e = _on_cache_dir(
+        sub,
         "evict",
         help="remove cached shards",
         description="Remove the cached shards of one dataset or of all; pinned shards and\n"
         "shards in use by a process are kept.",
         epilog=EVICT_EPILOG,
-        formatter_class=_RAW,
     )
-    e.add_argument("dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}")
     which = e.add_mutually_exclusive_group(required=True)
     which.add_argument("--dataset", metavar="URL")
     which.add_argument("--all", action="store_true")
@@ -261,33 +270,10 @@ def _warm(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        for r in results:
-            if r.get("error"):
-                continue
-            rate = r["bytes_fetched"] / r["seconds"] / 1e9 if r["seconds"] else 0.0
-            print(
-                f"node {r['node_rank']}{_where(r)}: "
-                f"{r['fetched']} fetched, {r['already']} already cached, "
-                f"{r['over_capacity']} over capacity, {len(r['failed'])} failed; "
-                f"{format_size(r['bytes_fetched'])} in {r['seconds']:.1f}s ({rate:.2f} GB/s), "
-                f"throttle events {r['throttle_events']}"
-            )
-    broken = [r for r in results if r.get("error")]
-    for r in broken:
-        print(
-            f"flashfeed cache warm: node {r['node_rank']}{_where(r)}: error: {r['error']}",
-            file=sys.stderr,
-        )
-    failed = [(r["node_rank"], path, err) for r in results for path, err in r["failed"].items()]
-    for node, path, err in failed:
-        print(f"flashfeed cache warm: node {node}: shard {path} failed: {err}", file=sys.stderr)
-    if failed:
-        names = ", ".join(sorted({p for _, p, _ in failed}))
-        print(
-            f"flashfeed cache warm: {len(failed)} shards failed: {names} (re-run to retry them)",
-            file=sys.stderr,
-        )
-    return 1 if failed or broken else 0
+        _print(warm_summary(results))
+    errors = warm_errors(results)
+    _print(errors, file=sys.stderr)
+    return 1 if errors else 0
 
 
 def _warm_cluster(
@@ -320,11 +306,6 @@ def _warm_cluster(
     )
 
 
-def _where(r: dict[str, Any]) -> str:
-    place = [x for x in (r.get("host"), r.get("address")) if x]
-    return f" ({', '.join(place)})" if place else ""
-
-
 def _share_from(args: argparse.Namespace) -> NodeShare | None:
     given = [
         args.node_rank, args.num_nodes, args.world_size, args.ranks_per_node, args.epochs,
@@ -351,68 +332,24 @@ def _status(args: argparse.Namespace) -> int:
     report = admin.status(root, url=args.dataset, share=_share_from(args))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
-        return 0
-    cap = report["capacity"]
-    print(
-        f"cache {report['root']}: {format_size(report['used_bytes'])} used of "
-        f"{format_size(cap) if cap else 'unknown capacity'}"
-    )
-    c = report["counters"]
-    lookups = c["hits"] + c["misses"]
-    rate = c["bytes_fetched"] / c["fetch_seconds"] / 1e9 if c["fetch_seconds"] else 0.0
-    print(
-        f"  hits {c['hits']}, misses {c['misses']} (hit rate "
-        f"{c['hits'] / lookups if lookups else 0:.1%}), waited on another process "
-        f"{c['shared_waits']}, fetched {format_size(c['bytes_fetched'])} "
-        f"({rate:.2f} GB/s per fill)"
-    )
-    g = c.get("gauges", {})
-    print(
-        f"  throttle events {c['throttle_events']}, retries {c['retries']}, concurrency now "
-        f"{g.get('concurrency', '-')} (lowest {g.get('concurrency_lowest', '-')}), evictions "
-        f"{c['evictions']} ({format_size(c['evicted_bytes'])}), corrupt refetched "
-        f"{c['corrupt_refetches']}, failed fills {c['failures']}"
-    )
-    for d in report["datasets"]:
-        print(
-            f"dataset {d['url']}: {d['cached_shards']}/{d['shards']} shards cached "
-            f"({format_size(d['cached_bytes'])} of {format_size(d['dataset_bytes'])})"
-            f"{', ' + str(d['pinned']) + ' pinned' if d.get('pinned') else ''}"
-        )
-        if d.get("warm"):
-            print(f"  {describe_warm_record(d['warm'])}")
-        if d.get("warm_mismatch"):
-            print(f"  warning: {d['warm_mismatch']}")
-        share = d.get("share")
-        if share:
-            verdict = "fits" if share["fits"] else "does NOT fit"
-            beyond = share.get("over_capacity")
-            print(
-                f"  this node's share ({share['source']}): {share['shards']} shards, "
-                f"{format_size(share['bytes'])}: {verdict} in the capacity; "
-                f"{share['cached']} cached" + (f", {beyond} beyond the capacity" if beyond else "")
-            )
-        if d.get("next"):
-            print(f"  next to fetch: {', '.join(d['next'])}")
+    else:
+        _print(status_lines(report))
     return 0
 
 
 def _verify(args: argparse.Namespace) -> int:
     root = _cache_dir(args.dir, "DIR", existing=True)
     report = admin.verify(root)
-    print(f"checked {report['checked']} shards in {root}: {len(report['corrupt'])} corrupt")
-    for path in report["corrupt"]:
-        kept = " (in use: not removed)" if path in report["not_removed_in_use"] else " (removed)"
-        print(f"  corrupt: {path}{kept}")
+    _print(verify_lines(root, report))
     return 1 if report["corrupt"] else 0
 
 
 def _evict(args: argparse.Namespace) -> int:
-    report = admin.evict(
-        _cache_dir(args.dir, "DIR", existing=True), url=None if args.all else args.dataset
-    )
-    print(
-        f"evicted {report['evicted']} shards ({format_size(report['bytes'])}); kept "
-        f"{report['kept_pinned_or_in_use']} pinned or in use"
-    )
+    root = _cache_dir(args.dir, "DIR", existing=True)
+    _print(evict_lines(admin.evict(root, url=None if args.all else args.dataset)))
     return 0
+
+
+def _print(lines: list[str], *, file: TextIO | None = None) -> None:
+    for line in lines:
+        print(line, file=file or sys.stdout)
