@@ -52,9 +52,10 @@ HOW_MEASURED = """\
   Loader, whose pipeline it is; another DALI graph, such as the plain reader, may exceed
   it); the S3 GET limit uses the cache's default part size and GETs in flight; the PUT limit
   writes shard-sized objects, one PUT each, as many at once as ingest runs Ray tasks,
-  several rounds; page-cache reads read each file whole, as the hit path does. A result
-  above its limit is a measurement error: the run lists it under `limit_errors` (a full run
-  then exits 1), and the tables show the row as refused (never above 100%).
+  several rounds; page-cache reads read each file whole, as the hit path does. A limit is
+  the best round of its run, a result the median of its rounds. A result above its limit is
+  a measurement error: the run lists it under `limit_errors` (a full run then exits 1), and
+  the tables show the row as refused (never above 100%).
 - Peers at their best documented settings: PIL peers decode with `Image.draft` (JPEG DCT
   scaling, the counterpart of DALI's crop decode) and keep their DataLoader workers across
   epochs; `wds+dali` sends webdataset's bytes through the same DALI graph as flashfeed;

@@ -50,7 +50,7 @@ def targets_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             }
             if key == "hot_vs_ceiling":
                 try:
-                    check_limit(row["value"]["median"], row["reference_value"]["median"], label)
+                    check_limit(row["value"]["median"], row["reference_value"]["max"], label)
                 except OverLimitError as exc:
                     row["refused"], row["met"] = str(exc), None
             rows.append(row)

@@ -82,7 +82,8 @@ def test_a_row_within_its_limit_shows_its_fraction(report: ModuleType) -> None:
     rows = [r for r in report.headline(result) if r["area"] == "loader"]
     assert rows and not any(r["refused"] for r in rows)
     table = report.markdown(result)
-    assert "refused" not in table and 78 in _percentages(table)  # 200 / 255
+    # a limit is the best round of the run (260); a result its median (200)
+    assert "refused" not in table and 77 in _percentages(table)
     assert report.limit_errors(result) == []
 
 
