@@ -1,11 +1,14 @@
-"""``ShardCache``: the node-local shard cache shared by every process on a node."""
+"""``ShardCache``: the node-local shard cache shared by every process on a node.
+
+The class is the public face; the work is delegated: ``copies`` (check a copy, fill it under
+the shard's lock), ``hints`` (the read order and needs this process gave), ``space``
+(capacity and eviction), ``ranged`` (the downloads), ``ahead`` (fetches in the background).
+"""
 
 from __future__ import annotations
 
 import atexit
 import functools
-import logging
-import math
 import os
 import threading
 import time
@@ -14,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
 from flashfeed.manifest import ShardInfo
 from flashfeed.storage import RetryPolicy
@@ -22,12 +24,12 @@ from flashfeed.units import format_size, parse_size
 
 from .ahead import FetchAhead
 from .aimd import AdaptiveLimit
-from .errors import CacheCapacityError, CacheFullError
-from .fill import file_checksum, fill_shard
+from .copies import ShardCopies
+from .errors import CacheCapacityError
 from .handle import CacheHandle
+from .hints import ReadHints
 from .layout import (
     DatasetDir,
-    atomic_write_json,
     check_private_root,
     dataset_key,
     list_dataset_dirs,
@@ -35,9 +37,8 @@ from .layout import (
     sweep_dead_tmp,
 )
 from .locks import FileLock
-from .needorder import SPECULATIVE, URGENT, PartPriority, ShardNeed
+from .needorder import ShardNeed
 from .options import CacheOptions
-from .policy import FutureOrder
 from .progress import FillView, live_path
 from .ranged import RangedFetcher
 from .space import SpaceManager, settle_capacity, sweep_dead_parts
@@ -46,8 +47,6 @@ from .view import DatasetView, PartialShard
 from .warmrecord import read_warm_records, write_warm_record
 
 __all__ = ["ShardCache"]
-
-log = logging.getLogger("flashfeed.cache")
 
 
 class ShardCache:
@@ -98,6 +97,7 @@ class ShardCache:
         self.counters = Counters(self.root)
         self.limit = AdaptiveLimit(concurrency, minimum=min_concurrency)
         self._ahead = FetchAhead(fetch_ahead_workers)
+        self.hints = ReadHints()
         self.fetcher = RangedFetcher(
             part_size=self.options.part_size,
             limit=self.limit,
@@ -107,14 +107,20 @@ class ShardCache:
             self.root,
             capacity=self.options.capacity,
             counters=self.counters,
-            next_use=self._next_use,
+            next_use=self.hints.next_use,
             timeout=self.options.space_timeout,
+        )
+        self.copies = ShardCopies(
+            verify=self.options.verify,
+            counters=self.counters,
+            fetcher=self.fetcher,
+            limit=self.limit,
+            space=self.space,
+            storage_options=storage_options,
+            hints=self.hints,
         )
         self._lock = threading.Lock()
         self._dirs: dict[int, tuple[Any, DatasetDir]] = {}
-        self._futures: dict[str, FutureOrder] = {}
-        self._verified: dict[str, tuple[int, int, int]] = {}
-        self._needs: dict[tuple[str, int], ShardNeed] = {}
         self.fetch_ahead_errors: dict[Any, BaseException] = self._ahead.errors
         self._closed = False
         self._used, self._used_at = 0, -1e9
@@ -178,18 +184,15 @@ class ShardCache:
         Its index, if the shard has one, is beside it as ``path + ".idx"``.
         """
         d, i = self._resolve(dataset, shard)
-        with self._lock:
-            future = self._futures.get(d.key)
-            if future is not None:
-                future.advance(i)
-        return self._ensure(dataset, d, i)
+        self.hints.advance(d.key, i)
+        return self.copies.ensure(dataset, d, i)
 
     def fetch(self, dataset: Dataset, shard: int | ShardInfo) -> str:
         """Fetch now and block (``warm``): like ``get`` but not a read, so the position in
         the future order stays where it is, and only shards needed later than this one are
         evicted for it (``CacheFullError`` at once otherwise)."""
         d, i = self._resolve(dataset, shard)
-        return self._ensure(dataset, d, i, speculative=True)
+        return self.copies.ensure(dataset, d, i, speculative=True)
 
     @contextmanager
     def open(self, dataset: Dataset, shard: int | ShardInfo) -> Iterator[str]:
@@ -228,102 +231,6 @@ class ShardCache:
         d, i = self._resolve(dataset, shard)
         return FillView.open(live_path(d.parts_dir, i))
 
-    def _ensure(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool = False) -> str:
-        path = d.shard_path(i)
-        if self._usable(path, cached_info(dataset.manifest, dataset.shards[i])) is True:
-            self._touch(path)
-            self.counters.add(hits=1)
-            return path
-        return self._fill(dataset, d, i, speculative)
-
-    def _priority(self, d: DatasetDir, i: int, speculative: bool) -> PartPriority:
-        with self._lock:
-            need = self._needs.get((d.key, i))
-        return PartPriority(need, default=SPECULATIVE if speculative else URGENT)
-
-    def _usable(self, path: str, info: ShardInfo) -> bool | None:
-        """True: good copy. False: present but corrupt. None: absent."""
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        if st.st_size != info.bytes:
-            return False
-        ident = (st.st_dev, st.st_ino, st.st_size)
-        mode = self.options.verify
-        if mode == "never" or (mode == "once" and self._verified.get(path) == ident):
-            return True
-        try:
-            ok = file_checksum(path) == info.checksum
-        except FileNotFoundError:
-            return None
-        if ok:
-            self._verified[path] = ident
-        return ok
-
-    def _touch(self, path: str) -> None:
-        try:
-            os.utime(path)
-        except OSError:
-            pass
-
-    def _fill(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool) -> str:
-        path = d.shard_path(i)
-        lock = FileLock(d.fill_lock(i))
-        waited = not lock.acquire(blocking=False)
-        if waited:
-            lock.acquire()
-        try:
-            state = self._usable(path, cached_info(dataset.manifest, dataset.shards[i]))
-            if state is True:
-                self._touch(path)
-                self.counters.add(hits=1, shared_waits=int(waited))
-                return path
-            if state is False:
-                log.warning("cached shard %s is corrupt; fetching it again", path)
-                self.counters.add(corrupt_refetches=1)
-                for p in (path, path + ".idx"):
-                    try:
-                        os.unlink(p)
-                    except FileNotFoundError:
-                        pass
-            start = time.monotonic()
-            try:
-                report = fill_shard(
-                    d,
-                    i,
-                    dataset,
-                    fetcher=self.fetcher,
-                    reserve=lambda need, part: self.space.reserve(
-                        d, i, need, part, speculative=speculative
-                    ),
-                    storage_options=self.storage_options,
-                    priority=self._priority(d, i, speculative),
-                )
-            except CacheFullError:
-                self.counters.add(**{"fetch_ahead_skipped" if speculative else "failures": 1})
-                raise
-            except BaseException:
-                self.counters.add(failures=1)
-                raise
-            st = os.stat(path)
-            self._verified[path] = (st.st_dev, st.st_ino, st.st_size)
-            self.counters.add(
-                misses=1,
-                bytes_fetched=dataset.shards[i].bytes,
-                fetch_seconds=time.monotonic() - start,
-                requests=report.requests,
-                retries=report.retries,
-                throttle_events=report.throttles,
-            )
-            self.counters.set_gauges(
-                concurrency=self.limit.limit, concurrency_lowest=self.limit.lowest
-            )
-            self.counters.flush()
-            return path
-        finally:
-            lock.release()
-
     # -- read-ahead and eviction hints ------------------------------------------------------
     def fetch_ahead(self, dataset: Dataset, shards: Iterable[int]) -> None:
         """Fetch shards in the background (in the given order); returns at once.
@@ -336,7 +243,7 @@ class ShardCache:
             _, i = self._resolve(dataset, shard)
             self._ahead.submit(
                 (d.key, i),
-                functools.partial(self._ensure, dataset, d, i, speculative=True),
+                functools.partial(self.copies.ensure, dataset, d, i, speculative=True),
                 f"shard {i} of {dataset.url}",
             )
 
@@ -361,9 +268,7 @@ class ShardCache:
         ``set_future`` starts a new pass and forgets the needs of the last one.
         """
         d, i = self._resolve(dataset, shard)
-        need = ShardNeed.build(rows, batches)
-        with self._lock:
-            self._needs[(d.key, i)] = need
+        self.hints.set_need(d.key, i, ShardNeed.build(rows, batches))
 
     def set_future(
         self, dataset: Dataset, shards_in_order: Sequence[int], *, active: int = 4
@@ -373,12 +278,7 @@ class ShardCache:
         ``get`` advances the position in it; the shards of the last ``active`` reads count
         as still being read (the plan mixes a window of shards at once).
         """
-        d = self._register(dataset)
-        order = FutureOrder(shards_in_order, active=active)
-        with self._lock:
-            self._futures[d.key] = order
-            self._needs = {k: v for k, v in self._needs.items() if k[0] != d.key}
-        atomic_write_json(d.future_path, {"order": order.order, "updated": time.time()})
+        self.hints.set_future(self._register(dataset), shards_in_order, active=active)
 
     def record_warm(self, record: dict[str, Any]) -> None:
         """Remember for which node share ``record["url"]`` was warmed (``cache warm``)."""
@@ -387,11 +287,6 @@ class ShardCache:
     def warm_record(self, url: str) -> dict[str, Any] | None:
         """The last warm record of the dataset at ``url`` in this cache, if any."""
         return read_warm_records(self.root).get(url.rstrip("/"))
-
-    def _next_use(self, key: str, shard: int) -> float:
-        with self._lock:
-            future = self._futures.get(key)
-            return future.next_use(shard) if future is not None else math.inf
 
     def pin(self, dataset: Dataset, shard: int | ShardInfo) -> None:
         """Never evict this shard (for every process) until ``unpin``."""

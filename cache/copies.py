@@ -1,0 +1,141 @@
+"""The node's copies of shards: a good one is used, a missing or corrupt one filled.
+
+``ShardCopies.ensure`` is the path every ``get``, ``fetch`` and fetch ahead of a
+``ShardCache`` ends in: check the copy (size, and the checksum as ``verify`` says), else
+take the shard's fill lock (one download per shard per node, other processes wait), check
+again and fill it (``fill.fill_shard``), counting hits, misses, waits and failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashfeed.crypto import cached_info
+from flashfeed.dataset import Dataset
+from flashfeed.manifest import ShardInfo
+
+from .aimd import AdaptiveLimit
+from .errors import CacheFullError
+from .fill import file_checksum, fill_shard
+from .hints import ReadHints
+from .layout import DatasetDir
+from .locks import FileLock
+from .ranged import RangedFetcher
+from .space import SpaceManager
+from .stats import Counters
+
+__all__ = ["ShardCopies"]
+
+log = logging.getLogger("flashfeed.cache")
+
+
+@dataclass(eq=False, kw_only=True)
+class ShardCopies:
+    """Verified local copies, filled under the shard's lock when missing or corrupt."""
+
+    verify: str
+    counters: Counters
+    fetcher: RangedFetcher
+    limit: AdaptiveLimit
+    space: SpaceManager
+    storage_options: dict[str, Any] | None
+    hints: ReadHints
+    _verified: dict[str, tuple[int, int, int]] = field(default_factory=dict, init=False)
+
+    def ensure(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool = False) -> str:
+        """The path of a good copy of shard ``i``, filling it first if needed (blocks)."""
+        path = d.shard_path(i)
+        if self._usable(path, cached_info(dataset.manifest, dataset.shards[i])) is True:
+            _touch(path)
+            self.counters.add(hits=1)
+            return path
+        return self._fill(dataset, d, i, speculative)
+
+    def _usable(self, path: str, info: ShardInfo) -> bool | None:
+        """True: good copy. False: present but corrupt. None: absent."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        if st.st_size != info.bytes:
+            return False
+        ident = (st.st_dev, st.st_ino, st.st_size)
+        mode = self.verify
+        if mode == "never" or (mode == "once" and self._verified.get(path) == ident):
+            return True
+        try:
+            ok = file_checksum(path) == info.checksum
+        except FileNotFoundError:
+            return None
+        if ok:
+            self._verified[path] = ident
+        return ok
+
+    def _fill(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool) -> str:
+        path = d.shard_path(i)
+        lock = FileLock(d.fill_lock(i))
+        waited = not lock.acquire(blocking=False)
+        if waited:
+            lock.acquire()
+        try:
+            state = self._usable(path, cached_info(dataset.manifest, dataset.shards[i]))
+            if state is True:
+                _touch(path)
+                self.counters.add(hits=1, shared_waits=int(waited))
+                return path
+            if state is False:
+                log.warning("cached shard %s is corrupt; fetching it again", path)
+                self.counters.add(corrupt_refetches=1)
+                for p in (path, path + ".idx"):
+                    try:
+                        os.unlink(p)
+                    except FileNotFoundError:
+                        pass
+            start = time.monotonic()
+            try:
+                report = fill_shard(
+                    d,
+                    i,
+                    dataset,
+                    fetcher=self.fetcher,
+                    reserve=lambda need, part: self.space.reserve(
+                        d, i, need, part, speculative=speculative
+                    ),
+                    storage_options=self.storage_options,
+                    priority=self.hints.priority(d.key, i, speculative=speculative),
+                )
+            except CacheFullError:
+                self.counters.add(**{"fetch_ahead_skipped" if speculative else "failures": 1})
+                raise
+            except BaseException:
+                self.counters.add(failures=1)
+                raise
+            st = os.stat(path)
+            self._verified[path] = (st.st_dev, st.st_ino, st.st_size)
+            self.counters.add(
+                misses=1,
+                bytes_fetched=dataset.shards[i].bytes,
+                fetch_seconds=time.monotonic() - start,
+                requests=report.requests,
+                retries=report.retries,
+                throttle_events=report.throttles,
+            )
+            self.counters.set_gauges(
+                concurrency=self.limit.limit, concurrency_lowest=self.limit.lowest
+            )
+            self.counters.flush()
+            return path
+        finally:
+            lock.release()
+
+
+def _touch(path: str) -> None:
+    """Mark a use in the copy's mtime: eviction without an order removes the oldest use."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
