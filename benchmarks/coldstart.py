@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         }  # fmt: skip
         for r in range(args.rounds):
             store.restart()
+            time.sleep(2.0)  # let the restarted server settle before the first run is timed
             row: dict[str, float] = {}
             names = list(runs)
             k = r % len(names)

@@ -25,6 +25,7 @@ Prints a table and writes JSON. Not a timed test: run it by hand.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import os
@@ -175,6 +176,9 @@ def timed(make: Callable[[], Iterable[Any]], min_seconds: float) -> tuple[float,
     if callable(close):
         close()
     del loader
+    # tear down now, outside every timer: a pipeline or DataLoader left to a later garbage
+    # collection joins its worker processes inside the next row's window (seen: ~10 s)
+    gc.collect()
     return n / wall, 1000 * cpu / n, wall
 
 

@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         for r in range(args.rounds):
             store.restart()
+            time.sleep(2.0)  # let the restarted server settle before the first run is timed
             for name in rotated(list(runs), r):
                 try:
                     got = runs[name]()
