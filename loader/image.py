@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,7 +12,7 @@ from flashfeed.dataset import Dataset
 
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool, to_keys, to_torch
-from .dali_runner import DaliRunner, cuda_initialized, py_start_method
+from .dali_runner import DaliRunner, collect_dropped_pipelines, cuda_initialized, py_start_method
 from .fields import KEY, parse_fields
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
@@ -98,9 +97,7 @@ class Loader(PlannedLoader):
 
     def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
         if self.py_workers:
-            # a dropped pipeline (this loader's or another's) still waiting in a reference
-            # cycle must shut its workers down here, not in the reader processes forked next
-            gc.collect()
+            collect_dropped_pipelines(self.runner)
         return build_pipeline(
             batch_source,
             specs=self.specs,

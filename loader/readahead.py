@@ -131,7 +131,10 @@ class StreamFeeder:
         self._tell_need(shard)
         if shard not in self._needed:
             self._asked[shard] = time.perf_counter()
-            self._needed[shard] = self._pool.submit(self.source.local_path, shard)
+            if self.streaming:
+                self._needed[shard] = self._pool.submit(self.source.local_path, shard)
+            else:  # read in place: nothing to fetch, no thread to start (start-up latency)
+                self._needed[shard] = _done(self.source.local_path, shard)
 
     def _wait_batch(self, j: int) -> float:
         """Until batch ``j``'s samples are readable; the seconds blocked on their bytes."""
@@ -293,6 +296,16 @@ class StreamFeeder:
             view.close()
         self._partials.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _done(fn: Any, *args: Any) -> Future[str]:
+    """``fn(*args)`` run here, as a finished future (its error kept for ``result()``)."""
+    future: Future[str] = Future()
+    try:
+        future.set_result(fn(*args))
+    except Exception as exc:
+        future.set_exception(exc)
+    return future
 
 
 def readahead_budget_bytes(budget: int | str | None, source: ShardSource) -> int:
