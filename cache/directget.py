@@ -18,19 +18,12 @@ import os
 import threading
 from typing import Any
 
+from flashfeed.storage import frozen_options
+
 __all__ = ["DirectObject", "reader_for"]
 
 _CLIENTS: dict[tuple[Any, ...], Any] = {}
 _LOCK = threading.Lock()
-_UNDERSTOOD = {"key", "secret", "token", "client_kwargs", "config_kwargs", "endpoint_url"}
-
-
-def _freeze(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in obj.items()))
-    if isinstance(obj, list | tuple):
-        return tuple(_freeze(v) for v in obj)
-    return obj
 
 
 def _settings(fs: Any) -> dict[str, Any] | None:
@@ -56,7 +49,7 @@ def _settings(fs: Any) -> dict[str, Any] | None:
 
 
 def _client(settings: dict[str, Any], pool: int) -> Any:
-    key = (os.getpid(), pool, _freeze(settings))
+    key = (os.getpid(), pool, frozen_options(settings))
     with _LOCK:
         client = _CLIENTS.get(key)
         if client is None:

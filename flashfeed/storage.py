@@ -30,6 +30,7 @@ __all__ = [
     "env_storage_options",
     "exists",
     "filesystem",
+    "frozen_options",
     "is_local",
     "is_transient",
     "join",
@@ -119,11 +120,13 @@ def _s3_options(storage_options: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
-def _freeze(obj: Any) -> Any:
+def frozen_options(obj: Any) -> Any:
+    """Storage options as a hashable value (dicts and lists to sorted tuples): a cache key
+    for clients made from them."""
     if isinstance(obj, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in obj.items()))
+        return tuple(sorted((k, frozen_options(v)) for k, v in obj.items()))
     if isinstance(obj, list | tuple):
-        return tuple(_freeze(v) for v in obj)
+        return tuple(frozen_options(v) for v in obj)
     return obj
 
 
@@ -147,7 +150,7 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple
         opts = dict(storage_options or {})
     if protocol in ("file", "local"):
         path = os.path.abspath(os.path.expanduser(path))
-    key = (protocol, _freeze(opts), os.getpid())
+    key = (protocol, frozen_options(opts), os.getpid())
     with _FS_LOCK:
         fs = _FS_CACHE.get(key)
         if fs is None:

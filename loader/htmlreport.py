@@ -20,6 +20,7 @@ from typing import Any
 
 from flashfeed.errors import FlashfeedError
 
+from .report import totals
 from .stats import WAIT_KINDS
 from .svgchart import PALETTE, Series, chart
 
@@ -109,12 +110,7 @@ def _start(rec: dict[str, Any]) -> float:
 def rank_summary(records: list[dict[str, Any]]) -> dict[str, float]:
     """One rank: samples, elapsed seconds, samples/s, wait seconds per kind, lost fraction."""
     elapsed = max(records[-1]["t"] - _start(records[0]), 1e-9)
-    out = {
-        "batches": float(len(records)),
-        "samples": float(sum(r["samples"] for r in records)),
-        "elapsed_s": elapsed,
-    }
-    out["samples_per_s"] = out["samples"] / elapsed
+    out = totals(records, elapsed)
     for k in WAIT_KINDS:
         out[f"{k}_s"] = float(sum(float(r.get(k, 0.0)) for r in records))
     out["lost_s"] = sum(out[f"{k}_s"] for k in WAIT_KINDS)

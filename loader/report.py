@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -63,18 +64,24 @@ def stall_series(records: list[dict[str, float]], *, bin_s: float = 1.0) -> Stal
     return StallSeries(np.arange(n) * bin_s, samples / bin_s, fractions)
 
 
+def totals(records: list[dict[str, Any]], elapsed: float) -> dict[str, float]:
+    """Batches, samples, the elapsed seconds given and samples/s over them."""
+    samples = float(sum(r["samples"] for r in records))
+    return {
+        "batches": float(len(records)),
+        "samples": samples,
+        "elapsed_s": elapsed,
+        "samples_per_s": samples / elapsed,
+    }
+
+
 def summarize(records: list[dict[str, float]]) -> dict[str, float]:
     """Totals of a log: batches, samples, samples/s and wait fraction per kind."""
     t = [r["t"] for r in records]
     ranks = max(len({r.get("rank", 0) for r in records}), 1)
     first_wait = sum(records[0].get(k, 0.0) for k in WAIT_KINDS)
     elapsed = max(max(t) - min(t) + first_wait, 1e-9)
-    out = {
-        "batches": float(len(records)),
-        "samples": float(sum(r["samples"] for r in records)),
-        "elapsed_s": elapsed,
-    }
-    out["samples_per_s"] = out["samples"] / elapsed
+    out = totals(records, elapsed)
     for k in WAIT_KINDS:
         out[f"{k}_fraction"] = sum(r.get(k, 0.0) for r in records) / (elapsed * ranks)
     return out
