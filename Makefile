@@ -20,7 +20,7 @@ help:
 	@echo "make test   - run the test suite (real SeaweedFS, real Ray, real DALI on CPU)"
 	@echo "make lint   - ruff + mypy"
 	@echo "make bench  - every benchmark vs peers and limits -> benchmarks/results, BENCHMARKS.md"
-	@echo "make bench-quick - the same at smoke-check sizes (< 5 minutes)"
+	@echo "make bench-quick - the same at smoke-check sizes (about 7 minutes on 2 cores)"
 	@echo "make clean  - remove the venv and build outputs"
 
 $(STAMP): pyproject.toml
