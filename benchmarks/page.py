@@ -45,7 +45,9 @@ HOW_MEASURED = """\
   pipeline) is constructed and stop it at the first batch after a window of at least 5 s
   (epochs repeat until then); cold-start rows time whole epochs from construction to the last
   batch, for flashfeed as for the peers; a hot epoch is timed from the end of the first
-  epoch. Start-up is `Loader(...)` to the first batch.
+  epoch. Start-up is `Loader(...)` to the first batch in a fresh process (a restart is
+  one), DALI already imported, median of several; `benchmarks/startup.py` also times it with
+  the import and beside the same DALI pipeline's own start on bytes in RAM.
 - Limits are measured in the same run with the product's own shapes: the decode ceiling is
   the Loader's own DALI pipeline (`build_pipeline`: exec_dynamic, the same operators,
   threads, reader process and prefetch) fed from JPEG bytes in RAM (it bounds flashfeed's
