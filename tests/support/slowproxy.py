@@ -37,6 +37,7 @@ class Request:
     method: str
     path: str
     range: tuple[int, int] | None  # [start, end) of a ranged GET
+    at: float = 0.0  # time.monotonic() when the proxy read it
 
 
 @dataclass
@@ -105,6 +106,7 @@ class SlowProxy:
                             buf = _EXPECT.sub(b"", head) + rest
                         break
                     buf = rest[body:]
+                    req.at = time.monotonic()
                     with self._lock:
                         self.requests.append(req)
                     if self.throttle(req):  # answered here, as S3 does: 503 SlowDown
