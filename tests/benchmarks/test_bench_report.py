@@ -4,27 +4,17 @@ functions on small hand-made results; no timing."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from support.bench import load_bench
 
 
 def _load(name: str) -> ModuleType:
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))  # as when the scripts run: siblings import each other
-    spec = importlib.util.spec_from_file_location(f"ffbenchr_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(name, prefix="ffbenchr")
 
 
 @pytest.fixture(scope="module")
