@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from flashfeed import storage
 from flashfeed.dataset import Dataset
 from flashfeed.manifest import ShardInfo
 from flashfeed.storage import RetryPolicy
@@ -25,6 +26,7 @@ from flashfeed.units import format_size, parse_size
 from .ahead import FetchAhead
 from .aimd import AdaptiveLimit
 from .copies import ShardCopies
+from .directget import warm_client
 from .errors import CacheCapacityError
 from .handle import CacheHandle
 from .hints import ReadHints
@@ -163,7 +165,19 @@ class ShardCache:
         sweep_dead_parts(d)
         with self._lock:
             self._dirs[id(dataset.manifest)] = (dataset.manifest, d)
+        self._warm_client(dataset)
         return d
+
+    def _warm_client(self, dataset: Dataset) -> None:
+        """Set up the S3 client of the fills in the background as soon as a dataset on S3
+        is known: the first fill then starts with its client ready."""
+        if not dataset.url.startswith(("s3://", "s3a://")):
+            return
+        opts = self.storage_options
+        fs, _ = storage.filesystem(
+            dataset.url, opts if opts is not None else dataset.storage_options
+        )
+        warm_client(fs, connections=self.limit.maximum)
 
     def _resolve(self, dataset: Dataset, shard: int | ShardInfo) -> tuple[DatasetDir, int]:
         d = self._register(dataset)

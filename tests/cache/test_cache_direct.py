@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flashfeed import storage
-from flashfeed.cache.directget import reader_for
+from flashfeed.cache.directget import SignedObject, reader_for
 from flashfeed.cache.ranged import is_retryable, is_throttle
 
 from support.slowproxy import SlowProxy
@@ -46,6 +46,21 @@ def test_ranges_are_read_into_the_buffer_given(s3_prefix):
     obj.read_into(100, 110, memoryview(again))
     assert bytes(again) == data[100:110]
     assert obj.read() == data
+
+
+def test_signed_gets_on_keys_that_need_encoding_in_reused_chunks(s3_prefix):
+    data = np.random.default_rng(3).bytes(2_500_000)
+    for name in ("a b+c=d.tar", "ü/~x(1)&y.idx"):
+        url = f"{s3_prefix}/{name}"
+        storage.write_bytes(url, data)
+        fs, path = storage.filesystem(url)
+        obj = reader_for(fs, path, connections=2)
+        assert isinstance(obj, SignedObject)  # an endpoint URL: the signed path
+        buffer = memoryview(bytearray(1 << 20))
+        got = [bytes(c) for c in obj.chunks(1000, 2_400_000, buffer)]
+        assert [len(c) for c in got] == [1 << 20, 1 << 20, 2_399_000 - (2 << 20)]
+        assert b"".join(got) == data[1000:2_400_000]
+        assert obj.read() == data
 
 
 def test_errors_read_like_the_ones_s3fs_raises(s3_prefix, s3_store, proxy):
