@@ -9,9 +9,8 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import xxhash
@@ -23,7 +22,7 @@ from flashfeed.manifest import ShardInfo
 from flashfeed.units import format_size
 from flashfeed.wdsindex import parse_index
 
-from .directget import DirectObject, reader_for
+from .directget import DirectObject, SignedObject, reader_for
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
 from .locks import locked
@@ -32,7 +31,7 @@ from .progress import FillProgress, live_path
 from .ranged import FetchReport, RangedFetcher
 from .space import space_lock
 
-__all__ = ["OrderedHasher", "file_checksum", "fill_shard"]
+__all__ = ["CHUNK", "OrderedHasher", "block_size", "file_checksum", "fill_shard"]
 
 Reserve = Callable[[int, str], int]
 
@@ -47,11 +46,19 @@ def file_checksum(path: str) -> str:
             return storage.checksum(memoryview(m))
 
 
-# MADV_POPULATE_WRITE (Linux 5.14+): 23 on x86-64 and arm64; Python names it from 3.13
-_LINUX_POPULATE = (
-    23 if sys.platform == "linux" and os.uname().machine in ("x86_64", "aarch64") else None
-)
-_POPULATE: int | None = getattr(mmap, "MADV_POPULATE_WRITE", _LINUX_POPULATE)
+#: bytes read from a response body at a time: small enough to stay in the CPU's cache
+#: between the socket copy, the hash and the write, large enough to keep calls few
+CHUNK = 1 << 20
+
+_BUFFERS = threading.local()
+
+
+def _buffer(size: int) -> memoryview:
+    """This thread's reused receive buffer (a fetch thread lives as long as its cache)."""
+    view: memoryview | None = getattr(_BUFFERS, "view", None)
+    if view is None or len(view) < size:
+        view = _BUFFERS.view = memoryview(bytearray(max(size, CHUNK)))
+    return view[:size]
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -63,23 +70,40 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 class OrderedHasher:
-    """The manifest checksum of parts that arrive out of order, hashed in order as soon as
-    they are contiguous: the bytes are checked in transit, without reading the file back.
-    Holds at most the parts that arrived ahead of a slower one."""
+    """The manifest checksum of a shard whose parts land out of order, checked in transit.
 
-    def __init__(self) -> None:
+    ``add(offset, chunk)`` follows each write: a chunk that continues the hashed prefix is
+    hashed then and there, from the receive buffer. ``landed(start, end)`` follows a whole
+    part: what of it was not hashed in transit (it arrived ahead of a slower part) is hashed
+    from the file through ``read(start, end)`` once the prefix reaches it. Nothing is held
+    in memory, and the file is read back only for parts that overtook another."""
+
+    def __init__(self, read: Callable[[int, int], Iterable[bytes | memoryview]]) -> None:
         self._hash = xxhash.xxh3_128()
+        self._read = read
         self._next = 0
-        self._waiting: dict[int, bytes | memoryview] = {}
+        self._waiting: dict[int, int] = {}
         self._lock = threading.Lock()
 
-    def add(self, offset: int, data: bytes | memoryview) -> None:
+    def add(self, offset: int, data: bytes | memoryview) -> bool:
+        """``data`` was written at ``offset``; True if it was hashed now."""
         with self._lock:
-            self._waiting[offset] = data
+            if offset != self._next:
+                return False
+            self._hash.update(data)
+            self._next += len(data)
+            return True
+
+    def landed(self, start: int, end: int) -> None:
+        """Every byte of ``[start, end)`` is in the file."""
+        with self._lock:
+            if self._next < end:
+                self._waiting[max(start, self._next)] = end
             while self._next in self._waiting:
-                chunk = self._waiting.pop(self._next)
-                self._hash.update(chunk)
-                self._next += len(chunk)
+                stop = self._waiting.pop(self._next)
+                for chunk in self._read(self._next, stop):
+                    self._hash.update(chunk)
+                self._next = stop
 
     def drop_pending(self) -> None:
         """Forget the parts waiting for a slower one (a fill that failed)."""
@@ -93,40 +117,86 @@ class OrderedHasher:
             return storage.CHECKSUM_PREFIX + self._hash.hexdigest()
 
 
+class _FileBytes:
+    """Ranges of the part file, read back through one memory map made on first use
+    (cheaper here than copying them out with ``pread``: the pages are in memory)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd, self._size = fd, size
+        self._map: mmap.mmap | None = None
+
+    def __call__(self, start: int, end: int) -> Iterator[memoryview]:
+        if self._map is None:
+            self._map = mmap.mmap(self._fd, self._size, access=mmap.ACCESS_READ)
+        with memoryview(self._map) as view:
+            for at in range(start, end, CHUNK):
+                with view[at : min(at + CHUNK, end)] as chunk:
+                    yield chunk
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+
+
+class _Landed:
+    """What a part's fetch returns when its bytes went straight to the file."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def block_size(part_size: int) -> int:
+    """The span of one progress mark: a chunk where parts are whole chunks, else a part."""
+    return CHUNK if part_size % CHUNK == 0 else part_size
+
+
 def _fetch_to(
     fetcher: RangedFetcher,
     dataset: Dataset,
     info: ShardInfo,
     fd: int,
     opts: dict[str, Any] | None,
-    meanwhile: Callable[[FetchReport], None] | None = None,
-    hasher: OrderedHasher | None = None,
+    meanwhile: Callable[[FetchReport], None] | None,
+    hasher: OrderedHasher,
     progress: FillProgress | None = None,
     priority: PartPriority | None = None,
 ) -> FetchReport:
     url = dataset.shard_url(info)
     fs, path = storage.filesystem(url, opts)
     direct = _direct(url, fs, path, fetcher) if info.bytes > 0 else None
-    mapped = _Mapped(fd, info.bytes) if direct is not None else None
+    chunk = min(CHUNK, fetcher.part_size)
 
-    def fetch(start: int, end: int) -> bytes | memoryview:
-        if mapped is not None and direct is not None:
-            mapped.populate(start, end)
-            part = mapped.view[start:end]
-            direct.read_into(start, end, part)  # from the socket straight into the part file
-            return part
-        return fs.cat_file(path, start=start, end=end)
-
-    def write(offset: int, data: bytes | memoryview) -> None:
-        if mapped is None:
-            _pwrite_all(fd, data, offset)
-        if hasher is not None:
-            hasher.add(offset, data)
+    def landed(start: int, end: int) -> None:
         if progress is not None:
-            progress.part_done(offset)
+            progress.written(start, end)
 
+    def fetch(start: int, end: int) -> bytes | memoryview | _Landed:
+        if direct is None:
+            return fs.cat_file(path, start=start, end=end)
+        at = start  # each chunk: socket -> reused buffer -> hash (when in order) -> file
+        for part in direct.chunks(start, end, _buffer(chunk)):
+            _pwrite_all(fd, part, at)
+            hasher.add(at, part)
+            landed(at, at + len(part))
+            at += len(part)
+        return _Landed(end - start)
+
+    def write(offset: int, data: bytes | memoryview | _Landed) -> None:
+        if not isinstance(data, _Landed):
+            _pwrite_all(fd, data, offset)
+            hasher.add(offset, data)
+        hasher.landed(offset, offset + len(data))
+        landed(offset, offset + len(data))
+
+    # in need order the index comes first: it ranks the parts before any is queued
+    first, later = (meanwhile, None) if priority is not None else (None, meanwhile)
     try:
-        return fetcher.fetch_into(fetch, info.bytes, write, meanwhile=meanwhile, priority=priority)
+        return fetcher.fetch_into(
+            fetch, info.bytes, write, meanwhile=later, before=first, priority=priority
+        )
     except (FlashfeedError, CacheFullError):
         raise
     except FileNotFoundError:
@@ -146,44 +216,15 @@ def _fetch_to(
             f"{storage.redact(f'{type(exc).__name__}: {exc}')} (retries exhausted)"
         ) from None
     finally:
-        if hasher is not None:
-            hasher.drop_pending()
-        if mapped is not None:
-            mapped.close()
+        hasher.drop_pending()
 
 
-def _direct(url: str, fs: Any, path: str, fetcher: RangedFetcher) -> DirectObject | None:
+def _direct(
+    url: str, fs: Any, path: str, fetcher: RangedFetcher
+) -> SignedObject | DirectObject | None:
     if not url.startswith(("s3://", "s3a://")):
         return None
     return reader_for(fs, path, connections=fetcher.limit.maximum)
-
-
-class _Mapped:
-    """The part file (reserved to its full size) mapped for writing: parts are read into
-    it directly, and hashed from it."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        self._map = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
-        self.view = memoryview(self._map)
-
-    def populate(self, start: int, end: int) -> None:
-        """Fault in the pages of ``[start, end)`` in one call before a part is read into
-        them (MADV_POPULATE_WRITE), rather than one fault per page during the copy."""
-        global _POPULATE
-        if _POPULATE is None:
-            return
-        lo = start - start % mmap.PAGESIZE
-        try:
-            self._map.madvise(_POPULATE, lo, end - lo)
-        except OSError:  # a kernel before 5.14: faults as usual
-            _POPULATE = None
-
-    def close(self) -> None:
-        try:
-            self.view.release()
-            self._map.close()
-        except BufferError:  # a part still referenced: unmapped when it is collected
-            pass
 
 
 def _fetch_index(
@@ -264,7 +305,7 @@ def fill_shard(
                 part=part,
                 index_part=idx_part if index_url is not None else None,
                 size=info.bytes,
-                part_size=fetcher.part_size,
+                block=block_size(fetcher.part_size),
             )
 
         def fetch_index(report: FetchReport) -> None:
@@ -281,12 +322,14 @@ def fill_shard(
                     _write_new(idx_part, index[0])
                     progress.index_ready()
 
-        hasher = OrderedHasher()
+        file_bytes = _FileBytes(fd, info.bytes)
+        hasher = OrderedHasher(file_bytes)
         try:
             report = _fetch_to(
                 fetcher, dataset, info, fd, opts, fetch_index, hasher, progress, priority
             )
         finally:
+            file_bytes.close()
             os.close(fd)
         got = hasher.checksum(info.bytes)
         if got != info.checksum:

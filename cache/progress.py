@@ -1,9 +1,10 @@
 """Fills in progress, visible to every process on the node: which parts have arrived.
 
 While a fill runs, ``<dataset dir>/.parts/<i>.live`` names its part files (a JSON line),
-then holds one byte for the index and one per part, set to 1 once written. A reader maps
-the part file (reserved to the shard's full size) and reads a sample once the parts under
-it are marked: samples are served while the rest of the shard is still arriving. The shard
+then holds one byte for the index and one per block (a fixed span, a chunk of the GETs'
+bodies), set to 1 once written. A reader maps the part file (reserved to the shard's full
+size) and reads a sample once the blocks under it are marked: samples are served while the
+rest of the shard is still arriving. The shard
 is published as cached only by the fill's rename after its checksum matched; the live file
 is removed when the fill ends, either way, and a dead fill's live file is swept with its
 parts (it is bookkeeping: not counted as cached bytes).
@@ -29,14 +30,15 @@ class FillProgress:
     """The writer's side: created by the process holding the shard's fill lock."""
 
     def __init__(
-        self, path: str, *, part: str, index_part: str | None, size: int, part_size: int
+        self, path: str, *, part: str, index_part: str | None, size: int, block: int
     ) -> None:
-        if part_size <= 0:
-            raise ValueError(f"part_size must be > 0, got {part_size}")
+        if block <= 0:
+            raise ValueError(f"block must be > 0, got {block}")
         self.path = path
-        self.part_size = part_size
-        parts = -(-size // part_size)
-        meta = {"part": part, "index": index_part, "size": size, "part_size": part_size}
+        self.block = block
+        self.size = size
+        parts = -(-size // block)
+        meta = {"part": part, "index": index_part, "size": size, "block": block}
         head = json.dumps(meta).encode() + b"\n"
         if len(head) > _HEADER:
             raise ValueError(f"part path too long for a progress header: {part!r}")
@@ -53,8 +55,12 @@ class FillProgress:
     def index_ready(self) -> None:
         self._mark(self._flags)
 
-    def part_done(self, offset: int) -> None:
-        self._mark(self._flags + 1 + offset // self.part_size)
+    def written(self, start: int, end: int) -> None:
+        """Bytes ``[start, end)`` are in the part file: mark the blocks they cover whole."""
+        first = -(-start // self.block)
+        last = end // self.block if end < self.size else -(-self.size // self.block)
+        if last > first and self._fd is not None:
+            os.pwrite(self._fd, b"\x01" * (last - first), self._flags + 1 + first)
 
     def _mark(self, at: int) -> None:
         if self._fd is not None:
@@ -82,7 +88,7 @@ class FillView:
         self.part: str = meta["part"]
         self.index_part: str | None = meta["index"]
         self.size = int(meta["size"])
-        self.part_size = int(meta["part_size"])
+        self.block = int(meta["block"])
 
     @classmethod
     def open(cls, path: str) -> FillView | None:
@@ -109,7 +115,7 @@ class FillView:
         """True when every byte of ``[start, end)`` has been written to the part file."""
         if end <= start:
             return True
-        first, last = start // self.part_size, (end - 1) // self.part_size
+        first, last = start // self.block, (end - 1) // self.block
         marks = os.pread(self._fd, last - first + 1, self._flags + 1 + first)
         return len(marks) == last - first + 1 and marks.count(1) == len(marks)
 

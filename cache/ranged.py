@@ -12,8 +12,9 @@ import errno
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
+from typing import TypeVar
 
 from flashfeed.storage import RetryPolicy, is_transient
 
@@ -22,8 +23,8 @@ from .needorder import SPECULATIVE, PartQueue
 
 __all__ = ["FetchReport", "RangedFetcher", "is_retryable", "is_throttle", "split_ranges"]
 
-Fetch = Callable[[int, int], bytes | memoryview]
-Write = Callable[[int, bytes | memoryview], None]
+#: what a part's fetch returns: its bytes, or a stand-in for bytes already landed
+Data = TypeVar("Data", bound=Sized)
 
 _THROTTLE_MARKERS = (
     "SlowDown",
@@ -109,12 +110,12 @@ class RangedFetcher:
 
     def call(
         self,
-        fn: Callable[[], bytes | memoryview],
+        fn: Callable[[], Data],
         report: FetchReport,
         expect: int = -1,
         gated: bool = True,
         held: bool = False,
-    ) -> bytes | memoryview:
+    ) -> Data:
         """One request, retried with backoff and jitter while retryable.
 
         ``gated`` requests count against the adaptive limit (``held``: the caller already
@@ -161,11 +162,12 @@ class RangedFetcher:
 
     def fetch_into(
         self,
-        fetch: Fetch,
+        fetch: Callable[[int, int], Data],
         size: int,
-        write: Write,
+        write: Callable[[int, Data], None],
         *,
         meanwhile: Callable[[FetchReport], None] | None = None,
+        before: Callable[[FetchReport], None] | None = None,
         priority: Callable[[int], float] | None = None,
     ) -> FetchReport:
         """Read ``[0, size)`` with ``fetch`` and hand each part to ``write(offset, data)``.
@@ -173,11 +175,15 @@ class RangedFetcher:
         ``priority(offset)`` ranks the part at ``offset`` among the parts of every object
         in flight (lower first; asked again each time a thread picks a part, so it may
         change while the part waits). ``meanwhile(report)`` runs in the calling thread
-        while the parts download (the shard's index, say). Raises the first part's final
-        error (after its retries), the other parts stop; then any error of ``meanwhile``.
+        while the parts download (the shard's index, say); ``before(report)`` runs first,
+        before any part is queued (an index that sets the parts' priorities). Raises the
+        first part's final error (after its retries), the other parts stop; then any
+        error of ``meanwhile``.
         """
         report = FetchReport()
         start = time.monotonic()
+        if before is not None:
+            before(report)
         rank = priority or (lambda offset: SPECULATIVE)
         ranges = split_ranges(size, self.part_size)
         errors: list[BaseException] = []

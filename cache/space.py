@@ -59,12 +59,21 @@ def space_lock(root: str) -> str:
     return os.path.join(make_private_dir(os.path.join(root, ".locks")), "space.lock")
 
 
-def scan(root: str) -> tuple[list[tuple[DatasetDir, CachedEntry]], int]:
-    """Every complete entry, and the bytes used (entries + part files of live fills)."""
+def scan(
+    root: str, *, sweep: bool = True, known: dict[str, DatasetDir] | None = None
+) -> tuple[list[tuple[DatasetDir, CachedEntry]], int]:
+    """Every complete entry, and the bytes used (entries + part files of fills).
+
+    ``sweep`` first removes the part files of dead fills (a lock tried per part file);
+    without it they still count as used. ``known`` keeps the dataset directories between
+    scans (keyed by name), so each dataset's manifest is read once, not at every scan."""
     entries = []
     used = 0
     for d in list_dataset_dirs(root):
-        sweep_dead_parts(d)
+        if known is not None:
+            d = known.setdefault(d.key, d)
+        if sweep:
+            sweep_dead_parts(d)
         used += d.part_bytes()
         for e in d.entries():
             entries.append((d, e))
@@ -201,10 +210,11 @@ class SpaceManager:
         self.next_use = next_use
         self.timeout = timeout
         self.lock_path = space_lock(root)
+        self._known: dict[str, DatasetDir] = {}
 
-    def scan(self) -> tuple[list[tuple[DatasetDir, CachedEntry]], int]:
-        """Every complete entry, and the bytes used (entries + part files of live fills)."""
-        return scan(self.root)
+    def scan(self, *, sweep: bool = True) -> tuple[list[tuple[DatasetDir, CachedEntry]], int]:
+        """Every complete entry, and the bytes used (entries + part files of fills)."""
+        return scan(self.root, sweep=sweep, known=self._known)
 
     def used_bytes(self) -> int:
         with locked(self.lock_path):
@@ -224,7 +234,11 @@ class SpaceManager:
             later_than = None  # not in a known order: plain LRU
         while True:
             with locked(self.lock_path):
-                entries, used = self.scan()
+                # parts left by dead fills are swept only when room is short: a scan that
+                # fits needs no lock tried per part file in flight
+                entries, used = self.scan(sweep=False)
+                if used + need > self.capacity:
+                    entries, used = self.scan()
                 if used + need > self.capacity:
                     amount = used + need - self.capacity
                     used -= self._evict(entries, amount, (d.key, shard), later_than)

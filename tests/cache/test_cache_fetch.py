@@ -201,11 +201,30 @@ def test_parts_hashed_in_transit_in_any_arrival_order():
     data = np.random.default_rng(2).bytes(100_000)
     parts = split_ranges(len(data), 7_000)
     for seed in range(3):
-        hasher = OrderedHasher()
-        for lo, hi in np.random.default_rng(seed).permutation(parts).tolist():
-            hasher.add(lo, data[lo:hi])
+        read_back: list[tuple[int, int]] = []
+
+        def from_file(lo: int, hi: int, read_back: list = read_back) -> list[bytes]:
+            read_back.append((lo, hi))
+            return [data[lo:hi]]
+
+        hasher = OrderedHasher(from_file)
+        order = np.random.default_rng(seed).permutation(parts).tolist()
+        in_transit = 0
+        for lo, hi in order:
+            for at in range(lo, hi, 2_000):  # the chunks of a part, as they are written
+                in_transit += hasher.add(at, data[at : min(at + 2_000, hi)]) * min(2_000, hi - at)
+            hasher.landed(lo, hi)
         assert hasher.checksum(len(data)) == storage.checksum(data)
-    partial = OrderedHasher()
+        # only what overtook a slower part was read back, each byte once
+        assert in_transit + sum(hi - lo for lo, hi in read_back) == len(data)
+        assert in_transit >= order[0][1] - order[0][0] or order[0][0] != 0
+    in_order = OrderedHasher(lambda lo, hi: pytest.fail("nothing to read back"))
+    for lo, hi in parts:
+        in_order.add(lo, data[lo:hi])
+        in_order.landed(lo, hi)
+    assert in_order.checksum(len(data)) == storage.checksum(data)
+    partial = OrderedHasher(lambda lo, hi: [data[lo:hi]])
     partial.add(7_000, data[7_000:14_000])
+    partial.landed(7_000, 14_000)
     with pytest.raises(RuntimeError, match="missing"):
         partial.checksum(len(data))
