@@ -119,8 +119,11 @@ class Loader(PlannedLoader):
     def _run(self, order: PassOrder) -> Generator[Batch, None, None]:
         feeder = self.stream(order, lookahead=self.prefetch + 1)
         try:
-            storage = feeder.wait_ready(0)
+            # the first batches' fetches start, then the pipeline builds while they run: a
+            # built pipeline takes no sample before the first run(), after wait_ready(0)
+            feeder.ask(0)
             startup = self.runner.start(order) if order.num_batches else 0.0
+            storage = feeder.wait_ready(0)
             yield from self._deliver_batches(
                 order, feeder, lambda k: self._make(startup if k == 0 else 0.0), storage=storage
             )

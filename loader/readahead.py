@@ -88,17 +88,23 @@ class StreamFeeder:
             source.set_future(self.order)
 
     # -- the consumer's side ----------------------------------------------------------------
+    def ask(self, k: int) -> int:
+        """Start fetching the shards of batches up to ``k + lookahead`` without waiting
+        (a loader builds its pipeline meanwhile); the last batch asked for."""
+        limit = min(k + self.lookahead, self.pass_order.num_batches - 1)
+        while self._pos < len(self.order) and self.first_batch[self._pos] <= limit:
+            self._need(self.order[self._pos])
+            self._pos += 1
+        self._hinted = max(self._hinted, self._pos)
+        return limit
+
     def wait_ready(self, k: int) -> float:
         """Make the samples of batches up to ``k + lookahead`` readable.
 
         Returns the seconds spent blocked on bytes that had not arrived: looking up,
         verifying or opening shards already on local storage is not a storage wait."""
         self._k = k
-        limit = min(k + self.lookahead, self.pass_order.num_batches - 1)
-        while self._pos < len(self.order) and self.first_batch[self._pos] <= limit:
-            self._need(self.order[self._pos])
-            self._pos += 1
-        self._hinted = max(self._hinted, self._pos)
+        limit = self.ask(k)
         blocked = 0.0
         while self._next_batch <= limit:
             blocked += self._wait_batch(self._next_batch)
