@@ -1,0 +1,163 @@
+"""Signed GETs of our own on an S3-compatible endpoint: the lean way a fill reads.
+
+One keep-alive ``http.client`` connection per thread and server, and a SigV4 signature
+computed here (``sigv4.py``): a few microseconds a request, where an SDK client spends
+milliseconds in its event hooks, the larger part of a fill's CPU with many parts in
+flight. Used for endpoints given by URL (SeaweedFS, MinIO, any S3-compatible store); AWS
+itself, where the bucket's region and addressing are botocore's business, is not.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import ssl
+import threading
+from typing import Any
+from urllib.parse import urlsplit
+
+from .rangedbody import Body, RangedObject, http_error
+from .sigv4 import s3_get_headers, s3_path
+
+__all__ = ["Endpoint", "SignedObject"]
+
+
+class _HttpBody:
+    def __init__(self, response: http.client.HTTPResponse, conn: _Connections, key: Any) -> None:
+        self.response, self.conn, self.key = response, conn, key
+
+    def readinto(self, view: memoryview) -> int:
+        return self.response.readinto(view)
+
+    def done(self) -> None:
+        self.response.read()  # nothing left: the connection is ready for the next GET
+
+    def abort(self) -> None:
+        self.response.close()
+        self.conn.drop(self.key)
+
+
+class _Connections(threading.local):
+    """One keep-alive connection per thread and server."""
+
+    def __init__(self) -> None:
+        self.open: dict[Any, http.client.HTTPConnection] = {}
+
+    def get(self, key: tuple[str, str, int, bool, float]) -> http.client.HTTPConnection:
+        conn = self.open.get(key)
+        if conn is None:
+            scheme, host, port, verify, timeout = key
+            if scheme == "https":
+                context = ssl.create_default_context()
+                if not verify:
+                    context.check_hostname = False
+                    context.verify_mode = ssl.CERT_NONE
+                conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+            else:
+                conn = http.client.HTTPConnection(host, port, timeout=timeout)
+            self.open[key] = conn
+        return conn
+
+    def drop(self, key: Any) -> None:
+        conn = self.open.pop(key, None)
+        if conn is not None:
+            conn.close()
+
+
+_CONNECTIONS = _Connections()
+_CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+
+
+class SignedObject(RangedObject):
+    """One object on an S3-compatible endpoint, read with signed GETs of our own."""
+
+    def __init__(self, endpoint: Endpoint, path: str) -> None:
+        self.endpoint = endpoint
+        self.path = path
+        bucket, key = path.split("/", 1)
+        self._url_path = s3_path(bucket, key)
+
+    def _open(self, start: int | None, end: int | None) -> tuple[Body, int]:
+        ep = self.endpoint
+        extra = {} if start is None or end is None else {"range": f"bytes={start}-{end - 1}"}
+        for attempt in (0, 1):
+            conn = _CONNECTIONS.get(ep.key)
+            reused = conn.sock is not None
+            headers = s3_get_headers(
+                host=ep.host_header, path=self._url_path, region=ep.region, extra=extra,
+                **ep.credentials(),
+            )  # fmt: skip
+            try:
+                conn.request("GET", self._url_path, headers=headers)
+                response = conn.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                _CONNECTIONS.drop(ep.key)
+                if reused and attempt == 0:
+                    continue  # the server closed the idle connection: once more, on a new one
+                raise
+            except BaseException:
+                _CONNECTIONS.drop(ep.key)
+                raise
+            break
+        if response.status not in (200, 206):
+            body = response.read(4096)
+            response.close()
+            _CONNECTIONS.drop(ep.key)
+            found = _CODE.search(body)
+            code = found.group(1).decode(errors="replace") if found else str(response.status)
+            raise http_error(response.status, code, response.reason, self.path)
+        length = int(response.getheader("content-length") or -1)
+        return _HttpBody(response, _CONNECTIONS, ep.key), length
+
+
+class Endpoint:
+    """Where and as whom the signed GETs go."""
+
+    def __init__(self, url: str, *, region: str, verify: bool, timeout: float,
+                 key: str | None, secret: str | None, token: str | None) -> None:  # fmt: skip
+        parts = urlsplit(url)
+        scheme = parts.scheme or "http"
+        default = 443 if scheme == "https" else 80
+        host = parts.hostname or ""
+        port = parts.port or default
+        shown = f"[{host}]" if ":" in host else host
+        self.host_header = shown if port == default else f"{shown}:{port}"
+        self.key = (scheme, host, port, verify, timeout)
+        self.region = region
+        self._static = None if key is None else {"access_key": key, "secret_key": secret or "",
+                                                 "token": token}  # fmt: skip
+        self._chain: Any = None
+
+    def credentials(self) -> dict[str, Any]:
+        if self._static is not None:
+            return self._static
+        frozen = self._chain.get_frozen_credentials()  # refreshed by botocore when due
+        return {"access_key": frozen.access_key, "secret_key": frozen.secret_key,
+                "token": frozen.token}  # fmt: skip
+
+    @classmethod
+    def build(cls, settings: dict[str, Any]) -> Endpoint | None:
+        """The endpoint of these client settings, or None where botocore must decide
+        (no endpoint URL, one with a path, options of its own, no credentials found)."""
+        kwargs = settings["client_kwargs"]
+        url = kwargs.get("endpoint_url")
+        config = settings["config_kwargs"]
+        if not url or set(config) - {"connect_timeout", "read_timeout", "retries"}:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query:
+            return None
+        timeout = float(max(config.get("connect_timeout", 60), config.get("read_timeout", 60)))
+        region = (kwargs.get("region_name") or os.environ.get("AWS_REGION")
+                  or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")  # fmt: skip
+        verify = kwargs.get("verify", True) is not False
+        ep = cls(url, region=region, verify=verify, timeout=timeout, key=settings["key"],
+                 secret=settings["secret"], token=settings["token"])  # fmt: skip
+        if settings["key"] is None:
+            import botocore.session
+
+            ep._chain = botocore.session.get_session().get_credentials()
+            if ep._chain is None:
+                return None
+        return ep
