@@ -7,9 +7,10 @@
   read cold       GB/s reading them from the device: page cache dropped
                   (``/proc/sys/vm/drop_caches`` when permitted, else per-file
                   ``posix_fadvise(DONTNEED)``, else O_DIRECT); the JSON names the method
-  S3 GET          GB/s of parallel ranged GETs from a private SeaweedFS server, bytes dropped
-                  on arrival (no disk, no checksum), in the cache's own shape: its default
-                  part size and GETs in flight (``CacheOptions``), several rounds
+  S3 GET          GB/s of parallel ranged GETs from a private SeaweedFS server through the
+                  reader a cache fill uses, bytes dropped on arrival (no disk, no
+                  checksum), in the cache's own shape: its default part size and GETs in
+                  flight (``CacheOptions``), several rounds
 
 The decode ceiling (the Loader's DALI pipeline fed from RAM) comes from benchmarks/loader.py
 in the same run; the PUT limit of ingest from benchmarks/ingest.py (same server as the run).
@@ -29,13 +30,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["drop_page_cache", "memcpy_gbps", "read_gbps", "s3_get_gbps"]
+__all__ = ["drop_page_cache", "memcpy_gbps", "ranged_get", "read_gbps", "s3_get_gbps"]
 
 _CHUNK = 4 << 20
 
@@ -129,10 +131,34 @@ def read_gbps(files: list[Path], *, direct: bool = False) -> float:
     return total / secs / 1e9
 
 
+def ranged_get(concurrency: int) -> Callable[[tuple[Any, str, int, int]], int]:
+    """``one((fs, path, lo, hi))``: GET those bytes the way a cache fill does (the product's
+    own reader: signed GETs or botocore, read in chunks into a reused buffer) and drop
+    them; through s3fs where that reader does not apply. The bytes received."""
+    import threading
+
+    from flashfeed.cache.directget import reader_for
+    from flashfeed.cache.fill import CHUNK
+
+    buffers = threading.local()
+
+    def one(job: tuple[Any, str, int, int]) -> int:
+        fs, path, lo, hi = job
+        reader = reader_for(fs, path, connections=concurrency)
+        if reader is None:
+            return len(fs.cat_file(path, start=lo, end=hi))
+        if not hasattr(buffers, "view"):
+            buffers.view = memoryview(bytearray(CHUNK))
+        return sum(len(c) for c in reader.chunks(lo, hi, buffers.view))
+
+    return one
+
+
 def s3_get_gbps(
     *, objects: int, object_size: int, part_size: int, concurrency: int, rounds: int
 ) -> list[float]:
-    """Per round: GB/s of every object's ranged GETs, ``concurrency`` at a time."""
+    """Per round: GB/s of every object's ranged GETs, ``concurrency`` at a time, through
+    the reader a cache fill uses (``ranged_get``), bytes dropped on arrival."""
     from flashfeed import storage
     from flashfeed.cache.ranged import split_ranges
     from flashfeed.store import EmbeddedStore
@@ -152,9 +178,7 @@ def s3_get_gbps(
             fs, path = storage.filesystem(u, opts)
             jobs += [(fs, path, lo, hi) for lo, hi in split_ranges(object_size, part_size)]
 
-        def one(job: tuple[Any, str, int, int]) -> int:
-            fs, path, lo, hi = job
-            return len(fs.cat_file(path, start=lo, end=hi))
+        one = ranged_get(concurrency)
 
         out = []
         with ThreadPoolExecutor(concurrency) as pool:
