@@ -157,8 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     shard_counts = {s: shardwriter_layout(files, layouts[s], s) for s in sizes}
     peer_dirs, missing = convert_peers(files, work / "peers", args.threads)
     images = len(files)
-    ram = files[: 40 * BATCH]
-    jpegs, labels = [f.read_bytes() for f, _ in ram], [c for _, c in ram]
+    # the ceiling decodes the very images the epochs decode (all of them, from RAM): a
+    # subset of other sizes made a hot epoch on 128 MiB shards read 102% of it
+    jpegs, labels = [f.read_bytes() for f, _ in files], [c for _, c in files]
     thr = args.threads
     scratch = Path(tempfile.mkdtemp(prefix="fftarget-", dir="/tmp"))
     store = EmbeddedStore(scratch / "store")
