@@ -37,7 +37,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["drop_page_cache", "memcpy_gbps", "ranged_get", "read_gbps", "s3_get_gbps"]
+__all__ = [
+    "download",
+    "drop_page_cache",
+    "memcpy_gbps",
+    "ranged_get",
+    "read_gbps",
+    "s3_get_gbps",
+]
 
 _CHUNK = 4 << 20
 
@@ -152,6 +159,54 @@ def ranged_get(concurrency: int) -> Callable[[tuple[Any, str, int, int]], int]:
         return sum(len(c) for c in reader.chunks(lo, hi, buffers.view))
 
     return one
+
+
+def download(url: str, dest: Path) -> int:
+    """Every object under ``url`` into files under ``dest`` the plainest way a cache could:
+    ranged GETs in the cache's own shape (part size, GETs in flight) through the fill's
+    reader, each chunk written where it belongs; no checksum, no progress marks, no index,
+    no need order. The bytes landed. What any cold loader must at least pay for its bytes:
+    the cold-start ceiling runs it beside a local epoch (benchmarks/targets.py)."""
+    import threading
+
+    from flashfeed import storage
+    from flashfeed.cache.directget import reader_for
+    from flashfeed.cache.fill import CHUNK
+    from flashfeed.cache.ranged import split_ranges
+
+    part, concurrency = cache_fetch_shape()
+    fs, root = storage.filesystem(url)
+    dest.mkdir(parents=True, exist_ok=True)
+    jobs: list[tuple[str, int, int, int]] = []
+    fds = []
+    for info in fs.find(root, detail=True).values():
+        name = info["name"]
+        fd = os.open(dest / name.replace("/", "_"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fds.append(fd)
+        jobs += [(name, fd, lo, hi) for lo, hi in split_ranges(int(info["size"]), part)]
+    buffers = threading.local()
+
+    def one(job: tuple[str, int, int, int]) -> int:
+        name, fd, lo, hi = job
+        if not hasattr(buffers, "view"):
+            buffers.view = memoryview(bytearray(CHUNK))
+        reader = reader_for(fs, name, connections=concurrency)
+        if reader is None:
+            return os.pwrite(fd, fs.cat_file(name, start=lo, end=hi), lo)
+        at = lo
+        for chunk in reader.chunks(lo, hi, buffers.view):
+            done = 0
+            while done < len(chunk):
+                done += os.pwrite(fd, chunk[done:], at + done)
+            at += done
+        return at - lo
+
+    try:
+        with ThreadPoolExecutor(concurrency) as pool:
+            return sum(pool.map(one, jobs))
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def s3_get_gbps(

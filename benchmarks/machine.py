@@ -80,3 +80,18 @@ def machine_info() -> dict[str, Any]:
         "loadavg": list(os.getloadavg()),
         "gpu": os.environ.get("FLASHFEED_BENCH_GPU") or "none",
     }
+
+
+def cpu_steal() -> tuple[float, float]:
+    """(steal, total) CPU seconds of this machine since boot (``/proc/stat``; zeros where
+    it cannot be read): the time a virtual machine's CPUs were runnable but the host ran
+    something else. Two readings bracket a run; a share above a few percent means the run
+    was disturbed from outside."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    steal = fields[7] if len(fields) > 7 else 0
+    return steal / tick, sum(fields[:8]) / tick

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -136,7 +137,31 @@ def targets_section(result: dict[str, Any]) -> str:
         "`benchmarks/targets.py`, run in `.bench-venv` beside litdata and mosaicml-streaming "
         "reading from the same SeaweedFS (which shares the 2 cores). Ratios are of medians, "
         "with the min-max of per-round ratios; the best cold peer is the fastest cold peer "
-        "of the run.\n\n" + table
+        "of the run.\n\n"
+        "The cold epoch's ceiling is measured in the same rounds: the local first epoch while "
+        "a plain download of the same shards from the same server runs beside it (the fill's "
+        "GET reader in the cache's part size and GETs in flight, each chunk written to a "
+        "file; no checksum, no progress marks, no need order), timed from `Loader(...)` to "
+        "whichever ends last. A cold loader with a disk cache pays at least that download on "
+        "the same 2 cores, so it bounds the cold epoch, and a cold epoch above its best round "
+        "is refused. On this VM, landing bytes in pages the guest has not touched lately costs "
+        "about 5 us per 4 KiB page (the host faults them in; freed memory goes back to the "
+        "host within seconds), about 1 CPU-second per 256 MiB, on top of the server's and the "
+        "client's CPU for the GETs: the download alone takes most of the 5% that the "
+        "cold-vs-local target leaves.\n\n" + _steal_line(data) + table
+    )
+
+
+def _steal_line(data: dict[str, Any]) -> str:
+    """How much CPU the host took from this VM during the runs (``/proc/stat`` steal)."""
+    shares = [x for v in (data.get("cpu_steal") or {}).values() for x in v]
+    if not shares:
+        return ""
+    worst = max(shares)
+    return (
+        f"CPU steal (time the host gave this VM's runnable CPUs to others) per run: median "
+        f"{100 * statistics.median(shares):.0f}%, worst {100 * worst:.0f}%"
+        + (": rounds with high steal are disturbed from outside.\n\n" if worst > 0.05 else ".\n\n")
     )
 
 

@@ -1,9 +1,8 @@
 """How big each stage of a suite run is: the quick smoke profile and the full one.
 
-The full profile is sized to finish in about half an hour on 2 shared cores: every stage
-runs at least 5 interleaved rounds whose order rotates (the shard-size targets stage, whose
-rounds hold ~10 whole epochs each, runs 3), and each loader row is timed over a window of at
-least ``min_seconds``, construction included.
+The full profile is sized to finish in about 35 minutes on 2 shared cores: every stage runs
+at least 5 interleaved rounds whose order rotates, and each loader row is timed over a
+window of at least ``min_seconds``, construction included.
 """
 
 from __future__ import annotations
@@ -100,7 +99,7 @@ FULL = Profile(
     coldstart_images=1280,
     targets_mb=256,
     targets_shard_mib="64,128",
-    targets_rounds=3,
+    targets_rounds=5,
     fillcpu_shards=4,
     fillcpu_shard="64MiB",
     read_mb=512,

@@ -11,6 +11,11 @@ order that rotates every round:
                    whole epochs, at least --min-seconds)
   ff-local-<S>     flashfeed Loader on the same shards on local disk: the first epoch, timer
                    from ``Loader(...)`` to the last batch
+  ceiling-cold-<S> the cold epoch's ceiling: ff-local-<S> while a plain download of the same
+                   shards from the same server (limits.download: the fill's reader in the
+                   cache's shape, landed in files, nothing else) runs beside it from the
+                   start; timer from ``Loader(...)`` to whichever ends last. Any cold loader
+                   with a disk cache pays at least that download on the same CPUs
   startup-<S>      ``Loader(...)`` to the first batch, local disk, warm page cache
   wds-http-<S>     webdataset + PIL over presigned HTTP URLs of the same shards (cold)
   litdata-s3       litdata's StreamingDataset from S3 (its boto3 client), empty cache dir
@@ -36,12 +41,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from coldstart import upload
+from limits import download
 from loader_peers import dali_decode_ceiling, webdataset_loader
+from machine import cpu_steal
 from startup import run_child
 
 from loader import BATCH, batch_len, rotated
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     store = EmbeddedStore(scratch / "store")
     rounds: dict[str, list[float]] = {}
     waits: dict[str, list[dict[str, Any]]] = {}
+    steal: dict[str, list[float]] = {}  # share of CPU time the host took, per run
     try:
         store.start()
         bucket = store.make_bucket("flashfeed")
@@ -210,6 +219,19 @@ def main(argv: list[str] | None = None) -> int:
             rate, _ = epoch(lambda: Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr))
             return {f"ff-local-first-{s}": rate}
 
+        def ceiling_cold(s: int) -> dict[str, float]:
+            # the local epoch, paying for one plain download of the shards beside it
+            dest = fresh("download")
+            with ThreadPoolExecutor(1, thread_name_prefix="download") as bg:
+                t0 = time.perf_counter()
+                landed = bg.submit(download, f"{bucket}/wds-{s}", dest)
+                local = Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr)
+                n = sum(batch_len(b) for b in local)
+                landed.result()
+                secs = time.perf_counter() - t0
+            local.close()
+            return {f"ceiling-cold-{s}": n / secs}
+
         def startup(s: int) -> dict[str, float]:
             # a restart is a new process: each start-up runs in a fresh one (startup.py),
             # DALI imported before the timer, the pass iterator kept so leaving it is untimed
@@ -240,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in sizes:
             runs[f"ff-s3-{s}"] = lambda s=s: ff_s3(s)  # type: ignore[misc]
             runs[f"ff-local-{s}"] = lambda s=s: ff_local(s)  # type: ignore[misc]
+            runs[f"ceiling-cold-{s}"] = lambda s=s: ceiling_cold(s)  # type: ignore[misc]
             runs[f"startup-{s}"] = lambda s=s: startup(s)  # type: ignore[misc]
             runs[f"wds-http-{s}"] = lambda s=s: wds_http(s)  # type: ignore[misc]
         if "litdata" in peer_dirs:
@@ -258,15 +281,20 @@ def main(argv: list[str] | None = None) -> int:
             store.restart()
             time.sleep(2.0)  # let the restarted server settle before the first run is timed
             for name in rotated(list(runs), r):
+                before = cpu_steal()
                 try:
                     got = runs[name]()
                 except Exception as exc:  # a peer that fails says why; the rest still run
                     missing[name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
                     print(f"round {r}: {name} {missing[name]}", file=sys.stderr, flush=True)
                     continue
+                after = cpu_steal()
+                share = (after[0] - before[0]) / max(after[1] - before[1], 1e-9)
+                steal.setdefault(name, []).append(share)
                 for k, v in got.items():
                     rounds.setdefault(k, []).append(v)
-                    print(f"round {r}: {k} {v:.2f}", file=sys.stderr, flush=True)
+                    print(f"round {r}: {k} {v:.2f} (steal {share:.0%})", file=sys.stderr,
+                          flush=True)  # fmt: skip
     finally:
         store.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -278,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds,
         "median": {k: statistics.median(v) for k, v in rounds.items()},
         "first_epoch_waits": waits,
+        "cpu_steal": steal,
         "targets": TARGETS,
         "unavailable": missing,
     }

@@ -4,6 +4,7 @@ No timed assertions: benchmark numbers are not tests."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -229,3 +230,23 @@ def test_suite_profiles_and_corpus_subset(tmp_path: Path) -> None:
     assert len(list(sub.glob("class_*/*.jpg"))) == 3
     with pytest.raises(SystemExit, match="unknown stages"):
         suite.main(["--stages", "nope"])
+
+
+def test_the_cold_ceilings_download_lands_every_object_whole(
+    s3_prefix: str, tmp_path: Path
+) -> None:
+    # the download the cold-epoch ceiling runs beside a local epoch: every byte of every
+    # object, each chunk at its place, parts larger than a chunk (the cache's 16 MiB parts)
+    from flashfeed import storage
+
+    limits = _load("limits")
+    blobs = {"a.tar": os.urandom(17 << 20), "sub/b.idx": os.urandom(1000), "c": b""}
+    for name, blob in blobs.items():
+        storage.write_bytes(f"{s3_prefix}/{name}", blob)
+    landed = limits.download(s3_prefix, tmp_path / "dl")
+    assert landed == sum(len(b) for b in blobs.values())
+    got = {p.name: p.read_bytes() for p in (tmp_path / "dl").iterdir()}
+    assert len(got) == len(blobs)
+    for name, blob in blobs.items():
+        match = [v for k, v in got.items() if k.endswith(name.replace("/", "_"))]
+        assert match == [blob], name
