@@ -216,6 +216,15 @@ class SpaceManager:
         """Every complete entry, and the bytes used (entries + part files of fills)."""
         return scan(self.root, sweep=sweep, known=self._known)
 
+    def held(self) -> int:
+        """The bytes used, as ``scan`` counts them (parts of dead fills included), for the
+        price of listing the cache's folders: ``DatasetDir.held_bytes``."""
+        used = 0
+        for d in list_dataset_dirs(self.root):
+            d = self._known.setdefault(d.key, d)
+            used += d.held_bytes() + d.part_bytes()
+        return used
+
     def used_bytes(self) -> int:
         with locked(self.lock_path):
             return self.scan()[1]
@@ -234,11 +243,11 @@ class SpaceManager:
             later_than = None  # not in a known order: plain LRU
         while True:
             with locked(self.lock_path):
-                # parts left by dead fills are swept only when room is short: a scan that
-                # fits needs no lock tried per part file in flight
-                entries, used = self.scan(sweep=False)
-                if used + need > self.capacity:
-                    entries, used = self.scan()
+                # when it fits, listing the folders is enough; only a shortage pays for a
+                # full scan (a stat per entry) that sweeps the parts left by dead fills
+                if self.held() + need <= self.capacity:
+                    return _allocate(part, need)
+                entries, used = self.scan()
                 if used + need > self.capacity:
                     amount = used + need - self.capacity
                     used -= self._evict(entries, amount, (d.key, shard), later_than)
