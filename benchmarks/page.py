@@ -145,10 +145,12 @@ def targets_section(result: dict[str, Any]) -> str:
         "whichever ends last. A cold loader with a disk cache pays at least that download on "
         "the same 2 cores, so it bounds the cold epoch, and a cold epoch above its best round "
         "is refused. On this VM, landing bytes in pages the guest has not touched lately costs "
-        "about 5 us per 4 KiB page (the host faults them in; freed memory goes back to the "
-        "host within seconds), about 1 CPU-second per 256 MiB, on top of the server's and the "
-        "client's CPU for the GETs: the download alone takes most of the 5% that the "
-        "cold-vs-local target leaves.\n\n" + _steal_line(data) + table
+        "up to about 19 us per 4 KiB page (the host faults them in; freed memory goes back to "
+        "the host within seconds): `dd` of 266 MB into a new file took 0.7-1.3 s of system "
+        "CPU after an idle pause, 0.08 s right after another file's pages were freed. That "
+        "comes on top of the server's and the client's CPU for the GETs, on the 2 cores the "
+        "decode needs: the download alone takes most of the 5% that the cold-vs-local target "
+        "leaves.\n\n" + _steal_line(data) + table
     )
 
 

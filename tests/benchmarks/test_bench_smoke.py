@@ -5,6 +5,7 @@ No timed assertions: benchmark numbers are not tests."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -250,3 +251,11 @@ def test_the_cold_ceilings_download_lands_every_object_whole(
     for name, blob in blobs.items():
         match = [v for k, v in got.items() if k.endswith(name.replace("/", "_"))]
         assert match == [blob], name
+
+
+def test_cpu_steal_reads_this_machines_counters() -> None:
+    steal_before, total_before = _load("machine").cpu_steal()
+    time.sleep(0.1)  # idle time counts too: every CPU's ticks move on
+    steal, total = _load("machine").cpu_steal()
+    assert 0.0 <= steal_before <= steal <= total
+    assert total > total_before > 0.0  # seconds since boot, all CPUs, moving forward
