@@ -19,7 +19,8 @@ order that rotates every round:
   startup-<S>      ``Loader(...)`` to the first batch, local disk, warm page cache
   wds-http-<S>     webdataset + PIL over presigned HTTP URLs of the same shards (cold)
   litdata-s3       litdata's StreamingDataset from S3 (its boto3 client), empty cache dir
-  mosaic-s3        mosaic's StreamingDataset from S3 (its boto3 client), empty local dir
+  mosaic-s3        mosaic's StreamingDataset from S3 (its boto3 client), empty local dir, in
+                   a process of its own (as a training job runs it)
   ceiling          the Loader's own DALI pipeline fed from RAM, an epoch after warm-up
 
 Every peer's timer starts before its dataset/loader is constructed. Targets: first epoch
@@ -118,6 +119,31 @@ def mosaic_s3(url: str, local: Path, workers: int) -> Iterable[Any]:
     clean_stale_shared_memory()
     ds = StreamingDataset(remote=url, local=str(local), shuffle=True, batch_size=BATCH)
     return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=DecodeBatch())
+
+
+def mosaic_s3_child(url: str, local: Path, workers: int) -> float:
+    """images/s of one cold epoch of mosaic's StreamingDataset in a process of its own, as a
+    training job runs it: a second StreamingDataset in one process shares the first one's
+    shared-memory state (its downloaded-shard flags among them), and after a few rounds
+    served bytes that were not images yet. Its imports come before the timer, as
+    flashfeed's do."""
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--mosaic-child", url, str(local),
+         str(workers)],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"mosaic run failed: {proc.stderr[-600:]}")
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["rate"])
+
+
+def _mosaic_child(url: str, local: str, workers: str) -> int:
+    import streaming  # noqa: F401  (imported before the timer)
+    import torch.utils.data  # noqa: F401
+
+    rate, _ = epoch(lambda: mosaic_s3(url, Path(local), int(workers)))
+    print(json.dumps({"rate": rate}))
+    return 0
 
 
 def convert_peers(
@@ -273,9 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         if "mosaicml-streaming" in peer_dirs:
             runs["mosaic-s3"] = lambda: {
-                "mosaic-s3": epoch(
-                    lambda: mosaic_s3(f"{bucket}/mosaicml-streaming", fresh("mds"), thr)
-                )[0]
+                "mosaic-s3": mosaic_s3_child(f"{bucket}/mosaicml-streaming", fresh("mds"), thr)
             }
         for r in range(args.rounds):
             store.restart()
@@ -328,4 +352,6 @@ def upload_tree(local: Path, url: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--mosaic-child"]:
+        sys.exit(_mosaic_child(*sys.argv[2:5]))
     sys.exit(main())
