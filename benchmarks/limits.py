@@ -30,7 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -138,10 +138,10 @@ def read_gbps(files: list[Path], *, direct: bool = False) -> float:
     return total / secs / 1e9
 
 
-def ranged_get(concurrency: int) -> Callable[[tuple[Any, str, int, int]], int]:
-    """``one((fs, path, lo, hi))``: GET those bytes the way a cache fill does (the product's
-    own reader: signed GETs or botocore, read in chunks into a reused buffer) and drop
-    them; through s3fs where that reader does not apply. The bytes received."""
+def _fill_reads(concurrency: int) -> Callable[[Any, str, int, int], Iterable[Any]]:
+    """``read(fs, path, lo, hi)``: the chunks of those bytes as a cache fill reads them (the
+    product's own reader: signed GETs or botocore, in chunks into this thread's reused
+    buffer), or through s3fs in one piece where that reader does not apply."""
     import threading
 
     from flashfeed.cache.directget import reader_for
@@ -149,32 +149,39 @@ def ranged_get(concurrency: int) -> Callable[[tuple[Any, str, int, int]], int]:
 
     buffers = threading.local()
 
-    def one(job: tuple[Any, str, int, int]) -> int:
-        fs, path, lo, hi = job
+    def read(fs: Any, path: str, lo: int, hi: int) -> Iterable[Any]:
         reader = reader_for(fs, path, connections=concurrency)
         if reader is None:
-            return len(fs.cat_file(path, start=lo, end=hi))
+            return [fs.cat_file(path, start=lo, end=hi)]
         if not hasattr(buffers, "view"):
             buffers.view = memoryview(bytearray(CHUNK))
-        return sum(len(c) for c in reader.chunks(lo, hi, buffers.view))
+        return reader.chunks(lo, hi, buffers.view)
+
+    return read
+
+
+def ranged_get(concurrency: int) -> Callable[[tuple[Any, str, int, int]], int]:
+    """``one((fs, path, lo, hi))``: GET those bytes the way a cache fill does
+    (``_fill_reads``) and drop them. The bytes received."""
+    read = _fill_reads(concurrency)
+
+    def one(job: tuple[Any, str, int, int]) -> int:
+        return sum(len(c) for c in read(*job))
 
     return one
 
 
 def download(url: str, dest: Path) -> int:
     """Every object under ``url`` into files under ``dest`` the plainest way a cache could:
-    ranged GETs in the cache's own shape (part size, GETs in flight) through the fill's
-    reader, each chunk written where it belongs; no checksum, no progress marks, no index,
-    no need order. The bytes landed. What any cold loader must at least pay for its bytes:
-    the cold-start ceiling runs it beside a local epoch (benchmarks/targets.py)."""
-    import threading
-
+    ranged GETs in the cache's own shape (part size, GETs in flight) read as a fill reads
+    them (``_fill_reads``), each chunk written where it belongs; no checksum, no progress
+    marks, no index, no need order. The bytes landed. What any cold loader must at least
+    pay for its bytes: the cold-start ceiling runs it beside a local epoch (targets.py)."""
     from flashfeed import storage
-    from flashfeed.cache.directget import reader_for
-    from flashfeed.cache.fill import CHUNK
     from flashfeed.cache.ranged import split_ranges
 
     part, concurrency = cache_fetch_shape()
+    read = _fill_reads(concurrency)
     fs, root = storage.filesystem(url)
     dest.mkdir(parents=True, exist_ok=True)
     jobs: list[tuple[str, int, int, int]] = []
@@ -184,21 +191,15 @@ def download(url: str, dest: Path) -> int:
         fd = os.open(dest / name.replace("/", "_"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         fds.append(fd)
         jobs += [(name, fd, lo, hi) for lo, hi in split_ranges(int(info["size"]), part)]
-    buffers = threading.local()
 
     def one(job: tuple[str, int, int, int]) -> int:
         name, fd, lo, hi = job
-        if not hasattr(buffers, "view"):
-            buffers.view = memoryview(bytearray(CHUNK))
-        reader = reader_for(fs, name, connections=concurrency)
-        if reader is None:
-            return os.pwrite(fd, fs.cat_file(name, start=lo, end=hi), lo)
         at = lo
-        for chunk in reader.chunks(lo, hi, buffers.view):
-            done = 0
-            while done < len(chunk):
-                done += os.pwrite(fd, chunk[done:], at + done)
-            at += done
+        for chunk in read(fs, name, lo, hi):
+            view = memoryview(chunk)
+            while view:
+                n = os.pwrite(fd, view, at)
+                view, at = view[n:], at + n
         return at - lo
 
     try:

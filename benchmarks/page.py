@@ -144,13 +144,13 @@ def targets_section(result: dict[str, Any]) -> str:
         "file; no checksum, no progress marks, no need order), timed from `Loader(...)` to "
         "whichever ends last. A cold loader with a disk cache pays at least that download on "
         "the same 2 cores, so it bounds the cold epoch, and a cold epoch above its best round "
-        "is refused. On this VM, landing bytes in pages the guest has not touched lately costs "
-        "up to about 19 us per 4 KiB page (the host faults them in; freed memory goes back to "
-        "the host within seconds): `dd` of 266 MB into a new file took 0.7-1.3 s of system "
-        "CPU after an idle pause, 0.08 s right after another file's pages were freed. That "
-        "comes on top of the server's and the client's CPU for the GETs, on the 2 cores the "
-        "decode needs: the download alone takes most of the 5% that the cold-vs-local target "
-        "leaves.\n\n" + _steal_line(data) + table
+        "is refused. Where a virtual machine's host takes freed guest memory back, landing "
+        "bytes in pages not touched lately is dear: on the 2-core VM of December 2026, `dd` of "
+        "266 MB into a new file took 0.7-1.3 s of system CPU after an idle pause and 0.08 s "
+        "right after another file's pages were freed (docs/LOADER.md). That comes on top of "
+        "the server's and the client's CPU for the GETs, on the cores the decode needs.\n\n"
+        + _steal_line(data)
+        + table
     )
 
 

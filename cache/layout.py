@@ -185,7 +185,7 @@ class DatasetDir:
         self.future_path = os.path.join(self.dir, "future.json")
         self._manifest: Manifest | None = None
         self._by_path: dict[str, int] | None = None
-        self._sizes: dict[tuple[str, int], int] = {}  # (path, inode) -> bytes: held_bytes
+        self._sizes: dict[str, tuple[int, int]] = {}  # path -> (inode, bytes): held_bytes
 
     def create(self, url: str, manifest: Manifest) -> None:
         for d in (self.dir, self.data_dir, self.parts_dir, self.locks_dir, self.pins_dir):
@@ -303,17 +303,18 @@ class DatasetDir:
         by_path = self._shard_numbers()
         known, sizes = self._sizes, {}
         for rel, full, inode in self._files():
-            size = known.get((rel, inode))
-            if size is None:
+            seen = known.get(rel)
+            if seen is None or seen[0] != inode:
                 try:
-                    size = os.stat(full).st_size
+                    seen = (inode, os.stat(full).st_size)
                 except FileNotFoundError:
                     continue
-            sizes[(rel, inode)] = size
+            sizes[rel] = seen
         self._sizes = sizes
-        by_name = {rel: size for (rel, _), size in sizes.items()}
         return sum(
-            size + by_name.get(rel + ".idx", 0) for rel, size in by_name.items() if rel in by_path
+            size + sizes.get(rel + ".idx", (0, 0))[1]
+            for rel, (_, size) in sizes.items()
+            if rel in by_path
         )
 
     def part_bytes(self) -> int:

@@ -69,9 +69,7 @@ def scan(
     scans (keyed by name), so each dataset's manifest is read once, not at every scan."""
     entries = []
     used = 0
-    for d in list_dataset_dirs(root):
-        if known is not None:
-            d = known.setdefault(d.key, d)
+    for d in _dataset_dirs(root, known):
         if sweep:
             sweep_dead_parts(d)
         used += d.part_bytes()
@@ -79,6 +77,13 @@ def scan(
             entries.append((d, e))
             used += e.size
     return entries, used
+
+
+def _dataset_dirs(root: str, known: dict[str, DatasetDir] | None) -> list[DatasetDir]:
+    """The dataset directories under ``root``, the ones in ``known`` reused (and new ones
+    added to it), so that what they remember (manifest, file sizes) outlives one scan."""
+    dirs = list_dataset_dirs(root)
+    return dirs if known is None else [known.setdefault(d.key, d) for d in dirs]
 
 
 def recorded_capacity(root: str) -> int | None:
@@ -219,11 +224,7 @@ class SpaceManager:
     def held(self) -> int:
         """The bytes used, as ``scan`` counts them (parts of dead fills included), for the
         price of listing the cache's folders: ``DatasetDir.held_bytes``."""
-        used = 0
-        for d in list_dataset_dirs(self.root):
-            d = self._known.setdefault(d.key, d)
-            used += d.held_bytes() + d.part_bytes()
-        return used
+        return sum(d.held_bytes() + d.part_bytes() for d in _dataset_dirs(self.root, self._known))
 
     def used_bytes(self) -> int:
         with locked(self.lock_path):
