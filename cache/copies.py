@@ -24,7 +24,7 @@ from .fill import file_checksum, fill_shard
 from .hints import ReadHints
 from .layout import DatasetDir
 from .locks import FileLock
-from .ranged import RangedFetcher
+from .ranged import FetchReport, RangedFetcher
 from .space import SpaceManager
 from .stats import Counters
 
@@ -96,8 +96,25 @@ class ShardCopies:
                     except FileNotFoundError:
                         pass
             start = time.monotonic()
+
+            def count_miss(report: FetchReport) -> None:
+                # flushed before the shard is visible: a kill between the two must not
+                # leave a cached shard whose fetch no counter remembers
+                self.counters.add(
+                    misses=1,
+                    bytes_fetched=dataset.shards[i].bytes,
+                    fetch_seconds=time.monotonic() - start,
+                    requests=report.requests,
+                    retries=report.retries,
+                    throttle_events=report.throttles,
+                )
+                self.counters.set_gauges(
+                    concurrency=self.limit.limit, concurrency_lowest=self.limit.lowest
+                )
+                self.counters.flush()
+
             try:
-                report = fill_shard(
+                fill_shard(
                     d,
                     i,
                     dataset,
@@ -107,6 +124,7 @@ class ShardCopies:
                     ),
                     storage_options=self.storage_options,
                     priority=self.hints.priority(d.key, i, speculative=speculative),
+                    verified=count_miss,
                 )
             except CacheFullError:
                 self.counters.add(**{"fetch_ahead_skipped" if speculative else "failures": 1})
@@ -116,18 +134,6 @@ class ShardCopies:
                 raise
             st = os.stat(path)
             self._verified[path] = (st.st_dev, st.st_ino, st.st_size)
-            self.counters.add(
-                misses=1,
-                bytes_fetched=dataset.shards[i].bytes,
-                fetch_seconds=time.monotonic() - start,
-                requests=report.requests,
-                retries=report.retries,
-                throttle_events=report.throttles,
-            )
-            self.counters.set_gauges(
-                concurrency=self.limit.limit, concurrency_lowest=self.limit.lowest
-            )
-            self.counters.flush()
             return path
         finally:
             lock.release()

@@ -282,12 +282,15 @@ def fill_shard(
     storage_options: dict[str, Any] | None,
     publish: bool = True,
     priority: PartPriority | None = None,
+    verified: Callable[[FetchReport], None] | None = None,
 ) -> FetchReport:
     """Fetch shard ``shard`` into the cache; the caller holds its fill lock.
 
     With ``publish`` the parts that have arrived are announced (``progress.py``) so that
     readers can serve samples before the whole shard is there. ``priority`` ranks its
-    parts among all parts in flight (``needorder.py``); it learns the index on arrival."""
+    parts among all parts in flight (``needorder.py``); it learns the index on arrival.
+    ``verified`` runs once the checksum matched and before the shard becomes visible, so
+    that what it records (the miss) is on disk before anyone can find the shard."""
     info = dataset.shards[shard]
     final = d.shard_path(shard)
     part = d.new_part(shard)
@@ -342,6 +345,8 @@ def fill_shard(
         make_private_dir(os.path.dirname(final))
         if index and progress is None:
             _write_new(idx_part, index[0])
+        if verified is not None:
+            verified(report)
         # under the space lock: a scan that sizes the cache (parts, then entries) must not
         # see one shard both as a part and as an entry, or a tight cache looks full
         with locked(space_lock(d.root)):

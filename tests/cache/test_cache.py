@@ -62,6 +62,28 @@ def test_get_returns_a_verified_private_copy_with_its_index(s3_prefix: str, tmp_
     assert read_persisted(str(root))["misses"] == 1
 
 
+def test_a_fill_persists_its_miss_before_the_shard_becomes_visible(
+    s3_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # a process killed right after the rename must not leave a cached shard whose fetch no
+    # persisted counter remembers: at the moment the shard appears, the miss is on disk
+    ds = make_dataset(s3_prefix, shards=2, shard_bytes=100_000)
+    root = tmp_path / "cache"
+    persisted_at_publish: list[float] = []
+    real_replace = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        if str(dst).endswith(".tar"):  # the shard itself, not its index or a progress file
+            persisted_at_publish.append(read_persisted(str(root))["misses"])
+        real_replace(src, dst)
+
+    monkeypatch.setattr(fill_module.os, "replace", replace)
+    with ShardCache(root, capacity="10MiB", part_size="64KiB") as cache:
+        cache.get(ds, 0)
+        cache.get(ds, 1)
+    assert persisted_at_publish == [1, 2]
+
+
 def test_bad_options_and_a_capacity_below_the_largest_shard(s3_prefix: str, tmp_path: Path):
     with pytest.raises(ValueError, match="capacity"):
         ShardCache(tmp_path / "c", capacity="lots")
