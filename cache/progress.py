@@ -2,7 +2,8 @@
 
 While a fill runs, ``<dataset dir>/.parts/<i>.live`` names its part files (a JSON line),
 then holds one byte for the index and one per block (a fixed span, a chunk of the GETs'
-bodies), set to 1 once written. A reader maps the part file (reserved to the shard's full
+bodies), set to 1 once written. The writer sets them through a shared memory map: a mark
+is a store, not a system call (there is one per chunk of every fill). A reader maps the part file (reserved to the shard's full
 size) and reads a sample once the blocks under it are marked: samples are served while the
 rest of the shard is still arriving. The shard
 is published as cached only by the fill's rename after its checksum matched; the live file
@@ -13,6 +14,7 @@ parts (it is bookkeeping: not counted as cached bytes).
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from typing import Any
 
@@ -44,39 +46,40 @@ class FillProgress:
             raise ValueError(f"part path too long for a progress header: {part!r}")
         self._flags = len(head)
         tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, head + bytes(1 + parts))
+            self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE)
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
 
     def index_ready(self) -> None:
-        self._mark(self._flags)
+        self._set(self._flags, self._flags + 1)
 
     def written(self, start: int, end: int) -> None:
         """Bytes ``[start, end)`` are in the part file: mark the blocks they cover whole."""
         first = -(-start // self.block)
         last = end // self.block if end < self.size else -(-self.size // self.block)
-        if last > first and self._fd is not None:
-            os.pwrite(self._fd, b"\x01" * (last - first), self._flags + 1 + first)
+        if last > first:
+            self._set(self._flags + 1 + first, self._flags + 1 + last)
 
-    def _mark(self, at: int) -> None:
-        if self._fd is not None:
-            os.pwrite(self._fd, b"\x01", at)
+    def _set(self, lo: int, hi: int) -> None:
+        m = self._map
+        if m is not None:
+            m[lo:hi] = b"\x01" * (hi - lo)
 
     def close(self) -> None:
         """The fill ended (renamed into place or failed): readers see the file unlinked."""
-        if self._fd is None:
+        if self._map is None:
             return
-        fd, self._fd = self._fd, None
+        m, self._map = self._map, None
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
         finally:
-            os.close(fd)
+            m.close()
 
 
 class FillView:

@@ -228,3 +228,22 @@ def test_parts_hashed_in_transit_in_any_arrival_order():
     partial.landed(7_000, 14_000)
     with pytest.raises(RuntimeError, match="missing"):
         partial.checksum(len(data))
+
+
+def test_progress_marks_are_seen_by_a_reader_as_they_are_set(tmp_path):
+    from flashfeed.cache.progress import FillProgress, FillView, live_path
+
+    path = live_path(str(tmp_path), 3)
+    writer = FillProgress(path, part="p", index_part="i", size=10_000, block=1000)
+    reader = FillView.open(path)
+    assert reader is not None and reader.size == 10_000 and reader.part == "p"
+    assert not reader.index_ready() and not reader.done(0, 1)
+    writer.index_ready()
+    writer.written(0, 2500)  # blocks 0 and 1 whole, block 2 only in part
+    assert reader.index_ready()
+    assert reader.done(0, 2000) and not reader.done(1999, 2001) and not reader.complete()
+    writer.written(2000, 10_000)
+    assert reader.complete() and not reader.ended()
+    writer.close()
+    assert reader.ended() and FillView.open(path) is None
+    reader.close()
