@@ -4,8 +4,11 @@ The loader knows which batch first needs each sample (``ShardCache.need``). A fi
 that into a priority per part of its shard (lower = needed sooner): the first batch that
 needs a sample overlapping the part; parts holding no needed sample get the last batch that
 needs the shard. Until the shard's index has arrived every part has the shard's first need.
-``PartQueue`` runs the parts of all fills in flight in that order (ties: submission order),
-each request still holding a slot of the ``AdaptiveLimit``.
+``PartQueue`` runs the parts of all fills in flight in that order, each request still
+holding a slot of the ``AdaptiveLimit``. Ties go to the part nearer its object's start,
+then to submission order: fills of equal need advance side by side, front first, so
+fewer parts arrive ahead of a slower one of the same shard, and more of each shard's
+checksum is computed as its bytes arrive instead of read back later.
 """
 
 from __future__ import annotations
@@ -106,14 +109,15 @@ Run = Callable[[bool], None]  # called with True: the caller holds one slot of t
 @dataclass
 class _Item:
     seq: int
+    position: int
     priority: Callable[[], float]
     run: Run
 
-    def key(self) -> tuple[float, int]:
+    def key(self) -> tuple[float, int, int]:
         try:
-            return (float(self.priority()), self.seq)
+            return (float(self.priority()), self.position, self.seq)
         except Exception:  # a broken priority must not stop the fetch threads
-            return (SPECULATIVE, self.seq)
+            return (SPECULATIVE, self.position, self.seq)
 
 
 class PartQueue:
@@ -135,11 +139,12 @@ class PartQueue:
         self._threads: list[threading.Thread] = []
         self._closed = False
 
-    def submit(self, priority: Callable[[], float], run: Run) -> None:
+    def submit(self, priority: Callable[[], float], run: Run, *, position: int = 0) -> None:
+        """Queue ``run``; ``position``: the part's place in its object (0 = first)."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the cache is closed: open a new ShardCache to fetch")
-            self._items.append(_Item(next(self._seq), priority, run))
+            self._items.append(_Item(next(self._seq), position, priority, run))
             if len(self._threads) < self.workers:
                 t = threading.Thread(
                     target=self._work, name=f"{self.name}-{len(self._threads)}", daemon=True

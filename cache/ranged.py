@@ -217,8 +217,10 @@ class RangedFetcher:
         else:
             if not ranges:
                 done.set()
-            for lo, hi in ranges:
-                self.queue.submit(functools.partial(rank, lo), functools.partial(part, lo, hi))
+            for n, (lo, hi) in enumerate(ranges):
+                self.queue.submit(
+                    functools.partial(rank, lo), functools.partial(part, lo, hi), position=n
+                )
             if meanwhile is not None:
                 try:
                     meanwhile(report)

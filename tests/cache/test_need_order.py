@@ -112,6 +112,27 @@ def test_ties_keep_the_order_parts_were_submitted_in():
     assert [off for _, off in store.asked] == [0, 1024, 2048, 3072]
 
 
+def test_fills_of_equal_need_advance_side_by_side_front_first():
+    # two shards needed by the same batch: their parts alternate, each shard's front first,
+    # so fewer parts overtake a part of their own shard (those are hashed from the file)
+    a, b = bytes(range(256)) * 8, bytes(reversed(range(256))) * 8  # 4 parts of 512 each
+    store = Recorder()
+    out: list[bytes] = []
+    with RangedFetcher(part_size=512, limit=AdaptiveLimit(1), retry=FAST) as fetcher:
+        ta = _fill_in_thread(fetcher, store.fetch_of("a", a), a, lambda off: 2.0, out)
+        _wait_queued(fetcher, 3)  # a's first part holds the only slot, at the gate
+        tb = _fill_in_thread(fetcher, store.fetch_of("b", b), b, lambda off: 2.0, out)
+        _wait_queued(fetcher, 7)
+        store.gate.set()
+        ta.join(10)
+        tb.join(10)
+    assert sorted(out) == sorted([a, b])
+    assert store.asked == [
+        ("a", 0), ("b", 0), ("a", 512), ("b", 512),
+        ("a", 1024), ("b", 1024), ("a", 1536), ("b", 1536),
+    ]  # fmt: skip
+
+
 def _sample(start: int, size: int) -> SampleIndex:
     return SampleIndex(f"k{start}", (Component("jpg", start, size, f"k{start}.jpg"),))
 
