@@ -3,9 +3,9 @@
 While a fill runs, ``<dataset dir>/.parts/<i>.live`` names its part files (a JSON line),
 then holds one byte for the index and one per block (a fixed span, a chunk of the GETs'
 bodies), set to 1 once written. The writer sets them through a shared memory map: a mark
-is a store, not a system call (there is one per chunk of every fill). A reader maps the part file (reserved to the shard's full
-size) and reads a sample once the blocks under it are marked: samples are served while the
-rest of the shard is still arriving. The shard
+is a store, not a system call (there is one per chunk of every fill). A reader maps the
+part file (reserved to the shard's full size) and reads a sample once the blocks under it
+are marked: samples are served while the rest of the shard is still arriving. The shard
 is published as cached only by the fill's rename after its checksum matched; the live file
 is removed when the fill ends, either way, and a dead fill's live file is swept with its
 parts (it is bookkeeping: not counted as cached bytes).
