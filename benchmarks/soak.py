@@ -13,14 +13,18 @@ to it, so the cache fills from a real S3 endpoint.
 from __future__ import annotations
 
 import argparse
+import collections
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["main"]
@@ -48,6 +52,27 @@ def _proc_sample() -> dict[str, float]:
     }
 
 
+def settled(read: Callable[[], dict[str, float]], *, readings: int = 5,
+            gap: float = 0.1) -> dict[str, float]:  # fmt: skip
+    """``read()`` a few times ``gap`` seconds apart; fds, threads and children are the
+    fewest seen, resident memory the last. A leaked fd or thread is in every reading; one
+    that is ending with the epoch (a fetch thread of a pass that just finished) is not."""
+    got = [read()]
+    for _ in range(readings - 1):
+        time.sleep(gap)
+        got.append(read())
+    out = dict(got[-1])
+    for k in ("fds", "threads", "children"):
+        out[k] = min(g[k] for g in got)
+    return out
+
+
+def _thread_pools() -> dict[str, int]:
+    """Python threads by name, numbers stripped: which pool holds how many (a diagnosis)."""
+    names = collections.Counter(re.sub(r"[-_]?\d+$", "", t.name) for t in threading.enumerate())
+    return dict(sorted(names.items()))
+
+
 def _child(args: argparse.Namespace) -> int:
     from flashfeed.cache import ShardCache
     from flashfeed.loader import Loader
@@ -69,7 +94,8 @@ def _child(args: argparse.Namespace) -> int:
         samples = sum(len(b["label"]) for b in loader)
         line = {"rank": args.rank, "epoch": epoch, "samples": samples}
         line["seconds"] = time.perf_counter() - t0
-        line.update(_proc_sample())
+        line.update(settled(_proc_sample))
+        line["pools"] = _thread_pools()
         print(json.dumps(line), flush=True)
     cache.close()
     return 0
@@ -124,7 +150,11 @@ def judge(lines: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
         out["ranks"][rank] = row
         for k, tol in limits.items():
             if peak[k] - base[k] > tol:
-                out["grew"].append(f"rank {rank}: {k} {base[k]:.1f} -> peak {peak[k]:.1f}")
+                said = f"rank {rank}: {k} {base[k]:.1f} -> peak {peak[k]:.1f}"
+                if k == "threads" and "pools" in base:
+                    top = max(mine[args.warmup :], key=lambda ln: ln[k])
+                    said += f" (threads by name {base['pools']} -> {top.get('pools')})"
+                out["grew"].append(said)
         if len(row["samples_per_epoch"]) != 1:
             out["errors"].append(f"rank {rank}: samples per epoch vary {row['samples_per_epoch']}")
     return out

@@ -50,3 +50,22 @@ def test_the_soak_judge_reports_growth_and_missing_epochs() -> None:
     result = soak.judge(lines, args)
     assert result["grew"] == ["rank 1: fds 13.0 -> peak 19.0"] and not result["errors"]
     assert soak.judge(lines[:-1], args)["errors"] == ["rank 1 reported 3 of 4 epochs"]
+
+
+def test_the_soak_counts_only_threads_and_fds_that_stay() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    assert spec is not None and spec.loader is not None
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    # a fetch thread of the pass that just ended is in the first reading only; a leak stays
+    readings = iter([
+        {"fds": 12, "threads": 14, "children": 1, "rss_mib": 300.0},
+        {"fds": 11, "threads": 12, "children": 1, "rss_mib": 301.0},
+        {"fds": 11, "threads": 11, "children": 1, "rss_mib": 302.0},
+    ])  # fmt: skip
+    got = soak.settled(lambda: next(readings), readings=3, gap=0)
+    assert got == {"fds": 11, "threads": 11, "children": 1, "rss_mib": 302.0}
+    leak = [{"fds": 11, "threads": 15, "children": 1, "rss_mib": 300.0}] * 3
+    assert soak.settled(iter(leak).__next__, readings=3, gap=0)["threads"] == 15
