@@ -45,7 +45,10 @@ def test_loader_rides_through_a_store_restart_with_identical_batches(tmp_path: P
         prefix = "s3://flashfeed/restart-loader"
         make_image_dataset(prefix, [6] * 12, size=16, storage_options=opts)
         ds = Dataset.open(prefix, storage_options=opts)
-        patient = RetryPolicy(attempts=30, base_delay=0.1, max_delay=1.0, deadline=60)
+        # the 60 s deadline bounds the wait, not the attempts: with full jitter 30 attempts
+        # waited about 15 s, and a loaded 2-CPU machine took longer than that to stop and
+        # start the server again
+        patient = RetryPolicy(attempts=400, base_delay=0.1, max_delay=1.0, deadline=60)
 
         retries: list[int] = []
 
@@ -55,13 +58,26 @@ def test_loader_rides_through_a_store_restart_with_identical_batches(tmp_path: P
                 ds, batch_size=6, image_size=16, cache=cache, seed=4, readahead=0, py_workers=0
             )
             labels: list[int] = []
-            restarter = threading.Thread(target=store.restart)
-            for n, batch in enumerate(loader):
-                labels += batch["label"].tolist()
-                if disturb and n == 1:
-                    restarter.start()  # killed and restarted while shards are still fetched
+            failed: list[BaseException] = []
+
+            def restart() -> None:
+                try:
+                    store.restart()
+                except BaseException as exc:  # told below, with the server's log
+                    failed.append(exc)
+
+            restarter = threading.Thread(target=restart)
+            try:
+                for n, batch in enumerate(loader):
+                    labels += batch["label"].tolist()
+                    if disturb and n == 1:
+                        restarter.start()  # killed and restarted while shards are fetched
+            finally:  # a failed epoch still waits for the server before it is removed
+                if restarter.is_alive():
+                    restarter.join()
+                if failed:
+                    raise AssertionError(f"the server did not restart: {failed[0]}")
             if disturb:
-                restarter.join()
                 retries.append(cache.stats()["retries"])
             cache.close()
             return labels
