@@ -54,15 +54,19 @@ def _proc_sample() -> dict[str, float]:
 
 def settled(read: Callable[[], dict[str, float]], *, readings: int = 5,
             gap: float = 0.1) -> dict[str, float]:  # fmt: skip
-    """``read()`` a few times ``gap`` seconds apart; fds, threads and children are the
-    fewest seen, resident memory the last. A leaked fd or thread is in every reading; one
-    that is ending with the epoch (a fetch thread of a pass that just finished) is not."""
+    """``read()`` again ``gap`` seconds later until two readings agree (at most
+    ``readings``); fds, threads and children are the fewest seen, resident memory the last.
+    A leaked fd or thread is in every reading; one that is ending with the epoch (a fetch
+    thread of a pass that just finished) is not. A settled process costs one more reading."""
+    keys = ("fds", "threads", "children")
     got = [read()]
-    for _ in range(readings - 1):
+    while len(got) < readings:
         time.sleep(gap)
         got.append(read())
+        if all(got[-1][k] == got[-2][k] for k in keys):
+            break
     out = dict(got[-1])
-    for k in ("fds", "threads", "children"):
+    for k in keys:
         out[k] = min(g[k] for g in got)
     return out
 

@@ -21,6 +21,7 @@ from flashfeed.cache.policy import (
     eviction_order,
     lru_hits,
 )
+from flashfeed.cache.progress import FillProgress, FillView, live_path
 from flashfeed.cache.ranged import RangedFetcher, is_retryable, is_throttle, split_ranges
 from flashfeed.plan import PlanOptions, Topology, node_shard_order
 from flashfeed.storage import RetryPolicy
@@ -231,8 +232,6 @@ def test_parts_hashed_in_transit_in_any_arrival_order():
 
 
 def test_progress_marks_are_seen_by_a_reader_as_they_are_set(tmp_path):
-    from flashfeed.cache.progress import FillProgress, FillView, live_path
-
     path = live_path(str(tmp_path), 3)
     writer = FillProgress(path, part="p", index_part="i", size=10_000, block=1000)
     reader = FillView.open(path)

@@ -3,15 +3,25 @@ open files, threads, child processes and memory must not grow after the first ep
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from support import REPO
 from support.loader_helpers import make_image_dataset
 
 SOAK = REPO / "benchmarks" / "soak.py"
+
+
+def _soak_module() -> Any:
+    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    assert spec is not None and spec.loader is not None
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    return soak
 
 
 def test_two_loader_processes_five_epochs_nothing_grows(s3_prefix: str, tmp_path: Path) -> None:
@@ -35,12 +45,7 @@ def test_two_loader_processes_five_epochs_nothing_grows(s3_prefix: str, tmp_path
 
 
 def test_the_soak_judge_reports_growth_and_missing_epochs() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
-    assert spec is not None and spec.loader is not None
-    soak = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(soak)
+    soak = _soak_module()
     args = soak._parse(["--processes", "2", "--epochs", "4", "--warmup", "1"])
     flat = {"fds": 10, "threads": 8, "children": 1, "rss_mib": 300.0, "samples": 5}
     lines = [{"rank": 0, "epoch": e, **flat} for e in range(4)]
@@ -53,12 +58,7 @@ def test_the_soak_judge_reports_growth_and_missing_epochs() -> None:
 
 
 def test_the_soak_counts_only_threads_and_fds_that_stay() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
-    assert spec is not None and spec.loader is not None
-    soak = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(soak)
+    soak = _soak_module()
     # a fetch thread of the pass that just ended is in the first reading only; a leak stays
     readings = iter([
         {"fds": 12, "threads": 14, "children": 1, "rss_mib": 300.0},
