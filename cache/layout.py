@@ -89,7 +89,8 @@ def atomic_write_json(path: str, obj: Any) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, sort_keys=True)
+            # dumps, not dump: dump to a file takes the pure-Python encoder, chunk by chunk
+            f.write(json.dumps(obj, sort_keys=True))
         os.replace(tmp, path)
     except BaseException:
         try:
