@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
-from .sources import CacheShardSource
+from .sources import CacheShardSource, LocalShardSource
 from .stats import BatchTiming, StatsRecorder
 
 __all__ = ["Made", "PlannedLoader"]
@@ -74,6 +75,7 @@ class PlannedLoader:
         self.readahead = parts.readahead
         self.readahead_budget = parts.readahead_budget
         self._feeder: StreamFeeder | None = None
+        self._primed: PassOrder | None = None  # the order start_fetching() began on
         self.recorder.extra = self._readahead_stats
         self._finished = False
         self._active = False
@@ -98,12 +100,16 @@ class PlannedLoader:
 
     def __len__(self) -> int:
         """Batches the next pass yields."""
+        return self._batches(len(self._next_remaining()))
+
+    def _next_remaining(self) -> np.ndarray:
+        """The sample ids the next pass reads, without moving to the next epoch."""
         if self._finished:
             ahead = Position(self.position.shard_sizes, self.ctx, self.position.options)
             ahead.dataset_id = self.position.dataset_id
             ahead.set_epoch(self.position.epoch + 1)
-            return self._batches(len(ahead.remaining()))
-        return self._batches(len(self.position.remaining()))
+            return ahead.remaining()
+        return self.position.remaining()
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position: seed, epoch, world size, segments, samples consumed, and how
@@ -160,18 +166,53 @@ class PlannedLoader:
         if self._finished:
             self.position.next_epoch()
             self._finished = False
+        return self._order(self.position.remaining())
+
+    def _order(self, remaining: np.ndarray) -> PassOrder:
         return make_pass_order(
-            self.position.remaining(),
-            self.position.shard_sizes,
-            batch_size=self.batch_size,
+            remaining, self.position.shard_sizes, batch_size=self.batch_size,
             drop_last=self.drop_last,
-        )
+        )  # fmt: skip
+
+    def _lookahead(self) -> int:
+        """The batches beyond the one asked for whose bytes a pass keeps readable."""
+        return 1
+
+    def start_fetching(self) -> int:
+        """Start fetching what the next pass reads first, and return at once.
+
+        A cold pass waits at its first batch for the shards its first batches mix (with the
+        plan's window of 4, the window's shards). Called after the loader is set up (after
+        ``load_state_dict`` or ``set_epoch``, if any) and before the job's own start-up
+        (building the model, loading a checkpoint), that download runs beside it instead.
+        The next pass takes these fetches over if it reads the same order; if its order
+        changed since, the fills under way finish and stay in the node cache. Returns how
+        many shards it started fetching: 0 for a dataset read in place (nothing to fetch)."""
+        self._refuse_second_pass()
+        order = self._order(self._next_remaining())
+        if not order.num_batches or isinstance(self.source, LocalShardSource):
+            return 0
+        feeder = self.stream(order, lookahead=self._lookahead())
+        self._primed = order
+        feeder.ask(0)
+        return feeder.shards_asked()
 
     def stream(self, order: PassOrder, *, lookahead: int) -> StreamFeeder:
         """The pass's feeder: it starts the fills of the shards of batches up to ``k +
         lookahead`` when batch k is asked for, serves their samples as their bytes arrive,
         and fetches further ahead as ``readahead``/``readahead_budget`` allow. Its
-        ``snapshot()`` is the ``"readahead"`` entry of ``stats()``."""
+        ``snapshot()`` is the ``"readahead"`` entry of ``stats()``. A feeder that
+        ``start_fetching`` began on the same order is taken over."""
+        primed, self._primed = self._primed, None
+        if self._feeder is not None and self._feeder.pid != os.getpid():
+            self._feeder = None  # a forked worker's copy: its threads live in the parent
+        if (
+            primed is not None
+            and self._feeder is not None
+            and self._feeder.lookahead == lookahead
+            and primed.same(order)
+        ):
+            return self._feeder
         if self._feeder is not None:
             self._feeder.close()
         self._feeder = StreamFeeder(
@@ -272,6 +313,9 @@ class PlannedLoader:
         return self.recorder.summary()
 
     def close(self) -> None:
+        if self._primed is not None and self._feeder is not None:
+            self._feeder.close()  # fetches started for a pass that never ran
+            self._primed = None
         self.recorder.close()
 
 

@@ -116,8 +116,11 @@ class Loader(PlannedLoader):
         reader = ShardReader(self.source, self.shard_names)
         return BatchSource(reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir)
 
+    def _lookahead(self) -> int:
+        return self.prefetch + 1  # DALI asks for up to ``prefetch`` batches ahead of a run
+
     def _run(self, order: PassOrder) -> Generator[Batch, None, None]:
-        feeder = self.stream(order, lookahead=self.prefetch + 1)
+        feeder = self.stream(order, lookahead=self._lookahead())
         try:
             # the first batches' fetches start, then the pipeline builds while they run: a
             # built pipeline takes no sample before the first run(), after wait_ready(0)

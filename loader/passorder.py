@@ -25,6 +25,14 @@ class PassOrder:
     batch_size: int
     num_batches: int
 
+    def same(self, other: PassOrder) -> bool:
+        """The same samples in the same batches."""
+        return (
+            self.batch_size == other.batch_size
+            and self.num_batches == other.num_batches
+            and np.array_equal(self.ids, other.ids)
+        )
+
     def batch_slice(self, k: int) -> slice:
         return slice(k * self.batch_size, min((k + 1) * self.batch_size, len(self.ids)))
 

@@ -13,6 +13,7 @@ measured batch rate (twice over), never more bytes ahead than ``budget``.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -66,6 +67,7 @@ class StreamFeeder:
         self.bytes = [int(b) for b in shard_bytes]
         per_sample = np.asarray(shard_bytes, np.float64) / np.maximum(shard_samples, 1)
         self._cum = np.concatenate([[0.0], np.cumsum(per_sample[pass_order.shards])])
+        self.pid = os.getpid()  # its threads run in this process only
         self.streaming = not isinstance(source, LocalShardSource)  # read in place: no fills
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ff-need")
         self._by_shard: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -97,6 +99,10 @@ class StreamFeeder:
             self._pos += 1
         self._hinted = max(self._hinted, self._pos)
         return limit
+
+    def shards_asked(self) -> int:
+        """Shards whose fills this feeder has started (needed or fetched ahead)."""
+        return len(self._needed)
 
     def wait_ready(self, k: int) -> float:
         """Make the samples of batches up to ``k + lookahead`` readable.
