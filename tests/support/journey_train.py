@@ -92,6 +92,8 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         loader.load_state_dict(state["loader"])
+    # as a job would: the first batches' shards download while it sets up the rest
+    loader.start_fetching()
     run = f"ws{ws}-from{step:06d}"
     os.makedirs(a.keys_dir, exist_ok=True)
     keys_log = open(
