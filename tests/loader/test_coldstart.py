@@ -27,17 +27,9 @@ from flashfeed.retry import RetryPolicy
 
 from support import SUPPORT
 from support.loader_helpers import label_of, make_image_dataset
-from support.slowproxy import SlowProxy
 
 HERE = str(SUPPORT)
 CLASSES = 10
-
-
-@pytest.fixture
-def proxy(s3_store):
-    p = SlowProxy(("127.0.0.1", s3_store.info.s3_port))
-    yield p
-    p.close()
 
 
 def _dataset(prefix, proxy, sizes):

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-import pytest
 
 from flashfeed import storage
 from flashfeed.arrowshard import open_arrow
@@ -21,14 +20,6 @@ from flashfeed.loader.ledger import key_hash
 from flashfeed.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
-from support.slowproxy import SlowProxy
-
-
-@pytest.fixture
-def proxy(s3_store):
-    p = SlowProxy(("127.0.0.1", s3_store.info.s3_port))
-    yield p
-    p.close()
 
 
 def _cold(prefix, proxy, tmp_path, *, delay, **cache_kw):

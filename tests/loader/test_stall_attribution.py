@@ -22,22 +22,11 @@ from flashfeed.loader import Loader
 from flashfeed.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
-from support.slowproxy import SlowProxy
+from support.slowproxy import is_shard_get
 
 DELAY = 1.0
 SHARDS = 4
 PER_SHARD = 16
-
-
-@pytest.fixture
-def proxy(s3_store):
-    p = SlowProxy(("127.0.0.1", s3_store.info.s3_port))
-    yield p
-    p.close()
-
-
-def _shard_get(req) -> bool:
-    return req.method == "GET" and req.path.endswith(".tar") and "-warmup/" not in req.path
 
 
 def test_storage_wait_is_the_injected_delay_and_a_hot_epoch_has_none(s3_prefix, proxy, tmp_path):
@@ -53,14 +42,14 @@ def test_storage_wait_is_the_injected_delay_and_a_hot_epoch_has_none(s3_prefix, 
     make_image_dataset(f"{s3_prefix}-warmup", [4], classes=4, size=16)
     cache.get(Dataset.open(f"{s3_prefix}-warmup", storage_options=ds.storage_options), 0)
     proxy.requests.clear()
-    proxy.delay, proxy.delay_if = DELAY, _shard_get
+    proxy.delay, proxy.delay_if = DELAY, is_shard_get
     loader = Loader(
         ds, batch_size=PER_SHARD, image_size=16, cache=cache, shuffle=False, py_workers=0,
         readahead=0,
     )  # fmt: skip
     assert sum(b["label"].numel() for b in loader) == SHARDS * PER_SHARD
     cold = loader.stats()
-    shard_gets = [r for r in proxy.requests if _shard_get(r)]
+    shard_gets = [r for r in proxy.requests if is_shard_get(r)]
     assert len(shard_gets) == SHARDS
     # the store served one delayed GET at a time and the consumer had nothing else to
     # wait for: its storage wait is the span of those GETs, which the delays fill
@@ -76,7 +65,7 @@ def test_storage_wait_is_the_injected_delay_and_a_hot_epoch_has_none(s3_prefix, 
     loader.set_epoch(1)
     assert sum(b["label"].numel() for b in loader) == SHARDS * PER_SHARD
     hot = loader.stats()
-    assert len([r for r in proxy.requests if _shard_get(r)]) == SHARDS  # all from the cache
+    assert len([r for r in proxy.requests if is_shard_get(r)]) == SHARDS  # all from the cache
     assert hot["wait_s"]["storage"] == cold["wait_s"]["storage"]
     assert hot["batches_waited_on_storage"] == cold["batches_waited_on_storage"]
     epoch1 = [b for b in hot["per_batch"] if b["epoch"] == 1]

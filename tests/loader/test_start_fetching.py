@@ -21,22 +21,11 @@ from flashfeed.loader.readahead import StreamFeeder
 from flashfeed.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
-from support.slowproxy import SlowProxy
+from support.slowproxy import is_shard_get
 
 DELAY = 1.0
 SHARDS = 4
 PER_SHARD = 16
-
-
-@pytest.fixture
-def proxy(s3_store):
-    p = SlowProxy(("127.0.0.1", s3_store.info.s3_port))
-    yield p
-    p.close()
-
-
-def _shard_get(req) -> bool:
-    return req.method == "GET" and req.path.endswith(".tar") and "-warmup/" not in req.path
 
 
 def _cache(path) -> ShardCache:
@@ -71,7 +60,7 @@ def test_fetches_started_before_the_loop_spare_the_first_batch_its_wait(
     warm = _cache(tmp_path / "warmup")
     warm.get(Dataset.open(f"{s3_prefix}-warmup", storage_options=ds.storage_options), 0)
     warm.close()
-    proxy.delay, proxy.delay_if = DELAY, _shard_get
+    proxy.delay, proxy.delay_if = DELAY, is_shard_get
 
     # a loader that starts fetching at iter(): its first batch waits for the store
     cold = _loader(ds, _cache(tmp_path / "cold"))
@@ -94,14 +83,14 @@ def test_fetches_started_before_the_loop_spare_the_first_batch_its_wait(
         lambda: all(cache.ready_path(ds, i) is not None for i in range(SHARDS)),
         "the shards asked for before the loop were not cached",
     )
-    assert len([r for r in proxy.requests if _shard_get(r)]) == SHARDS
+    assert len([r for r in proxy.requests if is_shard_get(r)]) == SHARDS
     got = _keys(loader)
     stats = loader.stats()
     loader.close()
     assert got == expected  # the plan's batches, in order
     assert stats["wait_s"]["storage"] == 0.0
     assert stats["batches_waited_on_storage"] == 0
-    assert len([r for r in proxy.requests if _shard_get(r)]) == SHARDS  # each shard once
+    assert len([r for r in proxy.requests if is_shard_get(r)]) == SHARDS  # each shard once
     assert len(feeders) == 1  # the pass took over the feeder that started the fetches
 
 
@@ -145,7 +134,7 @@ def test_shard_dataset_workers_read_what_the_trainer_started_fetching(s3_prefix,
     make_image_dataset(s3_prefix, [PER_SHARD] * SHARDS, classes=4, size=16)
     ds = Dataset.open(s3_prefix, storage_options={"endpoint_url": proxy.endpoint})
     dataset = ShardDataset(ds, batch_size=8, cache=_cache(tmp_path / "cache"), seed=2)
-    proxy.delay, proxy.delay_if = 0.5, _shard_get
+    proxy.delay, proxy.delay_if = 0.5, is_shard_get
     assert dataset.start_fetching() == SHARDS
     # the workers fork while the trainer's fills are under way; theirs join those fills
     got = [k for batch in dataset.loader(num_workers=2) for k in batch["__key__"]]

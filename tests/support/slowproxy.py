@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Request", "SlowProxy"]
+__all__ = ["Request", "SlowProxy", "is_shard_get"]
 
 
 _EXPECT = re.compile(rb"(?im)^expect:[^\r\n]*\r\n")
@@ -38,6 +38,12 @@ class Request:
     path: str
     range: tuple[int, int] | None  # [start, end) of a ranged GET
     at: float = 0.0  # time.monotonic() when the proxy read it
+
+
+def is_shard_get(req: Request) -> bool:
+    """A GET of a tar shard's bytes, not of a dataset whose prefix ends in ``-warmup`` (the
+    one a test reads first to set its S3 client up, undelayed)."""
+    return req.method == "GET" and req.path.endswith(".tar") and "-warmup/" not in req.path
 
 
 @dataclass
