@@ -75,7 +75,7 @@ class PlannedLoader:
         self.readahead = parts.readahead
         self.readahead_budget = parts.readahead_budget
         self._feeder: StreamFeeder | None = None
-        self._primed: PassOrder | None = None  # the order start_fetching() began on
+        self._primed = False  # the feeder was started by start_fetching(), no pass has it
         self.recorder.extra = self._readahead_stats
         self._finished = False
         self._active = False
@@ -193,7 +193,7 @@ class PlannedLoader:
         if not order.num_batches or isinstance(self.source, LocalShardSource):
             return 0
         feeder = self.stream(order, lookahead=self._lookahead())
-        self._primed = order
+        self._primed = True
         feeder.ask(0)
         return feeder.shards_asked()
 
@@ -203,14 +203,14 @@ class PlannedLoader:
         and fetches further ahead as ``readahead``/``readahead_budget`` allow. Its
         ``snapshot()`` is the ``"readahead"`` entry of ``stats()``. A feeder that
         ``start_fetching`` began on the same order is taken over."""
-        primed, self._primed = self._primed, None
+        primed, self._primed = self._primed, False
         if self._feeder is not None and self._feeder.pid != os.getpid():
             self._feeder = None  # a forked worker's copy: its threads live in the parent
         if (
-            primed is not None
+            primed
             and self._feeder is not None
             and self._feeder.lookahead == lookahead
-            and primed.same(order)
+            and self._feeder.pass_order.same(order)
         ):
             return self._feeder
         if self._feeder is not None:
@@ -313,9 +313,9 @@ class PlannedLoader:
         return self.recorder.summary()
 
     def close(self) -> None:
-        if self._primed is not None and self._feeder is not None:
+        if self._primed and self._feeder is not None:
             self._feeder.close()  # fetches started for a pass that never ran
-            self._primed = None
+            self._primed = False
         self.recorder.close()
 
 

@@ -81,7 +81,6 @@ class ShardDataset(PlannedLoader, IterableDataset):
         state["recorder"] = StatsRecorder(rank=self.ctx.rank)  # workers neither log nor export
         state["ledger"] = None
         state["_feeder"] = None  # a worker streams its share through a feeder of its own
-        state["_primed"] = None  # fetches started early run in the trainer, node-shared
         return state
 
     def __len__(self) -> int:

@@ -10,7 +10,6 @@ nothing, reads every shard once, and delivers the very batches of the plan.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -21,6 +20,7 @@ from flashfeed.loader.readahead import StreamFeeder
 from flashfeed.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
+from support.monitor_helpers import wait_for
 from support.slowproxy import is_shard_get
 
 DELAY = 1.0
@@ -40,14 +40,6 @@ def _loader(ds: Dataset, cache: ShardCache) -> Loader:
 
 def _keys(loader) -> list[str]:
     return [k for batch in loader for k in batch["__key__"]]
-
-
-def _wait_until(done, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout} s")
-        time.sleep(0.05)
 
 
 def test_fetches_started_before_the_loop_spare_the_first_batch_its_wait(
@@ -79,9 +71,10 @@ def test_fetches_started_before_the_loop_spare_the_first_batch_its_wait(
     loader = _loader(ds, cache)
     assert loader.start_fetching() == SHARDS  # the plan's window: every shard here
     # the job builds its model meanwhile; the shards land without the loop running
-    _wait_until(
+    wait_for(
+        "the shards asked for before the loop to be cached",
         lambda: all(cache.ready_path(ds, i) is not None for i in range(SHARDS)),
-        "the shards asked for before the loop were not cached",
+        timeout=30.0,
     )
     assert len([r for r in proxy.requests if is_shard_get(r)]) == SHARDS
     got = _keys(loader)
@@ -167,4 +160,6 @@ def test_a_loader_closed_before_its_loop_leaves_no_fetch_threads(s3_prefix, tmp_
     assert fetch_threads() - before  # the fetches run in threads of their own
     loader.close()
     cache.close()
-    _wait_until(lambda: not fetch_threads() - before, "the early fetches' threads did not end")
+    wait_for(
+        "the early fetches' threads to end", lambda: not fetch_threads() - before, timeout=30.0
+    )
