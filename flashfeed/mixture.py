@@ -327,6 +327,4 @@ def load_mixture(value: Mixture | str | os.PathLike[str] | Mapping[str, Any]) ->
 
 def is_mixture_file(value: object) -> bool:
     """A path that names a mixture file (by its suffix), not a dataset."""
-    return isinstance(value, str | os.PathLike) and str(value).endswith(
-        (".json", ".yaml", ".yml")
-    )
+    return isinstance(value, str | os.PathLike) and str(value).endswith((".json", ".yaml", ".yml"))

@@ -55,8 +55,10 @@ def test_yaml_file_form(tmp_path):
     [
         ({"sources": [{"url": "/a"}], "lenght": 5}, ["unknown key", "lenght"]),
         ({"sources": [{"url": "/a", "wieght": 2}]}, ["unknown key", "wieght"]),
-        ({"sources": [{"url": "/a"}], "schedule": [{"at": 1, "weight": {"a": 1}}]},
-         ["unknown key", "weight"]),
+        (
+            {"sources": [{"url": "/a"}], "schedule": [{"at": 1, "weight": {"a": 1}}]},
+            ["unknown key", "weight"],
+        ),
         ({"sources": [{"url": "/a", "weight": 0}]}, ["weight of source 'a'", "> 0", "0"]),
         ({"sources": [{"url": "/a", "weight": -2}]}, ["weight of source 'a'", "-2"]),
         ({"sources": [{"url": "/a", "weight": "heavy"}]}, ["weight of source 'a'", "heavy"]),
@@ -66,17 +68,31 @@ def test_yaml_file_form(tmp_path):
         ({"sources": [{"url": "/a"}], "until": "b"}, ["until='b'", "not a source"]),
         ({"sources": [{"url": "/a"}], "until": "a", "length": 4}, ["not both"]),
         ({"sources": [{"url": "/a"}], "length": 0}, ["length", ">= 1", "0"]),
-        ({"sources": [{"url": "/a"}], "schedule": [{"at": 3, "weights": {"z": 1}}]},
-         ["unknown source", "'z'"]),
-        ({"sources": [{"url": "/a"}, {"url": "/b"}],
-          "schedule": [{"at": 10, "weights": {"a": 2}, "ramp": 10},
-                       {"at": 15, "weights": {"a": 1}}]},
-         ["at 15", "overlap"]),
-        ({"sources": [{"url": "/a"}, {"url": "/b"}],
-          "schedule": [{"at": 10, "weights": {"a": 0, "b": 0}}]},
-         ["at 10", "every source off"]),
-        ({"sources": [{"url": "/a"}], "schedule": [{"at": -1, "weights": {"a": 1}}]},
-         ["'at'", "-1"]),
+        (
+            {"sources": [{"url": "/a"}], "schedule": [{"at": 3, "weights": {"z": 1}}]},
+            ["unknown source", "'z'"],
+        ),
+        (
+            {
+                "sources": [{"url": "/a"}, {"url": "/b"}],
+                "schedule": [
+                    {"at": 10, "weights": {"a": 2}, "ramp": 10},
+                    {"at": 15, "weights": {"a": 1}},
+                ],
+            },
+            ["at 15", "overlap"],
+        ),
+        (
+            {
+                "sources": [{"url": "/a"}, {"url": "/b"}],
+                "schedule": [{"at": 10, "weights": {"a": 0, "b": 0}}],
+            },
+            ["at 10", "every source off"],
+        ),
+        (
+            {"sources": [{"url": "/a"}], "schedule": [{"at": -1, "weights": {"a": 1}}]},
+            ["'at'", "-1"],
+        ),
         ({"sources": [{"url": ""}]}, ["url", "non-empty"]),
         ([{"url": "/a"}], ["must be a mapping"]),
     ],
