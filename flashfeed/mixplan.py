@@ -115,6 +115,8 @@ class MixPlanner:
                 raise ValueError(f"source {t.name!r} has no samples")
         self.totals = totals
         self.offsets = np.concatenate([[0], np.cumsum(totals)])
+        counts = np.array([len(t.sizes) for t in tables], dtype=np.int64)
+        self.shard_offsets = np.concatenate([[0], np.cumsum(counts)])
         self.src_options = tuple(
             replace(options, seed=_derived_seed(options.seed, t.digest)) for t in tables
         )
@@ -260,6 +262,34 @@ class MixPlanner:
             own = self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s])
             ids[rest == s] = own + self.offsets[s]
         return MixRankPlan(ids, rest)
+
+    def node_samples(self, progress: MixProgress, node_rank: int) -> np.ndarray:
+        """Virtual ids one node's ranks still read of the deal, position by position (its
+        ranks advance in lock-step): the order its cache needs them in."""
+        topo = progress.topology
+        topo.check_node(node_rank)
+        rpn = topo.rpn
+        plans = [self.rank_plan(progress, node_rank * rpn + j).samples for j in range(rpn)]
+        return np.stack(plans, axis=1).reshape(-1)
+
+    def shard_of(self, ids: np.ndarray) -> np.ndarray:
+        """Virtual shard numbers (the sources' shard tables end to end) of virtual ids."""
+        source = np.searchsorted(self.offsets, ids, side="right") - 1
+        out = np.empty(len(ids), np.int64)
+        for s in np.unique(source):
+            mask = source == s
+            own = np.asarray(self.tables[s].sizes, dtype=np.int64)
+            ends = np.cumsum(own)
+            out[mask] = np.searchsorted(ends, ids[mask] - self.offsets[s], side="right")
+            out[mask] += self.shard_offsets[s]
+        return out
+
+    def node_shard_order(self, progress: MixProgress, node_rank: int) -> list[int]:
+        """The virtual shards one node reads in the rest of the deal, in order of first need:
+        what ``cache warm`` fetches and what eviction looks ahead at."""
+        shards = self.shard_of(self.node_samples(progress, node_rank))
+        uniq, first = np.unique(shards, return_index=True)
+        return uniq[np.argsort(first, kind="stable")].tolist()
 
     # -- moving on -----------------------------------------------------------------------
 

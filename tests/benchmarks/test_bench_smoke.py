@@ -214,6 +214,11 @@ def test_plan_cost_and_eviction_curve_at_small_sizes() -> None:
     assert cost["shards"] == 200 and cost["node_shards"] > 0
     assert cost["rank_plan_s"] > 0 and cost["whole_epoch_s"] > 0
     assert cost["samples_per_rank"] == 500 and cost["samples_per_rank_after_resplit"] > 0
+    mix = planbench.mixture_scale(4, 20, world_size=8, ranks_per_node=2, new_world_size=6)
+    scale_keys = {"shards", "samples", "world_size", "ranks_per_node", "open_s", "rank_plan_s"}
+    assert scale_keys | {"node_order_s", "resplit_s", "peak_rss_mib"} <= set(mix)
+    assert mix["shards"] == 80 and mix["samples"] == 80_000 and mix["node_shards"] > 0
+    assert mix["samples_per_rank_after_resplit"] < mix["samples_per_rank"]
     curve = planbench.eviction_curve(shards=8, epochs=2, fractions=(0.5,))
     assert curve[0]["optimum"] >= curve[0]["plan_aware"] >= 0.0
 
