@@ -13,6 +13,8 @@ import numpy as np
 from flashfeed.dataset import Dataset
 
 from .ledger import Ledger
+from .mixposition import MixPosition
+from .mixsource import MixtureDataset
 from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
 from .position import Position
@@ -42,8 +44,12 @@ class PlannedLoader:
         self.batch_size = batch_size
         self.drop_last = parts.options.drop_last
         self.source = parts.source
-        self.position = Position(
-            _shard_samples(dataset), ctx, parts.options, dataset_id=_dataset_id(dataset)
+        self.position: Position | MixPosition = (
+            MixPosition(dataset, ctx, parts.options)
+            if isinstance(dataset, MixtureDataset)
+            else Position(
+                _shard_samples(dataset), ctx, parts.options, dataset_id=_dataset_id(dataset)
+            )
         )
         telemetry = parts.telemetry
         self.ledger = (
@@ -105,10 +111,7 @@ class PlannedLoader:
     def _next_remaining(self) -> np.ndarray:
         """The sample ids the next pass reads, without moving to the next epoch."""
         if self._finished:
-            ahead = Position(self.position.shard_sizes, self.ctx, self.position.options)
-            ahead.dataset_id = self.position.dataset_id
-            ahead.set_epoch(self.position.epoch + 1)
-            return ahead.remaining()
+            return self.position.following().remaining()
         return self.position.remaining()
 
     def state_dict(self) -> dict[str, Any]:
@@ -369,7 +372,7 @@ class ShardNames(Sequence[str]):
     for a million-shard dataset builds no list of a million strings (nor pickles one into
     each reader process)."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset | MixtureDataset) -> None:
         self._manifest = dataset.manifest
 
     def __len__(self) -> int:

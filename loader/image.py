@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flashfeed.dataset import Dataset
+from flashfeed.mixture import Mixture
 
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool, to_keys, to_torch
@@ -46,7 +47,7 @@ class Loader(PlannedLoader):
 
     def __init__(
         self,
-        dataset: str | Dataset,
+        dataset: str | Dataset | Mixture,
         *,
         batch_size: int,
         image_size: int = 224,

@@ -27,6 +27,7 @@ import pyarrow as pa
 import torch
 
 from flashfeed.dataset import Dataset
+from flashfeed.mixture import Mixture
 
 from .arrowcols import ArrowShardView, open_arrow_view
 from .base import Made, PlannedLoader
@@ -61,7 +62,7 @@ class TokenLoader(PlannedLoader):
 
     def __init__(
         self,
-        dataset: str | Dataset,
+        dataset: str | Dataset | Mixture,
         *,
         batch_size: int,
         columns: Sequence[str] = ("tokens",),
