@@ -260,3 +260,21 @@ def test_shard_dataset_reads_a_mixture(tmp_path):
     keys = [s["__key__"] for s in ds]
     assert len(keys) == 20 and {k.split(":")[0] for k in keys} == {"a", "b"}
     assert sum(k.startswith("a:") for k in keys) == 10
+
+
+def test_the_readme_mixture_example_runs(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    block = [b for b in blocks if "Mixture(" in b and "TokenLoader(mix" in b]
+    assert len(block) == 1
+    script = tmp_path / "mix_example.py"
+    script.write_text(block[0])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["400", "50", "100"]
