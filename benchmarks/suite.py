@@ -19,6 +19,8 @@ rounds whose order rotates every round):
   peers    litdata and mosaicml-streaming beside flashfeed       (peers.py, .bench-venv)
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
+  mixture  TokenLoader over 3 sources and Loader over 2 vs one dataset of the same shards,
+           share error per source beside its weight                (mixbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
@@ -66,6 +68,7 @@ STAGES = (
     "peers",
     "stalls",
     "plan",
+    "mixture",
     "crypto",
 )
 
@@ -268,6 +271,10 @@ def run_stages(
     if "plan" in stages:
         data = r.run("plan", "planbench.py", ["--shards", "10000,100000,1000000"])
         out["plan"] = {"data": data} if data else {}
+    if "mixture" in stages:
+        args = ["--rows", str(p.token_rows), "--images", str(p.loader_base_images)]
+        data = r.run("mixture", "mixbench.py", [*args, "--rounds", str(max(2, p.rounds))])
+        out["mixture"] = {"data": data} if data else {}
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}

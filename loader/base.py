@@ -13,13 +13,13 @@ import numpy as np
 from flashfeed.dataset import Dataset
 
 from .ledger import Ledger
-from .mixposition import MixPosition
+from .mixposition import MixPosition, SourceStats
 from .mixsource import MixtureDataset
 from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
-from .sources import CacheShardSource, LocalShardSource
+from .sources import CacheShardSource, reads_in_place
 from .stats import BatchTiming, StatsRecorder
 
 __all__ = ["Made", "PlannedLoader"]
@@ -82,6 +82,9 @@ class PlannedLoader:
         self.readahead_budget = parts.readahead_budget
         self._feeder: StreamFeeder | None = None
         self._primed = False  # the feeder was started by start_fetching(), no pass has it
+        self.source_stats = (
+            SourceStats(dataset.names) if isinstance(dataset, MixtureDataset) else None
+        )
         self.recorder.extra = self._readahead_stats
         self._finished = False
         self._active = False
@@ -193,7 +196,7 @@ class PlannedLoader:
         many shards it started fetching: 0 for a dataset read in place (nothing to fetch)."""
         self._refuse_second_pass()
         order = self._order(self._next_remaining())
-        if not order.num_batches or isinstance(self.source, LocalShardSource):
+        if not order.num_batches or reads_in_place(self.source):
             return 0
         feeder = self.stream(order, lookahead=self._lookahead())
         self._primed = True
@@ -231,7 +234,12 @@ class PlannedLoader:
 
     def _readahead_stats(self) -> dict[str, Any]:
         feeder = self._feeder
-        return {} if feeder is None else {"readahead": feeder.snapshot()}
+        out = {} if feeder is None else {"readahead": feeder.snapshot()}
+        if self.source_stats is not None:
+            rec = self.recorder
+            elapsed = (rec.last_t - rec.first_t) if rec.last_t and rec.first_t else 0.0
+            out["sources"] = self.source_stats.summary(elapsed)
+        return out
 
     def _deliver_batches(
         self,
@@ -296,6 +304,8 @@ class PlannedLoader:
             if keys is None:
                 raise ValueError(f"{self._describe()} keeps a ledger: deliver() needs the keys")
             self.ledger.record(epoch, keys)
+        if self.source_stats is not None:
+            self.source_stats.record(self._sources_of(samples, keys), storage)
         self.position.advance(samples)
         self.recorder.record(
             BatchTiming(
@@ -310,6 +320,17 @@ class PlannedLoader:
                 step=step,
             )
         )
+
+    def _sources_of(self, samples: int, keys: Sequence[str] | None) -> list[str]:
+        """The source of each delivered sample: from its key, else from the plan."""
+        if keys is not None:
+            return [k.split(":", 1)[0] for k in keys]
+        position = self.position
+        if not isinstance(position, MixPosition):
+            return []
+        ids = position.rank_plan().samples[:samples]
+        names = position.mix.names
+        return [names[s] for s in position.source_of(ids).tolist()]
 
     def stats(self) -> dict[str, Any]:
         """Samples/s, wait seconds and fractions per kind, cache hits, since construction."""

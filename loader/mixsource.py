@@ -23,7 +23,7 @@ from flashfeed.mixplan import SourceTable
 from flashfeed.mixture import Mixture
 from flashfeed.wdsindex import SampleIndex
 
-from .sources import ShardSource, node_cache_dir, open_dataset, open_source
+from .sources import ShardSource, node_cache_dir, open_dataset, open_source, reads_in_place
 
 if TYPE_CHECKING:
     from flashfeed.cache import PartialShard
@@ -141,6 +141,8 @@ class MixtureShardSource:
     def __init__(self, dataset: MixtureDataset, sources: Sequence[ShardSource]) -> None:
         self.dataset = dataset
         self.sources = tuple(sources)
+        #: every source reads local files in place (the loader then streams nothing)
+        self.in_place = all(reads_in_place(s) for s in self.sources)
 
     @property
     def capacity(self) -> int | None:

@@ -26,7 +26,7 @@ from flashfeed.units import parse_size
 from flashfeed.wdsindex import SampleIndex
 
 from .passorder import PassOrder
-from .sources import LocalShardSource, ShardSource
+from .sources import ShardSource, reads_in_place
 
 if TYPE_CHECKING:
     from flashfeed.cache import FillView
@@ -68,7 +68,7 @@ class StreamFeeder:
         per_sample = np.asarray(shard_bytes, np.float64) / np.maximum(shard_samples, 1)
         self._cum = np.concatenate([[0.0], np.cumsum(per_sample[pass_order.shards])])
         self.pid = os.getpid()  # its threads run in this process only
-        self.streaming = not isinstance(source, LocalShardSource)  # read in place: no fills
+        self.streaming = not reads_in_place(source)  # read in place: no fills
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ff-need")
         self._by_shard: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._told: set[int] = set()

@@ -264,3 +264,23 @@ def test_cpu_steal_reads_this_machines_counters() -> None:
     steal, total = _load("machine").cpu_steal()
     assert 0.0 <= steal_before <= steal <= total
     assert total > total_before > 0.0  # seconds since boot, all CPUs, moving forward
+
+
+def test_the_mixture_benchmark_runs_tiny_and_prints_its_keys(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "mixbench.py"
+    out = tmp_path / "mix.json"
+    args = ["--rows", "96", "--images", "32", "--rounds", "1", "--seq-len", "16"]
+    proc = subprocess.run([sys.executable, str(script), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TokenLoader GB/s (3 sources)" in proc.stdout
+    assert "Loader img/s (2 sources)" in proc.stdout and "window err" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"single_gbs", "mixture_gbs", "ratio", "shares"} <= set(data["tokens"])
+    assert {"single_img_s", "mixture_img_s", "ratio"} <= set(data["images"])
+    assert [s["source"] for s in data["tokens"]["shares"]] == ["t0", "t1", "t2"]
+    assert all(s["epoch_error"] < 0.05 for s in data["tokens"]["shares"])

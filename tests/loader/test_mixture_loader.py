@@ -72,6 +72,10 @@ def test_a_token_mixture_epoch_names_sources_and_holds_its_shares(corpora, tmp_p
             n = int(rest.rsplit("/t", 1)[1])  # the row holds what its key names
             assert row.tolist() == (n * 7 + np.arange(SEQ)).tolist()
         got[rank] = keys
+        per = loader.stats()["sources"]
+        for name in SIZES:  # stats count what was delivered, per source
+            assert per[name]["samples"] == sum(k.startswith(name + ":") for k in keys)
+            assert per[name]["samples_per_s"] > 0 and per[name]["storage_wait_s"] >= 0
     checks = check_mixture(ledger, _keys(corpora), WEIGHTS)[0]
     assert checks["unknown"] == 0
     for name in SIZES:
