@@ -203,9 +203,14 @@ class MixtureShardSource:
     def stats(self) -> dict[str, Any]:
         per = {n: src.stats() for n, src in zip(self.dataset.names, self.sources, strict=True)}
         first = next(iter(per.values()))
-        out: dict[str, Any] = {"kind": first.get("kind", "mixture"), "sources": per}
-        for key in ("hits", "misses"):
-            out[key] = sum(int(p.get(key, 0) or 0) for p in per.values())
+        caches = {id(getattr(s, "cache", None)) for s in self.sources}
+        if len(caches) == 1 and getattr(self.sources[0], "cache", None) is not None:
+            out = dict(first)  # one node cache: its counters are the mixture's
+        else:
+            out = {"kind": first.get("kind", "mixture")}
+            for key in ("hits", "misses"):
+                out[key] = sum(int(p.get(key, 0) or 0) for p in per.values())
+        out["sources"] = per
         return out
 
 

@@ -117,25 +117,37 @@ def _stop(loader, batches):
 
 def test_elastic_resume_reads_every_source_once(corpora, tmp_path):
     mix = _mix(corpora, until="code")  # read code exactly once
-    before = [TokenLoader(mix, batch_size=4, rank=r, world_size=2, seed=5) for r in range(2)]
+    ledger = str(tmp_path / "ledger")
+
+    def make(rank, world):
+        return TokenLoader(mix, batch_size=4, rank=rank, world_size=world, seed=5,
+                           ledger_dir=ledger)  # fmt: skip
+
     keys, states = [], []
-    for loader in before:
+    for loader in [make(r, 2) for r in range(2)]:
         k, s = _stop(loader, 5)
         keys += k
         states.append(s)
     assert states[0] == states[1]
     for rank in range(3):
-        loader = TokenLoader(mix, batch_size=4, rank=rank, world_size=3, seed=5)
+        loader = make(rank, 3)
         loader.load_state_dict(states[0])
         keys += _rows(loader)[0]
     per = {n: [k for k in keys if k.startswith(n + ":")] for n in SIZES}
     for name in ("web", "code"):
         assert len(set(per[name])) == len(per[name]), f"{name} read twice"
-    code = set(per["code"])
     total = sum(SIZES["code"])
     # every sample of code once, but for the drop_last surplus of each world size (< 2 + 3)
     # and the last partial batches
-    assert total - 5 - 3 * 4 <= len(code) <= total
+    assert total - 5 - 3 * 4 <= len(set(per["code"])) <= total
+    # the ledgers of both world sizes prove the same, per source
+    checks = check_mixture(ledger, _keys(corpora), WEIGHTS)[0]
+    assert checks["unknown"] == 0 and sum(c.delivered for n, c in checks.items()
+                                          if n != "unknown") == len(keys)  # fmt: skip
+    for name in ("web", "code"):
+        assert checks[name].ok and checks[name].distinct == checks[name].delivered
+    assert checks["code"].missing <= 5 + 3 * 4
+    assert checks["books"].ok  # read more than once over: never beyond its cycles
 
 
 def test_weight_change_at_resume_reads_nothing_twice(corpora):
