@@ -306,6 +306,9 @@ class PlannedLoader:
             self.ledger.record(epoch, keys)
         if self.source_stats is not None:
             self.source_stats.record(self._sources_of(samples, keys), storage)
+            exporter = self.recorder.exporter
+            if exporter is not None:
+                exporter.set_sources(self.source_stats.samples, self.source_stats.storage_s)
         self.position.advance(samples)
         self.recorder.record(
             BatchTiming(

@@ -294,3 +294,53 @@ def test_the_readme_mixture_example_runs(tmp_path):
                           timeout=300, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["400", "50", "100"]
+
+
+def test_resume_across_a_scheduled_change_is_exact(corpora):
+    from flashfeed.mixture import Change
+
+    mix = _mix(corpora, length=240, schedule=(Change(120, {"books": 6.0}, ramp=40),))
+    full, _ = _rows(TokenLoader(mix, batch_size=6, rank=0, world_size=2, seed=7))
+    assert len(full) == 120
+    # before the change (global 120 = 60 per rank) books is 1/6, after the ramp 6/11
+    assert sum(k.startswith("books:") for k in full[:60]) == pytest.approx(10, abs=2)
+    assert sum(k.startswith("books:") for k in full[80:]) == pytest.approx(40 * 6 / 11, abs=2)
+    for stop in (8, 10, 12):  # 48, 60 and 72 samples per rank: before, at, inside the ramp
+        head, state = _stop(TokenLoader(mix, batch_size=6, rank=0, world_size=2, seed=7), stop)
+        again = TokenLoader(mix, batch_size=6, rank=0, world_size=2, seed=7)
+        again.load_state_dict(state)
+        assert head + _rows(again)[0] == full
+
+
+def test_shard_data_loader_workers_read_a_mixture(tmp_path):
+    from flashfeed.loader import ShardDataset
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    make_image_dataset(a, [8, 8])
+    make_image_dataset(b, [6, 6], classes=3)
+    ds = ShardDataset(Mixture((Source(a, 1), Source(b, 3)), length=24), batch_size=4,
+                      transform=lambda s: {"__key__": s["__key__"]})  # fmt: skip
+    loader = ds.loader(num_workers=2)
+    keys = [k for batch in loader for k in batch["__key__"]]
+    assert len(keys) == 24 and sum(k.startswith("b:") for k in keys) == 18
+    a_keys = [k for k in keys if k.startswith("a:")]
+    assert len(set(a_keys)) == len(a_keys) == 6
+
+
+def test_prometheus_labels_series_by_source(corpora):
+    import urllib.request
+
+    pytest.importorskip("prometheus_client")
+    loader = TokenLoader(_mix(corpora, length=120), batch_size=6, prometheus_port=0)
+    try:
+        keys = [k for b in loader for k in b["__key__"]]
+        port = loader.recorder.exporter.port
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    finally:
+        loader.close()
+    for name in SIZES:
+        line = next(x for x in body.splitlines()
+                    if x.startswith("flashfeed_source_samples_total{") and
+                    f'source="{name}"' in x)  # fmt: skip
+        assert float(line.rsplit(" ", 1)[1]) == sum(k.startswith(name + ":") for k in keys)
+    assert "flashfeed_source_storage_wait_seconds_total{" in body
