@@ -14,7 +14,7 @@ from flashfeed.dataset import Dataset
 
 from .ledger import Ledger
 from .mixposition import MixPosition, SourceStats
-from .mixsource import MixtureDataset
+from .mixsource import MixtureDataset, MixtureShardSource
 from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
 from .position import Position
@@ -74,7 +74,7 @@ class PlannedLoader:
             cache_stats=source.stats,
             exporter=exporter,
             # the node cache keeps this rank's status file for ``flashfeed top``
-            status_dir=source.cache.root if isinstance(source, CacheShardSource) else None,
+            status_dir=_status_dir(source),
             dataset=dataset.url,
         )
         self.shard_names = ShardNames(dataset)
@@ -412,6 +412,14 @@ class ShardNames(Sequence[str]):
         if isinstance(i, slice):
             return [self._manifest.shard_path(j) for j in range(*i.indices(len(self)))]
         return self._manifest.shard_path(i)
+
+
+def _status_dir(source: Any) -> str | None:
+    """The node cache's folder, where this rank's status file goes; None without a cache."""
+    if isinstance(source, MixtureShardSource):  # a mixture: the node cache its sources share
+        caches = [s for s in source.sources if isinstance(s, CacheShardSource)]
+        return str(caches[0].cache.root) if caches else None
+    return str(source.cache.root) if isinstance(source, CacheShardSource) else None
 
 
 def _shard_samples(dataset: Dataset) -> np.ndarray:

@@ -73,6 +73,7 @@ class StreamFeeder:
         self._by_shard: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._told: set[int] = set()
         self._needed: dict[int, Future[str]] = {}
+        self._ready: set[int] = set()  # shards whose fill completed: no more waiting on them
         self._asked: dict[int, float] = {}
         self._partials: dict[int, tuple[list[SampleIndex], FillView]] = {}
         self._pos = 0  # shards order[:_pos] are needed (their fills started)
@@ -155,6 +156,8 @@ class StreamFeeder:
         streamed = False
         blocked = 0.0
         for shard in np.unique(shards).tolist():
+            if shard in self._ready:
+                continue
             early, waited = self._wait_rows(shard, rows[shards == shard].tolist())
             streamed |= early
             blocked += waited
@@ -175,12 +178,14 @@ class StreamFeeder:
         if future.done() or (self.streaming and self._present(shard)):
             future.result()  # a failed fill raises here, naming the shard
             self._done(shard)
+            self._ready.add(shard)
             return False, 0.0
         t0 = time.perf_counter()
         early = self._stream_rows(shard, rows, future)
         if not early:
             future.result()
             self._done(shard)
+            self._ready.add(shard)
         return early, time.perf_counter() - t0
 
     def _stream_rows(self, shard: int, rows: list[int], future: Future[str]) -> bool:

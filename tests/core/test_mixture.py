@@ -44,6 +44,7 @@ def test_file_form_round_trips_and_resolves_relative_paths(tmp_path):
 
 
 def test_yaml_file_form(tmp_path):
+    pytest.importorskip("yaml")
     text = "sources:\n  - {url: /d/a, weight: 2}\n  - {url: /d/b, weight: 1}\nuntil: b\n"
     m = load_mixture(_write(tmp_path, text, "mix.yaml"))
     assert m.names == ("a", "b") and m.until == "b"

@@ -235,6 +235,11 @@ def test_token_mixture_from_the_object_store(s3_prefix, s3_info, tmp_path):
     recorded = read_ledger(ledger)[0]
     assert len(recorded) == len(keys)
     assert loader.stats()["cache"]["sources"]["x"]["kind"] == "cache"
+    # flashfeed top sees the mixture's rank in the node cache it reads through
+    from flashfeed.loader.status import read_statuses
+
+    assert len(read_statuses(str(tmp_path / "cache"))) == 1
+    loader.close()
     del rows
 
 
