@@ -14,6 +14,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.loader import TokenLoader
 from flashfeed.loader.ledger import read_ledger
 from flashfeed.loader.mixledger import check_mixture
+from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.mixture import Mixture, Source
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
@@ -167,6 +168,20 @@ def test_weight_change_at_resume_reads_nothing_twice(corpora):
     assert abs(np.mean([k.startswith("books:") for k in tail]) - 4 / 6) < 0.02
 
 
+def test_adding_a_source_at_resume(corpora):
+    two = _mix(corpora, {"web": 1.0, "code": 1.0}, length=200)
+    head, state = _stop(TokenLoader(two, batch_size=5, seed=4), 8)
+    three = _mix(corpora, {"web": 1.0, "code": 1.0, "books": 2.0}, length=200)
+    later = TokenLoader(three, batch_size=5, seed=4)
+    later.load_state_dict(state)
+    tail, _ = _rows(later)
+    assert len(head) + len(tail) == 200 and not any(k.startswith("books:") for k in head)
+    for name in ("web", "code"):
+        picked = [k for k in head + tail if k.startswith(name + ":")]
+        assert len(set(picked)) == len(picked)
+    assert abs(np.mean([k.startswith("books:") for k in tail]) - 0.5) < 0.03
+
+
 def test_states_of_other_mixtures_are_refused_naming_what_differs(corpora, tmp_path):
     state = _stop(TokenLoader(_mix(corpora, length=200), batch_size=4), 2)[1]
     fewer = _mix(corpora, {"web": 1.0, "code": 1.0}, length=200)
@@ -199,6 +214,11 @@ def test_sources_that_one_loader_cannot_read_alike(corpora, tmp_path):
     twice = Mixture((Source(corpora["web"], 1, "a"), Source(corpora["web"] + "/.", 1, "b")))
     with pytest.raises(ValueError, match="'a' and 'b' are the same dataset"):
         TokenLoader(twice, batch_size=4)
+    empty = str(tmp_path / "empty")
+    schema = Dataset.open(corpora["web"]).manifest.schema
+    commit_manifest(empty, Manifest(name="e", shard_format="arrow", schema=schema, shards=()))
+    with pytest.raises(ValueError, match="source 'empty' has no samples"):
+        TokenLoader(Mixture((Source(corpora["web"], 1, "web"), Source(empty, 1))), batch_size=4)
     typo = Mixture((Source(corpora["web"], 1, "web"), Source(corpora["web"] + "x", 1, "webx")))
     with pytest.raises(ValueError, match=r"mixture source 'webx'.*cannot be opened"):
         TokenLoader(typo, batch_size=4)
