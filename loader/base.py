@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
@@ -13,7 +14,7 @@ import numpy as np
 from flashfeed.dataset import Dataset
 
 from .ledger import Ledger
-from .mixposition import MixPosition, SourceStats
+from .mixposition import MixPosition
 from .mixsource import MixtureDataset, MixtureShardSource
 from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
@@ -82,9 +83,7 @@ class PlannedLoader:
         self.readahead_budget = parts.readahead_budget
         self._feeder: StreamFeeder | None = None
         self._primed = False  # the feeder was started by start_fetching(), no pass has it
-        self.source_stats = (
-            SourceStats(dataset.names) if isinstance(dataset, MixtureDataset) else None
-        )
+        self.mixture = isinstance(dataset, MixtureDataset)
         self.recorder.extra = self._readahead_stats
         self._finished = False
         self._active = False
@@ -235,10 +234,8 @@ class PlannedLoader:
     def _readahead_stats(self) -> dict[str, Any]:
         feeder = self._feeder
         out = {} if feeder is None else {"readahead": feeder.snapshot()}
-        if self.source_stats is not None:
-            rec = self.recorder
-            elapsed = (rec.last_t - rec.first_t) if rec.last_t and rec.first_t else 0.0
-            out["sources"] = self.source_stats.summary(elapsed)
+        if self.mixture:
+            out["sources"] = self.recorder.source_summary()
         return out
 
     def _deliver_batches(
@@ -304,11 +301,9 @@ class PlannedLoader:
             if keys is None:
                 raise ValueError(f"{self._describe()} keeps a ledger: deliver() needs the keys")
             self.ledger.record(epoch, keys)
-        if self.source_stats is not None:
-            self.source_stats.record(self._sources_of(samples, keys), storage)
-            exporter = self.recorder.exporter
-            if exporter is not None:
-                exporter.set_sources(self.source_stats.samples, self.source_stats.storage_s)
+        per_source: tuple[tuple[str, int], ...] = ()
+        if self.mixture:
+            per_source = tuple(sorted(Counter(self._sources_of(samples, keys)).items()))
         self.position.advance(samples)
         self.recorder.record(
             BatchTiming(
@@ -321,6 +316,7 @@ class PlannedLoader:
                 decode=decode,
                 h2d=h2d,
                 step=step,
+                sources=per_source,
             )
         )
 

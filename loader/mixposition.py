@@ -11,7 +11,6 @@ A state whose sources are missing or hold other data is refused, naming the sour
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +23,7 @@ from .distributed import DistContext
 from .mixsource import MixtureDataset
 from .position import STATE_VERSION, _field, _segments
 
-__all__ = ["MixPosition", "SourceStats"]
+__all__ = ["MixPosition"]
 
 
 class MixPosition:
@@ -207,37 +206,6 @@ class MixPosition:
                     f"source {name!r} holds other data than when the state was saved "
                     f"(dataset {digest}, now {mine[name]})"
                 )
-
-
-class SourceStats:
-    """Samples and storage wait per source, for ``stats()["sources"]``. Samples are counted
-    from the delivered keys (their ``<source>:`` prefix), or from the plan when a delivery
-    carries none; a batch's storage wait is shared among its sources by their samples in it.
-    """
-
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
-        self.samples = dict.fromkeys(names, 0)
-        self.storage_s = dict.fromkeys(names, 0.0)
-
-    def record(self, sources: list[str], storage: float) -> None:
-        if not sources:
-            return
-        for name, n in Counter(sources).items():
-            self.samples[name] = self.samples.get(name, 0) + n
-            self.storage_s[name] = self.storage_s.get(name, 0.0) + storage * n / len(sources)
-
-    def summary(self, elapsed: float) -> dict[str, Any]:
-        total = sum(self.samples.values()) or 1
-        return {
-            name: {
-                "samples": n,
-                "samples_per_s": n / elapsed if elapsed > 0 else 0.0,
-                "share": n / total,
-                "storage_wait_s": self.storage_s[name],
-            }
-            for name, n in self.samples.items()
-        }
 
 
 def _progress(state: dict[str, Any]) -> tuple[MixProgress, np.ndarray]:

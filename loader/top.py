@@ -60,6 +60,22 @@ def _pct(x: float) -> str:
     return f"{100 * max(0.0, min(x, 1.0)):5.1f}%"
 
 
+def _source_line(st: RankStatus) -> list[str]:
+    """A mixture's rank: its sources' shares of the samples and storage waits so far."""
+    per = st.data.get("sources") or {}
+    total = sum(float(v.get("samples", 0)) for v in per.values()) or 1.0
+    if not per:
+        return []
+    return [
+        f"{'':>4} {'':>7} sources: "
+        + ", ".join(
+            f"{name} {100 * float(v.get('samples', 0)) / total:.1f}% "
+            f"(storage {float(v.get('storage_s', 0.0)):.1f} s)"
+            for name, v in per.items()
+        )
+    ]
+
+
 class TopView:
     """Frames of ``flashfeed top`` for one cache directory; keeps the history rates need."""
 
@@ -105,9 +121,9 @@ class TopView:
             for key in [k for k in self._ranks if k not in live]:
                 del self._ranks[key]
             several = len({s.dataset for s in statuses}) > 1  # then each row names its own
-            lines += [
-                self._rank_row(s, now) + (f"  {s.dataset}" if several else "") for s in statuses
-            ]
+            for s in statuses:
+                lines.append(self._rank_row(s, now) + (f"  {s.dataset}" if several else ""))
+                lines += _source_line(s)
         if cache is not None:
             lines.append(self._cache_line(cache, now))
         return lines

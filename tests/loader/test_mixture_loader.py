@@ -238,7 +238,7 @@ def test_a_source_deleted_mid_run_names_source_and_shard(tmp_path):
             pass
 
 
-def test_token_mixture_from_the_object_store(s3_prefix, s3_info, tmp_path):
+def test_token_mixture_from_the_object_store(s3_prefix, s3_info, tmp_path, capsys):
     opts = s3_info.storage_options()
     urls = {}
     for name, sizes in (("x", [20, 25]), ("y", [30, 10, 12])):
@@ -246,8 +246,9 @@ def test_token_mixture_from_the_object_store(s3_prefix, s3_info, tmp_path):
         make_token_dataset(urls[name], sizes, seq_len=SEQ, storage_options=opts)
     mix = Mixture((Source(urls["x"], 1, "x"), Source(urls["y"], 1, "y")), until="x")
     ledger = str(tmp_path / "ledger")
+    log = str(tmp_path / "stats.jsonl")
     loader = TokenLoader(mix, batch_size=5, cache_dir=str(tmp_path / "cache"),
-                         storage_options=opts, ledger_dir=ledger)  # fmt: skip
+                         storage_options=opts, ledger_dir=ledger, stats_log=log)  # fmt: skip
     keys, rows = _rows(loader)
     assert {k.split(":")[0] for k in keys} == {"x", "y"}
     x = [k for k in keys if k.startswith("x:")]
@@ -259,8 +260,20 @@ def test_token_mixture_from_the_object_store(s3_prefix, s3_info, tmp_path):
     from flashfeed.loader.status import read_statuses
 
     assert len(read_statuses(str(tmp_path / "cache"))) == 1
+    from flashfeed.loader.top import TopView
+
+    frame = TopView(str(tmp_path / "cache")).frame()
+    assert any(line.strip().startswith("sources: x ") and "y " in line for line in frame)
     loader.close()
     del rows
+    # flashfeed report: each source's delivered samples, from the stats log
+    from flashfeed.cli import main
+
+    assert main(["report", log]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("sources: "))
+    for name in ("x", "y"):
+        assert f"{name} {sum(k.startswith(name + ':') for k in keys)} (" in line
 
 
 def test_image_mixture_through_dali_on_cpu(tmp_path):
