@@ -15,12 +15,12 @@ from flashfeed.dataset import Dataset
 
 from .ledger import Ledger
 from .mixposition import MixPosition
-from .mixsource import MixtureDataset, MixtureShardSource
+from .mixsource import MixtureDataset, status_root
 from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
-from .sources import CacheShardSource, reads_in_place
+from .sources import reads_in_place
 from .stats import BatchTiming, StatsRecorder
 
 __all__ = ["Made", "PlannedLoader"]
@@ -75,7 +75,7 @@ class PlannedLoader:
             cache_stats=source.stats,
             exporter=exporter,
             # the node cache keeps this rank's status file for ``flashfeed top``
-            status_dir=_status_dir(source),
+            status_dir=status_root(source),
             dataset=dataset.url,
         )
         self.shard_names = ShardNames(dataset)
@@ -302,8 +302,8 @@ class PlannedLoader:
                 raise ValueError(f"{self._describe()} keeps a ledger: deliver() needs the keys")
             self.ledger.record(epoch, keys)
         per_source: tuple[tuple[str, int], ...] = ()
-        if self.mixture:
-            per_source = tuple(sorted(Counter(self._sources_of(samples, keys)).items()))
+        if isinstance(self.position, MixPosition):
+            per_source = tuple(sorted(Counter(self.position.sources_of(samples, keys)).items()))
         self.position.advance(samples)
         self.recorder.record(
             BatchTiming(
@@ -319,17 +319,6 @@ class PlannedLoader:
                 sources=per_source,
             )
         )
-
-    def _sources_of(self, samples: int, keys: Sequence[str] | None) -> list[str]:
-        """The source of each delivered sample: from its key, else from the plan."""
-        if keys is not None:
-            return [k.split(":", 1)[0] for k in keys]
-        position = self.position
-        if not isinstance(position, MixPosition):
-            return []
-        ids = position.rank_plan().samples[:samples]
-        names = position.mix.names
-        return [names[s] for s in position.source_of(ids).tolist()]
 
     def stats(self) -> dict[str, Any]:
         """Samples/s, wait seconds and fractions per kind, cache hits, since construction."""
@@ -408,14 +397,6 @@ class ShardNames(Sequence[str]):
         if isinstance(i, slice):
             return [self._manifest.shard_path(j) for j in range(*i.indices(len(self)))]
         return self._manifest.shard_path(i)
-
-
-def _status_dir(source: Any) -> str | None:
-    """The node cache's folder, where this rank's status file goes; None without a cache."""
-    if isinstance(source, MixtureShardSource):  # a mixture: the node cache its sources share
-        caches = [s for s in source.sources if isinstance(s, CacheShardSource)]
-        return str(caches[0].cache.root) if caches else None
-    return str(source.cache.root) if isinstance(source, CacheShardSource) else None
 
 
 def _shard_samples(dataset: Dataset) -> np.ndarray:

@@ -11,6 +11,7 @@ A state whose sources are missing or hold other data is refused, naming the sour
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -100,6 +101,14 @@ class MixPosition:
     def source_of(self, ids: np.ndarray) -> np.ndarray:
         """The source number of each virtual sample id."""
         return np.searchsorted(self.planner.offsets, ids, side="right") - 1
+
+    def sources_of(self, samples: int, keys: Sequence[str] | None) -> list[str]:
+        """The source of each of the next ``samples`` delivered: from its key (what was
+        delivered), else from the plan."""
+        if keys is not None:
+            return [k.split(":", 1)[0] for k in keys]
+        names = self.mix.names
+        return [names[s] for s in self.source_of(self.rank_plan().samples[:samples]).tolist()]
 
     def state_dict(self) -> dict[str, Any]:
         p, t = self.progress, self.topology

@@ -23,7 +23,14 @@ from flashfeed.mixplan import SourceTable
 from flashfeed.mixture import Mixture
 from flashfeed.wdsindex import SampleIndex
 
-from .sources import ShardSource, node_cache_dir, open_dataset, open_source, reads_in_place
+from .sources import (
+    CacheShardSource,
+    ShardSource,
+    node_cache_dir,
+    open_dataset,
+    open_source,
+    reads_in_place,
+)
 
 if TYPE_CHECKING:
     from flashfeed.cache import PartialShard
@@ -212,6 +219,15 @@ class MixtureShardSource:
                 out[key] = sum(int(p.get(key, 0) or 0) for p in per.values())
         out["sources"] = per
         return out
+
+
+def status_root(source: Any) -> str | None:
+    """The node cache's folder, where a rank's status file goes (``flashfeed top``); for a
+    mixture the cache its sources share; None without a cache."""
+    if isinstance(source, MixtureShardSource):
+        caches = [s for s in source.sources if isinstance(s, CacheShardSource)]
+        return str(caches[0].cache.root) if caches else None
+    return str(source.cache.root) if isinstance(source, CacheShardSource) else None
 
 
 def open_mixture(
