@@ -202,6 +202,10 @@ class MixPlanner:
         keys = [seed & 0xFFFFFFFF, seed >> 32, _SALT_PHASE, progress.epoch, at]
         return np.random.default_rng(keys).random(len(self.tables))
 
+    def deal_key(self, progress: MixProgress) -> tuple[object, ...]:
+        """What identifies ``progress``'s deal (not how much of it was consumed)."""
+        return self._key(progress)
+
     def _key(self, progress: MixProgress) -> tuple[object, ...]:
         return (progress.epoch, progress.epoch_start, progress.start, progress.topology,
                 progress.cursors, progress.mixture)  # fmt: skip

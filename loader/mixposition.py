@@ -30,13 +30,16 @@ __all__ = ["MixPosition"]
 class MixPosition:
     """A rank's position in a mixture's plan; the interface of ``Position``."""
 
+    _deal: MixProgress  # the deal, with the samples taken when it was last set
+    _taken: int  # samples each rank took of the deal: advancing moves only this
+
     def __init__(self, dataset: MixtureDataset, ctx: DistContext, options: PlanOptions) -> None:
         self.mix = dataset
         self.ctx = ctx
         self.shard_sizes = dataset.manifest.shard_samples
         self.dataset_id: str | None = dataset.manifest.digest
         self._plan(options)
-        self.progress = self.planner.start(0, ctx.topology)
+        self.progress = self.planner.start(0, ctx.topology)  # its deal; see ``consumed``
         self.changes: list[list[Any]] = []
         self._memo: tuple[Any, RankPlan] | None = None
 
@@ -53,9 +56,20 @@ class MixPosition:
         return self.progress.epoch
 
     @property
+    def progress(self) -> MixProgress:
+        """Where the job stands: the deal and the samples each rank took of it."""
+        if self._deal.consumed != self._taken:
+            self._deal = replace(self._deal, consumed=self._taken)
+        return self._deal
+
+    @progress.setter
+    def progress(self, value: MixProgress) -> None:
+        self._deal, self._taken = value, value.consumed
+
+    @property
     def consumed(self) -> int:
         """Samples this rank took in the current deal."""
-        return self.progress.consumed
+        return self._taken
 
     @property
     def num_samples(self) -> int:
@@ -80,23 +94,23 @@ class MixPosition:
 
     def rank_plan(self) -> RankPlan:
         """What this rank still reads of this epoch (virtual sample ids)."""
-        whole = replace(self.progress, consumed=0)
-        if self._memo is None or self._memo[0] != (whole, self.ctx.rank):
-            plan = self.planner.rank_plan(whole, self.ctx.rank)
-            self._memo = ((whole, self.ctx.rank), RankPlan(plan.samples))
+        key = (self.planner.deal_key(self._deal), self.ctx.rank)
+        if self._memo is None or self._memo[0] != key:
+            whole = replace(self._deal, consumed=0)
+            self._memo = (key, RankPlan(self.planner.rank_plan(whole, self.ctx.rank).samples))
         samples = self._memo[1].samples
-        if self.progress.consumed > len(samples):
+        if self._taken > len(samples):
             raise ValueError(
-                f"resume state says each rank consumed {self.progress.consumed} samples of "
-                f"this deal but it has only {len(samples)}: the state belongs to another mixture"
+                f"resume state says each rank consumed {self._taken} samples of this deal but "
+                f"it has only {len(samples)}: the state belongs to another mixture"
             )
-        return RankPlan(samples[self.progress.consumed :])
+        return RankPlan(samples[self._taken :])
 
     def remaining(self) -> np.ndarray:
         return self.rank_plan().samples
 
     def advance(self, n: int) -> None:
-        self.progress = replace(self.progress, consumed=self.progress.consumed + n)
+        self._taken += n
 
     def source_of(self, ids: np.ndarray) -> np.ndarray:
         """The source number of each virtual sample id."""
@@ -106,7 +120,7 @@ class MixPosition:
         """The source of each of the next ``samples`` delivered: from its key (what was
         delivered), else from the plan."""
         if keys is not None:
-            return [k.split(":", 1)[0] for k in keys]
+            return [k[: k.index(":")] for k in keys]
         names = self.mix.names
         return [names[s] for s in self.source_of(self.rank_plan().samples[:samples]).tolist()]
 
