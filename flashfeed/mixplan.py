@@ -217,7 +217,9 @@ class MixPlanner:
             raise ValueError("this deal ran under another mixture: settle() it first")
         key = self._key(progress)
         if key not in self._deals:
-            self._deals = {key: self._deal(progress)}
+            while len(self._deals) >= 4:  # this epoch's deals and the next's, not all
+                del self._deals[next(iter(self._deals))]
+            self._deals[key] = self._deal(progress)
         return self._deals[key]
 
     def _deal(self, progress: MixProgress) -> np.ndarray:

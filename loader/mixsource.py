@@ -189,8 +189,19 @@ class MixtureShardSource:
         return out
 
     def fetch_ahead(self, shards: Sequence[int]) -> None:
-        for s, local in self._split(shards).items():
-            self.sources[s].fetch_ahead(local)
+        """Each run of one source's shards goes to that source in turn: the fetches start in
+        the mixture's order, not source after source."""
+        run: list[int] = []
+        current = -1
+        for v in shards:
+            s, local = self.dataset.locate_shard(int(v))
+            if s != current and run:
+                self.sources[current].fetch_ahead(run)
+                run = []
+            current = s
+            run.append(local)
+        if run:
+            self.sources[current].fetch_ahead(run)
 
     def need(
         self, shard: int, rows: Sequence[int] | np.ndarray, batches: Sequence[int] | np.ndarray
