@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
@@ -303,7 +302,7 @@ class PlannedLoader:
             self.ledger.record(epoch, keys)
         per_source: tuple[tuple[str, int], ...] = ()
         if isinstance(self.position, MixPosition):
-            per_source = tuple(sorted(Counter(self.position.sources_of(samples, keys)).items()))
+            per_source = self.position.source_counts(samples)
         self.position.advance(samples)
         self.recorder.record(
             BatchTiming(

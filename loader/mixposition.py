@@ -11,7 +11,6 @@ A state whose sources are missing or hold other data is refused, naming the sour
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -116,13 +115,12 @@ class MixPosition:
         """The source number of each virtual sample id."""
         return np.searchsorted(self.planner.offsets, ids, side="right") - 1
 
-    def sources_of(self, samples: int, keys: Sequence[str] | None) -> list[str]:
-        """The source of each of the next ``samples`` delivered: from its key (what was
-        delivered), else from the plan."""
-        if keys is not None:
-            return [k[: k.index(":")] for k in keys]
-        names = self.mix.names
-        return [names[s] for s in self.source_of(self.rank_plan().samples[:samples]).tolist()]
+    def source_counts(self, samples: int) -> tuple[tuple[str, int], ...]:
+        """Samples per source among the next ``samples`` of the plan (what a batch that the
+        loader checked against its pass order holds), for the statistics."""
+        ids = self.rank_plan().samples[:samples]
+        counts = np.bincount(self.source_of(ids), minlength=len(self.mix.names))
+        return tuple((n, int(c)) for n, c in zip(self.mix.names, counts, strict=True) if c)
 
     def state_dict(self) -> dict[str, Any]:
         p, t = self.progress, self.topology
