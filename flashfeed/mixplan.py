@@ -30,7 +30,7 @@ import numpy as np
 
 from .mixdeal import WeightCurve, deal
 from .mixture import Mixture
-from .plan import PlanOptions, Segment, Topology, rank_plan
+from .plan import PlanOptions, Segment, Topology, _epoch, rank_plan
 
 __all__ = ["Cursor", "MixPlanner", "MixProgress", "MixRankPlan", "SourceTable"]
 
@@ -137,6 +137,13 @@ class MixPlanner:
     ) -> np.ndarray:
         """Source ``s``'s own ids that ``rank`` still reads of cycle ``cycle``."""
         t = self.tables[s]
+        options = self.src_options[s]
+        if segments and not options.drop_last:
+            rest, _ = _epoch(t.sizes, options, epoch * CYCLE + cycle, topology, segments)
+            if rest.current.length < topology.world_size:
+                # without drop_last, a cycle's rest smaller than the new world size cannot
+                # reach every rank: that stretch of the cycle is skipped, never read twice
+                return np.zeros(0, np.int64)
         try:
             plan = rank_plan(
                 t.sizes,
