@@ -346,3 +346,25 @@ def test_any_mixture_resumed_elastically_reads_each_cycle_once(
             assert counts.max(initial=0) <= cycles
     ranks = [planner.rank_plan(moved, r).sources for r in range(after[0])]
     assert all(np.array_equal(ranks[0], x) for x in ranks)  # lock-step after the change
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.lists(st.floats(0.01, 50.0), min_size=2, max_size=8),
+    seed=st.integers(0, 2**40),
+    world=st.sampled_from([1, 3, 8]),
+    jump=st.floats(0.05, 20.0),
+    ramp=st.integers(0, 20_000),
+)
+def test_any_weights_and_schedule_hold_their_shares_in_every_window(
+    weights, seed, world, jump, ramp
+):
+    names = [f"s{i}" for i in range(len(weights))]
+    change = Change(world * 8_000, {names[0]: jump}, ramp=ramp * world)
+    mix = _mix(dict(zip(names, weights, strict=True)), length=world * 30_000, schedule=(change,))
+    tables = _tables(*[(n, 4, 3_000) for n in names])
+    planner = MixPlanner(mix, tables, PlanOptions(seed=seed))
+    srcs = planner.rank_plan(planner.start(0, Topology(world)), world - 1).sources
+    owed = planner.curve.owed(0.0, world, np.arange(len(srcs) + 1))
+    worst = _window_error(srcs, owed, 2_000)
+    assert (worst <= 3).all(), worst
