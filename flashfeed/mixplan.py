@@ -162,8 +162,22 @@ class MixPlanner:
     ) -> int:
         key = (s, epoch, cycle, topology, segments)
         if key not in self._lengths:
-            self._lengths[key] = len(self.cycle_plan(s, epoch, cycle, topology, 0, segments))
+            self._lengths[key] = self._count(s, epoch, cycle, topology, segments)
         return self._lengths[key]
+
+    def _count(
+        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...]
+    ) -> int:
+        """``len(cycle_plan(...))``, the same on every rank, without planning a rank."""
+        options = self.src_options[s]
+        try:
+            rest, skip = _epoch(self.tables[s].sizes, options, epoch * CYCLE + cycle, topology,
+                                segments)  # fmt: skip
+        except ValueError as exc:
+            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
+        if segments and not options.drop_last and rest.current.length < topology.world_size:
+            return 0  # the stretch cycle_plan skips
+        return max(rest.current.per_rank(options.drop_last) - skip, 0)
 
     def _full_len(self, s: int, topology: Topology) -> int:
         """Samples per rank of a whole cycle of source ``s`` (the same in every cycle)."""
