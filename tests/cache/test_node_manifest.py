@@ -66,7 +66,11 @@ def _shard_gets(proxy: SlowProxy) -> int:
     )
 
 
-def test_a_stale_header_is_fetched_again_and_the_table_only_when_it_changed(
+def _heads(proxy: SlowProxy, suffix: str) -> int:
+    return sum(1 for r in proxy.requests if r.method == "HEAD" and r.path.endswith(suffix))
+
+
+def test_each_opening_checks_the_version_with_one_head_and_fetches_only_a_new_one(
     s3_prefix, proxy, tmp_path
 ):
     make_token_dataset(s3_prefix, [10, 10], seq_len=4)
@@ -74,12 +78,16 @@ def test_a_stale_header_is_fetched_again_and_the_table_only_when_it_changed(
     root = str(tmp_path / "c")
     first = node_manifest(root, s3_prefix, storage_options=opts)
     assert _gets(proxy, "/manifest.json") == 1
-    node_manifest(root, s3_prefix, storage_options=opts)
-    assert _gets(proxy, "/manifest.json") == 1  # young copy: no request
-    again = node_manifest(root, s3_prefix, storage_options=opts, max_age=0.0)
-    assert _gets(proxy, "/manifest.json") == 2
-    assert _gets(proxy, ".arrow") == 1  # same table checksum: not fetched again
+    before = len(proxy.requests)
+    again = node_manifest(root, s3_prefix, storage_options=opts)
+    seen = [(r.method, r.path.rsplit("/", 1)[-1]) for r in proxy.requests[before:]]
+    assert seen == [("HEAD", "manifest.json")]  # one version check, the node's copy read
+    assert _gets(proxy, ".arrow") == 1
     assert again.digest == first.digest
+    make_token_dataset(s3_prefix, [10, 10, 5], seq_len=4, overwrite=True)  # a new commit
+    newer = node_manifest(root, s3_prefix, storage_options=opts)
+    assert newer.digest != first.digest and newer.num_samples == 25
+    assert _gets(proxy, "/manifest.json") == 2 and _gets(proxy, ".arrow") == 2
 
 
 def test_a_damaged_copy_is_fetched_again(s3_prefix, proxy, tmp_path):
