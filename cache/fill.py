@@ -207,12 +207,14 @@ def _fetch_to(
         if exc.errno == errno.ENOSPC:
             raise
         raise StorageError(
-            f"could not fetch shard {info.path} of {dataset.url} ({url}): "
+            f"could not fetch shard {info.path} of {dataset.url} ({url}) from "
+            f"{storage.endpoint(url, opts)}: "
             f"{storage.redact(f'{type(exc).__name__}: {exc}')}"
         ) from None
     except Exception as exc:
         raise StorageError(
-            f"could not fetch shard {info.path} of {dataset.url} ({url}): "
+            f"could not fetch shard {info.path} of {dataset.url} ({url}) from "
+            f"{storage.endpoint(url, opts)}: "
             f"{storage.redact(f'{type(exc).__name__}: {exc}')} (retries exhausted)"
         ) from None
     finally:
