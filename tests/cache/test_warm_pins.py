@@ -20,6 +20,7 @@ from flashfeed.cache.warm import warm_share
 from flashfeed.cli import main as cli_main
 from flashfeed.loader import TokenLoader
 
+from support.cache_data import make_dataset
 from support.loader_helpers import make_token_dataset
 
 _JOB = """
@@ -104,3 +105,23 @@ def test_a_warmed_share_is_never_evicted_by_another_jobs_dataset(
         k for batch in TokenLoader(c, batch_size=16, cache_dir=str(root)) for k in batch["__key__"]
     ]
     assert len(keys) == 2000
+
+
+def test_a_share_without_room_is_reported_over_capacity_not_failed(
+    s3_prefix: str, tmp_path: Path, capsys
+) -> None:
+    ds = make_dataset(f"{s3_prefix}/ds", shards=4, shard_bytes=40_000)
+    other = make_dataset(f"{s3_prefix}/other", shards=2, shard_bytes=40_000, seed=1)
+    capacity = sum(s.bytes + 200 for s in ds.shards)  # the share fits an empty cache
+    root = tmp_path / "node"
+    with ShardCache(root, capacity=capacity) as cache:
+        for i in range(2):  # another dataset's shards, pinned: the room left holds two
+            cache.get(other, i)
+            cache.pin(other, i)
+    argv = ["cache", "warm", ds.url, "--cache-dir", str(root), "--no-progress"]
+    assert cli_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "2 fetched, 0 already cached, 2 over capacity, 0 failed" in out
+    assert "failed" not in err and "re-run" not in err
+    with ShardCache(root) as cache:
+        assert all(cache.contains(other, i) for i in range(2))  # the pins held
