@@ -166,9 +166,7 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
             s3_store.start()
 
 
-def _journey(
-    cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_path: Path
-) -> None:
+def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 
