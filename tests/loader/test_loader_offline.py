@@ -137,3 +137,32 @@ def test_a_shard_the_cache_cannot_serve_fails_in_one_line_naming_it_and_the_stor
     assert own_store.info.endpoint in message
     loader.close()
     cache.close()
+
+
+def test_the_store_gone_mid_epoch_on_a_cold_cache_is_one_line_naming_the_shard(
+    own_store: EmbeddedStore, tmp_path: Path
+) -> None:
+    opts = own_store.info.storage_options()
+    prefix = "s3://flashfeed/offline-cold"
+    make_token_dataset(prefix, SHARDS, seq_len=8, storage_options=opts)
+    cache = ShardCache(
+        tmp_path / "node",
+        storage_options=opts,
+        retry=RetryPolicy(attempts=50, base_delay=0.1, max_delay=0.5, deadline=3),
+    )
+    loader = TokenLoader(
+        prefix, batch_size=8, cache=cache, storage_options=opts, readahead=0, window=1
+    )
+    delivered = 0
+    with pytest.raises(Exception) as failed:
+        for batch in loader:
+            delivered += len(batch["__key__"])
+            if delivered == 8:
+                own_store.stop()  # gone for good, mid-epoch, most shards not fetched yet
+    assert 8 <= delivered < TOTAL
+    message = str(failed.value)
+    assert "\n" not in message and "could not fetch shard shards/0000" in message
+    assert own_store.info.endpoint in message
+    assert cache.stats()["failures"] >= 1
+    loader.close()
+    cache.close()
