@@ -123,3 +123,15 @@ def test_a_header_naming_a_table_outside_the_prefix_is_refused(s3_prefix, tmp_pa
     with pytest.raises(ManifestError, match="escapes the dataset prefix"):
         node_manifest(str(tmp_path / "c"), s3_prefix)
     assert not list((tmp_path / "c").rglob("*.arrow"))
+
+
+def test_a_version_nowhere_to_be_found_is_refused_naming_both(s3_prefix, tmp_path):
+    current = make_token_dataset(s3_prefix, [10], seq_len=4).digest
+    root = str(tmp_path / "c")
+    assert node_manifest(root, s3_prefix, version=current).digest == current
+    gone = "0" * 32
+    with pytest.raises(ManifestError) as err:
+        node_manifest(root, s3_prefix, version=gone)
+    assert gone in str(err.value) and current in str(err.value) and s3_prefix in str(err.value)
+    with pytest.raises(ManifestError, match=gone):
+        TokenLoader(s3_prefix, batch_size=2, cache_dir=root, dataset_version=gone)
