@@ -53,6 +53,27 @@ class Segments:
     starts: np.ndarray | None = None
 
 
+_RAMPS: dict[int, np.ndarray] = {}
+
+
+def _ramp(n: int) -> np.ndarray:
+    """``arange(n)``, made once per size and shared read-only."""
+    r = _RAMPS.get(n)
+    if r is None:
+        r = np.arange(n, dtype=np.int64)
+        r.flags.writeable = False
+        _RAMPS.clear()  # one batch shape at a time (the last batch may be shorter)
+        _RAMPS[n] = r
+    return r
+
+
+def _fill_padding(out: np.ndarray, pad: np.ndarray, value: int) -> None:
+    """``value`` over the last ``pad[r]`` tokens of each row ``r``."""
+    L = out.shape[1]
+    for r in np.flatnonzero(pad).tolist():
+        out[r, L - pad[r] :] = value
+
+
 def document_outputs(
     seg: Segments,
     seq_len: int,
@@ -92,43 +113,31 @@ def document_outputs(
         out["cu_seqlens"] = buf
     if "max_seqlen" in outputs:
         out["max_seqlen"] = int(lengths.max()) if len(lengths) else 0
+    pos = None
     if "position_ids" in outputs or "document_offsets" in outputs:
-        # ones, with each segment's first token stepping back by the previous one's length
+        # a ramp 0..B*L-1 minus each token's segment start
         pos = alloc((B, L), np.dtype(np.int64))
-        flat = pos.reshape(-1)
-        flat[:] = 1
-        flat[starts] = 0
-        flat[starts[1:]] = 1 - lengths[:-1]
-        np.cumsum(flat, out=flat)
+        np.subtract(_ramp(B * L), np.repeat(starts, lengths), out=pos.reshape(-1))
         if "position_ids" in outputs:
             out["position_ids"] = pos
-    if "document_offsets" in outputs:
-        first = np.zeros(len(lengths), dtype=np.int64)
-        first[~is_pad] = seg.starts if seg.starts is not None else 0
-        offs = alloc((B, L), np.dtype(np.int64))
-        flat = offs.reshape(-1)
-        flat[:] = 0
-        flat[starts] = np.diff(first, prepend=0)
-        np.cumsum(flat, out=flat)  # each segment's start, spread over its tokens
-        offs += pos
-        for r in np.flatnonzero(has_pad).tolist():
-            offs[r, L - pad[r] :] = -1
-        out["document_offsets"] = offs
     if "document_ids" in outputs:
         ids = np.full(len(lengths), -1, dtype=np.int64)
         ids[~is_pad] = seg.ids
         doc = alloc((B, L), np.dtype(np.int64))
-        flat = doc.reshape(-1)
-        flat[:] = 0
-        flat[starts] = np.diff(ids, prepend=0)
-        np.cumsum(flat, out=flat)
+        np.copyto(doc.reshape(-1), np.repeat(ids, lengths))
         out["document_ids"] = doc
     if "labels" in outputs:
         labels = alloc((B, L), np.dtype(np.int64))
-        labels[:] = tokens
+        np.copyto(labels, tokens, casting="unsafe")
         flat = labels.reshape(-1)
         flat[starts[~is_pad]] = IGNORE_INDEX
-        for r in np.flatnonzero(has_pad).tolist():
-            labels[r, L - pad[r] :] = IGNORE_INDEX
+        _fill_padding(labels, pad, IGNORE_INDEX)
         out["labels"] = labels
+    if "document_offsets" in outputs and pos is not None:
+        first = np.zeros(len(lengths), dtype=np.int64)
+        first[~is_pad] = seg.starts if seg.starts is not None else 0
+        offs = alloc((B, L), np.dtype(np.int64))
+        np.add(pos.reshape(-1), np.repeat(first, lengths), out=offs.reshape(-1))
+        _fill_padding(offs, pad, -1)
+        out["document_offsets"] = offs
     return out

@@ -92,7 +92,7 @@ class TokenLoader(PlannedLoader):
         self.device = batch_device(device)
         self.pin_memory = self.device is not None if pin_memory is None else pin_memory
         #: pinned staging buffers and the events of the copies in flight (GPU only)
-        self.host_pool = HostPool()
+        self.host_pool = HostPool(per_shape=4 * (len(self.outputs) + len(self.columns)))
         self.copier = (
             DeviceCopier(self.device) if self.device is not None and self.pin_memory else None
         )
