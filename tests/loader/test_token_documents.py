@@ -5,6 +5,10 @@ positions and labels agree with a plain per-token walk of the rows."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +164,21 @@ def test_a_dataset_without_boundaries_reads_as_before_and_refuses_outputs(tmp_pa
         TokenLoader(prefix, batch_size=2, outputs=("positions",))
     with pytest.raises(ValueError, match="outputs must be a sequence"):
         TokenLoader(prefix, batch_size=2, outputs="labels")
+
+
+def test_the_readme_token_example_runs_as_printed(tmp_path: Path):
+    from support import REPO
+
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    block = next(b for b in blocks if "DOC_OUTPUTS" in b)
+    script = tmp_path / "tokens_example.py"
+    script.write_text(block)
+    env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env={**os.environ, **env},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    docs, shapes = proc.stdout.strip().splitlines()[-2:]
+    assert docs.startswith("300 documents,") and docs.endswith("pad tokens")
+    assert shapes == "torch.Size([4, 128]) torch.Size([4, 128]) 512"
