@@ -15,8 +15,9 @@ per batch of ``B`` rows of ``L`` tokens:
 - ``document_offsets`` (B, L) int64: each token's place in its whole document (a piece of a
   split document continues where the previous piece stopped), ``-1`` on padding.
 
-Vectorised over the batch (cumulative sums, no per-token Python), written into buffers the
-caller gives, so a pooled or pinned buffer is filled in place.
+Vectorised over the batch (one ``np.repeat`` of the segments per output, no per-token
+Python), written into buffers the caller gives, so a pooled or pinned buffer is filled in
+place.
 """
 
 from __future__ import annotations
@@ -107,10 +108,8 @@ def document_outputs(
     np.cumsum(lengths, out=cu[1:])
     starts = cu[:-1]
     out: dict[str, np.ndarray | int] = {}
-    if "cu_seqlens" in outputs:
-        buf = alloc((len(cu),), np.dtype(np.int32))
-        buf[:] = cu
-        out["cu_seqlens"] = buf
+    if "cu_seqlens" in outputs:  # small, and its length changes: not from the pools
+        out["cu_seqlens"] = cu.astype(np.int32)
     if "max_seqlen" in outputs:
         out["max_seqlen"] = int(lengths.max()) if len(lengths) else 0
     pos = None
