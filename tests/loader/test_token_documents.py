@@ -182,3 +182,12 @@ def test_the_readme_token_example_runs_as_printed(tmp_path: Path):
     docs, shapes = proc.stdout.strip().splitlines()[-2:]
     assert docs.startswith("300 documents,") and docs.endswith("pad tokens")
     assert shapes == "torch.Size([4, 128]) torch.Size([4, 128]) 512"
+
+
+def test_outputs_beside_tokens_in_their_stored_width(packed):
+    prefix, _ = packed
+    b = next(iter(TokenLoader(prefix, batch_size=4, dtype=None, outputs=("labels",))))
+    assert b["tokens"].dtype == torch.uint16 and b["labels"].dtype == torch.int64
+    keep = b["labels"] != IGNORE_INDEX
+    assert torch.equal(b["labels"][keep], b["tokens"].to(torch.int64)[keep])
+    assert set(b) == {"tokens", "labels", "__key__"}
