@@ -122,6 +122,7 @@ class IngestConfig:
             if self.format != "arrow":
                 raise ValueError("tokenization writes Arrow token datasets: use format='arrow'")
             _positive("seq_len", self.seq_len)
+            _positive("pack_window", self.pack_window)
             PackOptions(seq_len=self.seq_len or 1, mode=self.packing, window=self.pack_window)
             if not os.path.isfile(self.tokenizer):
                 raise ValueError(f"tokenizer file {self.tokenizer!r} does not exist")

@@ -97,3 +97,13 @@ def test_bad_options_are_named(kwargs, message):
 def test_negative_lengths_are_refused():
     with pytest.raises(ValueError, match="lengths must be"):
         plan_packing([3, -1], PackOptions(seq_len=4))
+
+
+def test_ingest_options_name_the_bad_packing_value():
+    from flashfeed.ingest import IngestConfig
+
+    base = {"source": "a", "dest": "b", "format": "arrow", "seq_len": 8, "tokenizer": __file__}
+    with pytest.raises(ValueError, match="packing must be one of .*'greedy'"):
+        IngestConfig(**base, packing="greedy")
+    with pytest.raises(ValueError, match="pack_window must be"):
+        IngestConfig(**base, pack_window=0)
