@@ -103,7 +103,7 @@ def test_ingest_options_name_the_bad_packing_value():
     from flashfeed.ingest import IngestConfig
 
     base = {"source": "a", "dest": "b", "format": "arrow", "seq_len": 8, "tokenizer": __file__}
-    with pytest.raises(ValueError, match="packing must be one of .*'greedy'"):
+    with pytest.raises(ValueError, match=r"packing must be one of .*'greedy'"):
         IngestConfig(**base, packing="greedy")
     with pytest.raises(ValueError, match="pack_window must be"):
         IngestConfig(**base, pack_window=0)
