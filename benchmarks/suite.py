@@ -20,6 +20,9 @@ rounds whose order rotates every round):
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
+           packing padding, TokenLoader GB/s with document outputs vs memcpy
+                                                                   (tokenize_bench.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -67,6 +70,7 @@ STAGES = (
     "stalls",
     "plan",
     "crypto",
+    "tokens",
 )
 
 
@@ -271,6 +275,9 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
+        data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
+        out["tokens"] = {"data": data} if data else {}
     return out
 
 
