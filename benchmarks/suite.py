@@ -22,6 +22,9 @@ rounds whose order rotates every round):
   mixture  TokenLoader over 3 sources and Loader over 2 vs one dataset of the same shards,
            share error per source beside its weight                (mixbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
+           packing padding, TokenLoader GB/s with document outputs vs memcpy
+                                                                   (tokenize_bench.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -70,6 +73,7 @@ STAGES = (
     "plan",
     "mixture",
     "crypto",
+    "tokens",
 )
 
 
@@ -278,6 +282,9 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
+        data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
+        out["tokens"] = {"data": data} if data else {}
     return out
 
 

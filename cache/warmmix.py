@@ -19,19 +19,30 @@ from flashfeed.dataset import Dataset
 from flashfeed.mixplan import MixPlanner, SourceTable
 from flashfeed.mixture import Mixture
 
+from .errors import CacheFullError
 from .nodeshare import NodeShare
+from .pins import pin_warmed, release_warm_pins
 from .shardcache import ShardCache
 from .warm import WarmResult
 
 __all__ = ["mixture_order", "open_sources", "warm_mixture"]
 
 
-def open_sources(mixture: Mixture, storage_options: dict[str, Any] | None = None) -> list[Dataset]:
-    """Every source's dataset; a source that cannot be opened is named."""
+def open_sources(
+    mixture: Mixture,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    cache: ShardCache | None = None,
+) -> list[Dataset]:
+    """Every source's dataset (manifests through ``cache`` when given, kept there for
+    offline runs); a source that cannot be opened is named."""
     out = []
     for s in mixture.sources:
         try:
-            out.append(Dataset.open(s.url, storage_options=storage_options))
+            if cache is not None:
+                out.append(cache.open_dataset(s.url))
+            else:
+                out.append(Dataset.open(s.url, storage_options=storage_options))
         except (OSError, ValueError) as exc:
             raise ValueError(
                 f"mixture source {s.key!r} ({s.url}) cannot be opened: {exc}"
@@ -74,8 +85,11 @@ def warm_mixture(
 ) -> WarmResult:
     """Fetch the shards of every source that this node reads first, in read order, up to
     the cache's capacity; never raises per shard (``WarmResult.failed`` names source and
-    shard). Records for each source which share of which mixture was warmed."""
-    datasets = open_sources(mixture, storage_options)
+    shard). Pins what it warmed (the last warm's pins of each source released first) and
+    records for each source which share of which mixture was warmed."""
+    datasets = open_sources(mixture, storage_options, cache=cache)
+    for d in datasets:
+        release_warm_pins(cache.root, d.url)
     order = mixture_order(mixture, datasets, share)
     wanted, room = [], cache.capacity
     for s, i in order:
@@ -100,10 +114,14 @@ def warm_mixture(
             s, i = futures[fut]
             try:
                 fut.result()
+            except CacheFullError:  # no room beside pinned or in-use shards, or a full disk
+                result.over_capacity += 1
             except Exception as exc:
                 where = f"{names[s]}:{datasets[s].shards[i].path}"
                 result.failed[where] = f"{type(exc).__name__}: {exc}"
             else:
+                pin_warmed(cache.dataset_dir(datasets[s]), i)
+                result.pinned += 1
                 result.already += (s, i) in present
                 result.fetched += (s, i) not in present
             bar.update(1)
@@ -118,6 +136,7 @@ def warm_mixture(
             mixture_digest=mixture.digest,
             source=names[s],
             shards=sum(1 for t, _ in wanted if t == s),
+            pinned=sum(1 for t, _ in wanted if t == s),
         )
         cache.record_warm(record)
     cache.counters.flush()

@@ -1,9 +1,11 @@
 """Proof of a mixture from delivered keys: per source, duplicates, misses and measured share.
 
 A mixture's ``__key__`` is ``<source>:<shard>/<key>``, so a ledger's hashes are attributed
-to sources through the keys each source holds. A source read less than once in an epoch must
-show no key twice; one read ``c`` times over no key more than ``c`` times (each cycle reads
-a sample once); its share of the delivered samples is set beside its weight.
+to sources through the keys each source holds. A source read at most once over in an epoch must
+show no key twice; one read several times over shows how often its keys were read (each
+cycle reads a sample at most once, so no key more often than the cycles begun; with
+``drop_last`` each cycle may leave a few out, so counts spread); its share of the delivered
+samples is set beside its weight.
 """
 
 from __future__ import annotations
@@ -25,15 +27,17 @@ class SourceCheck:
     delivered: int
     distinct: int
     keys: int  # samples the source holds
-    duplicates: dict[str, int]  # key -> times delivered, beyond the cycles begun
+    duplicates: dict[str, int]  # read at most once over: key -> times delivered (> 1)
     missing: int  # keys never delivered
+    most: int  # the most times one key was delivered
+    fewest: int  # the fewest times one key was delivered (0 if one was missed)
     share: float  # of every sample delivered in the epoch
     weight: float  # the weight it was given (normalised), for comparison
 
     @property
-    def cycles(self) -> int:
-        """Passes over the source begun in the epoch."""
-        return -(-self.delivered // self.keys) if self.keys else 0
+    def passes(self) -> float:
+        """Samples delivered over samples held: how many times over the source was read."""
+        return self.delivered / self.keys if self.keys else 0.0
 
     @property
     def ok(self) -> bool:
@@ -43,8 +47,9 @@ class SourceCheck:
         dup = ", ".join(f"{k} x{n}" for k, n in list(self.duplicates.items())[:3])
         return (
             f"{self.source}: {self.delivered} delivered ({self.distinct} distinct of "
-            f"{self.keys}, {self.missing} never), share {self.share:.4f} vs weight "
-            f"{self.weight:.4f}" + (f"; repeated beyond its cycles: {dup}" if dup else "")
+            f"{self.keys}, {self.missing} never, each {self.fewest}-{self.most} times), share "
+            f"{self.share:.4f} vs weight {self.weight:.4f}"
+            + (f"; read twice within one pass: {dup}" if dup else "")
         )
 
 
@@ -84,14 +89,17 @@ def check_mixture(
         checks: dict[str, SourceCheck | int] = {}
         for name, got in per.items():
             delivered = sum(got.values())
-            cycles = -(-delivered // sizes[name]) if sizes[name] else 0
+            once = delivered <= sizes[name]  # a sample without replacement: no key twice
+            missing = sizes[name] - len(got)
             checks[name] = SourceCheck(
                 source=name,
                 delivered=delivered,
                 distinct=len(got),
                 keys=sizes[name],
-                duplicates={named[h]: n for h, n in got.items() if n > cycles},
-                missing=sizes[name] - len(got),
+                duplicates={named[h]: n for h, n in got.items() if n > 1} if once else {},
+                missing=missing,
+                most=max(got.values(), default=0),
+                fewest=0 if missing else min(got.values(), default=0),
                 share=delivered / delivered_all,
                 weight=weights.get(name, 0.0) / total_w,
             )

@@ -37,7 +37,8 @@ class SharedKeywords(TypedDict, total=False):
     are fetched (``"auto"``: from the measured fetch time and batch rate; an int: that many
     shards; never more bytes than the budget, default half the cache up to 4 GiB);
     ``ledger_dir``/``stats_log``/``prometheus_port``/
-    ``prometheus_addr``: telemetry.
+    ``prometheus_addr``: telemetry; ``dataset_version``: read this version of the dataset
+    (a saved state's ``"dataset"``) instead of the one the URL holds now.
     """
 
     cache_dir: str | None
@@ -57,6 +58,7 @@ class SharedKeywords(TypedDict, total=False):
     stats_log: str | None
     prometheus_port: int | None
     prometheus_addr: str
+    dataset_version: str | None
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ def _build(
     stats_log: str | None = None,
     prometheus_port: int | None = None,
     prometheus_addr: str = "127.0.0.1",
+    dataset_version: str | None = None,
 ) -> LoaderParts:
     """``loader_parts`` with the shared keywords' defaults: the options are checked before
     anything is opened, the source after the dataset (it needs its shard table)."""
@@ -140,9 +143,16 @@ def _build(
         _check_format(loader, mix.url, mix.manifest.shard_format, shard_format)
         if source is not None:
             raise ValueError(f"{loader}: source= reads one dataset; a mixture routes its own")
+        if dataset_version is not None:
+            raise ValueError(
+                f"{loader}: dataset_version= names one dataset's version; a mixture's state "
+                "records each source's dataset"
+            )
         budget = readahead_budget_bytes(readahead_budget, routed)
         return LoaderParts(mix, ctx, options, routed, telemetry, shards_ahead, budget)
-    ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
+    ds = open_dataset(
+        dataset, storage_options, cache_dir=cache_dir, cache=cache, version=dataset_version
+    )
     found = ds.manifest.shard_format
     if found != shard_format:
         raise ValueError(

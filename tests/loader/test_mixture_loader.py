@@ -85,7 +85,8 @@ def test_a_token_mixture_epoch_names_sources_and_holds_its_shares(corpora, tmp_p
         assert abs(c.share - c.weight) < 0.01, str(c)
     # web (220 samples) is read 200 times: no key twice; books (60) over three times
     assert checks["web"].distinct == checks["web"].delivered == 200
-    assert checks["books"].cycles >= 2 and not checks["books"].duplicates
+    books = checks["books"]
+    assert 1 < books.passes < 2 and books.most == 2 and books.fewest >= 1  # two cycles begun
 
 
 def test_mixture_file_and_exact_resume(corpora, tmp_path):
@@ -148,7 +149,7 @@ def test_elastic_resume_reads_every_source_once(corpora, tmp_path):
     for name in ("web", "code"):
         assert checks[name].ok and checks[name].distinct == checks[name].delivered
     assert checks["code"].missing <= 5 + 3 * 4
-    assert checks["books"].ok  # read more than once over: never beyond its cycles
+    assert checks["books"].most <= -(-checks["books"].delivered // checks["books"].keys) + 1
 
 
 def test_weight_change_at_resume_reads_nothing_twice(corpora):
