@@ -31,6 +31,7 @@ import numpy as np
 from .mixdeal import WeightCurve, deal
 from .mixture import Mixture
 from .plan import PlanOptions, Segment, Topology, _epoch, rank_plan
+from .plan import node_samples as plan_node_samples
 
 __all__ = ["Cursor", "MixPlanner", "MixProgress", "MixRankPlan", "SourceTable"]
 
@@ -201,19 +202,65 @@ class MixPlanner:
         return Cursor(cursor.cycle + 1 + full, segs)
 
     def source_picks(
-        self, s: int, cursor: Cursor, epoch: int, topology: Topology, rank: int, lo: int, hi: int
+        self,
+        s: int,
+        cursor: Cursor,
+        epoch: int,
+        topology: Topology,
+        rank: int,
+        lo: int,
+        hi: int,
+        *,
+        node: bool = False,
     ) -> np.ndarray:
-        """Source ``s``'s own ids of ``rank``'s picks ``[lo, hi)`` of a deal from ``cursor``."""
+        """Source ``s``'s own ids of ``rank``'s picks ``[lo, hi)`` of a deal from ``cursor``;
+        with ``node``, of every rank of node ``rank``: one row per pick, one column per rank.
+        """
         out, pos, cycle, segs = [], 0, cursor.cycle, cursor.segments
         while pos < hi:
             n = self._cycle_len(s, epoch, cycle, topology, segs)
             if n == 0 and not segs:
                 self._full_len(s, topology)  # says the source is too small
             if pos + n > lo:
-                ids = self.cycle_plan(s, epoch, cycle, topology, rank, segs)
+                if node:
+                    ids = self._node_cycle(s, epoch, cycle, topology, rank, segs, n)
+                else:
+                    ids = self.cycle_plan(s, epoch, cycle, topology, rank, segs)
                 out.append(ids[max(lo - pos, 0) : hi - pos])
             pos, cycle, segs = pos + n, cycle + 1, ()
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
+        if not out:
+            return np.zeros((0, topology.rpn) if node else 0, np.int64)
+        return np.concatenate(out)
+
+    def _node_cycle(
+        self,
+        s: int,
+        epoch: int,
+        cycle: int,
+        topology: Topology,
+        node: int,
+        segments: tuple[Segment, ...],
+        n: int,
+    ) -> np.ndarray:
+        """Source ``s``'s ids that node ``node``'s ranks read of a cycle, ``(n, rpn)``: the
+        node's stream dealt round-robin (rank ``j``'s ``i``-th sample is element
+        ``i * rpn + j``); without ``drop_last`` (short ranks repeat) rank by rank."""
+        rpn = topology.rpn
+        if n == 0:
+            return np.zeros((0, rpn), np.int64)
+        if not self.src_options[s].drop_last:
+            ranks = [self.cycle_plan(s, epoch, cycle, topology, node * rpn + j, segments)
+                     for j in range(rpn)]  # fmt: skip
+            return np.stack(ranks, axis=1)
+        ids = plan_node_samples(
+            self.tables[s].sizes,
+            options=self.src_options[s],
+            epoch=epoch * CYCLE + cycle,
+            topology=topology,
+            node_rank=node,
+            segments=segments,
+        )
+        return ids.reshape(n, rpn)
 
     # -- deals ---------------------------------------------------------------------------
 
@@ -295,9 +342,19 @@ class MixPlanner:
         ranks advance in lock-step): the order its cache needs them in."""
         topo = progress.topology
         topo.check_node(node_rank)
-        rpn = topo.rpn
-        plans = [self.rank_plan(progress, node_rank * rpn + j).samples for j in range(rpn)]
-        return np.stack(plans, axis=1).reshape(-1)
+        labels = self.labels(progress)
+        lo = progress.consumed
+        before = np.bincount(labels[:lo], minlength=len(self.tables))
+        total = np.bincount(labels, minlength=len(self.tables))
+        rest = labels[lo:]
+        out = np.zeros((len(rest), topo.rpn), np.int64)
+        for s, t in enumerate(self.tables):
+            if total[s] > before[s]:
+                cur = progress.cursor(t.name)
+                own = self.source_picks(s, cur, progress.epoch, topo, node_rank, before[s],
+                                        total[s], node=True)  # fmt: skip
+                out[rest == s] = own + self.offsets[s]
+        return out.reshape(-1)
 
     def shard_of(self, ids: np.ndarray) -> np.ndarray:
         """Virtual shard numbers (the sources' shard tables end to end) of virtual ids."""

@@ -372,3 +372,28 @@ def test_any_weights_and_schedule_hold_their_shares_in_every_window(
     owed = planner.curve.owed(0.0, world, np.arange(len(srcs) + 1))
     worst = _window_error(srcs, owed, 2_000)
     assert (worst <= 3).all(), worst
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**40),
+    before=st.sampled_from([(4, 2), (6, 3), (2, 1)]),
+    after=st.sampled_from([(4, 2), (6, 3), (8, 4), (3, 1)]),
+    frac=st.floats(0.0, 1.0),
+    drop_last=st.booleans(),
+)
+def test_a_node_reads_what_its_ranks_read_position_by_position(
+    seed, before, after, frac, drop_last
+):
+    mix = _mix({"a": 3.0, "b": 1.0, "c": 0.5}, length=9_000)
+    tables = _tables(("a", 9, 300), ("b", 4, 120), ("c", 7, 200))
+    planner = MixPlanner(mix, tables, PlanOptions(seed=seed, drop_last=drop_last))
+    first = planner.start(0, Topology(*before))
+    at = MixProgress(**{**first.__dict__, "consumed": int(frac * len(planner.labels(first)))})
+    for progress in (first, at, planner.settle(at, planner.counts(at), Topology(*after))):
+        topo = progress.topology
+        for node in range(topo.num_nodes):
+            ranks = [planner.rank_plan(progress, node * topo.rpn + j).samples
+                     for j in range(topo.rpn)]  # fmt: skip
+            expected = np.stack(ranks, axis=1).reshape(-1)
+            assert np.array_equal(planner.node_samples(progress, node), expected)
