@@ -20,6 +20,8 @@ rounds whose order rotates every round):
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
+           near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup.py, .bench-venv)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -67,6 +69,7 @@ STAGES = (
     "stalls",
     "plan",
     "crypto",
+    "neardup",
 )
 
 
@@ -271,6 +274,9 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "neardup" in stages:
+        data = r.run("neardup", "neardup.py", list(p.neardup_args), python=r.peer_py)
+        out["neardup"] = {"data": data} if data else {}
     return out
 
 
