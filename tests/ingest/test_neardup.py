@@ -229,3 +229,24 @@ def test_minhash_estimates_jaccard_and_bands_follow_the_threshold() -> None:
 def test_union_find_keeps_each_clusters_smallest_id() -> None:
     edges = np.array([[5, 9, 0], [2, 5, 0], [7, 8, 1], [8, 11, 0]], dtype=np.int64)
     assert clusters(edges) == {2: 2, 5: 2, 9: 2, 7: 7, 8: 7, 11: 7}
+
+
+def test_the_readme_text_example_runs(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    (block,) = [b for b in blocks if "near_dup_threshold" in b]
+    script = tmp_path / "text_example.py"
+    script.write_text(block)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    skipped, counts = proc.stdout.strip().splitlines()[-2:]
+    assert "'near_duplicate':" in skipped and "'quality:short':" in skipped
+    before, after = int(counts.split()[0]), int(counts.split()[2])
+    assert after < before
