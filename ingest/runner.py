@@ -205,10 +205,14 @@ def _screen(
 ) -> tuple[list[Item], dict[str, Any]]:
     """Stage 2b: the quality filter and near-duplicate removal, as Ray tasks
     (``ingest.neardup``); their rejects join ``rejects``; what the manifest records."""
+    fields = output_fields(scan.fields, _transform_options(config))
     try:
-        field_name = text_field(output_fields(scan.fields, _transform_options(config)))
-    except ValueError as exc:
-        raise ValueError(f"near-duplicate removal and quality filters need {exc}") from None
+        field_name = text_field(fields)
+    except ValueError:
+        raise ValueError(
+            "near-duplicate removal and quality filters work on one text field (txt); the "
+            f"source has {sorted(fields)}: map one with --field txt=COLUMN"
+        ) from None
     found = screen(
         items,
         fmt=scan.format,

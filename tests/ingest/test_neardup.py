@@ -250,3 +250,41 @@ def test_the_readme_text_example_runs(tmp_path: Path) -> None:
     assert "'near_duplicate':" in skipped and "'quality:short':" in skipped
     before, after = int(counts.split()[0]), int(counts.split()[2])
     assert after < before
+
+
+def test_command_line_flags_reach_the_config_and_a_textless_source_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from flashfeed.ingest.cli import build_config, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ingest", "--help"])
+    help_text = capsys.readouterr().out
+    for flag in ("--near-dup-threshold J", "--quality-filter MODULE:FUNCTION", "--text-column"):
+        assert flag in help_text
+    args = parser.parse_args(
+        ["ingest", "SRC", "DEST", "--near-dup-threshold", "0.75", "--near-dup-shingle-size",
+         "7", "--near-dup-shingle-unit", "char", "--near-dup-num-perm", "64",
+         "--near-dup-backend", "numpy", "--quality-filter", "json:loads",
+         "--text-column", "body", "--text-max-doc-bytes", "1MiB"]
+    )  # fmt: skip
+    cfg = build_config(args)
+    assert cfg.near_dup_options() == NearDupOptions(
+        threshold=0.75, shingle_size=7, shingle_unit="char", num_perm=64, backend="numpy"
+    )
+    assert cfg.source_options == {"text": {"column": "body", "max_doc_bytes": "1MiB"}}
+    assert cfg.quality_function() is json.loads
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n3,4\n")
+    with pytest.raises(ValueError, match="work on one text field"):
+        run(
+            IngestConfig(
+                source=str(tmp_path / "t.csv"),
+                dest=str(tmp_path / "ds"),
+                near_dup_threshold=0.8,
+                progress="none",
+            )
+        )
