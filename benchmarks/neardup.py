@@ -231,10 +231,20 @@ def main(argv: list[str] | None = None) -> int:
             for c in cpus if i % 2 == 0 else cpus[::-1]:
                 runs[c].append(_child(str(src), str(work / f"ds{c}"), c, args.threshold))
         med = {c: statistics.median(r["docs_per_s"] for r in runs[c]) for c in cpus}
-        print(f"\n{'Ray CPUs':>8} {'docs/s':>8} {'scaling':>7} {'rounds':>24}")
+        print(
+            f"\n{'Ray CPUs':>8} {'docs/s':>8} {'scaling':>7} {'rounds':>20}"
+            f" {'sign s':>7} {'buckets s':>9} {'union s':>7}"
+        )
         for c in cpus:
             rounds = " ".join(f"{r['docs_per_s']:.0f}" for r in runs[c])
-            print(f"{c:8d} {med[c]:8.0f} {med[c] / med[cpus[0]]:6.2f}x {rounds:>24}")
+            step = {
+                k: statistics.median(r["phases"].get(f"neardup_{k}", 0.0) for r in runs[c])
+                for k in ("sign", "buckets", "union_find")
+            }
+            print(
+                f"{c:8d} {med[c]:8.0f} {med[c] / med[cpus[0]]:6.2f}x {rounds:>20}"
+                f" {step['sign']:7.2f} {step['buckets']:9.2f} {step['union_find']:7.2f}"
+            )
         result = {
             "docs": len(corpus.docs),
             "mb": mb,
@@ -248,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             "ray_docs_per_s": {str(c): med[c] for c in cpus},
             "scaling": med[cpus[-1]] / med[cpus[0]],
             "cpu_count": os.cpu_count(),
+            "load_average": os.getloadavg(),
         }
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,8 @@ class ScreenResult:
     stats: dict[str, Any] = field(default_factory=dict)
     #: every removed duplicate's index -> the index of the document kept for its cluster
     kept_for: dict[int, int] = field(default_factory=dict)
+    #: seconds of each step (sign tasks, bucket tasks, union-find on the driver)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def chunk_items(
@@ -262,6 +265,8 @@ def screen(
     """Run the quality filter and near-duplicate removal over ``items`` on the current Ray."""
     import ray
 
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
     chunks = chunk_items(items, max_docs=chunk_docs)
     buckets = max(1, min(len(chunks), 64))
     spec = _SignSpec(
@@ -273,6 +278,9 @@ def screen(
     by_index = {it.index: it for it in items}
     dropped = [d for part in ray.get([o[0] for o in outs]) for d in part]
     rejects = [RejectInfo(i, s, r, d) for i, s, r, d in dropped]
+    if outs:
+        ray.wait([o[-1] for o in outs], num_returns=len(outs))
+    timings["sign"] = (t1 := time.perf_counter()) - t0
     stats: dict[str, Any] = {"chunks": len(chunks)}
     removed: dict[int, RejectInfo] = {}
     roots: dict[int, int] = {}
@@ -282,6 +290,7 @@ def screen(
         edge_refs = [edge_task.remote(bands, *[o[b + 1] for o in outs]) for b in range(buckets)]
         found = [e for e in ray.get(edge_refs) if len(e)]
         edges = np.concatenate(found) if found else np.empty((0, 3), dtype=np.int64)
+        timings["buckets"] = (t2 := time.perf_counter()) - t1
         exact = set(edges[edges[:, 2] == 1, 1].tolist())
         roots = clusters(edges)
         for doc, root in sorted(roots.items()):
@@ -305,8 +314,9 @@ def screen(
             candidate_edges=len(edges),
             clusters=len({r for d, r in roots.items() if d != r}),
         )
+        timings["union_find"] = time.perf_counter() - t2
     dropped_ids = {r.index for r in rejects} | set(removed)
     kept = [it for it in items if it.index not in dropped_ids]
     all_rejects = sorted([*rejects, *removed.values()], key=lambda r: (r.index, r.source))
     kept_for = {d: roots[d] for d in removed}
-    return ScreenResult(kept, all_rejects, stats, kept_for)
+    return ScreenResult(kept, all_rejects, stats, kept_for, timings)

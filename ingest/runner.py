@@ -173,7 +173,7 @@ def run(config: IngestConfig) -> IngestResult:
             t0 = _lap(phases, "dedup", t0)
         near_dup: dict[str, Any] | None = None
         if config.near_dup_threshold is not None or config.quality_filter is not None:
-            items, near_dup = _screen(config, scan, items, rejects, ctx)
+            items, near_dup = _screen(config, scan, items, rejects, ctx, phases)
             t0 = _lap(phases, "neardup", t0)
         shards = _assign_shards(config, scan, items, ctx)
         t0 = time.monotonic()
@@ -202,9 +202,11 @@ def _screen(
     items: list[Item],
     rejects: list[RejectInfo],
     ctx: StorageContext,
+    phases: dict[str, float],
 ) -> tuple[list[Item], dict[str, Any]]:
     """Stage 2b: the quality filter and near-duplicate removal, as Ray tasks
-    (``ingest.neardup``); their rejects join ``rejects``; what the manifest records."""
+    (``ingest.neardup``); their rejects join ``rejects``, their steps' times ``phases``;
+    returns the items kept and what the manifest records."""
     fields = output_fields(scan.fields, _transform_options(config))
     try:
         field_name = text_field(fields)
@@ -225,6 +227,7 @@ def _screen(
         quality_filter=config.quality_function(),
     )
     rejects += found.rejects
+    phases.update({f"neardup_{k}": v for k, v in found.timings.items()})
     return found.kept, {"field": field_name, "docs_in": len(items), **found.stats}
 
 
