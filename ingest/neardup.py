@@ -276,7 +276,13 @@ def screen(
     sign = ray.remote(num_returns=buckets + 1, max_retries=3)(_sign)
     outs: list[Any] = [sign.remote(spec_ref, c) for c in chunks]
     by_index = {it.index: it for it in items}
-    dropped = [d for part in ray.get([o[0] for o in outs]) for d in part]
+    try:
+        dropped = [d for part in ray.get([o[0] for o in outs]) for d in part]
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, ValueError):  # the quality filter's: one line, not a traceback
+            raise ValueError(str(cause)) from None
+        raise
     rejects = [RejectInfo(i, s, r, d) for i, s, r, d in dropped]
     if outs:
         ray.wait([o[-1] for o in outs], num_returns=len(outs))

@@ -171,7 +171,7 @@ def test_quality_filter_runs_in_the_tasks_and_counts_reasons(tmp_path: Path) -> 
     def broken(text: str) -> str | None:
         return 42  # type: ignore[return-value]
 
-    with pytest.raises(Exception, match="quality_filter must return None"):
+    with pytest.raises(ValueError, match="quality_filter must return None") as err:
         run(
             IngestConfig(
                 source=str(tmp_path / "src"),
@@ -182,6 +182,7 @@ def test_quality_filter_runs_in_the_tasks_and_counts_reasons(tmp_path: Path) -> 
                 progress="none",
             )
         )
+    assert "\n" not in str(err.value) and "a.jsonl" in str(err.value)
 
 
 def test_options_are_checked_and_named() -> None:
