@@ -44,7 +44,7 @@ class Profile:
     #: GETs in flight besides the default 8, in the cache stage (with ``worker_variants``)
     cache_get_variants: tuple[int, ...] = ()
     #: arguments of the near-duplicate stage (neardup.py)
-    neardup_args: tuple[str, ...] = ("--bases", "300", "--rounds", "1")
+    neardup_args: tuple[str, ...] = ("--bases", "300", "--rounds", "1", "--kernel-rounds", "1")
 
 
 QUICK = Profile(
