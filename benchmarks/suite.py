@@ -22,6 +22,9 @@ rounds whose order rotates every round):
   crypto   sealed vs plain shards                                  (crypto.py)
   neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
            near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup.py, .bench-venv)
+  tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
+           packing padding, TokenLoader GB/s with document outputs vs memcpy
+                                                                   (tokenize_bench.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -70,6 +73,7 @@ STAGES = (
     "plan",
     "crypto",
     "neardup",
+    "tokens",
 )
 
 
@@ -277,6 +281,9 @@ def run_stages(
     if "neardup" in stages:
         data = r.run("neardup", "neardup.py", list(p.neardup_args), python=r.peer_py)
         out["neardup"] = {"data": data} if data else {}
+    if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
+        data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
+        out["tokens"] = {"data": data} if data else {}
     return out
 
 
