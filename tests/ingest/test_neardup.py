@@ -289,3 +289,34 @@ def test_command_line_flags_reach_the_config_and_a_textless_source_is_refused(
                 progress="none",
             )
         )
+
+
+def test_text_source_near_dup_then_tokenized(tmp_path: Path) -> None:
+    """The pretraining path in one run: a .jsonl.zst corpus, near-duplicates removed on Ray,
+    the kept documents tokenized and packed with their boundaries."""
+    import zstandard
+
+    from support.token_docs import byte_bpe
+
+    corpus = make_planted_corpus(bases=40, seed=3, words=(20, 60))
+    body = "".join(json.dumps({"text": d}) + "\n" for d in corpus.docs).encode()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "c.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(body))
+    tok = byte_bpe(tmp_path / "tok.json", corpus.docs[:50])
+    result = run(
+        IngestConfig(
+            source=str(tmp_path / "src"),
+            dest=str(tmp_path / "ds"),
+            format="arrow",
+            tokenizer=tok,
+            seq_len=64,
+            packing="best-fit",
+            near_dup_threshold=THRESHOLD,
+            progress="none",
+        )
+    )
+    m = result.manifest
+    assert m.source["format"] == "text"  # auto-detected from the .zst
+    removed = m.skipped.get("duplicate", 0) + m.skipped["near_duplicate"]
+    assert removed > 20
+    assert m.extra["tokens"]["documents"] == len(corpus.docs) - removed
