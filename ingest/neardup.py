@@ -184,7 +184,8 @@ def _sign(spec: _SignSpec, items: list[Item]) -> tuple[Any, ...]:
 
 def _rows(opts: NearDupOptions, docs: list[int], texts: list[str]) -> np.ndarray:
     """Every ``(key, band, doc)`` of a chunk: ``bands`` LSH keys per document with at least
-    one shingle, and band ``bands`` holding the exact-text key of every document."""
+    one shingle, and band ``bands`` holding the exact-text key of every document with text
+    (samples without text are never duplicates of each other)."""
     bands, rows_per_band = opts.bands_rows
     hashes = [shingle_hashes(t, size=opts.shingle_size, unit=opts.shingle_unit) for t in texts]
     has = [i for i, h in enumerate(hashes) if len(h)]
@@ -197,12 +198,15 @@ def _rows(opts: NearDupOptions, docs: list[int], texts: list[str]) -> np.ndarray
     lsh["key"] = keys.ravel()
     lsh["band"] = np.tile(np.arange(bands, dtype=np.int32), len(has))
     lsh["doc"] = np.repeat(doc_ids[has], bands) if has else np.empty(0, dtype=np.int64)
-    exact = np.empty(len(docs), dtype=_ROW)
+    with_text = [i for i, t in enumerate(texts) if t]
+    exact = np.empty(len(with_text), dtype=_ROW)
     exact["key"] = np.fromiter(
-        (xxhash.xxh3_64_intdigest(t) for t in texts), dtype=np.uint64, count=len(texts)
+        (xxhash.xxh3_64_intdigest(texts[i]) for i in with_text),
+        dtype=np.uint64,
+        count=len(with_text),
     )
     exact["band"] = bands
-    exact["doc"] = doc_ids
+    exact["doc"] = doc_ids[with_text]
     return np.concatenate([lsh, exact])
 
 

@@ -320,3 +320,14 @@ def test_text_source_near_dup_then_tokenized(tmp_path: Path) -> None:
     removed = m.skipped.get("duplicate", 0) + m.skipped["near_duplicate"]
     assert removed > 20
     assert m.extra["tokens"]["documents"] == len(corpus.docs) - removed
+
+
+def test_samples_without_text_are_never_duplicates_of_each_other() -> None:
+    from flashfeed.ingest.neardup import _edges, _rows
+
+    opts = NearDupOptions(threshold=THRESHOLD)
+    rows = _rows(opts, [0, 1, 2, 3], ["", "", "the same words here", "the same words here"])
+    assert sorted(set(rows["doc"].tolist())) == [2, 3]
+    edges = _edges(opts.bands_rows[0], rows)
+    assert clusters(edges) == {2: 2, 3: 2}
+    assert edges[:, 2].max() == 1  # linked as exact duplicates
