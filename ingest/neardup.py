@@ -277,7 +277,10 @@ def screen(
         fmt, shared, ctx, kinds, transform, text_field, near_dup, quality_filter, buckets
     )
     spec_ref = ray.put(spec)
-    sign = ray.remote(num_returns=buckets + 1, max_retries=3)(_sign)
+    from flashfeed.errors import StorageError
+
+    retry: Any = {"max_retries": 3, "retry_exceptions": [StorageError]}
+    sign = ray.remote(num_returns=buckets + 1, **retry)(_sign)
     outs: list[Any] = [sign.remote(spec_ref, c) for c in chunks]
     by_index = {it.index: it for it in items}
     try:
