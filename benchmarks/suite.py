@@ -20,6 +20,7 @@ rounds whose order rotates every round):
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -67,6 +68,7 @@ STAGES = (
     "stalls",
     "plan",
     "crypto",
+    "crc",
 )
 
 
@@ -271,6 +273,10 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "crc" in stages:
+        size = "8MiB" if p.rounds < 3 else "64MiB"
+        data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])
+        out["crc"] = {"data": data} if data else {}
     return out
 
 
