@@ -1,10 +1,11 @@
 """Signed GETs of our own on an S3-compatible endpoint: the lean way a fill reads.
 
-One keep-alive ``http.client`` connection per thread and server, and a SigV4 signature
-computed here (``sigv4.py``): a few microseconds a request, where an SDK client spends
-milliseconds in its event hooks, the larger part of a fill's CPU with many parts in
-flight. Used for endpoints given by URL (SeaweedFS, MinIO, any S3-compatible store); AWS
-itself, where the bucket's region and addressing are botocore's business, is not.
+One keep-alive ``http.client`` connection per thread, server and process (a forked child
+opens its own), and a SigV4 signature computed here (``sigv4.py``): a few microseconds a
+request, where an SDK client spends milliseconds in its event hooks, the larger part of a
+fill's CPU with many parts in flight. Used for endpoints given by URL (SeaweedFS, MinIO,
+any S3-compatible store); AWS itself, where the bucket's region and addressing are
+botocore's business, is not.
 """
 
 from __future__ import annotations
@@ -39,13 +40,24 @@ class _HttpBody:
 
 
 class _Connections(threading.local):
-    """One keep-alive connection per thread and server."""
+    """One keep-alive connection per thread, server and process. A forked child (DALI's
+    reader processes are forked, and may fill through a cache of their own) inherits the
+    forking thread's connections: it opens its own instead of writing on its parent's."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.open: dict[Any, http.client.HTTPConnection] = {}
 
+    def _mine(self) -> dict[Any, http.client.HTTPConnection]:
+        if self.pid != os.getpid():  # inherited through fork: the parent's connections
+            for conn in self.open.values():
+                conn.close()  # this process's copy of the socket only: no shutdown
+            self.open, self.pid = {}, os.getpid()
+        return self.open
+
     def get(self, key: tuple[str, str, int, bool, float]) -> http.client.HTTPConnection:
-        conn = self.open.get(key)
+        open_ = self._mine()
+        conn = open_.get(key)
         if conn is None:
             scheme, host, port, verify, timeout = key
             if scheme == "https":
@@ -56,11 +68,11 @@ class _Connections(threading.local):
                 conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
             else:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout)
-            self.open[key] = conn
+            open_[key] = conn
         return conn
 
     def drop(self, key: Any) -> None:
-        conn = self.open.pop(key, None)
+        conn = self._mine().pop(key, None)
         if conn is not None:
             conn.close()
 
