@@ -18,6 +18,8 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
+from flashfeed.storage import S3Options
+
 from .rangedbody import Body, RangedObject, http_error
 from .sigv4 import s3_get_headers, s3_path
 
@@ -149,24 +151,21 @@ class Endpoint:
                 "token": frozen.token}  # fmt: skip
 
     @classmethod
-    def build(cls, settings: dict[str, Any]) -> Endpoint | None:
-        """The endpoint of these client settings, or None where botocore must decide
-        (no endpoint URL, one with a path, options of its own, no credentials found)."""
-        kwargs = settings["client_kwargs"]
-        url = kwargs.get("endpoint_url")
-        config = settings["config_kwargs"]
+    def build(cls, options: S3Options) -> Endpoint | None:
+        """The endpoint of these options, or None where botocore must decide (no endpoint
+        URL, one with a path, client config of its own, no credentials found)."""
+        url = options.endpoint_url
+        config = options.config_kwargs()
         if not url or set(config) - {"connect_timeout", "read_timeout", "retries"}:
             return None
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query:
             return None
         timeout = float(max(config.get("connect_timeout", 60), config.get("read_timeout", 60)))
-        region = (kwargs.get("region_name") or os.environ.get("AWS_REGION")
-                  or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")  # fmt: skip
-        verify = kwargs.get("verify", True) is not False
-        ep = cls(url, region=region, verify=verify, timeout=timeout, key=settings["key"],
-                 secret=settings["secret"], token=settings["token"])  # fmt: skip
-        if settings["key"] is None:
+        verify = options.client_kwargs().get("verify", True) is not False
+        ep = cls(url, region=options.region, verify=verify, timeout=timeout, key=options.key,
+                 secret=options.secret, token=options.token)  # fmt: skip
+        if options.key is None:
             import botocore.session
 
             ep._chain = botocore.session.get_session().get_credentials()
