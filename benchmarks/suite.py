@@ -20,6 +20,9 @@ rounds whose order rotates every round):
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
+           packing padding, TokenLoader GB/s with document outputs vs memcpy
+                                                                   (tokenize_bench.py)
   crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
@@ -68,6 +71,7 @@ STAGES = (
     "stalls",
     "plan",
     "crypto",
+    "tokens",
     "crc",
 )
 
@@ -273,6 +277,9 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
+        data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
+        out["tokens"] = {"data": data} if data else {}
     if "crc" in stages:
         size = "8MiB" if p.rounds < 3 else "64MiB"
         data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])
