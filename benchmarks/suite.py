@@ -25,6 +25,7 @@ rounds whose order rotates every round):
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench.py)
+  crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -74,6 +75,7 @@ STAGES = (
     "crypto",
     "neardup",
     "tokens",
+    "crc",
 )
 
 
@@ -284,6 +286,10 @@ def run_stages(
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
         data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}
+    if "crc" in stages:
+        size = "8MiB" if p.rounds < 3 else "64MiB"
+        data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])
+        out["crc"] = {"data": data} if data else {}
     return out
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from flashfeed import storage
 from flashfeed.errors import FlashfeedError
+from flashfeed.retry import is_auth_error
 
 from .config import OUTPUT_FORMATS, SOURCE_FORMATS, IngestConfig
 from .progress import summary_table
@@ -294,6 +295,8 @@ def check_bucket(dest: str, *, create: bool) -> None:
     fs, path = storage.filesystem(url)
     if storage.call(lambda: fs.exists(path), url=url, what="look up bucket"):
         return
+    if _bucket_listable(fs, path, url):
+        return
     if not create:
         raise FlashfeedError(
             f"bucket {url} does not exist at {storage.endpoint(url)}: create it first, or "
@@ -301,6 +304,39 @@ def check_bucket(dest: str, *, create: bool) -> None:
         )
     storage.call(lambda: fs.mkdir(path), url=url, what="create bucket")
     print(f"flashfeed ingest: created bucket {url}", file=sys.stderr)
+
+
+_AUTH_CODES = ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "Forbidden")
+
+
+def _bucket_listable(fs: Any, path: str, url: str) -> bool:
+    """Whether the bucket answers a listing. s3fs's ``exists`` says False for a bucket whose
+    every probe failed, refused credentials included; a listing tells a missing bucket
+    (False) from refused credentials, which end here as one error that says so."""
+
+    def probe() -> BaseException | None:
+        try:
+            fs.ls(path, refresh=True)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            if is_auth_error(exc):
+                return exc  # an answer, not a failure to retry
+            raise
+        return None
+
+    try:
+        refused = storage.call(probe, url=url, what="list bucket")
+    except FileNotFoundError:
+        return False
+    if refused is None:
+        return True
+    text = f"{refused} {refused.__cause__}"  # s3fs keeps botocore's error code in the cause
+    code = next((c for c in _AUTH_CODES if c in text), "access denied")
+    raise FlashfeedError(
+        f"{storage.endpoint(url)} refused the credentials when ingest looked up bucket {url} "
+        f"({code}): check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the storage options)"
+    )
 
 
 def _main(args: argparse.Namespace) -> int:

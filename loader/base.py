@@ -19,6 +19,7 @@ from .position import Position
 from .readahead import StreamFeeder
 from .sources import CacheShardSource, LocalShardSource
 from .stats import BatchTiming, StatsRecorder
+from .status import open_local_status_root
 
 __all__ = ["Made", "PlannedLoader"]
 
@@ -67,8 +68,13 @@ class PlannedLoader:
             log=telemetry.stats_log,
             cache_stats=source.stats,
             exporter=exporter,
-            # the node cache keeps this rank's status file for ``flashfeed top``
-            status_dir=source.cache.root if isinstance(source, CacheShardSource) else None,
+            # this rank's status file for ``flashfeed top``: in the node cache, or in this
+            # user's runtime directory for a loader reading a local dataset in place
+            status_dir=(
+                source.cache.root
+                if isinstance(source, CacheShardSource)
+                else open_local_status_root()
+            ),
             dataset=dataset.url,
         )
         self.shard_names = ShardNames(dataset)
