@@ -22,9 +22,12 @@ rounds whose order rotates every round):
   mixture  TokenLoader over 3 sources and Loader over 2 vs one dataset of the same shards,
            share error per source beside its weight                (mixbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
+           near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup.py, .bench-venv)
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench.py)
+  crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -73,7 +76,9 @@ STAGES = (
     "plan",
     "mixture",
     "crypto",
+    "neardup",
     "tokens",
+    "crc",
 )
 
 
@@ -282,9 +287,16 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "neardup" in stages:
+        data = r.run("neardup", "neardup.py", list(p.neardup_args), python=r.peer_py)
+        out["neardup"] = {"data": data} if data else {}
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
         data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}
+    if "crc" in stages:
+        size = "8MiB" if p.rounds < 3 else "64MiB"
+        data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])
+        out["crc"] = {"data": data} if data else {}
     return out
 
 
