@@ -162,3 +162,64 @@ def test_a_session_token_is_sent_and_signed_by_every_backend(s3_prefix, s3_store
                 assert head["authorization"].endswith(f"Signature={theirs}")
     finally:
         proxy.close()
+
+
+@pytest.fixture(scope="module")
+def virtual_store(tmp_path_factory):
+    """A SeaweedFS of its own that also serves ``{bucket}.localhost`` (``-s3.domainName``):
+    the shared one is started without a domain, so it serves path-style requests only."""
+    from flashfeed import store as store_module
+
+    root = tmp_path_factory.mktemp("vhost")
+    weed = root / "weed-with-domain"
+    weed.write_text(f'#!/bin/sh\nexec {store_module.find_weed()} "$@" -s3.domainName=localhost\n')
+    weed.chmod(0o755)
+    store = store_module.EmbeddedStore(root / "store", port=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(store_module, "find_weed", lambda: str(weed))
+        try:
+            store.start()
+            store.make_bucket("vbucket")
+            yield store
+        finally:
+            store.stop()
+
+
+@pytest.mark.parametrize("name", ["botocore", "s3fs"])
+def test_virtual_hosted_addressing_against_the_real_server(virtual_store, monkeypatch, name):
+    """``{"s3": {"addressing_style": "virtual"}}`` sends each GET to ``vbucket.localhost``
+    (resolved to 127.0.0.1 here: this machine's resolver knows only ``localhost``). Our
+    signed client speaks path style only, so it steps aside for botocore."""
+    import socket
+
+    info = virtual_store.info
+    resolved: list[str] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(host, str) and host.endswith(".localhost"):
+            resolved.append(host)
+            host = "127.0.0.1"
+        return real(host, *args, **kwargs)
+
+    data = np.random.default_rng(5).bytes(300_000)
+    storage.write_bytes("s3://vbucket/v/blob.bin", data, storage_options=info.storage_options())
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    opts = {
+        "endpoint_url": f"http://localhost:{info.s3_port}",
+        "key": info.access_key,
+        "secret": info.secret_key,
+        "config_kwargs": {"s3": {"addressing_style": "virtual"}},
+    }
+    fs, path = storage.filesystem("s3://vbucket/v/blob.bin", opts)
+    options = s3_options_of(fs)
+    assert _by_name("signed").open(fs, options, path, 2) is None
+    backend, _ = open_reader(fs, path, connections=2)
+    assert backend.name == "botocore"
+    reader = _by_name(name).open(fs, options, path, 2)
+    assert reader is not None
+    out = bytearray(100_000)
+    reader.read_into(150_000, 250_000, memoryview(out))
+    assert bytes(out) == data[150_000:250_000]
+    assert reader.size() == len(data)
+    assert "vbucket.localhost" in resolved
