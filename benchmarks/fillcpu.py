@@ -12,6 +12,8 @@ all its threads; the server is another process and is not counted) per GB moved 
                direct reader does not understand)
   raw-botocore the same ranges with a plain botocore client (what boto3 wraps), same part
                size and concurrency, bytes dropped on arrival
+  raw-signed   the same ranges read by the fill's own signed-GET client (``signedget.py``)
+               into a reused buffer, same threads, dropped: the client alone
   raw-obstore  the same ranges with obstore's ``get_range`` (Rust object_store: one ranged
                GET read into a Rust buffer), same threads, dropped (when obstore is installed)
   raw-pyarrow  the same ranges with ``pyarrow.fs.S3FileSystem`` (Arrow's C++ S3 client):
@@ -46,7 +48,7 @@ import numpy as np
 
 from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cache.directget import reader_for
+from flashfeed.cache.directget import SignedObject, reader_for
 from flashfeed.cache.fill import CHUNK
 from flashfeed.cache.ranged import split_ranges
 from flashfeed.shardio import shard_name, write_tar_shard
@@ -59,6 +61,7 @@ METHODS = (
     "fill",
     "fill-s3fs",
     "raw-botocore",
+    "raw-signed",
     "raw-obstore",
     "raw-pyarrow",
     "raw-s3fs",
@@ -135,6 +138,24 @@ def raw_botocore(ds: Dataset, client: Any, bucket: str, key_prefix: str, concurr
         n = len(body.read())
         assert n == hi - lo
         return n
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return sum(pool.map(one, _jobs(ds, part)))
+
+
+def raw_signed(ds: Dataset, opts: dict[str, Any], concurrency: int, part: int) -> int:
+    readers = {}
+    for i, info in enumerate(ds.shards):
+        fs, key = storage.filesystem(ds.shard_url(i), opts)
+        readers[info.path] = reader_for(fs, key, connections=concurrency)
+        assert isinstance(readers[info.path], SignedObject), "not the signed-GET client"
+    buffers = threading.local()
+
+    def one(job: tuple[str, int, int]) -> int:
+        path, lo, hi = job
+        if not hasattr(buffers, "view"):
+            buffers.view = memoryview(bytearray(min(CHUNK, part)))
+        return sum(len(chunk) for chunk in readers[path].chunks(lo, hi, buffers.view))
 
     with ThreadPoolExecutor(concurrency) as pool:
         return sum(pool.map(one, _jobs(ds, part)))
@@ -269,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part-size", default="16MiB", help="bytes per ranged GET (default 16MiB)")
     ap.add_argument("--concurrency", type=int, default=8, help="GETs in flight (default 8)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--only", metavar="ROWS", help="comma-separated rows to run (default all)")
     ap.add_argument("--json", metavar="PATH", help="also write the rounds as JSON here")
     args = ap.parse_args(argv)
     if args.shards < 1 or args.rounds < 1 or args.concurrency < 1:
@@ -294,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             "raw-pyarrow": lambda: raw_pyarrow(
                 ds, arrow, bucket, key_prefix, args.concurrency, part
             ),
+            "raw-signed": lambda: raw_signed(ds, opts, args.concurrency, part),
             "raw-s3fs": lambda: raw_s3fs(ds, opts, args.concurrency, part),
             "raw-to-file": lambda: raw_to_file(
                 ds, opts, os.path.join(work, "files"), args.concurrency, part
@@ -303,7 +326,10 @@ def main(argv: list[str] | None = None) -> int:
             runs["raw-obstore"] = lambda: raw_obstore(ds, ob, key_prefix, args.concurrency, part)
         else:
             print("raw-obstore: obstore is not installed (pip install obstore): row left out")
-        methods = tuple(m for m in METHODS if m in runs)
+        only = set(args.only.split(",")) | {"raw-botocore"} if args.only else set(METHODS)
+        if only - set(METHODS):
+            ap.error(f"--only: unknown rows {sorted(only - set(METHODS))}, known: {METHODS}")
+        methods = tuple(m for m in METHODS if m in runs and m in only)
         for m in methods:  # warm-up: connections, imports, the server's own caches
             runs[m]()
         rounds = []

@@ -28,6 +28,7 @@ rounds whose order rotates every round):
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench.py)
   crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
+  sign     CPU us to sign one ranged GET: our SigV4 vs botocore's S3SigV4Auth (signcost.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -79,6 +80,7 @@ STAGES = (
     "neardup",
     "tokens",
     "crc",
+    "sign",
 )
 
 
@@ -297,6 +299,13 @@ def run_stages(
         size = "8MiB" if p.rounds < 3 else "64MiB"
         data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])
         out["crc"] = {"data": data} if data else {}
+    if "sign" in stages:
+        requests = "2000" if p.rounds < 3 else "20000"
+        data = r.run(
+            "sign", "signcost.py", ["--requests", requests, "--rounds", str(max(3, p.rounds))],
+            out_flag="--json",
+        )  # fmt: skip
+        out["sign"] = {"data": data} if data else {}
     return out
 
 

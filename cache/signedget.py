@@ -93,17 +93,27 @@ class SignedObject(RangedObject):
         self._url_path = s3_path(bucket, key)
 
     def _open(self, start: int | None, end: int | None) -> tuple[Body, int]:
-        ep = self.endpoint
         extra = {} if start is None or end is None else {"range": f"bytes={start}-{end - 1}"}
+        response = self._request("GET", extra)
+        length = int(response.getheader("content-length") or -1)
+        return _HttpBody(response, _CONNECTIONS, self.endpoint.key), length
+
+    def size(self) -> int:
+        response = self._request("HEAD", {})
+        response.read()  # a HEAD has no body: the connection is ready for the next request
+        return int(response.getheader("content-length") or -1)
+
+    def _request(self, method: str, extra: dict[str, str]) -> http.client.HTTPResponse:
+        ep = self.endpoint
         for attempt in (0, 1):
             conn = _CONNECTIONS.get(ep.key)
             reused = conn.sock is not None
             headers = s3_get_headers(
                 host=ep.host_header, path=self._url_path, region=ep.region, extra=extra,
-                **ep.credentials(),
+                method=method, **ep.credentials(),
             )  # fmt: skip
             try:
-                conn.request("GET", self._url_path, headers=headers)
+                conn.request(method, self._url_path, headers=headers)
                 response = conn.getresponse()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 _CONNECTIONS.drop(ep.key)
@@ -121,8 +131,7 @@ class SignedObject(RangedObject):
             found = _CODE.search(body)
             code = found.group(1).decode(errors="replace") if found else str(response.status)
             raise http_error(response.status, code, response.reason, self.path)
-        length = int(response.getheader("content-length") or -1)
-        return _HttpBody(response, _CONNECTIONS, ep.key), length
+        return response
 
 
 class Endpoint:

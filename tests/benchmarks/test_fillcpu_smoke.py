@@ -1,5 +1,5 @@
-"""benchmarks/fillcpu.py runs at a tiny size with every row, obstore's and pyarrow's
-included, and writes its rounds as JSON."""
+"""benchmarks/fillcpu.py runs at a tiny size with every row, our signed client's,
+obstore's and pyarrow's included, and writes its rounds as JSON."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def test_fillcpu_prints_every_method_and_writes_its_rounds(tmp_path: Path) -> No
         check=True,
     )
     (round_,) = json.loads(out.read_text())["rounds"]
-    methods = {"fill", "fill-s3fs", "raw-botocore", "raw-obstore", "raw-pyarrow", "raw-s3fs",
-               "raw-to-file"}  # fmt: skip
+    methods = {"fill", "fill-s3fs", "raw-botocore", "raw-signed", "raw-obstore", "raw-pyarrow",
+               "raw-s3fs", "raw-to-file"}  # fmt: skip
     assert set(round_) == methods
     for m, r in round_.items():
         assert r["bytes"] >= 1_000_000 and r["cpu_s_per_gb"] > 0, m
