@@ -284,3 +284,21 @@ def test_the_mixture_benchmark_runs_tiny_and_prints_its_keys(tmp_path: Path) -> 
     assert {"single_img_s", "mixture_img_s", "ratio"} <= set(data["images"])
     assert [s["source"] for s in data["tokens"]["shares"]] == ["t0", "t1", "t2"]
     assert all(s["epoch_error"] < 0.05 for s in data["tokens"]["shares"])
+
+
+def test_the_dali_reader_peer_reads_whole_epochs(tmp_path: Path) -> None:
+    from support.loader_helpers import make_image_dataset
+
+    peers = _load("loader_peers")
+    make_image_dataset(str(tmp_path / "ds"), [20, 20], size=32)
+    tars = sorted(str(p) for p in (tmp_path / "ds").rglob("*.tar"))
+    assert len(tars) == 2 and all(Path(t + ".idx").exists() for t in tars)
+    reader = peers.DaliReaderEpochs(tars, batch_size=16, threads=1, device="cpu")
+    assert reader.batches == 3  # 40 samples in batches of 16
+    for _ in range(2):  # the first epoch, then a hot one on the same pipeline
+        batches = list(reader)
+        assert len(batches) == 3
+        images = batches[0][0]
+        assert tuple(images.shape) == (16, 3, 224, 224) and str(images.dtype) == "torch.float32"
+        assert all(0 <= int(v) < 10 for b in batches for v in b[1])
+    reader.close()
