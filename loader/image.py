@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from collections import Counter
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +20,7 @@ from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
 from .reader import BatchSource, ShardReader
+from .text import TextEncoder, collate_json, collate_text, load_tokenizer
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -26,7 +29,7 @@ __all__ = ["Batch", "Loader"]
 
 #: one batch: output name -> tensor (a list of per-sample tensors for ragged raw fields),
 #: and ``"__key__"``: each sample's ``<shard>/<key>``, carried through DALI with it
-Batch = dict[str, torch.Tensor | list[torch.Tensor] | list[str]]
+Batch = dict[str, torch.Tensor | list[torch.Tensor] | list[str] | list[Any]]
 
 
 class Loader(PlannedLoader):
@@ -37,6 +40,14 @@ class Loader(PlannedLoader):
     ``"fork"``, ``"spawn"``, or ``"auto"``: spawn when decode runs on the GPU or this process
     has already initialised CUDA (DALI cannot fork then), fork otherwise. Every loader's
     keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
+
+    ``fields``: output -> member extensions (``loader/fields.py``): a caption field
+    (``{"caption": "txt"}``) comes out as a list of ``str`` per batch, or with ``tokenizer``
+    (a ``tokenizer.json`` path) as int64 ids ``(batch, max_len)`` and ``<field>_mask`` (rule:
+    ``loader/text.py``); ``"json:KEY"`` picks one value of a JSON member. ``optional``: fields
+    a sample may lack (None in the batch, counted in ``stats()["missing"]``); a sample
+    without a required field, a caption that is not UTF-8 or a JSON member without its key
+    is a ``CorruptShardError`` naming the shard and the sample.
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP
@@ -54,6 +65,9 @@ class Loader(PlannedLoader):
         device: str = "auto",
         pipeline: PipelineFn | None = None,
         fields: Mapping[str, str | Sequence[str]] | None = None,
+        optional: Sequence[str] = (),
+        tokenizer: str | os.PathLike[str] | Any = None,
+        max_len: int = 77,
         num_threads: int = 2,
         py_workers: int = 1,
         reader_start: str = "auto",
@@ -66,8 +80,14 @@ class Loader(PlannedLoader):
             raise ValueError(f"py_workers must be >= 0, got {py_workers}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        self.specs = parse_fields(fields, optional=optional)
+        self.text = TextEncoder(load_tokenizer(tokenizer), max_len) if tokenizer else None
+        if self.text is not None and not any(s.is_text for s in self.specs):
+            raise ValueError(
+                f"tokenizer= needs a text field (txt/text/caption members); fields= has "
+                f"{[s.name for s in self.specs]}"
+            )
         parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
-        self.specs = parse_fields(fields)
         self.device_kind = decode_device(device)
         # decided now, before the caller's next CUDA call could change the answer
         self.py_start_method = py_start_method(
@@ -89,6 +109,7 @@ class Loader(PlannedLoader):
         self.torch_device = cuda_device() if self.device_kind == "gpu" else None
         self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
         self.host_pool = HostPool()  # CPU batches: reused once nothing refers to them
+        self.missing: Counter[str] = Counter({s.name: 0 for s in self.specs if s.optional})
         self.runner = DaliRunner(self._build, self._source)
 
     # -- iteration --------------------------------------------------------------------------
@@ -110,11 +131,14 @@ class Loader(PlannedLoader):
             prefetch=self.prefetch,
             py_start_method=self.py_start_method,
             device_id=self.torch_device.index or 0 if self.torch_device is not None else 0,
+            tokenized=self.text is not None,
         )
 
     def _source(self, pass_dir: str) -> BatchSource:
         reader = ShardReader(self.source, self.shard_names)
-        return BatchSource(reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir)
+        return BatchSource(
+            reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir, text=self.text
+        )
 
     def _lookahead(self) -> int:
         return self.prefetch + 1  # DALI asks for up to ``prefetch`` batches ahead of a run
@@ -158,9 +182,14 @@ class Loader(PlannedLoader):
         copier = self.copier
         if copier is not None:
             copier.begin()
-        batch: Batch = {
-            n: to_torch(o, self._out_device(n), copier, self.host_pool) for n, o in out.items()
-        }
+        batch: Batch = {}
+        for n, o in out.items():
+            kind = self._parsed.get(n)
+            if kind is not None:  # captions and JSON values: Python values, on the host
+                batch[n] = collate_text(o) if kind == "text" else collate_json(o)
+                self._count_missing(n, batch[n])
+            else:
+                batch[n] = to_torch(o, self._out_device(n), copier, self.host_pool)
         label = batch.get("label")
         if isinstance(label, torch.Tensor) and label.ndim > 1:
             batch["label"] = label.reshape(-1)
@@ -168,6 +197,26 @@ class Loader(PlannedLoader):
             return batch, None
         copier.end(keep=[outputs])  # DALI's buffers go back once the copies are done
         return batch, copier.take_h2d()
+
+    @property
+    def _parsed(self) -> dict[str, str]:
+        """Outputs that come out as Python values: untokenized captions, JSON values."""
+        return {
+            s.name: "text" if s.is_text else "json"
+            for s in self.specs
+            if (s.is_text and self.text is None) or s.json_key is not None
+        }
+
+    def _count_missing(self, name: str, values: Any) -> None:
+        if name in self.missing and isinstance(values, list):
+            self.missing[name] += sum(v is None for v in values)
+
+    def stats(self) -> dict[str, Any]:
+        """``PlannedLoader.stats()``, and ``"missing"``: per optional caption or JSON field,
+        the delivered samples that lacked it (None in their batch)."""
+        out = super().stats()
+        out["missing"] = dict(self.missing)
+        return out
 
     def _out_device(self, name: str) -> torch.device | None:
         return self.torch_device

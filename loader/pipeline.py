@@ -17,6 +17,7 @@ from typing import Any
 from .distributed import cuda_device_index
 from .fields import KEY, FieldSpec
 from .reader import BatchSource
+from .text import field_columns
 
 __all__ = [
     "CUDA_TORCH_HINT",
@@ -189,8 +190,10 @@ def build_pipeline(
     prefetch: int = 2,
     py_start_method: str = "fork",
     device_id: int = 0,
+    tokenized: bool = False,
 ) -> tuple[Any, list[str]]:
-    """A built DALI pipeline reading ``source`` and the names of its outputs, in order."""
+    """A built DALI pipeline reading ``source`` and the names of its outputs, in order
+    (``tokenized``: the source tokenizes text fields into ids and a mask)."""
     from nvidia.dali.pipeline import Pipeline
 
     fn, types = _dali()
@@ -210,15 +213,17 @@ def build_pipeline(
     with pipe:
         # the last output holds each sample's key bytes, read with the sample: it passes
         # through untouched and comes out beside the sample as the batch's __key__
+        columns = field_columns(specs, tokenized=tokenized)
+        dtypes = {"int64": types.INT64, "uint8": types.UINT8}
         *raw, keys = fn.external_source(
             source=source,
-            num_outputs=len(specs) + 1,
+            num_outputs=len(columns) + 1,
             batch=True,
             batch_info=True,
             parallel=parallel,
-            dtype=[*(types.INT64 if s.is_label else types.UINT8 for s in specs), types.UINT8],
+            dtype=[*(dtypes[d] for _, d in columns), types.UINT8],
         )
-        nodes = {s.name: node for s, node in zip(specs, raw, strict=True)}
+        nodes = {name: node for (name, _), node in zip(columns, raw, strict=True)}
         outputs = user_fn(nodes) if user_fn else default_image_pipeline(nodes, augment)
         if not isinstance(outputs, Mapping) or not outputs:
             raise ValueError(

@@ -24,6 +24,7 @@ from flashfeed.wdsindex import SampleIndex
 from .fields import FieldSpec, key_bytes
 from .labels import parse_label
 from .sources import ShardSource
+from .text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
 
 if TYPE_CHECKING:
     from flashfeed.cache import FillView
@@ -123,34 +124,51 @@ class ShardReader:
             for c in entry.components
         }
 
-    def fields(
+    def picked(
         self, shard: int, row: int, specs: tuple[FieldSpec, ...]
-    ) -> tuple[str, list[np.ndarray]]:
-        """One sample's fields in ``specs`` order: labels as int64 scalars, the rest bytes."""
+    ) -> tuple[str, list[tuple[str, np.ndarray] | None]]:
+        """One sample's ``(ext, bytes)`` per field in ``specs`` order (None for a missing
+        optional field); a missing required field is a ``CorruptShardError`` naming it."""
         key, members = self.members(shard, row)
-        out = []
+        out: list[tuple[str, np.ndarray] | None] = []
         for spec in specs:
             ext = spec.pick(members)
             if ext is None:
                 if spec.optional:
-                    out.append(np.zeros(0, np.uint8))
+                    out.append(None)
                     continue
                 raise CorruptShardError(
                     f"shard {self.shard_names[shard]}: sample {key!r} has no "
                     f"{'/'.join(spec.exts)} member for field {spec.name!r} "
-                    f"(it has {sorted(members)})"
+                    f"(it has {sorted(members)}); pass optional=[{spec.name!r}] to allow that"
                 )
-            data = members[ext]
-            if spec.is_label:
-                where = f"shard {self.shard_names[shard]} sample {key!r}"
-                try:
-                    label = parse_label(data.tobytes(), ext, where=where)
-                except ValueError as exc:
-                    raise CorruptShardError(str(exc)) from None
-                out.append(np.array(label, dtype=np.int64))
-            else:
-                out.append(data)
+            out.append((ext, members[ext]))
         return key, out
+
+    def fields(
+        self, shard: int, row: int, specs: tuple[FieldSpec, ...]
+    ) -> tuple[str, list[np.ndarray]]:
+        """One sample's fields in ``specs`` order: labels as int64 scalars, the rest bytes
+        (no bytes for a missing optional field)."""
+        key, picked = self.picked(shard, row, specs)
+        out = []
+        for spec, got in zip(specs, picked, strict=True):
+            if got is None:
+                out.append(np.zeros(0, np.uint8))
+            elif spec.is_label:
+                out.append(self.label(shard, key, *got))
+            else:
+                out.append(got[1])
+        return key, out
+
+    def label(self, shard: int, key: str, ext: str, data: np.ndarray) -> np.ndarray:
+        """A label member as an int64 scalar; unparsable is a ``CorruptShardError``."""
+        where = f"shard {self.shard_names[shard]} sample {key!r}"
+        try:
+            label = parse_label(data.tobytes(), ext, where=where)
+        except ValueError as exc:
+            raise CorruptShardError(str(exc)) from None
+        return np.array(label, dtype=np.int64)
 
     def close(self) -> None:
         for s in self._open.values():
@@ -159,8 +177,10 @@ class ShardReader:
 
 
 class BatchSource:
-    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per field, then
-    one of the samples' ``key_bytes`` (read with the sample, so the key names what was read).
+    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per column of
+    ``field_columns`` (captions checked and, with ``text``, tokenized; JSON values picked),
+    then one of the samples' ``key_bytes`` (read with the sample, so the key names what was
+    read).
 
     One DALI pipeline serves many passes: DALI's epoch index ``e`` (incremented by each
     ``reset()``) names the pass file ``pass-<e>.npz`` that ``write_pass`` stored before the
@@ -177,10 +197,12 @@ class BatchSource:
         batch_size: int,
         specs: tuple[FieldSpec, ...],
         pass_dir: str,
+        text: TextEncoder | None = None,
     ) -> None:
         self.reader = reader
         self.batch_size = batch_size
         self.specs = specs
+        self.text = text
         self.pass_dir = pass_dir
         self._epoch = -1
         self._shards = np.zeros(0, np.int64)
@@ -202,15 +224,43 @@ class BatchSource:
             raise StopIteration
         lo = i * self.batch_size
         hi = min(lo + self.batch_size, len(self._shards))
-        cols: tuple[list[np.ndarray], ...] = tuple([] for _ in range(len(self.specs) + 1))
+        per_field: list[list[Any]] = [[] for _ in self.specs]
+        key_col: list[np.ndarray] = []
         for shard, row in zip(
             self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist(), strict=True
         ):
-            key, values = self.reader.fields(shard, row, self.specs)
-            key_col = key_bytes(self.reader.shard_names[shard], key)
-            for col, v in zip(cols, [*values, key_col], strict=True):
-                col.append(v)
-        return cols
+            key, picked = self.reader.picked(shard, row, self.specs)
+            name = self.reader.shard_names[shard]
+            for spec, got, col in zip(self.specs, picked, per_field, strict=True):
+                col.append(self._value(spec, got, shard, key))
+            key_col.append(key_bytes(name, key))
+        cols: list[list[np.ndarray]] = []
+        for spec, values in zip(self.specs, per_field, strict=True):
+            if spec.is_text and self.text is not None:
+                cols += self.text.encode(values)
+            elif spec.is_text:
+                cols.append([text_bytes(v) for v in values])
+            else:
+                cols.append(values)
+        return (*cols, key_col)
+
+    def _value(
+        self, spec: FieldSpec, got: tuple[str, np.ndarray] | None, shard: int, key: str
+    ) -> Any:
+        """One field of one sample as the reader hands it on (a caption as ``str`` or None,
+        to be encoded per batch)."""
+        where = f"shard {self.reader.shard_names[shard]} sample {key!r}"
+        if spec.json_key is not None:
+            found, value = (False, None) if got is None else json_value(got[1], spec, where=where)
+            return json_bytes(found, value)
+        if got is None:
+            return None if spec.is_text else np.zeros(0, np.uint8)
+        ext, data = got
+        if spec.is_label:
+            return self.reader.label(shard, key, ext, data)
+        if spec.is_text:
+            return decode_text(data, ext, where=f"{where} field {spec.name!r}")
+        return data
 
 
 def pass_path(pass_dir: str, epoch: int) -> str:
