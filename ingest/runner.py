@@ -21,8 +21,15 @@ import xxhash
 from flashfeed import storage
 from flashfeed.crypto import encryption_record
 from flashfeed.errors import DatasetExistsError
-from flashfeed.manifest import Manifest, commit_manifest, delete_manifest, manifest_url
+from flashfeed.manifest import (
+    Manifest,
+    ShardInfo,
+    commit_manifest,
+    delete_manifest,
+    manifest_url,
+)
 from flashfeed.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
+from flashfeed.shardtable import ShardTable
 
 from .assign import assign_shards
 from .config import IngestConfig
@@ -314,7 +321,13 @@ def _commit(
         rejects += r.rejects
     rejects.sort(key=lambda d: (d["index"], d["source"]))
     skipped = dict(sorted(Counter(d["reason"] for d in rejects).items()))
-    shards = tuple(info for r in results if (info := r.shard_info()) is not None)
+    infos = tuple(info for r in results if (info := r.shard_info()) is not None)
+    shards: tuple[ShardInfo, ...] | ShardTable = infos
+    sized = [r.image_sizes for r in results if r.info is not None]
+    if any(s is not None for s in sized):  # image widths and heights for the loader
+        shards = ShardTable.from_infos(infos).with_image_sizes(
+            [s[0] if s else None for s in sized], [s[1] if s else None for s in sized]
+        )
     if not shards:
         reasons = ", ".join(f"{k}: {v}" for k, v in skipped.items()) or "no samples"
         raise ValueError(
