@@ -138,12 +138,12 @@ class DaliRunner:
         t0 = time.perf_counter()
         if self.pipe is not None and self.ready:
             self.epoch += 1
-            write_pass(self.pass_dir, self.epoch, order.shards, order.rows, order.num_batches)
+            write_pass(self.pass_dir, self.epoch, order)
             self.pipe.reset()
         else:
             self.drop()
             self.epoch = 0
-            write_pass(self.pass_dir, 0, order.shards, order.rows, order.num_batches)
+            write_pass(self.pass_dir, 0, order)
             # DALI forks its reader processes while building; they must die with us
             with tie_forked_children():
                 source = StoppableSource(self._make_source(self.pass_dir), self.pass_dir)

@@ -6,19 +6,23 @@ import os
 import time
 from collections import Counter
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
 
 from .base import Made, PlannedLoader
+from .bucketplan import BucketPlanner, bucket_options
 from .convert import DeviceCopier, HostPool, to_keys, to_torch
 from .dali_runner import DaliRunner, collect_dropped_pipelines, cuda_initialized, py_start_method
 from .fields import KEY, parse_fields
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
+from .position import Position
 from .reader import BatchSource, ShardReader
 from .text import TextEncoder, collate_json, collate_text, load_tokenizer
 
@@ -49,6 +53,12 @@ class Loader(PlannedLoader):
     without a required field, a caption that is not UTF-8 or a JSON member without its key
     is a ``CorruptShardError`` naming the shard and the sample.
 
+    ``buckets``: aspect-ratio buckets, a list of (height, width) or ``"auto"`` (from the
+    image sizes the shard table records): each image is resized to cover its nearest bucket
+    and cropped to it, every batch holds one bucket (``loader/buckets.py``); ``max_crop``:
+    samples whose crop would lose more of their area are skipped and counted
+    (``bucket_report()``).
+
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP
     ...     batch["image"].shape, batch["label"].dtype  # (256, 3, 224, 224), torch.int64
@@ -68,6 +78,8 @@ class Loader(PlannedLoader):
         optional: Sequence[str] = (),
         tokenizer: str | os.PathLike[str] | Any = None,
         max_len: int = 77,
+        buckets: Sequence[tuple[int, int]] | str | None = None,
+        max_crop: float = 0.5,
         num_threads: int = 2,
         py_workers: int = 1,
         reader_start: str = "auto",
@@ -101,6 +113,17 @@ class Loader(PlannedLoader):
             device=self.device_kind,
         )
         super().__init__(parts, batch_size=batch_size)
+        self.buckets = (
+            BucketPlanner(
+                bucket_options(
+                    buckets, self.dataset.manifest, image_size=image_size, max_crop=max_crop
+                ),
+                self.dataset.manifest,
+                batch_size,
+            )
+            if buckets is not None
+            else None
+        )
         self.user_pipeline = pipeline
         self.num_threads = num_threads
         self.py_workers = py_workers
@@ -132,13 +155,63 @@ class Loader(PlannedLoader):
             py_start_method=self.py_start_method,
             device_id=self.torch_device.index or 0 if self.torch_device is not None else 0,
             tokenized=self.text is not None,
+            bucketed=self.buckets is not None,
         )
 
     def _source(self, pass_dir: str) -> BatchSource:
         reader = ShardReader(self.source, self.shard_names)
         return BatchSource(
-            reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir, text=self.text
-        )
+            reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir,
+            text=self.text, bucketed=self.buckets is not None,
+        )  # fmt: skip
+
+    # -- aspect-ratio buckets: the pass order, its length, drops and resume ----------------
+    def _order(self, remaining: np.ndarray) -> PassOrder:
+        if self.buckets is None:
+            return super()._order(remaining)
+        return self.buckets.pass_order(self._bucket_position())
+
+    def _bucket_position(self) -> Position:
+        """The position the next pass starts from (the next epoch's, once this one ended)."""
+        if not self._finished:
+            return self.position
+        ahead = replace(self.position, prior=[], consumed=0, _memo=None)
+        ahead.epoch += 1
+        return ahead
+
+    def __len__(self) -> int:
+        if self.buckets is None:
+            return super().__len__()
+        return self._order(np.zeros(0, np.int64)).num_batches
+
+    def _end_epoch(self) -> None:
+        if self.buckets is None:
+            return super()._end_epoch()
+        self._finished = True
+        if self.ledger is not None:  # short tails (drop_last), skipped samples, plan surplus
+            got = self.buckets.order(self.position)
+            unread = np.concatenate([got.dropped, self.position.rank_plan().dropped])
+            if len(unread):
+                self.ledger.record_dropped(self.position.epoch, unread.tolist())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = (replace(self.position, prior=list(self.position.prior)), self._finished)
+        super().load_state_dict(state)
+        if self.buckets is not None and self.position.prior and not self._finished:
+            self.position, self._finished = saved
+            raise ValueError(
+                f"a bucketed Loader resumes mid-epoch only on the topology that saved the "
+                f"state (segments {state.get('segments')}; this job: world size "
+                f"{self.ctx.world_size}, {self.ctx.topology.rpn} ranks per node); resume with "
+                "that world size, or from a state saved at the end of an epoch"
+            )
+
+    def bucket_report(self) -> dict[str, Any]:
+        """Per bucket, this rank's samples, batches and mean crop loss in the current epoch,
+        and the samples skipped (by reason) or dropped: see ``BucketPlanner.report``."""
+        if self.buckets is None:
+            raise ValueError("bucket_report() needs a Loader made with buckets=")
+        return self.buckets.report(self.position)
 
     def _lookahead(self) -> int:
         return self.prefetch + 1  # DALI asks for up to ``prefetch`` batches ahead of a run
@@ -213,9 +286,12 @@ class Loader(PlannedLoader):
 
     def stats(self) -> dict[str, Any]:
         """``PlannedLoader.stats()``, and ``"missing"``: per optional caption or JSON field,
-        the delivered samples that lacked it (None in their batch)."""
+        the delivered samples that lacked it (None in their batch); with buckets,
+        ``"buckets"``: ``bucket_report()``."""
         out = super().stats()
         out["missing"] = dict(self.missing)
+        if self.buckets is not None:
+            out["buckets"] = self.bucket_report()
         return out
 
     def _out_device(self, name: str) -> torch.device | None:

@@ -20,6 +20,7 @@ from .reader import BatchSource
 from .text import field_columns
 
 __all__ = [
+    "BUCKET",
     "CUDA_TORCH_HINT",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -33,6 +34,9 @@ __all__ = [
     "gpu_count",
     "torch_cuda_usable",
 ]
+
+#: the node holding each sample's bucket (height, width) in a bucketed pipeline
+BUCKET = "__bucket__"
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -153,6 +157,8 @@ def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[
     fn, types = _dali()
     if "image" not in nodes:
         raise ValueError("the default pipeline needs an 'image' field; give pipeline= otherwise")
+    if BUCKET in nodes:
+        return _bucketed_images(nodes, opts)
     dev = "mixed" if opts.device == "gpu" else "cpu"
     size = opts.image_size
     mirror: Any = 0
@@ -177,6 +183,33 @@ def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[
     return {**nodes, "image": images}
 
 
+def _bucketed_images(nodes: dict[str, Any], opts: AugmentOptions) -> dict[str, Any]:
+    """Decode; resize to cover the sample's bucket (height, width), keeping the aspect ratio;
+    crop to it (random position and flip in training, centre otherwise); normalize; CHW."""
+    fn, types = _dali()
+    nodes = dict(nodes)
+    hw = nodes.pop(BUCKET)
+    dev = "mixed" if opts.device == "gpu" else "cpu"
+    images = fn.decoders.image(nodes["image"], device=dev, output_type=types.RGB)
+    images = fn.resize(images, size=hw, mode="not_smaller")
+    extra: dict[str, Any] = {}
+    if opts.train:
+        extra["crop_pos_x"] = fn.random.uniform(range=(0.0, 1.0))
+        extra["crop_pos_y"] = fn.random.uniform(range=(0.0, 1.0))
+        extra["mirror"] = fn.random.coin_flip(probability=0.5)
+    images = fn.crop_mirror_normalize(
+        images,
+        crop_h=hw[0],
+        crop_w=hw[1],
+        mean=list(opts.mean),
+        std=list(opts.std),
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        **extra,
+    )
+    return {**nodes, "image": images}
+
+
 def build_pipeline(
     source: BatchSource | Callable[[Any], Any],
     *,
@@ -191,9 +224,11 @@ def build_pipeline(
     py_start_method: str = "fork",
     device_id: int = 0,
     tokenized: bool = False,
+    bucketed: bool = False,
 ) -> tuple[Any, list[str]]:
     """A built DALI pipeline reading ``source`` and the names of its outputs, in order
-    (``tokenized``: the source tokenizes text fields into ids and a mask)."""
+    (``tokenized``: the source tokenizes text fields into ids and a mask; ``bucketed``: it
+    gives each sample's bucket (height, width) as the node ``BUCKET``)."""
     from nvidia.dali.pipeline import Pipeline
 
     fn, types = _dali()
@@ -214,7 +249,9 @@ def build_pipeline(
         # the last output holds each sample's key bytes, read with the sample: it passes
         # through untouched and comes out beside the sample as the batch's __key__
         columns = field_columns(specs, tokenized=tokenized)
-        dtypes = {"int64": types.INT64, "uint8": types.UINT8}
+        if bucketed:
+            columns.append((BUCKET, "float"))
+        dtypes = {"int64": types.INT64, "uint8": types.UINT8, "float": types.FLOAT}
         *raw, keys = fn.external_source(
             source=source,
             num_outputs=len(columns) + 1,

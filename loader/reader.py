@@ -23,6 +23,7 @@ from flashfeed.wdsindex import SampleIndex
 
 from .fields import FieldSpec, key_bytes
 from .labels import parse_label
+from .passorder import PassOrder
 from .sources import ShardSource
 from .text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
 
@@ -198,8 +199,12 @@ class BatchSource:
         specs: tuple[FieldSpec, ...],
         pass_dir: str,
         text: TextEncoder | None = None,
+        bucketed: bool = False,
     ) -> None:
         self.reader = reader
+        self.bucketed = bucketed
+        self._bounds: np.ndarray | None = None
+        self._shapes: np.ndarray | None = None
         self.batch_size = batch_size
         self.specs = specs
         self.text = text
@@ -214,6 +219,10 @@ class BatchSource:
         with np.load(pass_path(self.pass_dir, epoch)) as f:
             self._shards, self._rows = f["shards"], f["rows"]
             self._num_batches = int(f["num_batches"])
+            self._bounds = f.get("bounds")
+            self._shapes = f.get("shapes")
+        if self.bucketed and self._shapes is None:
+            raise ValueError(f"pass {epoch} of a bucketed pipeline names no bucket shapes")
         self._epoch = epoch
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
@@ -222,8 +231,11 @@ class BatchSource:
             self._load(epoch)
         if i >= self._num_batches:
             raise StopIteration
-        lo = i * self.batch_size
-        hi = min(lo + self.batch_size, len(self._shards))
+        if self._bounds is not None:
+            lo, hi = int(self._bounds[i]), int(self._bounds[i + 1])
+        else:
+            lo = i * self.batch_size
+            hi = min(lo + self.batch_size, len(self._shards))
         per_field: list[list[Any]] = [[] for _ in self.specs]
         key_col: list[np.ndarray] = []
         for shard, row in zip(
@@ -242,6 +254,9 @@ class BatchSource:
                 cols.append([text_bytes(v) for v in values])
             else:
                 cols.append(values)
+        if self.bucketed:  # each sample's bucket (height, width), for the resize and crop
+            assert self._shapes is not None  # checked by _load
+            cols.append(list(self._shapes[lo:hi]))
         return (*cols, key_col)
 
     def _value(
@@ -267,13 +282,16 @@ def pass_path(pass_dir: str, epoch: int) -> str:
     return os.path.join(pass_dir, f"pass-{epoch}.npz")
 
 
-def write_pass(
-    pass_dir: str, epoch: int, shards: np.ndarray, rows: np.ndarray, num_batches: int
-) -> None:
+def write_pass(pass_dir: str, epoch: int, order: PassOrder) -> None:
     """Store a pass for ``BatchSource`` (atomically; the pass before last is removed)."""
     tmp = os.path.join(pass_dir, f".pass-{epoch}.tmp.npz")
-    np.savez(tmp, shards=shards.astype(np.int64), rows=rows.astype(np.int64),
-             num_batches=np.int64(num_batches))  # fmt: skip
+    extra: dict[str, Any] = {}
+    if order.bounds is not None:
+        extra["bounds"] = order.bounds.astype(np.int64)
+    if order.shapes is not None:
+        extra["shapes"] = order.shapes.astype(np.float32)
+    np.savez(tmp, shards=order.shards.astype(np.int64), rows=order.rows.astype(np.int64),
+             num_batches=np.int64(order.num_batches), **extra)  # fmt: skip
     os.replace(tmp, pass_path(pass_dir, epoch))
     try:
         os.remove(pass_path(pass_dir, epoch - 2))

@@ -355,6 +355,7 @@ def test_tokenizer_options_are_checked(pairs, tmp_path):
 
 
 def test_the_readme_pairs_example_runs(tmp_path):
+    import ast
     import re
     import subprocess
     import sys
@@ -362,12 +363,18 @@ def test_the_readme_pairs_example_runs(tmp_path):
     from support import REPO
 
     blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
-    (block,) = [b for b in blocks if "ShardWriter" in b]
+    (pairs,) = [b for b in blocks if "ShardWriter" in b]
+    (buckets,) = [b for b in blocks if "bucket_report()" in b]  # it reads the pairs' dataset
     script = tmp_path / "pairs.py"
-    script.write_text(block)
+    script.write_text(pairs + buckets + "print(loader.bucket_report()['buckets'][0])\n")
     proc = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("torch.Size([8, 3, 32, 32]) ['photo ") and last.endswith("torch.float64")
+    lines = proc.stdout.strip().splitlines()
+    pairs_line = next(x for x in lines if x.startswith("torch.Size([8, 3, 32, 32]) ['photo "))
+    assert pairs_line.endswith("torch.float64")
+    # the 64x48 images (4:3) go to the 32x48 bucket (3:2): scaled to 48x36, a ninth cropped
+    first = ast.literal_eval(lines[-1])
+    assert first["shape"] == [32, 48] and (first["samples"], first["batches"]) == (40, 5)
+    assert first["crop_lost"] == pytest.approx(1 / 9)
