@@ -29,7 +29,7 @@ from .buckets import (
 from .passorder import PassOrder
 from .position import Position
 
-__all__ = ["BucketPlanner", "bucket_options"]
+__all__ = ["BucketPlanner", "bucket_options", "covering_windows"]
 
 _AUTO_SAMPLE = 200_000  # recorded sizes that "auto" looks at, spread over the dataset
 
@@ -56,6 +56,17 @@ def bucket_options(
     return BucketOptions(
         auto_buckets(table.image_sizes(shards, rows), image_size=image_size), max_crop
     )
+
+
+def covering_windows(sizes: np.ndarray, hw: np.ndarray) -> np.ndarray:
+    """Per sample ``(height, width, window height, window width)``: its bucket and the
+    largest window of the bucket's aspect ratio inside its ``(width, height)`` image, as a
+    fraction of the image's height and width (what a cover resize then crop keeps)."""
+    width, height = sizes[:, 0].astype(np.float64), sizes[:, 1].astype(np.float64)
+    scale = np.maximum(hw[:, 1] / width, hw[:, 0] / height)
+    rel_h = np.minimum(hw[:, 0] / scale / height, 1.0)
+    rel_w = np.minimum(hw[:, 1] / scale / width, 1.0)
+    return np.stack([hw[:, 0], hw[:, 1], rel_h, rel_w], axis=1).astype(np.float32)
 
 
 class BucketPlanner:
@@ -115,10 +126,12 @@ class BucketPlanner:
             )
         ids = got.ids[position.consumed :]
         shards, rows = locate(position.shard_sizes, ids)
-        shapes = np.array(self.options.shapes, np.float32)[got.sample_bucket[position.consumed :]]
+        hw = np.array(self.options.shapes, np.float64)[got.sample_bucket[position.consumed :]]
+        hw = hw.reshape(-1, 2)
         return PassOrder(
             ids, shards, rows, self.batch_size, len(got.bounds) - 1 - k,
-            bounds=got.bounds[k:] - position.consumed, shapes=shapes.reshape(-1, 2),
+            bounds=got.bounds[k:] - position.consumed,
+            shapes=covering_windows(self.manifest.table.image_sizes(shards, rows), hw),
         )  # fmt: skip
 
     def report(self, position: Position) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Aspect-ratio buckets: each image goes to the bucket shape nearest its own aspect ratio and
-is resized to cover it, then cropped to it; every batch holds one bucket.
+"""Aspect-ratio buckets: each image goes to the bucket shape nearest its own aspect ratio;
+the largest window of the bucket's shape inside it (what a resize to cover the bucket and a
+crop keep) is decoded and resized to the bucket; every batch holds one bucket.
 
 Pure and seeded like the plan: which bucket a sample takes follows from the image sizes the
 shard table records (at ingest or ``flashfeed index`` time), and the batches of a pass are a

@@ -54,9 +54,9 @@ class Loader(PlannedLoader):
     is a ``CorruptShardError`` naming the shard and the sample.
 
     ``buckets``: aspect-ratio buckets, a list of (height, width) or ``"auto"`` (from the
-    image sizes the shard table records): each image is resized to cover its nearest bucket
-    and cropped to it, every batch holds one bucket (``loader/buckets.py``); ``max_crop``:
-    samples whose crop would lose more of their area are skipped and counted
+    image sizes the shard table records): each image is cropped to its nearest bucket's
+    aspect ratio and resized to it, every batch holds one bucket (``loader/buckets.py``);
+    ``max_crop``: samples whose crop would lose more of their area are skipped and counted
     (``bucket_report()``).
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP

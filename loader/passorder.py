@@ -41,6 +41,9 @@ class PassOrder:
 
     def batch_slice(self, k: int) -> slice:
         if self.bounds is not None:
+            end = int(self.bounds[-1])
+            if k + 1 >= len(self.bounds):  # past the last batch: nothing
+                return slice(end, end)
             return slice(int(self.bounds[k]), int(self.bounds[k + 1]))
         return slice(k * self.batch_size, min((k + 1) * self.batch_size, len(self.ids)))
 

@@ -35,8 +35,11 @@ __all__ = [
     "torch_cuda_usable",
 ]
 
-#: the node holding each sample's bucket (height, width) in a bucketed pipeline
+#: the node holding each sample's bucket (height, width) and the image window that covers it
+#: (relative height, width) in a bucketed pipeline
 BUCKET = "__bucket__"
+#: the part of the covering window's area a training crop takes (uniform in this range)
+BUCKET_AREA = (0.35, 1.0)
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -184,29 +187,34 @@ def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[
 
 
 def _bucketed_images(nodes: dict[str, Any], opts: AugmentOptions) -> dict[str, Any]:
-    """Decode; resize to cover the sample's bucket (height, width), keeping the aspect ratio;
-    crop to it (random position and flip in training, centre otherwise); normalize; CHW."""
+    """Decode only a window of the bucket's aspect ratio and resize it to the bucket; flip;
+    normalize; CHW. ``BUCKET`` holds per sample (height, width, window height, window width),
+    the window relative to the image: the largest one of the bucket's shape (a cover resize
+    and crop). Eval takes it centred; training takes a random part of it (``BUCKET_AREA``
+    of its area) at a random place, as a random resized crop does for square images."""
     fn, types = _dali()
+    from nvidia.dali import math as dmath
+
     nodes = dict(nodes)
-    hw = nodes.pop(BUCKET)
-    dev = "mixed" if opts.device == "gpu" else "cpu"
-    images = fn.decoders.image(nodes["image"], device=dev, output_type=types.RGB)
-    images = fn.resize(images, size=hw, mode="not_smaller")
-    extra: dict[str, Any] = {}
+    b = nodes.pop(BUCKET)
+    hw, window = b[0:2], b[2:4]
+    mirror: Any = 0
     if opts.train:
-        extra["crop_pos_x"] = fn.random.uniform(range=(0.0, 1.0))
-        extra["crop_pos_y"] = fn.random.uniform(range=(0.0, 1.0))
-        extra["mirror"] = fn.random.coin_flip(probability=0.5)
+        window = window * dmath.sqrt(fn.random.uniform(range=BUCKET_AREA))
+        anchor = fn.random.uniform(range=(0.0, 1.0), shape=2) * (1.0 - window)
+        mirror = fn.random.coin_flip(probability=0.5)
+    else:
+        anchor = (1.0 - window) * 0.5
+    dev = "mixed" if opts.device == "gpu" else "cpu"
+    images = fn.decoders.image_slice(
+        nodes["image"], anchor, window, device=dev, output_type=types.RGB, axis_names="HW",
+        normalized_anchor=True, normalized_shape=True,
+    )  # fmt: skip
+    images = fn.resize(images, size=hw)
     images = fn.crop_mirror_normalize(
-        images,
-        crop_h=hw[0],
-        crop_w=hw[1],
-        mean=list(opts.mean),
-        std=list(opts.std),
-        dtype=types.FLOAT,
+        images, mirror=mirror, mean=list(opts.mean), std=list(opts.std), dtype=types.FLOAT,
         output_layout="CHW",
-        **extra,
-    )
+    )  # fmt: skip
     return {**nodes, "image": images}
 
 
