@@ -20,6 +20,8 @@ rounds whose order rotates every round):
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  multimodal image-text pairs vs webdataset + PIL, vs the single-image Loader; buckets vs
+           square                                                  (multimodal.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -67,6 +69,7 @@ STAGES = (
     "stalls",
     "plan",
     "crypto",
+    "multimodal",
 )
 
 
@@ -271,6 +274,10 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "multimodal" in stages:
+        extra = ["--corpus", str(corpus), "--device", device, "--threads", str(threads)]
+        data = r.run("multimodal", "multimodal.py", [*p.multimodal_args, *extra])
+        out["multimodal"] = {"data": data} if data else {}
     return out
 
 
