@@ -35,6 +35,8 @@ DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {"image": LOADER_IMAGE_EXTS, "label
 
 #: member extensions that hold text (a ``.gz`` suffix on any of them is decompressed)
 TEXT_EXTS = ("txt", "text", "caption")
+#: member extensions that hold a video
+VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class FieldSpec:
             and self.json_key is None
             and all(e.removesuffix(".gz") in TEXT_EXTS for e in self.exts)
         )
+
+    @property
+    def is_video(self) -> bool:
+        """Every member this field may come from holds a video (``mp4``, ``webm``...)."""
+        return not self.is_label and all(e in VIDEO_EXTS for e in self.exts)
 
     @property
     def is_bytes(self) -> bool:

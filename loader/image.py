@@ -25,6 +25,7 @@ from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, d
 from .position import Position
 from .reader import BatchSource, ShardReader
 from .text import TextEncoder, collate_json, collate_text, load_tokenizer
+from .video import ClipOptions, clip_draws, require_pyav
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -59,6 +60,11 @@ class Loader(PlannedLoader):
     ``max_crop``: samples whose crop would lose more of their area are skipped and counted
     (``bucket_report()``).
 
+    A video field (``{"video": "webm;mp4"}``) needs ``frames`` (per clip) and takes
+    ``stride`` and ``clip`` (``"random"``: a start drawn from the seed, epoch and sample;
+    ``"center"``): it comes out as ``(batch, frames, 3, image_size, image_size)`` float32 and
+    ``<field>_start``, each clip's start in seconds (``loader/video.py``).
+
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP
     ...     batch["image"].shape, batch["label"].dtype  # (256, 3, 224, 224), torch.int64
@@ -80,6 +86,9 @@ class Loader(PlannedLoader):
         max_len: int = 77,
         buckets: Sequence[tuple[int, int]] | str | None = None,
         max_crop: float = 0.5,
+        frames: int | None = None,
+        stride: int = 1,
+        clip: str = "random",
         num_threads: int = 2,
         py_workers: int = 1,
         reader_start: str = "auto",
@@ -99,6 +108,17 @@ class Loader(PlannedLoader):
                 f"tokenizer= needs a text field (txt/text/caption members); fields= has "
                 f"{[s.name for s in self.specs]}"
             )
+        videos = [s.name for s in self.specs if s.is_video]
+        if videos and frames is None:
+            raise ValueError(f"video field(s) {videos} need frames= (frames per clip)")
+        if videos:
+            require_pyav()
+        self.clips = ClipOptions(frames, stride, clip) if frames is not None else None
+        if self.clips is not None and not videos:
+            raise ValueError(
+                f"frames= needs a video field (mp4/webm... members); fields= has "
+                f"{[s.name for s in self.specs]}"
+            )
         parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
         self.device_kind = decode_device(device)
         # decided now, before the caller's next CUDA call could change the answer
@@ -111,6 +131,8 @@ class Loader(PlannedLoader):
             image_size=image_size,
             train=parts.options.shuffle if train is None else train,
             device=self.device_kind,
+            frames=self.clips.frames if self.clips else 0,
+            stride=self.clips.stride if self.clips else 1,
         )
         super().__init__(parts, batch_size=batch_size)
         self.buckets = (
@@ -162,14 +184,21 @@ class Loader(PlannedLoader):
         reader = ShardReader(self.source, self.shard_names)
         return BatchSource(
             reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir,
-            text=self.text, bucketed=self.buckets is not None,
+            text=self.text, bucketed=self.buckets is not None, clips=self.clips,
+            gpu=self.device_kind == "gpu",
         )  # fmt: skip
 
     # -- aspect-ratio buckets: the pass order, its length, drops and resume ----------------
     def _order(self, remaining: np.ndarray) -> PassOrder:
-        if self.buckets is None:
-            return super()._order(remaining)
-        return self.buckets.pass_order(self._bucket_position())
+        order = (
+            super()._order(remaining)
+            if self.buckets is None
+            else self.buckets.pass_order(self._bucket_position())
+        )
+        if self.clips is None:
+            return order
+        p = self._bucket_position()  # where each video clip starts: drawn by the plan
+        return replace(order, draws=clip_draws(p.options.seed, p.epoch, order.ids))
 
     def _bucket_position(self) -> Position:
         """The position the next pass starts from (the next epoch's, once this one ended)."""

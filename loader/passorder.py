@@ -27,8 +27,10 @@ class PassOrder:
     batch_size: int
     num_batches: int
     bounds: np.ndarray | None = None
-    #: per sample, the (height, width) its image is cropped to (aspect-ratio buckets)
+    #: per sample, its bucket and image window (aspect-ratio buckets)
     shapes: np.ndarray | None = None
+    #: per sample, a uniform draw in [0, 1) that places its video clip
+    draws: np.ndarray | None = None
 
     def same(self, other: PassOrder) -> bool:
         """The same samples in the same batches."""

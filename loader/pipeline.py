@@ -146,6 +146,9 @@ class AugmentOptions:
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     resize_ratio: float = 0.875
+    #: video clips: frames per clip and the stride between them (0: no video field)
+    frames: int = 0
+    stride: int = 1
 
     def __post_init__(self) -> None:
         if self.image_size < 1:
@@ -158,6 +161,8 @@ def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[
     """Decode; random resized crop + flip (train) or resize + center crop (eval); normalize;
     NCHW float32. Every other field passes through."""
     fn, types = _dali()
+    if "image" not in nodes and opts.frames:
+        return _video_clips(nodes, opts)
     if "image" not in nodes:
         raise ValueError("the default pipeline needs an 'image' field; give pipeline= otherwise")
     if BUCKET in nodes:
@@ -184,6 +189,28 @@ def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[
         output_layout="CHW",
     )
     return {**nodes, "image": images}
+
+
+def _video_clips(nodes: dict[str, Any], opts: AugmentOptions) -> dict[str, Any]:
+    """Each video field: decode the clip's frames (``frames`` from its start frame, ``stride``
+    apart), resize the shorter side to ``image_size``, centre crop, normalize; FCHW float32.
+    Its ``<field>_start`` (seconds) passes through."""
+    fn, types = _dali()
+    out = dict(nodes)
+    dev = "mixed" if opts.device == "gpu" else "cpu"
+    size = opts.image_size
+    for name in [n for n in nodes if f"{n}_start_frame" in nodes]:
+        start = out.pop(f"{name}_start_frame")
+        clips = fn.decoders.video(
+            nodes[name], device=dev, start_frame=start, sequence_length=opts.frames,
+            stride=opts.stride,
+        )  # fmt: skip
+        clips = fn.resize(clips, resize_shorter=size)
+        out[name] = fn.crop_mirror_normalize(
+            clips, crop=(size, size), mean=list(opts.mean), std=list(opts.std),
+            dtype=types.FLOAT, output_layout="FCHW",
+        )  # fmt: skip
+    return out
 
 
 def _bucketed_images(nodes: dict[str, Any], opts: AugmentOptions) -> dict[str, Any]:
@@ -259,7 +286,9 @@ def build_pipeline(
         columns = field_columns(specs, tokenized=tokenized)
         if bucketed:
             columns.append((BUCKET, "float"))
-        dtypes = {"int64": types.INT64, "uint8": types.UINT8, "float": types.FLOAT}
+        dtypes = {
+            "int64": types.INT64, "int32": types.INT32, "uint8": types.UINT8, "float": types.FLOAT
+        }  # fmt: skip
         *raw, keys = fn.external_source(
             source=source,
             num_outputs=len(columns) + 1,

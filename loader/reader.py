@@ -26,6 +26,7 @@ from .labels import parse_label
 from .passorder import PassOrder
 from .sources import ShardSource
 from .text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
+from .video import ClipOptions, clip_start, probe_video
 
 if TYPE_CHECKING:
     from flashfeed.cache import FillView
@@ -200,9 +201,14 @@ class BatchSource:
         pass_dir: str,
         text: TextEncoder | None = None,
         bucketed: bool = False,
+        clips: ClipOptions | None = None,
+        gpu: bool = False,
     ) -> None:
         self.reader = reader
         self.bucketed = bucketed
+        self.clips = clips
+        self.gpu = gpu
+        self._draws: np.ndarray | None = None
         self._bounds: np.ndarray | None = None
         self._shapes: np.ndarray | None = None
         self.batch_size = batch_size
@@ -221,6 +227,7 @@ class BatchSource:
             self._num_batches = int(f["num_batches"])
             self._bounds = f.get("bounds")
             self._shapes = f.get("shapes")
+            self._draws = f.get("draws")
         if self.bucketed and self._shapes is None:
             raise ValueError(f"pass {epoch} of a bucketed pipeline names no bucket shapes")
         self._epoch = epoch
@@ -244,6 +251,9 @@ class BatchSource:
             key, picked = self.reader.picked(shard, row, self.specs)
             name = self.reader.shard_names[shard]
             for spec, got, col in zip(self.specs, picked, per_field, strict=True):
+                if spec.is_video:
+                    col.append(self._clip(spec, got, shard, key, lo + len(key_col)))
+                    continue
                 col.append(self._value(spec, got, shard, key))
             key_col.append(key_bytes(name, key))
         cols: list[list[np.ndarray]] = []
@@ -252,12 +262,27 @@ class BatchSource:
                 cols += self.text.encode(values)
             elif spec.is_text:
                 cols.append([text_bytes(v) for v in values])
+            elif spec.is_video:
+                cols += [list(c) for c in zip(*values, strict=True)] if values else [[], [], []]
             else:
                 cols.append(values)
         if self.bucketed:  # each sample's bucket (height, width), for the resize and crop
             assert self._shapes is not None  # checked by _load
             cols.append(list(self._shapes[lo:hi]))
         return (*cols, key_col)
+
+    def _clip(
+        self, spec: FieldSpec, got: tuple[str, np.ndarray] | None, shard: int, key: str, at: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A video field of one sample: its bytes, its clip's first frame (placed by the
+        pass's draw for this sample) and that frame's time in seconds."""
+        where = f"shard {self.reader.shard_names[shard]} sample {key!r} field {spec.name!r}"
+        if got is None or self.clips is None or self._draws is None:
+            raise CorruptShardError(f"{where}: a video field needs its member and frames=")
+        probe = probe_video(got[1], where=where)
+        start = clip_start(probe, float(self._draws[at]), self.clips, where=where, gpu=self.gpu)
+        seconds = start / probe.fps if probe.fps else 0.0
+        return got[1], np.array(start, np.int32), np.array(seconds, np.float32)
 
     def _value(
         self, spec: FieldSpec, got: tuple[str, np.ndarray] | None, shard: int, key: str
@@ -290,6 +315,8 @@ def write_pass(pass_dir: str, epoch: int, order: PassOrder) -> None:
         extra["bounds"] = order.bounds.astype(np.int64)
     if order.shapes is not None:
         extra["shapes"] = order.shapes.astype(np.float32)
+    if order.draws is not None:
+        extra["draws"] = order.draws.astype(np.float64)
     np.savez(tmp, shards=order.shards.astype(np.int64), rows=order.rows.astype(np.int64),
              num_batches=np.int64(order.num_batches), **extra)  # fmt: skip
     os.replace(tmp, pass_path(pass_dir, epoch))

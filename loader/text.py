@@ -61,13 +61,17 @@ def mask_name(field: str) -> str:
 
 def field_columns(specs: Sequence[FieldSpec], *, tokenized: bool) -> list[tuple[str, str]]:
     """``(name, dtype)`` of each column the reader hands DALI for ``specs``, in order: a
-    label is int64, a tokenized caption int64 ids and an int64 mask, the rest bytes."""
+    label is int64, a tokenized caption int64 ids and an int64 mask, a video its bytes, its
+    clip's first frame and start time (``loader/video.py``), the rest bytes."""
     out: list[tuple[str, str]] = []
     for s in specs:
         if s.is_label:
             out.append((s.name, "int64"))
         elif s.is_text and tokenized:
             out += [(s.name, "int64"), (mask_name(s.name), "int64")]
+        elif s.is_video:  # the video's bytes, its clip's first frame and start time
+            out += [(s.name, "uint8"), (f"{s.name}_start_frame", "int32"),
+                    (f"{s.name}_start", "float")]  # fmt: skip
         else:
             out.append((s.name, "uint8"))
     return out
