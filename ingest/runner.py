@@ -30,6 +30,7 @@ from flashfeed.manifest import (
 )
 from flashfeed.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
 from flashfeed.shardtable import ShardTable
+from flashfeed.video import VIDEO_MEDIA_TYPES
 
 from .assign import assign_shards
 from .config import IngestConfig
@@ -49,6 +50,7 @@ _KIND_TYPES = {
     "float": "float",
     "json": "application/json",
     "bytes": "application/octet-stream",
+    "video": "video",
 }
 
 
@@ -142,7 +144,9 @@ def _schema(
     if config.format == "arrow":
         return {"__key__": "string", **{n: str(arrow_type(k)) for n, k in out_fields.items()}}
     return {
-        n: _MEDIA_TYPES.get(n.rsplit(".", 1)[-1], _KIND_TYPES.get(k, "application/octet-stream"))
+        n: {**_MEDIA_TYPES, **VIDEO_MEDIA_TYPES}.get(
+            n.rsplit(".", 1)[-1], _KIND_TYPES.get(k, "application/octet-stream")
+        )
         for n, k in out_fields.items()
     }
 

@@ -33,6 +33,7 @@ _ARROW_TYPES = {
     "int": pa.int64(),
     "float": pa.float64(),
     "json": pa.string(),
+    "video": pa.binary(),
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.media import LOADER_IMAGE_EXTS
+from flashfeed.video import VIDEO_EXTS
 
 from .labels import LABEL_EXTS
 
@@ -35,8 +36,6 @@ DEFAULT_FIELDS: dict[str, tuple[str, ...]] = {"image": LOADER_IMAGE_EXTS, "label
 
 #: member extensions that hold text (a ``.gz`` suffix on any of them is decompressed)
 TEXT_EXTS = ("txt", "text", "caption")
-#: member extensions that hold a video
-VIDEO_EXTS = ("mp4", "webm", "mkv", "avi", "mov", "m4v")
 
 
 @dataclass(frozen=True)
@@ -101,18 +100,20 @@ def parse_fields(
             raise ValueError(f"field {name!r} names no extension")
         json_key = _json_key(name, ext_t)
         if json_key is not None:
-            ext_t = ("json",)
+            ext_t = (ext_t[0].partition(":")[0],)
         is_label = name.endswith("label") and json_key is None
         out.append(FieldSpec(name, ext_t, is_label, name in optional, json_key))
     return tuple(out)
 
 
 def _json_key(name: str, exts: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The key path of a ``"json:KEY"`` field (``"json:a.b"`` -> ``("a", "b")``), else None."""
-    keyed = [e for e in exts if e.startswith("json:")]
+    """The key path of a ``"json:KEY"`` field (``"json:a.b"`` -> ``("a", "b")``; another
+    JSON member: ``"mp4.json:fps"``), else None."""
+    keyed = [e for e in exts if ":" in e and e.split(":", 1)[0].endswith("json")]
     if not keyed:
         return None
-    path = tuple(keyed[0].removeprefix("json:").split("."))
+    key = keyed[0].partition(":")[2]
+    path = tuple(key.split("."))
     if len(exts) > 1 or not all(path):
         raise ValueError(
             f"field {name!r}: a JSON value is one 'json:KEY' (or 'json:a.b' for a nested key), "

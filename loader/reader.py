@@ -26,7 +26,7 @@ from .labels import parse_label
 from .passorder import PassOrder
 from .sources import ShardSource
 from .text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
-from .video import ClipOptions, clip_start, probe_video
+from .video import ClipOptions, clip_start, probe_at
 
 if TYPE_CHECKING:
     from flashfeed.cache import FillView
@@ -279,7 +279,7 @@ class BatchSource:
         where = f"shard {self.reader.shard_names[shard]} sample {key!r} field {spec.name!r}"
         if got is None or self.clips is None or self._draws is None:
             raise CorruptShardError(f"{where}: a video field needs its member and frames=")
-        probe = probe_video(got[1], where=where)
+        probe = probe_at(got[1], where=where)
         start = clip_start(probe, float(self._draws[at]), self.clips, where=where, gpu=self.gpu)
         seconds = start / probe.fps if probe.fps else 0.0
         return got[1], np.array(start, np.int32), np.array(seconds, np.float32)

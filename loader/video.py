@@ -10,14 +10,12 @@ they stop the pass with ``UnsupportedCodecError`` naming the codec and what deco
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 import numpy as np
 
 from flashfeed.errors import CorruptShardError, FlashfeedError
-
-from .fields import VIDEO_EXTS
+from flashfeed.video import VIDEO_EXTS, VideoProbe, probe_video, require_pyav
 
 __all__ = [
     "CPU_CODECS",
@@ -28,6 +26,7 @@ __all__ = [
     "clip_draws",
     "clip_start",
     "frame_name",
+    "probe_at",
     "probe_video",
     "require_pyav",
     "start_name",
@@ -75,54 +74,13 @@ class ClipOptions:
         return (self.frames - 1) * self.stride + 1
 
 
-@dataclass(frozen=True)
-class VideoProbe:
-    """What a video member holds: codec, frame count, frames per second, size."""
-
-    codec: str
-    frames: int
-    fps: float
-    width: int
-    height: int
-
-    @property
-    def duration(self) -> float:
-        return self.frames / self.fps if self.fps else 0.0
-
-
-def require_pyav() -> None:
-    """Video fields probe with PyAV: say what to install when it is missing."""
+def probe_at(data: bytes | memoryview | np.ndarray, *, where: str) -> VideoProbe:
+    """``probe_video`` of a sample's member; not a readable video is a ``CorruptShardError``
+    naming ``where``."""
     try:
-        import av  # noqa: F401
-    except ImportError:
-        raise ValueError(
-            "video fields need PyAV to probe each video (pip install 'flashfeed[video]')"
-        ) from None
-
-
-def probe_video(data: bytes | memoryview | np.ndarray, *, where: str) -> VideoProbe:
-    """Probe a video member's container (frames counted by demuxing, nothing decoded); one
-    that is not a readable video is a ``CorruptShardError`` naming ``where``."""
-    import av
-
-    raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
-    try:
-        with av.open(io.BytesIO(raw), mode="r") as container:
-            if not container.streams.video:
-                raise CorruptShardError(f"{where}: the member holds no video stream")
-            stream = container.streams.video[0]
-            ctx = stream.codec_context
-            rate = stream.average_rate or stream.guessed_rate
-            frames = 0
-            for packet in container.demux(stream):
-                frames += 1 if packet.size else 0
-            return VideoProbe(
-                str(ctx.name), frames, float(rate) if rate else 0.0, ctx.width, ctx.height
-            )
-    except CorruptShardError:
-        raise
-    except (av.FFmpegError, ValueError, OSError) as exc:
-        raise CorruptShardError(f"{where}: not a readable video ({exc})") from None
+        return probe_video(data)
+    except ValueError as exc:
+        raise CorruptShardError(f"{where}: {exc}") from None
 
 
 def clip_draws(seed: int, epoch: int, ids: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ from .imagefolder import IMAGEFOLDER
 from .lmdbsrc import LMDB
 from .tables import CSV, JSONL, PARQUET
 from .tfrecord import TFRECORD
+from .videofolder import VIDEOFOLDER
 from .wds import WEBDATASET
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
 
 #: Every source format by name, in the order auto-detection tries them.
 FORMATS: dict[str, SourceFormat] = {
-    f.name: f for f in (LMDB, WEBDATASET, TFRECORD, JSONL, CSV, PARQUET, IMAGEFOLDER)
+    f.name: f for f in (LMDB, WEBDATASET, TFRECORD, JSONL, CSV, PARQUET, IMAGEFOLDER, VIDEOFOLDER)
 }
 
 

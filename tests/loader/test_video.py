@@ -191,3 +191,42 @@ def test_bad_video_options_are_clear_errors(videos):
         ClipOptions(4, 0)
     with pytest.raises(ValueError, match=r"clip must be 'random' or 'center'"):
         Loader(prefix, batch_size=2, fields={"video": "webm"}, frames=2, clip="middle")
+
+
+def test_a_folder_of_videos_ingests_with_probed_metadata_and_counted_skips(tmp_path, ray_session):
+    import json
+
+    from flashfeed.dataset import Dataset
+    from flashfeed.ingest import IngestConfig, run
+
+    src = tmp_path / "src"
+    (src / "walks").mkdir(parents=True)
+    lengths = [12, 15, 18]
+    for i, n in enumerate(lengths):
+        (src / "walks" / f"clip{i}.webm").write_bytes(encode(n, seed=i))
+    (src / "walks" / "broken.webm").write_bytes(encode(12)[:200])  # truncated
+    (src / "empty.mp4").write_bytes(b"")  # zero-length
+    (src / "notes.txt").write_text("not a video")
+    result = run(
+        IngestConfig(source=str(src), dest=str(tmp_path / "out"), samples_per_shard=2,
+                     progress="none", shuffle=False)
+    )  # fmt: skip
+    m = result.manifest
+    assert m.source["format"] == "videofolder"
+    assert m.skipped == {"undecodable_video": 2}
+    assert m.schema == {  # the fields the listing found, the empty mp4's too
+        "mp4": "video/mp4", "mp4.json": "application/json",
+        "webm": "video/webm", "webm.json": "application/json",
+    }  # fmt: skip
+    ds = Dataset.open(str(tmp_path / "out"))
+    metas = sorted((json.loads(f["webm.json"]) for _, f in ds), key=lambda d: d["frames"])
+    assert [d["frames"] for d in metas] == lengths
+    assert all(d["codec"] == "vp9" and d["fps"] == FPS for d in metas)
+    assert all((d["width"], d["height"]) == (W, H) for d in metas)
+    assert [d["duration"] for d in metas] == [n / FPS for n in lengths]
+    # the metadata is a JSON field away for the loader, beside the clips
+    loader = Loader(str(tmp_path / "out"), batch_size=3, image_size=16, frames=4,
+                    fields={"video": "webm", "frames": "webm.json:frames"})  # fmt: skip
+    batch = next(iter(loader))
+    assert sorted(batch["frames"].tolist()) == lengths
+    assert batch["video"].shape == (3, 4, 3, 16, 16)
