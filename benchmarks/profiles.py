@@ -39,6 +39,7 @@ class Profile:
     read_mb: int
     s3_objects: int
     crypto_args: tuple[str, ...]
+    tokens_args: tuple[str, ...]
     stage_timeout_s: int
     #: image-text pairs and buckets (benchmarks/multimodal.py)
     multimodal_args: tuple[str, ...] = ("--images", "2048", "--rounds", "5")
@@ -69,6 +70,20 @@ QUICK = Profile(
     fillcpu_shard="16MiB",
     read_mb=64,
     s3_objects=4,
+    tokens_args=(
+        "--mb",
+        "0.5",
+        "--rounds",
+        "1",
+        "--token-rows",
+        "512",
+        "--seq-len",
+        "512",
+        "--shard-size",
+        "128KB",
+        "--batch-size",
+        "16",
+    ),
     crypto_args=(
         "--cipher-mib",
         "32",
@@ -107,6 +122,7 @@ FULL = Profile(
     fillcpu_shard="64MiB",
     read_mb=512,
     s3_objects=8,
+    tokens_args=("--mb", "8", "--rounds", "3", "--token-rows", "8192", "--batch-size", "64"),
     crypto_args=("--loader-rounds", "5"),
     stage_timeout_s=900,
 )

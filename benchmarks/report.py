@@ -206,6 +206,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
                     ratio(r["flashfeed"], r[peer]),
                 )
             )
+    rows += token_rows(st)
     ev = ((st.get("plan") or {}).get("data") or {}).get("eviction", [])
     for e in ev:
         if e["capacity"] == 0.5:
@@ -222,6 +223,30 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
                     e["optimum"],
                 )
             )
+    return rows
+
+
+def token_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tokens stage: ingest tokenization beside its peers, TokenLoader beside memcpy."""
+    data = (stages.get("tokens") or {}).get("data") or {}
+    if not data:
+        return []
+    rows = []
+    t = data["tokenize"]["rounds"]
+    ff = t["flashfeed-ingest"]
+    for peer in ("datasets-map", "encode_batch", "encode_batch_fast"):
+        if t.get(peer):
+            rows.append(
+                _row("tokens", "tokenization at ingest, 2 Ray CPUs", spread(ff), "MB/s", peer,
+                     spread(t[peer]), ratio(ff, t[peer]))
+            )  # fmt: skip
+    lo = data["loader"]["rounds"]
+    mine, plain = lo["with document outputs"], lo["tokens only"]
+    rows.append(
+        _row("tokens", "TokenLoader with document outputs, CPU", spread(mine), "GB/s",
+             "tokens only", spread(plain), ratio(mine, plain), "memcpy of the same bytes",
+             max(lo["memcpy (same bytes)"]))
+    )  # fmt: skip
     return rows
 
 

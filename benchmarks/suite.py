@@ -20,6 +20,9 @@ rounds whose order rotates every round):
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
+           packing padding, TokenLoader GB/s with document outputs vs memcpy
+                                                                   (tokenize_bench.py)
   multimodal image-text pairs vs webdataset + PIL, vs the single-image Loader; buckets vs
            square                                                  (multimodal.py)
 
@@ -69,6 +72,7 @@ STAGES = (
     "stalls",
     "plan",
     "crypto",
+    "tokens",
     "multimodal",
 )
 
@@ -274,6 +278,9 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
+        data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
+        out["tokens"] = {"data": data} if data else {}
     if "multimodal" in stages:
         extra = ["--corpus", str(corpus), "--device", device, "--threads", str(threads)]
         data = r.run("multimodal", "multimodal.py", [*p.multimodal_args, *extra])

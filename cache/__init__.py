@@ -5,7 +5,13 @@
 
 from __future__ import annotations
 
-from .errors import CacheCapacityError, CacheError, CacheFullError, CachePermissionError
+from .errors import (
+    CacheCapacityError,
+    CacheError,
+    CacheFullError,
+    CacheOverCapacityError,
+    CachePermissionError,
+)
 from .handle import CacheHandle
 from .manifests import node_manifest
 from .needorder import ShardNeed
@@ -21,6 +27,7 @@ __all__ = [
     "CacheFullError",
     "CacheHandle",
     "CacheOptions",
+    "CacheOverCapacityError",
     "CachePermissionError",
     "DatasetView",
     "FillView",

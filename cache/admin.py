@@ -11,6 +11,7 @@ from flashfeed.dataset import Dataset
 from .fill import file_checksum
 from .layout import DatasetDir, list_dataset_dirs, read_json
 from .nodeshare import NodeShare, fitting_prefix, warm_mismatch
+from .pins import release_warm_pins
 from .space import SpaceManager, recorded_capacity, remove_entry, sweep_dead_parts
 from .stats import Counters, read_persisted
 from .warmrecord import read_warm_records
@@ -42,7 +43,10 @@ def _dataset_status(
         "dataset_bytes": manifest.num_bytes,
         "cached_shards": len(entries),
         "cached_bytes": sum(e.size for e in entries.values()),
+        "version": manifest.digest,
         "pinned": sum(e.pinned for e in entries.values()),
+        "pinned_bytes": sum(e.size for e in entries.values() if e.pinned),
+        "warm_pinned": len(d.pinned(warm_only=True) & entries.keys()),
     }
     dataset = Dataset(d.url, manifest)
     if share is not None:
@@ -147,7 +151,8 @@ def verify(root: str) -> dict[str, Any]:
 
 
 def evict(root: str, *, url: str | None = None) -> dict[str, Any]:
-    """Remove the cached shards of one dataset (or all) that are neither pinned nor in use."""
+    """Release the warm pins of one dataset (or all), then remove its cached shards that are
+    neither pinned (``ShardCache.pin``) nor in use."""
     dirs = list_dataset_dirs(root)
     if url is not None:
         d = find_dataset_dir(root, url)
@@ -162,6 +167,12 @@ def evict(root: str, *, url: str | None = None) -> dict[str, Any]:
         next_use=lambda key, shard: 0.0,
         timeout=0.0,
     )
+    released = release_warm_pins(root, url)  # a warm's reservation ends with its eviction
     evicted, freed, kept = space.evict_all(dirs)
     counters.flush()
-    return {"evicted": evicted, "bytes": freed, "kept_pinned_or_in_use": kept}
+    return {
+        "evicted": evicted,
+        "bytes": freed,
+        "kept_pinned_or_in_use": kept,
+        "released_warm_pins": released,
+    }

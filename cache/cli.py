@@ -8,7 +8,6 @@ import os
 import sys
 from typing import Any, TextIO
 
-from flashfeed.dataset import Dataset
 from flashfeed.plan import PlanOptions
 from flashfeed.units import parse_size
 
@@ -219,8 +218,8 @@ def register(subparsers: Any) -> None:
         sub,
         "evict",
         help="remove cached shards",
-        description="Remove the cached shards of one dataset or of all; pinned shards and\n"
-        "shards in use by a process are kept.",
+        description="Release the warm pins of one dataset or of all and remove their cached\n"
+        "shards; shards pinned by ShardCache.pin and shards in use by a process are kept.",
         epilog=EVICT_EPILOG,
     )
     which = e.add_mutually_exclusive_group(required=True)
@@ -263,8 +262,8 @@ def _warm(args: argparse.Namespace) -> int:
         results = _warm_cluster(args, share, kwargs)
     else:
         root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
-        dataset = Dataset.open(args.dataset)
         with ShardCache(root, **kwargs) as cache:
+            dataset = cache.open_dataset(args.dataset)  # the manifest is kept for offline runs
             result = warm_share(cache, dataset, share, progress=not args.no_progress)
         results = [{**result.to_dict(), "cache_dir": root}]
     if args.json:

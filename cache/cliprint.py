@@ -78,7 +78,8 @@ def status_lines(report: dict[str, Any]) -> list[str]:
         f"  throttle events {c['throttle_events']}, retries {c['retries']}, concurrency now "
         f"{g.get('concurrency', '-')} (lowest {g.get('concurrency_lowest', '-')}), evictions "
         f"{c['evictions']} ({format_size(c['evicted_bytes'])}), corrupt refetched "
-        f"{c['corrupt_refetches']}, failed fills {c['failures']}"
+        f"{c['corrupt_refetches']}, failed fills {c['failures']}, over capacity "
+        f"{c.get('over_capacity', 0)}"
     )
     for d in report["datasets"]:
         lines += _dataset_lines(d)
@@ -91,6 +92,14 @@ def _dataset_lines(d: dict[str, Any]) -> list[str]:
         f"({format_size(d['cached_bytes'])} of {format_size(d['dataset_bytes'])})"
         f"{', ' + str(d['pinned']) + ' pinned' if d.get('pinned') else ''}"
     ]
+    if d.get("version"):
+        lines.append(f"  version {d['version']}")
+    if d.get("pinned"):
+        lines.append(
+            f"  pinned: {d['pinned']} shards ({format_size(d.get('pinned_bytes', 0))}), "
+            f"{d.get('warm_pinned', 0)} of them by its warm (kept whatever other datasets "
+            "fill; `cache evict --dataset` releases them)"
+        )
     if d.get("warm"):
         lines.append(f"  {describe_warm_record(d['warm'])}")
     if d.get("warm_mismatch"):
@@ -121,6 +130,7 @@ def verify_lines(root: str, report: dict[str, Any]) -> list[str]:
 def evict_lines(report: dict[str, Any]) -> list[str]:
     """What an eviction removed and what it had to keep."""
     return [
-        f"evicted {report['evicted']} shards ({format_size(report['bytes'])}); kept "
+        f"evicted {report['evicted']} shards ({format_size(report['bytes'])}); released "
+        f"{report.get('released_warm_pins', 0)} warm pins; kept "
         f"{report['kept_pinned_or_in_use']} pinned or in use"
     ]

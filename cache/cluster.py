@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashfeed import storage
-from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
 from flashfeed.plan import PlanOptions, Topology
 
@@ -172,8 +171,8 @@ def warm_node(
     try:
         if not root:
             raise ValueError(f"no --cache-dir given and {CACHE_DIR_ENV} is not set on this node")
-        dataset = Dataset.open(url, storage_options=cache_kwargs.get("storage_options"))
         with ShardCache(root, **cache_kwargs) as cache:
+            dataset = cache.open_dataset(url)  # the manifest is kept for offline runs
             out = warm_share(cache, dataset, share, progress=False).to_dict()
     except (FlashfeedError, ValueError, OSError) as exc:
         out = WarmResult(node_rank=share.node_rank, shards=0).to_dict()

@@ -19,7 +19,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.manifest import ShardInfo
 
 from .aimd import AdaptiveLimit
-from .errors import CacheFullError
+from .errors import CacheFullError, CacheOverCapacityError
 from .fill import file_checksum, fill_shard
 from .hints import ReadHints
 from .layout import DatasetDir
@@ -126,6 +126,9 @@ class ShardCopies:
                     priority=self.hints.priority(d.key, i, speculative=speculative),
                     verified=count_miss,
                 )
+            except CacheOverCapacityError:
+                self.counters.add(over_capacity=1)
+                raise
             except CacheFullError:
                 self.counters.add(**{"fetch_ahead_skipped" if speculative else "failures": 1})
                 raise

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from flashfeed.errors import FlashfeedError
 
-__all__ = ["CacheCapacityError", "CacheError", "CacheFullError", "CachePermissionError"]
+__all__ = [
+    "CacheCapacityError",
+    "CacheError",
+    "CacheFullError",
+    "CacheOverCapacityError",
+    "CachePermissionError",
+]
 
 
 class CacheError(FlashfeedError):
@@ -17,6 +23,11 @@ class CacheCapacityError(CacheError, ValueError):
 
 class CacheFullError(CacheError, OSError):
     """No room for a fill: the disk is full (ENOSPC), or every cached shard is pinned or in use."""
+
+
+class CacheOverCapacityError(CacheFullError):
+    """A shard cannot fit beside the pinned shards (warmed shares) whatever is evicted: the
+    fill fails at once, naming what holds the room, instead of evicting a warmed share."""
 
 
 class CachePermissionError(CacheError, PermissionError):

@@ -207,12 +207,14 @@ def _fetch_to(
         if exc.errno == errno.ENOSPC:
             raise
         raise StorageError(
-            f"could not fetch shard {info.path} of {dataset.url} ({url}): "
+            f"could not fetch shard {info.path} of {dataset.url} ({url}) from "
+            f"{storage.endpoint(url, opts)}: "
             f"{storage.redact(f'{type(exc).__name__}: {exc}')}"
         ) from None
     except Exception as exc:
         raise StorageError(
-            f"could not fetch shard {info.path} of {dataset.url} ({url}): "
+            f"could not fetch shard {info.path} of {dataset.url} ({url}) from "
+            f"{storage.endpoint(url, opts)}: "
             f"{storage.redact(f'{type(exc).__name__}: {exc}')} (retries exhausted)"
         ) from None
     finally:
@@ -338,7 +340,9 @@ def fill_shard(
         if got != info.checksum:
             raise CorruptShardError(
                 f"shard {info.path} of dataset {dataset.url} arrived with checksum {got}, "
-                f"the manifest says {info.checksum}: the object was replaced or corrupted"
+                f"the manifest of version {dataset.manifest.digest} says {info.checksum}: "
+                "the object was replaced or corrupted (a dataset re-committed at this URL "
+                "is a new version: a new loader reads it)"
             )
         if dataset.encrypted:
             _decrypt_in_place(part, dataset, info)

@@ -12,7 +12,10 @@
     <root>/<dataset key>/data/<shard path>[.idx]   complete, verified shards only
     <root>/<dataset key>/.parts/<i>.<pid>.<token>  fills in progress (or left by a crash)
     <root>/<dataset key>/.locks/<i>.fill|<i>.use   per-shard locks
-    <root>/<dataset key>/.pins/<i>    present while shard i is pinned
+    <root>/<dataset key>/.pins/<i>    present while shard i is pinned (``ShardCache.pin``)
+    <root>/<dataset key>/.pins/<i>.warm  present while shard i is in a warmed share: a
+                                      warm's reservation, released by a new warm of the
+                                      dataset or by ``cache evict``
 
 Directories are created 0700 and files 0600: cached data is as private as the credentials
 that fetched it.
@@ -233,6 +236,23 @@ class DatasetDir:
     def pin_path(self, shard: int) -> str:
         return os.path.join(self.pins_dir, str(shard))
 
+    def warm_pin_path(self, shard: int) -> str:
+        return os.path.join(self.pins_dir, f"{shard}.warm")
+
+    def pinned(self, *, warm_only: bool = False) -> set[int]:
+        """The shards pinned now: by ``ShardCache.pin`` or by a warm (only those with
+        ``warm_only``)."""
+        try:
+            names = os.listdir(self.pins_dir)
+        except FileNotFoundError:
+            return set()
+        out = set()
+        for n in names:
+            head, _, kind = n.partition(".")
+            if head.isdigit() and (kind == "warm" or (not kind and not warm_only)):
+                out.add(int(head))
+        return out
+
     def new_part(self, shard: int, what: str = "data") -> str:
         return os.path.join(self.parts_dir, f"{shard}.{what}.{os.getpid()}.{secrets.token_hex(4)}")
 
@@ -274,10 +294,7 @@ class DatasetDir:
         """Every complete shard file present now (a walk of what is cached, not of the
         manifest: the cost follows the cached files, not the dataset's size)."""
         by_path = self._shard_numbers()
-        try:
-            pinned = {int(n) for n in os.listdir(self.pins_dir) if n.isdigit()}
-        except FileNotFoundError:
-            pinned = set()
+        pinned = self.pinned()
         files: dict[str, tuple[str, os.stat_result]] = {}
         for rel, full, _ in self._files():
             try:

@@ -145,6 +145,16 @@ class ShardCache:
         """The cache directory of a dataset; checks the capacity on first sight."""
         return self._register(dataset)
 
+    def open_dataset(self, url: str, *, version: str | None = None) -> Dataset:
+        """The dataset at ``url`` with its manifest read through this cache
+        (``node_manifest``): the store's current version, checked with one HEAD; the
+        cache's copy when the store is away; ``version`` to read another one."""
+        from .manifests import node_manifest
+
+        opts = self.storage_options
+        manifest = node_manifest(self.root, url, storage_options=opts, version=version)
+        return Dataset(url, manifest, storage_options=opts)
+
     def _register(self, dataset: Dataset) -> DatasetDir:
         with self._lock:
             known = self._dirs.get(id(dataset.manifest))

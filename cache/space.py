@@ -21,7 +21,7 @@ from typing import cast
 
 from flashfeed.units import format_size
 
-from .errors import CacheFullError
+from .errors import CacheFullError, CacheOverCapacityError
 from .layout import (
     CachedEntry,
     DatasetDir,
@@ -255,6 +255,9 @@ class SpaceManager:
                 if used + need <= self.capacity:
                     return _allocate(part, need)
                 pinned = sum(e.pinned for _, e in entries)
+                held = _pinned_by(entries)
+            if sum(held.values()) + need > self.capacity:
+                raise CacheOverCapacityError(_over_capacity(self, d, shard, need, held))
             if speculative:
                 raise CacheFullError(
                     f"no room in cache {self.root} to fetch ahead shard {shard} of {d.url}: "
@@ -320,6 +323,27 @@ class SpaceManager:
         if evicted:
             self.counters.add(evictions=evicted, evicted_bytes=freed)
         return evicted, freed, kept
+
+
+def _pinned_by(entries: list[tuple[DatasetDir, CachedEntry]]) -> dict[str, int]:
+    """Pinned bytes per dataset URL."""
+    out: dict[str, int] = {}
+    for d, e in entries:
+        if e.pinned:
+            out[d.url] = out.get(d.url, 0) + e.size
+    return out
+
+
+def _over_capacity(
+    space: SpaceManager, d: DatasetDir, shard: int, need: int, held: dict[str, int]
+) -> str:
+    pins = ", ".join(f"{format_size(n)} of {url}" for url, n in sorted(held.items()))
+    return (
+        f"over capacity: shard {shard} of {d.url} ({format_size(need)}) cannot fit in cache "
+        f"{space.root} (capacity {format_size(space.capacity)}) beside the pinned shards "
+        f"({pins}; warmed shares are pinned until `flashfeed cache evict {space.root} "
+        "--dataset URL` or a new warm): raise the capacity or release a warm"
+    )
 
 
 def _allocate(part: str, size: int) -> int:

@@ -30,6 +30,7 @@ COUNTERS = (
     "corrupt_refetches",
     "failures",
     "fetch_ahead_skipped",
+    "over_capacity",
 )
 
 

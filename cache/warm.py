@@ -24,6 +24,7 @@ from tqdm import tqdm
 from flashfeed.dataset import Dataset
 from flashfeed.plan import PlanOptions, Topology
 
+from .errors import CacheFullError
 from .nodeshare import (
     NodeShare,
     dataset_digest,
@@ -31,6 +32,7 @@ from .nodeshare import (
     fitting_prefix,
     warm_mismatch,
 )
+from .pins import pin_warmed, release_warm_pins
 from .shardcache import ShardCache
 
 __all__ = [
@@ -63,6 +65,7 @@ class WarmResult:
     lowest_concurrency: int = 0
     failed: dict[str, str] = field(default_factory=dict)
     host: str = ""
+    pinned: int = 0
 
     @property
     def ok(self) -> bool:
@@ -92,11 +95,14 @@ def warm(
     progress: bool = True,
     workers: int | None = None,
     file: TextIO | None = None,
+    pin: bool = False,
 ) -> WarmResult:
     """Fetch the shards of ``order`` that fit, earliest read first; never raises per shard.
 
     Already cached shards are verified, not fetched again, so an interrupted warm continues
-    where it stopped. Failures are collected in ``WarmResult.failed`` (shard path -> error).
+    where it stopped. Failures are collected in ``WarmResult.failed`` (shard path -> error);
+    shards with no room (beyond the capacity, or beside pinned shards) count as
+    ``over_capacity``. ``pin``: pin each shard once it is here (``pins.py``).
     """
     cache.set_future(dataset, order)
     wanted, rest = fitting_prefix(dataset, order, cache.capacity)
@@ -123,9 +129,14 @@ def warm(
             done += 1
             try:
                 fut.result()
+            except CacheFullError:  # no room beside pinned or in-use shards, or a full disk
+                result.over_capacity += 1
             except Exception as exc:
                 result.failed[dataset.shards[i].path] = f"{type(exc).__name__}: {exc}"
             else:
+                if pin:
+                    pin_warmed(cache.dataset_dir(dataset), i)
+                    result.pinned += 1
                 if i in present:
                     result.already += 1
                 else:
@@ -151,8 +162,10 @@ def warm_share(
     workers: int | None = None,
     file: TextIO | None = None,
 ) -> WarmResult:
-    """Warm ``share`` of ``dataset`` into ``cache`` (see ``warm``), then record in the cache
-    which share it holds, so a loader of another share can say so."""
+    """Warm ``share`` of ``dataset`` into ``cache`` (see ``warm``), pin what it warmed (the
+    last warm's pins of this dataset are released first), then record in the cache which
+    share it holds, so a loader of another share can say so."""
+    release_warm_pins(cache.root, dataset.url)
     result = warm(
         cache,
         dataset,
@@ -161,6 +174,7 @@ def warm_share(
         progress=progress,
         workers=workers,
         file=file,
+        pin=True,
     )
     record = share.record(dataset)
     record.update(
@@ -170,6 +184,7 @@ def warm_share(
         already=result.already,
         over_capacity=result.over_capacity,
         failed=len(result.failed),
+        pinned=result.pinned,
     )
     cache.record_warm(record)
     return result

@@ -1,6 +1,7 @@
 """The dataset manifest: ``<prefix>/manifest.json``, written last; its presence is the commit.
 
-Version 2 (written now): ``manifest.json`` is a small JSON header and the shard table is an
+Version 2 (written now; version 3 when the header lists features a reader must know, in
+``requires``): ``manifest.json`` is a small JSON header and the shard table is an
 Arrow IPC file beside it (``manifest-<hash>.arrow``), written first and named by the header
 with its size, row count and checksum. Version 1 (one JSON object with a ``shards`` list)
 is still read. See docs/FORMAT.md for the field-by-field description.
@@ -28,6 +29,7 @@ from .manifestheader import (
     canonical_json,
     check_totals,
     header_kwargs,
+    header_requires,
     header_version,
     parse_json,
     table_ref,
@@ -77,6 +79,7 @@ class Manifest:
         classes: Sequence[str] | None = None,
         extra: dict[str, Any] | None = None,
         format_version: int = FORMAT_VERSION,
+        requires: Sequence[str] = (),
     ) -> None:
         if shard_format not in SHARD_FORMATS:
             raise ManifestError(
@@ -90,7 +93,9 @@ class Manifest:
         self.config = config or {}
         self.classes = tuple(classes) if classes is not None else None
         self.extra = extra or {}
-        self.format_version = format_version
+        #: features a reader must understand (docs/FORMAT.md); any makes the header version 3
+        self.requires = tuple(sorted(set(requires)))
+        self.format_version = 3 if self.requires and format_version == 2 else format_version
         self._table = shards if isinstance(shards, ShardTable) else ShardTable.from_infos(shards)
         self._shards = ShardList(self._table)
 
@@ -179,7 +184,11 @@ class Manifest:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Manifest):
             return NotImplemented
-        return self._header_fields() == other._header_fields() and self.digest == other.digest
+        return (
+            self._header_fields() == other._header_fields()
+            and self.requires == other.requires
+            and self.digest == other.digest
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -191,11 +200,23 @@ class Manifest:
         )
 
     def header_dict(self, table: dict[str, Any]) -> dict[str, Any]:
-        """The version-2 header: every field but the shards, plus ``shard_table``."""
+        """The version-2 header: every field but the shards, plus ``shard_table``; version 3
+        with ``requires`` when the dataset needs a reader that knows those features."""
+        if self.requires:
+            return {
+                "format_version": 3,
+                **self._header_fields(),
+                "requires": list(self.requires),
+                "shard_table": dict(table),
+            }
         return {"format_version": 2, **self._header_fields(), "shard_table": dict(table)}
 
     def to_dict(self) -> dict[str, Any]:
         """The whole manifest as one version-1 object (shards inline)."""
+        if self.requires:
+            raise ValueError(
+                f"a dataset that requires {list(self.requires)} has no version-1 manifest"
+            )
         d = self._header_fields()
         d["format_version"] = 1
         d["shards"] = [
@@ -239,10 +260,13 @@ class Manifest:
 
     @classmethod
     def from_header(cls, d: Any, table: ShardTable, *, source: str = MANIFEST_NAME) -> Manifest:
-        """A version-2 manifest from its header object and its (already read) shard table."""
-        if header_version(d, source) != 2:
+        """A version-2 (or 3) manifest from its header object and its (already read) shard
+        table."""
+        version = header_version(d, source)
+        if version == 1:
             raise ManifestError(f"{source}: not a version-2 manifest header")
-        m = cls(shards=table, format_version=2, **header_kwargs(d, source))
+        requires = header_requires(d, version, source)
+        m = cls(shards=table, format_version=version, requires=requires, **header_kwargs(d, source))
         check_totals(m, d, source)
         return m
 
@@ -265,8 +289,10 @@ def read_manifest(prefix: str, *, storage_options: dict[str, Any] | None = None)
             "prefix; `flashfeed index PREFIX` builds one for shards written by other tools)"
         ) from None
     d = parse_json(text, url)
-    if header_version(d, url) == 1:
+    version = header_version(d, url)
+    if version == 1:
         return Manifest.from_dict(d, source=url)
+    header_requires(d, version, url)  # an unknown feature is refused before any table read
     ref = table_ref(d, url)
     table = read_shard_table(
         storage.join(prefix, ref["path"]), ref, header=url, storage_options=storage_options
@@ -354,7 +380,7 @@ def commit_manifest(
     if format_version == 1:
         storage.write_bytes(url, manifest.to_json().encode(), storage_options=storage_options)
         new_table = None
-    elif format_version == 2:
+    elif format_version in (2, 3):  # 3 when the manifest requires features
         data = memoryview(manifest.table.to_ipc())
         digest = storage.checksum(data)
         new_table = f"{TABLE_PREFIX}{digest[len(storage.CHECKSUM_PREFIX) :][:16]}.arrow"

@@ -13,11 +13,22 @@ from .shardtable import check_relative_path
 if TYPE_CHECKING:
     from .manifest import Manifest
 
-__all__ = ["FORMAT_VERSION", "MANIFEST_NAME", "READ_VERSIONS", "SHARD_FORMATS", "TABLE_FORMAT"]
+__all__ = [
+    "FEATURES",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "READ_VERSIONS",
+    "SHARD_FORMATS",
+    "TABLE_FORMAT",
+]
 
-#: the version writers write; readers read every version in ``READ_VERSIONS``
+#: the version writers write; readers read every version in ``READ_VERSIONS``. Version 3 is
+#: a version-2 header that lists in ``requires`` what a reader must understand to read the
+#: shards right (a reader of versions 1-2 refuses it instead of misreading the data)
 FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
+#: the ``requires`` entries this flashfeed understands
+FEATURES = ("token-documents",)
 MANIFEST_NAME = "manifest.json"
 SHARD_FORMATS = ("webdataset", "arrow")
 TABLE_FORMAT = "arrow-ipc"
@@ -51,6 +62,25 @@ def header_version(d: Any, source: str) -> int:
             "(upgrade flashfeed to read it)"
         )
     return version
+
+
+def header_requires(d: dict[str, Any], version: int, source: str) -> tuple[str, ...]:
+    """Version 3's ``requires``: a non-empty list of features, each one this reader knows."""
+    if version < 3:
+        return ()
+    req = d.get("requires")
+    if not isinstance(req, list) or not req or not all(isinstance(r, str) for r in req):
+        raise ManifestError(
+            f"{source}: manifest format version 3 needs 'requires', a non-empty list of "
+            f"feature names, got {req!r:.80}"
+        )
+    unknown = sorted(set(req) - set(FEATURES))
+    if unknown:
+        raise ManifestError(
+            f"{source}: the dataset requires {unknown}, which this flashfeed does not know "
+            f"(it knows {list(FEATURES)}; upgrade flashfeed to read it)"
+        )
+    return tuple(sorted(set(req)))
 
 
 def header_kwargs(d: dict[str, Any], source: str) -> dict[str, Any]:

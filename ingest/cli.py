@@ -133,6 +133,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tokenizer", help="tokenizer.json (tokenizers library) for token datasets")
     p.add_argument("--seq-len", type=int, help="tokens per packed row (with --tokenizer)")
     p.add_argument(
+        "--packing",
+        choices=["concat", "best-fit"],
+        default="concat",
+        help="documents into rows: one after the other (concat) or best-fit (least padding)",
+    )
+    p.add_argument(
+        "--pack-window",
+        type=int,
+        default=4096,
+        help="documents best-fit packing sorts at once (bounds its memory; default 4096)",
+    )
+    p.add_argument(
         "--eos-token",
         help="EOS token (default: the tokenizer's </s>, <|endoftext|>, <eos> or [SEP])",
     )
@@ -184,6 +196,8 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         tokenizer=args.tokenizer,
         seq_len=args.seq_len,
         eos_token=args.eos_token,
+        packing=args.packing,
+        pack_window=args.pack_window,
         encrypt=args.encrypt or args.encrypt_key_file is not None,
         encrypt_key_file=args.encrypt_key_file,
         name=args.name,

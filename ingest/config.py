@@ -12,6 +12,7 @@ import xxhash
 from flashfeed.crypto import ENV_KEY, ENV_KEY_FILE, EncryptionKey, load_key
 from flashfeed.units import parse_size
 
+from .packing import PackOptions
 from .sources import FORMATS, check_source_options
 
 __all__ = ["OUTPUT_FORMATS", "SOURCE_FORMATS", "IngestConfig"]
@@ -65,6 +66,8 @@ class IngestConfig:
     tokenizer: str | None = None
     seq_len: int | None = None
     eos_token: str | None = None
+    packing: str = "concat"
+    pack_window: int = 4096
     encrypt: bool = False
     encrypt_key_file: str | None = None
     name: str | None = None
@@ -119,6 +122,8 @@ class IngestConfig:
             if self.format != "arrow":
                 raise ValueError("tokenization writes Arrow token datasets: use format='arrow'")
             _positive("seq_len", self.seq_len)
+            _positive("pack_window", self.pack_window)
+            PackOptions(seq_len=self.seq_len or 1, mode=self.packing, window=self.pack_window)
             if not os.path.isfile(self.tokenizer):
                 raise ValueError(f"tokenizer file {self.tokenizer!r} does not exist")
         if self.num_cpus is not None:

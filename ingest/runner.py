@@ -38,7 +38,7 @@ from .progress import Progress
 from .raysetup import ray_map, ray_session
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, arrow_type, run_shard
 from .sources import Item, Reject, RejectInfo, SourceScan, StorageContext, open_reader, scan_source
-from .tokenize import TokenPacker, text_field
+from .tokenize import TOKEN_FEATURE, TokenPacker, text_field
 from .transforms import TransformOptions, content_hash, output_fields
 
 __all__ = ["IngestResult", "run"]
@@ -140,7 +140,7 @@ def _schema(
     config: IngestConfig, out_fields: dict[str, str], packer: TokenPacker | None
 ) -> dict[str, str]:
     if packer is not None:
-        return {"tokens": str(packer.arrow_type)}
+        return packer.schema
     if config.format == "arrow":
         return {"__key__": "string", **{n: str(arrow_type(k)) for n, k in out_fields.items()}}
     return {
@@ -242,7 +242,11 @@ def _assign_shards(
     if config.tokenizer is not None:
         txt = text_field(out_fields)
         packer = TokenPacker(
-            config.tokenizer, seq_len=config.seq_len or 0, eos_token=config.eos_token
+            config.tokenizer,
+            seq_len=config.seq_len or 0,
+            eos_token=config.eos_token,
+            packing=config.packing,
+            window=config.pack_window,
         )
     # a tar member costs a 512-byte header and up to 511 bytes of padding
     overhead = 768 * len(out_fields) if config.format == "webdataset" else 0
@@ -265,6 +269,8 @@ def _assign_shards(
         tokenizer=config.tokenizer,
         seq_len=config.seq_len,
         eos_token=config.eos_token,
+        packing=config.packing,
+        pack_window=config.pack_window,
         text_field=txt,
         encryption=config.encryption_key(),
     )
@@ -353,6 +359,8 @@ def _commit(
             "seq_len": packer.seq_len,
             "dtype": packer.dtype.__name__,
             "eos_id": packer.eos_id,
+            "pad_id": packer.pad_id,
+            "packing": packer.options.mode,
             "vocab_size": packer.vocab_size,
             "field": spec.text_field,
             **dict(sorted(totals.items())),
@@ -371,6 +379,7 @@ def _commit(
         config=config.provenance(),
         classes=scan.classes,
         extra=extra,
+        requires=(TOKEN_FEATURE,) if packer is not None else (),
     )
     commit_manifest(config.dest, manifest, overwrite=config.overwrite, storage_options=dest_opts)
     work = storage.join(config.dest, WORK_DIR)

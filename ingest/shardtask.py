@@ -56,6 +56,8 @@ class TaskSpec:
     tokenizer: str | None = None
     seq_len: int | None = None
     eos_token: str | None = None
+    packing: str = "concat"
+    pack_window: int = 4096
     text_field: str | None = None
     encryption: EncryptionKey | None = None
 
@@ -164,6 +166,34 @@ def _member(kind: str, value: Any) -> bytes:
     return str(value).encode("utf-8")
 
 
+def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardResult) -> pa.Table:
+    """The shard's documents as packed token rows; an empty document is a counted reject."""
+    packer = TokenPacker(
+        spec.tokenizer or "",
+        seq_len=spec.seq_len or 0,
+        eos_token=spec.eos_token,
+        packing=spec.packing,
+        window=spec.pack_window,
+    )
+    field_name = spec.text_field or "txt"
+    docs, ids = [], []
+    for it, rec in samples:
+        text = rec.get(field_name)
+        if not text:
+            result.rejects.append(
+                {"index": it.index, "source": it.source, "reason": "empty_text",
+                 "detail": f"field {field_name!r} is empty"}
+            )  # fmt: skip
+            continue
+        docs.append(str(text))
+        ids.append(it.index)
+    result.rejects.sort(key=lambda d: d["index"])
+    t0 = time.perf_counter()
+    table, result.stats = packer.pack(docs, ids)
+    result.timings["tokenize"] = time.perf_counter() - t0
+    return table
+
+
 def _arrow_table(spec: TaskSpec, samples: list[tuple[Item, dict]]) -> pa.Table:
     columns: dict[str, Any] = {"__key__": pa.array([f"{it.index:09d}" for it, _ in samples])}
     for name, kind in spec.out_fields.items():
@@ -216,10 +246,7 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
     t0 = time.perf_counter()
     table: pa.Table | None = None
     if spec.tokenizer is not None:
-        packer = TokenPacker(spec.tokenizer, seq_len=spec.seq_len or 0, eos_token=spec.eos_token)
-        field_name = spec.text_field or "txt"
-        docs = [str(rec[field_name]) for _, rec in samples if rec.get(field_name)]
-        table, result.stats = packer.pack(docs)
+        table = _tokenize(spec, samples, result)
     elif samples and spec.out_format == "arrow":
         table = _arrow_table(spec, samples)
     info: ShardInfo | None = None

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .parts import LoaderParts, SharedKeywords
     from .pipeline import decode_device
     from .position import PlanOptions, Position
+    from .segments import DOC_OUTPUTS
     from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
     from .sources import CacheShardSource, LocalShardSource, ShardSource
     from .tokens import TokenLoader
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 # so `flashfeed --help` and other light commands start fast.
 _LAZY = {
     "CacheShardSource": ".sources",
+    "DOC_OUTPUTS": ".segments",
     "DistContext": ".distributed",
     "Ledger": ".ledger",
     "Loader": ".image",
@@ -48,6 +50,7 @@ _LAZY = {
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 __all__ = [
+    "DOC_OUTPUTS",
     "CacheShardSource",
     "DistContext",
     "Ledger",

@@ -1,4 +1,5 @@
-"""Fixed-length integer columns of memory-mapped Arrow shards as numpy views (no copy)."""
+"""Fixed-length integer columns of memory-mapped Arrow shards as numpy views (no copy), and
+variable-length integer list columns as (offsets, values) views with a vectorised gather."""
 
 from __future__ import annotations
 
@@ -10,7 +11,27 @@ import pyarrow as pa
 from flashfeed.arrowshard import open_arrow
 from flashfeed.errors import CorruptShardError
 
-__all__ = ["ArrowShardView", "open_arrow_view"]
+__all__ = ["ArrowShardView", "ListView", "gather_lists", "open_arrow_view"]
+
+
+@dataclass(frozen=True)
+class ListView:
+    """One record batch of a ``list<int>`` column: row ``r`` is
+    ``values[offsets[r]:offsets[r + 1]]``."""
+
+    offsets: np.ndarray
+    values: np.ndarray
+
+
+def gather_lists(view: ListView, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(counts, values)`` of ``rows``: each row's entry count, and their entries one row
+    after the other (one fancy-index, no per-row Python)."""
+    begin = view.offsets[rows].astype(np.int64)
+    counts = view.offsets[rows + 1].astype(np.int64) - begin
+    total = int(counts.sum())
+    first = np.cumsum(counts) - counts
+    idx = np.arange(total, dtype=np.int64) + np.repeat(begin - first, counts)
+    return counts, view.values[idx]
 
 
 @dataclass
@@ -22,6 +43,7 @@ class ArrowShardView:
     starts: np.ndarray  # first row of each record batch
     columns: dict[str, list[np.ndarray]]
     keys: pa.ChunkedArray | None
+    lists: dict[str, list[ListView]] | None = None
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows -> (record batch, row inside it)."""
@@ -63,10 +85,29 @@ def _column_views(col: pa.ChunkedArray, name: str, shard: str) -> list[np.ndarra
     return views
 
 
-def open_arrow_view(path: str, columns: tuple[str, ...], *, name: str) -> ArrowShardView:
-    """Memory-map ``path`` and view ``columns`` (zero copy; pages load on first touch)."""
+def _list_views(col: pa.ChunkedArray, name: str, shard: str) -> list[ListView]:
+    views = []
+    for chunk in col.chunks:
+        t = chunk.type
+        if not (pa.types.is_list(t) and pa.types.is_integer(t.value_type)):
+            raise CorruptShardError(f"shard {shard}: column {name!r} is {t}, not list<integer>")
+        if chunk.null_count or chunk.values.null_count:
+            raise CorruptShardError(f"shard {shard}: column {name!r} holds nulls")
+        offsets = chunk.offsets.to_numpy(zero_copy_only=True)
+        values = chunk.values.to_numpy(zero_copy_only=True)
+        if len(offsets) and (offsets[0] < 0 or offsets[-1] > len(values)):
+            raise CorruptShardError(f"shard {shard}: column {name!r} has offsets out of range")
+        views.append(ListView(offsets, values))
+    return views
+
+
+def open_arrow_view(
+    path: str, columns: tuple[str, ...], *, name: str, lists: tuple[str, ...] = ()
+) -> ArrowShardView:
+    """Memory-map ``path`` and view ``columns`` (zero copy; pages load on first touch), and
+    the ``list<int>`` columns ``lists``."""
     table = open_arrow(path, name=name)
-    missing = [c for c in columns if c not in table.column_names]
+    missing = [c for c in (*columns, *lists) if c not in table.column_names]
     if missing:
         raise CorruptShardError(f"shard {name}: no column {missing} (it has {table.column_names})")
     lengths = [len(b) for b in table.column(columns[0]).chunks]
@@ -77,4 +118,5 @@ def open_arrow_view(path: str, columns: tuple[str, ...], *, name: str) -> ArrowS
         starts=starts,
         columns={c: _column_views(table.column(c), c, name) for c in columns},
         keys=table.column("__key__") if "__key__" in table.column_names else None,
+        lists={c: _list_views(table.column(c), c, name) for c in lists} if lists else None,
     )

@@ -137,6 +137,7 @@ class PlannedLoader:
         """Continue from ``state``, saved by any rank, also under another world size."""
         if self._active:
             raise RuntimeError("load_state_dict() during a pass: finish or close the loop first")
+        _check_version(state, self.dataset)
         self.position.load_state_dict(state)
         self._finished = bool(state.get("finished", False))
 
@@ -394,3 +395,17 @@ def _shard_samples(dataset: Dataset) -> np.ndarray:
 
 def _dataset_id(dataset: Dataset) -> str:
     return str(dataset.manifest.digest)
+
+
+def _check_version(state: Any, dataset: Dataset) -> None:
+    """A state saved on another version of this dataset (its ``"dataset"``: the version it
+    was saved on) is refused naming both, with the way to continue on the recorded one."""
+    saved = state.get("dataset") if isinstance(state, dict) else None
+    current = _dataset_id(dataset)
+    if isinstance(saved, str) and saved and saved != current:
+        raise ValueError(
+            f"the state was saved on version {saved} of {dataset.url}, which holds version "
+            f"{current} now: start this version afresh, or continue on the recorded one with "
+            f"dataset_version={saved!r} (read from the node cache, or from the store if it "
+            "still holds its shards)"
+        )

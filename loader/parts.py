@@ -35,7 +35,8 @@ class SharedKeywords(TypedDict, total=False):
     are fetched (``"auto"``: from the measured fetch time and batch rate; an int: that many
     shards; never more bytes than the budget, default half the cache up to 4 GiB);
     ``ledger_dir``/``stats_log``/``prometheus_port``/
-    ``prometheus_addr``: telemetry.
+    ``prometheus_addr``: telemetry; ``dataset_version``: read this version of the dataset
+    (a saved state's ``"dataset"``) instead of the one the URL holds now.
     """
 
     cache_dir: str | None
@@ -55,6 +56,7 @@ class SharedKeywords(TypedDict, total=False):
     stats_log: str | None
     prometheus_port: int | None
     prometheus_addr: str
+    dataset_version: str | None
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ def _build(
     stats_log: str | None = None,
     prometheus_port: int | None = None,
     prometheus_addr: str = "127.0.0.1",
+    dataset_version: str | None = None,
 ) -> LoaderParts:
     """``loader_parts`` with the shared keywords' defaults: the options are checked before
     anything is opened, the source after the dataset (it needs its shard table)."""
@@ -130,7 +133,9 @@ def _build(
     telemetry = Telemetry(ledger_dir, stats_log, prometheus_port, prometheus_addr)
     options = PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window)
     ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
-    ds = open_dataset(dataset, storage_options, cache_dir=cache_dir, cache=cache)
+    ds = open_dataset(
+        dataset, storage_options, cache_dir=cache_dir, cache=cache, version=dataset_version
+    )
     found = ds.manifest.shard_format
     if found != shard_format:
         raise ValueError(

@@ -16,7 +16,7 @@ import numpy as np
 
 from flashfeed import storage
 from flashfeed.dataset import Dataset, check_shard_bytes
-from flashfeed.errors import CorruptShardError
+from flashfeed.errors import CorruptShardError, ManifestError
 from flashfeed.wdsindex import SampleIndex, parse_index
 
 if TYPE_CHECKING:
@@ -83,20 +83,39 @@ def open_dataset(
     *,
     cache_dir: str | None = None,
     cache: Any = None,
+    version: str | None = None,
 ) -> Dataset:
     """The dataset at a URL. A remote dataset's manifest comes through the node cache (the
-    one the loader will read shards through), so it reaches a node once, not once per rank.
+    one the loader will read shards through), so it reaches a node once, not once per rank;
+    the store is asked for its current version at each opening (``node_manifest``).
+
+    ``version``: a dataset version (``Manifest.digest``) to read instead of the current
+    one, e.g. the one a saved loader state names; refused when it is nowhere to be found.
     """
+    if version is not None and (not isinstance(version, str) or not version):
+        raise ValueError(f"dataset_version must be a version string, got {version!r}")
     if isinstance(dataset, Dataset):
+        if version is not None and dataset.manifest.digest != version:
+            raise ValueError(
+                f"dataset_version={version!r} but the Dataset given is version "
+                f"{dataset.manifest.digest}: give its URL to open another version"
+            )
         return dataset
     if not isinstance(dataset, str):
         raise ValueError(f"dataset must be a URL or a Dataset, got {type(dataset).__name__}")
     root = cache.root if cache is not None else node_cache_dir(cache_dir, dataset)
     if root is None or storage.is_local(dataset):
-        return Dataset.open(dataset, storage_options=storage_options)
+        opened = Dataset.open(dataset, storage_options=storage_options)
+        if version is not None and opened.manifest.digest != version:
+            raise ManifestError(
+                f"version {version} of {dataset} is gone: it holds version "
+                f"{opened.manifest.digest} now (a local dataset is read in place, no copy "
+                "of another version is kept)"
+            )
+        return opened
     from flashfeed.cache import node_manifest
 
-    manifest = node_manifest(root, dataset, storage_options=storage_options)
+    manifest = node_manifest(root, dataset, storage_options=storage_options, version=version)
     return Dataset(dataset, manifest, storage_options=storage_options)
 
 

@@ -6,6 +6,10 @@ pinned one from a reusable pool, copied with ``non_blocking=True`` on torch's cu
 and given back to the pool once a CUDA event says the copy is done; the same events time the
 copy. Same plan, resume state, ledger, stats and read-ahead as ``Loader``.
 
+With ``outputs`` (names from ``DOC_OUTPUTS``) a batch also holds what attention kernels take
+for packed documents (``position_ids``, ``document_ids``, ``cu_seqlens``, ``max_seqlen``,
+``labels``), computed from the rows' recorded segments (``segments.py``), never from EOS.
+
 The first epoch streams as ``Loader``'s does, with one difference. The pass's
 ``StreamFeeder`` starts the fill of a shard only when a batch within reach needs it, fetches
 further ahead as measured, and waits for a needed shard's bytes only, never for the rest of
@@ -28,31 +32,34 @@ import torch
 
 from flashfeed.dataset import Dataset
 
-from .arrowcols import ArrowShardView, open_arrow_view
+from .arrowcols import ArrowShardView, ListView, gather_lists, open_arrow_view
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool
 from .fields import KEY
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
+from .segments import DOC_OUTPUTS, Segments, document_outputs
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Batch", "TokenLoader"]
+__all__ = ["DOC_OUTPUTS", "Batch", "TokenLoader"]
 
 _DTYPES = {"int64", "int32", "int16", "uint16", "uint32", "int8", "uint8"}
 
 #: one batch: column -> (batch, seq_len) tensor, and ``"__key__"``: each row's
-#: ``<shard>/<key>`` (``__key__`` column of the shard, else the row number)
-Batch = dict[str, torch.Tensor | list[str]]
+#: ``<shard>/<key>`` (``__key__`` column of the shard, else the row number); with
+#: ``outputs``, those too (``max_seqlen`` an int)
+Batch = dict[str, torch.Tensor | list[str] | int]
 
 
 class TokenLoader(PlannedLoader):
     """Batches ``{column: (batch, seq_len) tensor, "__key__": [<shard>/<key>, ...]}`` of an
     Arrow token dataset. ``device``: ``"auto"`` (this rank's GPU when torch sees CUDA),
-    ``"cpu"`` or ``"gpu"``. Every loader's keywords (``cache_dir``, ``rank``, ``seed``,
-    ``ledger_dir``...): ``SharedKeywords``.
+    ``"cpu"`` or ``"gpu"``. ``outputs``: any of ``DOC_OUTPUTS`` (a dataset written with
+    document columns, format version 3), e.g. ``outputs=DOC_OUTPUTS``. Every loader's
+    keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
 
     >>> loader = TokenLoader("s3://b/tokens", batch_size=8, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> next(iter(loader))["tokens"].shape                                         # doctest: +SKIP
@@ -69,6 +76,7 @@ class TokenLoader(PlannedLoader):
         device: str = "auto",
         pin_memory: bool | None = None,
         max_open: int = 16,
+        outputs: Sequence[str] = (),
         **shared: Unpack[SharedKeywords],
     ) -> None:
         if isinstance(columns, str) or not columns:
@@ -79,11 +87,12 @@ class TokenLoader(PlannedLoader):
         parts = loader_parts("TokenLoader", dataset, shard_format="arrow", keywords=shared)
         super().__init__(parts, batch_size=batch_size)
         self.columns = tuple(columns)
+        self.outputs = _check_outputs(outputs, self.columns, self.dataset)
         self.dtype = dtype
         self.device = batch_device(device)
         self.pin_memory = self.device is not None if pin_memory is None else pin_memory
         #: pinned staging buffers and the events of the copies in flight (GPU only)
-        self.host_pool = HostPool()
+        self.host_pool = HostPool(per_shape=4 * (len(self.outputs) + len(self.columns)))
         self.copier = (
             DeviceCopier(self.device) if self.device is not None and self.pin_memory else None
         )
@@ -95,7 +104,10 @@ class TokenLoader(PlannedLoader):
         view = self._views.get(shard)
         if view is None:
             path = self.source.local_path(shard)
-            view = open_arrow_view(path, self.columns, name=self.shard_names[shard])
+            lists: tuple[str, ...] = ("doc_lens", "doc_ids") if self.outputs else ()
+            if "document_offsets" in self.outputs:
+                lists += ("doc_starts",)
+            view = open_arrow_view(path, self.columns, name=self.shard_names[shard], lists=lists)
             if view.num_rows != self.dataset.shards[shard].samples:
                 raise ValueError(
                     f"shard {self.shard_names[shard]} has {view.num_rows} rows, the manifest "
@@ -108,15 +120,13 @@ class TokenLoader(PlannedLoader):
             self._views.move_to_end(shard)
         return view
 
-    def _gather(
-        self, shards: np.ndarray, rows: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], list[str]]:
+    def _gather(self, shards: np.ndarray, rows: np.ndarray) -> tuple[dict[str, Any], list[str]]:
         """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards (one
         copy per row group of a shard, no per-row Python work), with their keys as
         ``<shard>/<key>``, read from the same rows."""
         order = np.argsort(shards, kind="stable")
         groups = np.split(order, np.flatnonzero(np.diff(shards[order])) + 1)
-        out: dict[str, np.ndarray] = {}
+        out: dict[str, Any] = {}
         views = [self._view(int(shards[g[0]])) for g in groups]
         keys: list[str] = [""] * len(shards)
         for view, pos in zip(views, groups, strict=True):
@@ -141,6 +151,14 @@ class TokenLoader(PlannedLoader):
                     sel = chunk == c
                     buf[pos[sel]] = arrays[c][inner[sel]]
             out[col] = buf
+        if self.outputs:
+            seg = _gather_segments(views, groups, rows)
+            where = f"a batch of {', '.join(sorted({v.name for v in views}))}"
+            tokens = out["tokens"]
+            docs = document_outputs(
+                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where
+            )
+            out.update(docs)  # type: ignore[arg-type]
         return out, keys
 
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -173,13 +191,16 @@ class TokenLoader(PlannedLoader):
             self.copier.begin()
         arrays, keys = self._gather(order.shards[sl], order.rows[sl])
         t2 = time.perf_counter()
-        batch: Batch = {c: self._to_device(torch.from_numpy(a)) for c, a in arrays.items()}
+        batch: Batch = {
+            c: a if isinstance(a, int) else self._to_device(torch.from_numpy(a))
+            for c, a in arrays.items()
+        }
         batch[KEY] = keys
         h2d = time.perf_counter() - t2
         if self.copier is not None:
             self.copier.end()
             h2d = self.copier.take_h2d()  # GPU time of the copies finished so far
-        self.bytes_delivered += sum(a.nbytes for a in arrays.values())
+        self.bytes_delivered += sum(a.nbytes for a in arrays.values() if not isinstance(a, int))
         return Made(batch, keys, t2 - t1, h2d)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
@@ -201,6 +222,58 @@ class TokenLoader(PlannedLoader):
         out["bytes"] = self.bytes_delivered
         out["gb_per_s"] = self.bytes_delivered / elapsed / 1e9 if elapsed > 0 else 0.0
         return out
+
+
+def _check_outputs(
+    outputs: Sequence[str], columns: tuple[str, ...], ds: Dataset
+) -> tuple[str, ...]:
+    if isinstance(outputs, str):
+        raise ValueError(f"outputs must be a sequence of names, got {outputs!r}")
+    unknown = [o for o in outputs if o not in DOC_OUTPUTS]
+    if unknown:
+        raise ValueError(f"outputs must be names from {list(DOC_OUTPUTS)}, got {unknown}")
+    if not outputs:
+        return ()
+    if "tokens" not in columns:
+        raise ValueError(f"outputs={list(outputs)} need the 'tokens' column in columns")
+    if not {"doc_lens", "doc_ids", "doc_starts"} <= set(ds.manifest.schema):
+        raise ValueError(
+            f"dataset {ds.url} has no document boundaries (no doc_lens/doc_ids/doc_starts "
+            "columns: "
+            f"written before format version 3?): re-ingest it with --tokenizer, or read it "
+            f"without outputs={list(outputs)}"
+        )
+    return tuple(o for o in DOC_OUTPUTS if o in outputs)
+
+
+def _gather_segments(
+    views: list[ArrowShardView], groups: list[np.ndarray], rows: np.ndarray
+) -> Segments:
+    """The segments of ``rows`` in batch order: gathered per shard (and record batch), then
+    put in batch order with one more vectorised gather."""
+    counts, lens, ids, starts, order = [], [], [], [], []
+    for view, pos in zip(views, groups, strict=True):
+        lists = view.lists or {}
+        lv, iv = lists["doc_lens"], lists["doc_ids"]
+        chunk, inner = view.locate(rows[pos]) if len(lv) > 1 else (None, rows[pos])
+        for c in [0] if chunk is None else np.unique(chunk).tolist():
+            sel = slice(None) if chunk is None else chunk == c
+            n, v = gather_lists(lv[c], inner[sel])
+            counts.append(n)
+            lens.append(v)
+            ids.append(gather_lists(iv[c], inner[sel])[1])
+            if "doc_starts" in lists:
+                starts.append(gather_lists(lists["doc_starts"][c], inner[sel])[1])
+            order.append(pos[sel])
+    n_all = np.concatenate(counts)
+    back = np.argsort(np.concatenate(order), kind="stable")  # batch position -> gathered row
+    offsets = np.concatenate([[0], np.cumsum(n_all)])
+    _, seg_lens = gather_lists(ListView(offsets, np.concatenate(lens)), back)
+    _, seg_ids = gather_lists(ListView(offsets, np.concatenate(ids)), back)
+    seg_starts = None
+    if starts:
+        _, seg_starts = gather_lists(ListView(offsets, np.concatenate(starts)), back)
+    return Segments(n_all[back], seg_lens, seg_ids, seg_starts)
 
 
 def _row_keys(view: ArrowShardView, rows: np.ndarray) -> list[str]:

@@ -66,7 +66,11 @@ def _shard_gets(proxy: SlowProxy) -> int:
     )
 
 
-def test_a_stale_header_is_fetched_again_and_the_table_only_when_it_changed(
+def _heads(proxy: SlowProxy, suffix: str) -> int:
+    return sum(1 for r in proxy.requests if r.method == "HEAD" and r.path.endswith(suffix))
+
+
+def test_each_opening_checks_the_version_with_one_head_and_fetches_only_a_new_one(
     s3_prefix, proxy, tmp_path
 ):
     make_token_dataset(s3_prefix, [10, 10], seq_len=4)
@@ -74,12 +78,16 @@ def test_a_stale_header_is_fetched_again_and_the_table_only_when_it_changed(
     root = str(tmp_path / "c")
     first = node_manifest(root, s3_prefix, storage_options=opts)
     assert _gets(proxy, "/manifest.json") == 1
-    node_manifest(root, s3_prefix, storage_options=opts)
-    assert _gets(proxy, "/manifest.json") == 1  # young copy: no request
-    again = node_manifest(root, s3_prefix, storage_options=opts, max_age=0.0)
-    assert _gets(proxy, "/manifest.json") == 2
-    assert _gets(proxy, ".arrow") == 1  # same table checksum: not fetched again
+    before = len(proxy.requests)
+    again = node_manifest(root, s3_prefix, storage_options=opts)
+    seen = [(r.method, r.path.rsplit("/", 1)[-1]) for r in proxy.requests[before:]]
+    assert seen == [("HEAD", "manifest.json")]  # one version check, the node's copy read
+    assert _gets(proxy, ".arrow") == 1
     assert again.digest == first.digest
+    make_token_dataset(s3_prefix, [10, 10, 5], seq_len=4, overwrite=True)  # a new commit
+    newer = node_manifest(root, s3_prefix, storage_options=opts)
+    assert newer.digest != first.digest and newer.num_samples == 25
+    assert _gets(proxy, "/manifest.json") == 2 and _gets(proxy, ".arrow") == 2
 
 
 def test_a_damaged_copy_is_fetched_again(s3_prefix, proxy, tmp_path):
@@ -115,3 +123,15 @@ def test_a_header_naming_a_table_outside_the_prefix_is_refused(s3_prefix, tmp_pa
     with pytest.raises(ManifestError, match="escapes the dataset prefix"):
         node_manifest(str(tmp_path / "c"), s3_prefix)
     assert not list((tmp_path / "c").rglob("*.arrow"))
+
+
+def test_a_version_nowhere_to_be_found_is_refused_naming_both(s3_prefix, tmp_path):
+    current = make_token_dataset(s3_prefix, [10], seq_len=4).digest
+    root = str(tmp_path / "c")
+    assert node_manifest(root, s3_prefix, version=current).digest == current
+    gone = "0" * 32
+    with pytest.raises(ManifestError) as err:
+        node_manifest(root, s3_prefix, version=gone)
+    assert gone in str(err.value) and current in str(err.value) and s3_prefix in str(err.value)
+    with pytest.raises(ManifestError, match=gone):
+        TokenLoader(s3_prefix, batch_size=2, cache_dir=root, dataset_version=gone)

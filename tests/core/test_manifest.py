@@ -78,8 +78,8 @@ def _dump(m: Manifest, **changes: object) -> str:
 
 
 def test_unknown_format_version_is_refused_naming_the_file() -> None:
-    text = _dump(make_manifest(), format_version=3)
-    with pytest.raises(ManifestError, match=r"s3://b/ds/manifest.json.*version 3.*upgrade"):
+    text = _dump(make_manifest(), format_version=4)
+    with pytest.raises(ManifestError, match=r"s3://b/ds/manifest.json.*version 4.*upgrade"):
         Manifest.from_json(text, source="s3://b/ds/manifest.json")
     with pytest.raises(ManifestError, match="no format_version"):
         Manifest.from_json(json.dumps({"name": "x"}), source="m.json")

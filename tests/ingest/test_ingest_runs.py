@@ -226,7 +226,8 @@ def test_tokenized_arrow_rows_packed_with_eos(tmp_path: Path, s3_prefix: str) ->
         )
     )
     m = result.manifest
-    assert m.schema == {"tokens": "fixed_size_list<item: uint16>[16]"}
+    assert m.schema["tokens"] == "fixed_size_list<item: uint16>[16]"
+    assert m.requires == ("token-documents",) and m.format_version == 3
     tok = Tokenizer.from_file(tok_path)
     eos = tok.token_to_id("</s>")
     assert m.extra["tokens"]["eos_id"] == eos and m.extra["tokens"]["dtype"] == "uint16"
@@ -237,9 +238,12 @@ def test_tokenized_arrow_rows_packed_with_eos(tmp_path: Path, s3_prefix: str) ->
     expected: list[int] = []
     for t in texts[:30]:
         expected += [*tok.encode(t, add_special_tokens=False).ids, eos]
-    assert flat.tolist() == expected[: len(flat)]
-    assert len(expected) - len(flat) < 16
-    assert m.extra["tokens"]["tokens_dropped"] == m.extra["tokens"]["tokens"] - 16 * m.num_samples
+    # concatenation: the documents one after the other; the last row padded, nothing dropped
+    pad = m.extra["tokens"]["pad_id"]
+    assert flat.tolist() == expected + [pad] * (len(flat) - len(expected))
+    assert len(flat) - len(expected) < 16
+    assert m.extra["tokens"]["padding_tokens"] == 16 * m.num_samples - m.extra["tokens"]["tokens"]
+    assert m.extra["tokens"]["truncated_tokens"] == 0
 
 
 def test_cli_json_summary(

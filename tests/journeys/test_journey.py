@@ -1,5 +1,6 @@
 """The reserved run as users live it, on a simulated cluster (tests/cluster.py): ingest on
-Ray, warm every node, train with torchrun on 2 nodes, lose one, resume on 3.
+Ray, warm every node, stop the object store, train with torchrun on 2 nodes from their
+caches through the outage, lose a node, bring the store back, resume on 3.
 
 The cluster's nodes are namespaces on this machine, each with its own address, cache tmpfs
 and counting S3 proxy, so the test can tell what each node fetched from the store.
@@ -156,8 +157,16 @@ def _shard_of(key: str) -> str:
 
 @needs_namespaces
 def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
-    cluster: SimCluster, s3_prefix: str, tmp_path: Path
+    cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_path: Path
 ) -> None:
+    try:
+        _journey(cluster, s3_store, s3_prefix, tmp_path)
+    finally:
+        if not s3_store.ready():  # the outage ends with the test, whatever happened
+            s3_store.start()
+
+
+def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_path: Path) -> None:
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 
@@ -210,6 +219,10 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
         assert not twice, f"node {i} fetched shards more than once: {twice}"
     lap("warm")
 
+    # the outage: the store stops after the warm; the warmed nodes train from their caches
+    s3_store.stop()
+    assert not s3_store.ready()
+
     # 3. train on 2 nodes x 2 ranks; every rank holds after step HOLD_AFTER
     ckpt, keys = str(tmp_path / "ckpt"), str(tmp_path / "keys")
     common = [ds, "--ckpt-dir", ckpt, "--keys-dir", keys, "--epochs", str(EPOCHS)]
@@ -242,6 +255,8 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
     left = cluster.wait_gone(":train1", timeout=10)
     assert not left, f"processes of the killed run outlived it: {left}"
     lap("crash")
+    s3_store.start()  # the store is back before the new node, whose cache is cold, joins
+    lap("store back")
 
     # 5. restart on 3 nodes x 2 ranks from the last checkpoint; finish that epoch and one more
     n2 = cluster.add_node()
@@ -309,6 +324,11 @@ def test_journey_ingest_warm_train_lose_a_node_resume_on_three(
         for run, node in {(r[0], r[1]) for r in received}
     }
 
+    # the outage: each rank of the warmed nodes said once that it read the node's copy
+    offline = f"object store unreachable: reading version {dataset.manifest.digest}"
+    for i in (0, 1):
+        text = Path(cluster.root, f"train1-node{i}.log").read_text()
+        assert text.count(offline) == 2, text[-3000:]
     for i in (0, 1):
         assert not train1[i], f"warmed node {i} fetched while training: {train1[i]}"
         assert read_by[("ws4-from000000", i)] <= short(warmed[i])

@@ -181,7 +181,7 @@ MANIFEST_EDITS: list[tuple[str, Edit, str]] = [
     ("shard_path_absolute", _set(("shards", 0, "path"), "/etc/passwd"), "escapes"),
     ("shard_path_url", _set(("shards", 0, "path"), "s3://other/x.tar"), "escapes"),
     ("index_path_escapes", _set(("shards", 0, "index"), "../x.idx"), "escapes"),
-    ("unknown_version", _set(("format_version",), 3), "version 3"),
+    ("unknown_version", _set(("format_version",), 4), "version 4"),
     ("version_as_text", _set(("format_version",), "1"), "version '1'"),
     ("negative_samples", _set(("shards", 0, "samples"), -1), "samples"),
     ("checksum_scheme", _set(("shards", 0, "checksum"), "md5:00"), "checksum"),

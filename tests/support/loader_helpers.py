@@ -37,6 +37,7 @@ def make_image_dataset(
     label_ext: str = "cls",
     sorted_classes: bool = False,
     storage_options: dict | None = None,
+    overwrite: bool = False,
 ) -> Manifest:
     """Shards of JPEG samples keyed ``s<shard>-<n>``; label = n % classes (or the shard's
     class when ``sorted_classes``), as ``.cls`` text or ``.json``."""
@@ -62,7 +63,7 @@ def make_image_dataset(
         schema={"jpg": "image/jpeg", label_ext: "label"},
         shards=tuple(infos),
     )
-    commit_manifest(prefix, manifest, storage_options=storage_options)
+    commit_manifest(prefix, manifest, storage_options=storage_options, overwrite=overwrite)
     return manifest
 
 
@@ -73,6 +74,7 @@ def make_token_dataset(
     seq_len: int = 16,
     dtype: str = "int32",
     storage_options: dict | None = None,
+    overwrite: bool = False,
 ) -> Manifest:
     """Arrow shards with a fixed-size ``tokens`` column; row n holds n, n+1, ... (so each
     sequence names its own global id) and ``__key__`` ``t<n>``."""
@@ -94,7 +96,7 @@ def make_token_dataset(
         schema={"__key__": "string", "tokens": f"fixed_size_list<{dtype}>[{seq_len}]"},
         shards=tuple(infos),
     )
-    commit_manifest(prefix, manifest, storage_options=storage_options)
+    commit_manifest(prefix, manifest, storage_options=storage_options, overwrite=overwrite)
     return manifest
 
 

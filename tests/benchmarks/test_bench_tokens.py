@@ -1,0 +1,60 @@
+"""benchmarks/tokenize_bench.py stays runnable: at tiny sizes it measures every peer it can
+import, prints its three tables and writes their keys, and the suite's report turns its
+result into headline rows. No timed assertions: benchmark numbers are not tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from support.bench import BENCH, load_bench
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("tok") / "tokens.json"
+    sizes = "--mb 0.2 --rounds 1 --token-rows 128 --seq-len 256 --shard-size 64KB --batch-size 8"
+    args = [*sizes.split(), "--vocab", "600", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "tokenize_bench.py"), *args],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_it_prints_and_writes_every_table(tiny_run) -> None:
+    result, stdout = tiny_run
+    for heading in ("tokenization,", "packing of its", "TokenLoader, CPU"):
+        assert heading in stdout
+    tok = result["tokenize"]
+    assert {"flashfeed-ingest", "encode_batch", "encode_batch_fast"} <= set(tok["median_mb_s"])
+    assert all(v > 0 for v in tok["median_mb_s"].values()) and tok["mb"] > 0.1
+    pk = result["packing"]
+    for mode in ("concat@4096", "best-fit@4096", "concat@256", "best-fit@256"):
+        assert 0 <= pk[mode]["padding_pct"] < 100 and pk[mode]["truncated_pct"] == 0
+    lo = result["loader"]["gb_per_s"]
+    assert set(lo) == {"tokens only", "with document outputs", "memcpy (same bytes)"}
+    assert all(v > 0 for v in lo.values())
+
+
+def test_the_report_makes_headline_rows_of_it(tiny_run) -> None:
+    report: ModuleType = load_bench("report", prefix="fftokbench")
+    result, _ = tiny_run
+    rows = report.headline({"stages": {"tokens": {"data": result}}})
+    refs = {r["reference"] for r in rows if r["area"] == "tokens"}
+    assert {"encode_batch", "encode_batch_fast", "tokens only"} <= refs
+    loader = next(r for r in rows if r["reference"] == "tokens only")
+    assert loader["limit"] == "memcpy of the same bytes" and loader["of_limit"] > 0
+
+
+def test_the_suite_runs_it_as_a_stage() -> None:
+    suite = load_bench("suite", prefix="fftokbench")
+    assert "tokens" in suite.STAGES
+    assert "--mb" in suite.QUICK.tokens_args and "--mb" in suite.FULL.tokens_args
+    assert Path(BENCH / "tokenize_bench.py").exists()
