@@ -20,11 +20,14 @@ rounds whose order rotates every round):
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
+           near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup.py, .bench-venv)
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench.py)
   multimodal image-text pairs vs webdataset + PIL, vs the single-image Loader; buckets vs
            square                                                  (multimodal.py)
+  crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -72,8 +75,10 @@ STAGES = (
     "stalls",
     "plan",
     "crypto",
+    "neardup",
     "tokens",
     "multimodal",
+    "crc",
 )
 
 
@@ -278,6 +283,9 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "neardup" in stages:
+        data = r.run("neardup", "neardup.py", list(p.neardup_args), python=r.peer_py)
+        out["neardup"] = {"data": data} if data else {}
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
         data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}
@@ -285,6 +293,10 @@ def run_stages(
         extra = ["--corpus", str(corpus), "--device", device, "--threads", str(threads)]
         data = r.run("multimodal", "multimodal.py", [*p.multimodal_args, *extra])
         out["multimodal"] = {"data": data} if data else {}
+    if "crc" in stages:
+        size = "8MiB" if p.rounds < 3 else "64MiB"
+        data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])
+        out["crc"] = {"data": data} if data else {}
     return out
 
 

@@ -9,9 +9,9 @@ over, chunk by chunk (``rangedbody.py``). Two ways to send the GET:
 - otherwise (AWS itself, where the bucket's region and addressing are botocore's business)
   a plain botocore client, thread-safe, one connection pool per process and set of options.
 
-Used only when every storage option is one this path understands the same way s3fs does
-(endpoint, region, keys or the default credential chain, client config); otherwise
-``reader_for`` returns None and the fill goes through s3fs.
+Both read the storage options ``storage.filesystem`` parsed once (``S3Options``), and are
+used only when a plain GET fetches what s3fs would with them (``S3Options.plain_gets``);
+otherwise ``reader_for`` returns None and the fill goes through s3fs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import threading
 from typing import Any
 
-from flashfeed.storage import frozen_options
+from flashfeed.storage import S3Options, s3_options_of
 
 from .rangedbody import Body, RangedObject, as_oserror
 from .signedget import Endpoint, SignedObject
@@ -32,30 +32,17 @@ _LOCK = threading.Lock()
 _SESSION: list[Any] = []  # one botocore session a process: the service model loads once
 
 
-def _settings(fs: Any) -> dict[str, Any] | None:
-    """The s3fs instance's client settings, or None if it uses options this path lacks."""
-    if type(fs).__name__ != "S3FileSystem" or getattr(fs, "anon", False):
+def _options(fs: Any) -> S3Options | None:
+    """The parsed options of an s3fs instance of ``storage.filesystem``, or None when a
+    plain GET would not fetch what s3fs fetches with them."""
+    if type(fs).__name__ != "S3FileSystem":
         return None
-    if fs.requester_pays or fs.version_aware or fs.s3_additional_kwargs or fs.kwargs:
-        return None
-    if getattr(fs, "_session_is_owned", True) is False:  # a session the caller made
-        return None
-    client_kwargs = dict(fs.client_kwargs or {})
-    if fs.endpoint_url and "endpoint_url" not in client_kwargs:
-        client_kwargs["endpoint_url"] = fs.endpoint_url
-    if set(client_kwargs) - {"endpoint_url", "region_name", "verify", "use_ssl"}:
-        return None
-    return {
-        "key": fs.key,
-        "secret": fs.secret,
-        "token": fs.token,
-        "client_kwargs": client_kwargs,
-        "config_kwargs": dict(fs.config_kwargs or {}),
-    }
+    options = s3_options_of(fs)
+    return options if options is not None and options.plain_gets else None
 
 
-def _client(settings: dict[str, Any], pool: int) -> Any:
-    key = (os.getpid(), pool, frozen_options(settings))
+def _client(options: S3Options, pool: int) -> Any:
+    key = (os.getpid(), pool, options)
     with _LOCK:
         client = _CLIENTS.get(key)
         if client is None:
@@ -63,17 +50,17 @@ def _client(settings: dict[str, Any], pool: int) -> Any:
             import botocore.session
 
             config = botocore.config.Config(
-                **{**settings["config_kwargs"], "max_pool_connections": pool}
+                **{**options.config_kwargs(), "max_pool_connections": pool}
             )
             if not _SESSION or _SESSION[0][0] != os.getpid():
                 _SESSION[:] = [(os.getpid(), botocore.session.get_session())]
             client = _SESSION[0][1].create_client(
                 "s3",
-                aws_access_key_id=settings["key"],
-                aws_secret_access_key=settings["secret"],
-                aws_session_token=settings["token"],
+                aws_access_key_id=options.key,
+                aws_secret_access_key=options.secret,
+                aws_session_token=options.token,
                 config=config,
-                **settings["client_kwargs"],
+                **options.client_kwargs(),
             )
             _CLIENTS[key] = client
     return client
@@ -120,29 +107,28 @@ class _BotoBody:
         self.body.close()
 
 
-_ENDPOINTS: dict[Any, Endpoint | None] = {}
+_ENDPOINTS: dict[S3Options, Endpoint | None] = {}
 
 
-def _endpoint(settings: dict[str, Any]) -> Endpoint | None:
-    key = frozen_options(settings)
+def _endpoint(options: S3Options) -> Endpoint | None:
     with _LOCK:
-        if key not in _ENDPOINTS:
-            _ENDPOINTS[key] = Endpoint.build(settings)
-        return _ENDPOINTS[key]
+        if options not in _ENDPOINTS:
+            _ENDPOINTS[options] = Endpoint.build(options)
+        return _ENDPOINTS[options]
 
 
 def reader_for(fs: Any, path: str, *, connections: int) -> SignedObject | DirectObject | None:
     """The object ``path`` ("bucket/key") of the s3fs instance ``fs`` through signed GETs
     of our own or a plain botocore client, or None when neither can stand in for s3fs
     with its options."""
-    settings = _settings(fs)
-    if settings is None or "/" not in path:
+    options = _options(fs)
+    if options is None or "/" not in path:
         return None
-    endpoint = _endpoint(settings)
+    endpoint = _endpoint(options)
     if endpoint is not None:
         return SignedObject(endpoint, path)
     try:
-        client = _client(settings, max(10, connections))
+        client = _client(options, max(10, connections))
     except Exception:  # an option botocore refuses: s3fs keeps the job
         return None
     return DirectObject(client, path)
@@ -153,16 +139,16 @@ def warm_client(fs: Any, *, connections: int) -> threading.Thread | None:
     set-up (the S3 service model, about 0.1-0.5 s) then overlaps the loader's own start
     instead of delaying the first fill. The thread, or None when there is nothing to set
     up (signed GETs of our own need no client)."""
-    settings = _settings(fs)
-    if settings is None or _endpoint(settings) is not None:
+    options = _options(fs)
+    if options is None or _endpoint(options) is not None:
         return None
     pool = max(10, connections)
-    if (os.getpid(), pool, frozen_options(settings)) in _CLIENTS:
+    if (os.getpid(), pool, options) in _CLIENTS:
         return None
 
     def create() -> None:
         try:
-            _client(settings, pool)
+            _client(options, pool)
         except Exception:  # the fill meets the same error and falls back to s3fs
             pass
 

@@ -19,6 +19,7 @@ from .position import Position
 from .readahead import StreamFeeder
 from .sources import CacheShardSource, LocalShardSource
 from .stats import BatchTiming, StatsRecorder
+from .status import open_local_status_root
 
 __all__ = ["Made", "PlannedLoader"]
 
@@ -67,8 +68,13 @@ class PlannedLoader:
             log=telemetry.stats_log,
             cache_stats=source.stats,
             exporter=exporter,
-            # the node cache keeps this rank's status file for ``flashfeed top``
-            status_dir=source.cache.root if isinstance(source, CacheShardSource) else None,
+            # this rank's status file for ``flashfeed top``: in the node cache, or in this
+            # user's runtime directory for a loader reading a local dataset in place
+            status_dir=(
+                source.cache.root
+                if isinstance(source, CacheShardSource)
+                else open_local_status_root()
+            ),
             dataset=dataset.url,
         )
         self.shard_names = ShardNames(dataset)
@@ -117,6 +123,7 @@ class PlannedLoader:
         rank's last partial batch)."""
         state = self.position.state_dict()
         state["finished"] = self._finished
+        state["url"] = self.dataset.url  # tells another dataset from another version of it
         plan = self.position.rank_plan()
         tail = len(plan.samples) % self.batch_size if self.drop_last else 0
         state["dropped"] = plan.dropped_total + tail * self.ctx.world_size
@@ -402,10 +409,23 @@ def _check_version(state: Any, dataset: Dataset) -> None:
     was saved on) is refused naming both, with the way to continue on the recorded one."""
     saved = state.get("dataset") if isinstance(state, dict) else None
     current = _dataset_id(dataset)
-    if isinstance(saved, str) and saved and saved != current:
+    if not (isinstance(saved, str) and saved and saved != current):
+        return
+    url = state.get("url")
+    if isinstance(url, str) and url != dataset.url:
         raise ValueError(
-            f"the state was saved on version {saved} of {dataset.url}, which holds version "
-            f"{current} now: start this version afresh, or continue on the recorded one with "
-            f"dataset_version={saved!r} (read from the node cache, or from the store if it "
-            "still holds its shards)"
+            f"the state belongs to another dataset: it was saved reading {url} (version "
+            f"{saved}), this loader reads {dataset.url} (version {current})"
         )
+    if url is None:
+        raise ValueError(
+            f"the state was saved on version {saved}, and {dataset.url} holds version "
+            f"{current}: it belongs to another dataset, or to another version of this one "
+            f"(continue on that with dataset_version={saved!r})"
+        )
+    raise ValueError(
+        f"the state was saved on version {saved} of {dataset.url}, which holds version "
+        f"{current} now: start this version afresh, or continue on the recorded one with "
+        f"dataset_version={saved!r} (read from the node cache, or from the store if it "
+        "still holds its shards)"
+    )

@@ -28,6 +28,9 @@ examples:
 
 Loaders reading through the node cache keep one small status file per rank in
 CACHE_DIR/.status/ (at most every 0.5 s); the cache keeps its counters in CACHE_DIR.
+Loaders reading a local dataset in place keep theirs in RUNTIME_DIR/.status/, where
+RUNTIME_DIR is $FLASHFEED_RUNTIME_DIR, else $XDG_RUNTIME_DIR/flashfeed, else
+/tmp/flashfeed-UID; top shows both.
 --cache-dir defaults to $FLASHFEED_CACHE_DIR, else ~/.cache/flashfeed, as the loaders do.
 """
 

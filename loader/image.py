@@ -24,6 +24,7 @@ from .passorder import PassOrder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
 from .position import Position
 from .reader import BatchSource, ShardReader
+from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
 from .text import TextEncoder, collate_json, collate_text, load_tokenizer
 from .video import ClipOptions, clip_draws, require_pyav
 
@@ -43,7 +44,9 @@ class Loader(PlannedLoader):
     ``device``: ``"gpu"`` (nvJPEG "mixed" decode; needs a CUDA build of torch), ``"cpu"``, or
     ``"auto"``. ``reader_start``: how DALI starts its ``py_workers`` reader processes,
     ``"fork"``, ``"spawn"``, or ``"auto"``: spawn when decode runs on the GPU or this process
-    has already initialised CUDA (DALI cannot fork then), fork otherwise. Every loader's
+    has already initialised CUDA (DALI cannot fork then), fork otherwise; a spawning loader
+    built by a script without an ``if __name__ == "__main__":`` guard raises ``SpawnError``
+    (``spawncheck.py``). Every loader's
     keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
 
     ``fields``: output -> member extensions (``loader/fields.py``): a caption field
@@ -127,6 +130,8 @@ class Loader(PlannedLoader):
             decode_on_gpu=self.device_kind == "gpu",
             cuda_initialized=cuda_initialized(),
         )
+        if self.py_start_method == "spawn" and py_workers:
+            check_spawnable_main("Loader", reader_start=reader_start)
         self.augment = AugmentOptions(
             image_size=image_size,
             train=parts.options.shuffle if train is None else train,
@@ -164,6 +169,14 @@ class Loader(PlannedLoader):
     def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
         if self.py_workers:
             collect_dropped_pipelines(self.runner)
+        try:
+            return self._build_pipeline(batch_source)
+        except RuntimeError as exc:
+            if self.py_start_method == "spawn" and "Workers initialization failed" in str(exc):
+                raise SpawnError(spawn_failure_hint()) from exc
+            raise
+
+    def _build_pipeline(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
         return build_pipeline(
             batch_source,
             specs=self.specs,

@@ -3,7 +3,8 @@
 Waits are split into storage/cache (shards not local yet), decode (the DALI pipeline not
 ready) and host-to-device copy. ``StatsRecorder.summary()`` gives samples/s, wait fractions
 and the source's cache hits; ``log=`` appends one JSON line per batch for ``flashfeed report``;
-``status_dir=`` (the node cache directory) keeps the rank's status file for ``flashfeed top``
+``status_dir=`` (the node cache directory, or the user's runtime directory for a loader
+without one) keeps the rank's status file for ``flashfeed top``
 (``status.py``); ``exporter=`` feeds the Prometheus metrics (``prometheus.py``).
 """
 
@@ -86,9 +87,12 @@ class StatsRecorder:
         self._cache_at = float("-inf")
         self._cache: dict[str, Any] = {}
         if status_dir is not None:
-            self._status = StatusWriter(
-                status_dir, rank=rank, node=node, dataset=dataset, interval=status_interval
-            )
+            try:
+                self._status = StatusWriter(
+                    status_dir, rank=rank, node=node, dataset=dataset, interval=status_interval
+                )
+            except OSError:  # a status never costs the training (see StatusWriter.write)
+                self._status = None
 
     def record(self, timing: BatchTiming) -> None:
         if timing.epoch != self.epoch:
