@@ -236,14 +236,6 @@ class Loader(PlannedLoader):
             if len(unread):
                 self.ledger.record_dropped(self.position.epoch, unread.tolist())
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if self.buckets is not None:  # the plan's surplus, and what bucketing drops or skips
-            got = self.buckets.order(self.position)
-            surplus = self.position.rank_plan().dropped_total
-            state["dropped"] = surplus + len(got.dropped) * self.ctx.world_size
-        return state
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = (replace(self.position, prior=list(self.position.prior)), self._finished)
         super().load_state_dict(state)
