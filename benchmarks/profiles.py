@@ -41,6 +41,8 @@ class Profile:
     crypto_args: tuple[str, ...]
     tokens_args: tuple[str, ...]
     stage_timeout_s: int
+    #: image-text pairs and buckets (benchmarks/multimodal.py)
+    multimodal_args: tuple[str, ...] = ("--images", "2048", "--rounds", "5")
     worker_variants: bool = True
     #: GETs in flight besides the default 8, in the cache stage (with ``worker_variants``)
     cache_get_variants: tuple[int, ...] = ()
@@ -98,6 +100,7 @@ QUICK = Profile(
     ),
     stage_timeout_s=150,
     worker_variants=False,
+    multimodal_args=("--images", "512", "--rounds", "1", "--min-seconds", "2"),
 )
 FULL = Profile(
     name="full",

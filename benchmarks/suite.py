@@ -27,6 +27,8 @@ rounds whose order rotates every round):
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench.py)
+  multimodal image-text pairs vs webdataset + PIL, vs the single-image Loader; buckets vs
+           square                                                  (multimodal.py)
   crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
   sign     CPU us to sign one ranged GET: our SigV4 vs botocore's S3SigV4Auth (signcost.py)
 
@@ -79,6 +81,7 @@ STAGES = (
     "crypto",
     "neardup",
     "tokens",
+    "multimodal",
     "crc",
     "sign",
 )
@@ -295,6 +298,10 @@ def run_stages(
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
         data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}
+    if "multimodal" in stages:
+        extra = ["--corpus", str(corpus), "--device", device, "--threads", str(threads)]
+        data = r.run("multimodal", "multimodal.py", [*p.multimodal_args, *extra])
+        out["multimodal"] = {"data": data} if data else {}
     if "crc" in stages:
         size = "8MiB" if p.rounds < 3 else "64MiB"
         data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])

@@ -18,7 +18,8 @@ from typing import Any
 from . import storage
 from .errors import CorruptShardError, DatasetExistsError, FlashfeedError
 from .manifest import Manifest, ShardInfo, commit_manifest, manifest_url
-from .media import IMAGE_MEDIA_TYPES
+from .media import IMAGE_MEDIA_TYPES, LOADER_IMAGE_EXTS, member_image_sizes
+from .shardtable import ShardTable
 from .tarshard import scan_index
 from .wdsindex import SampleIndex, format_index
 
@@ -68,6 +69,9 @@ _MEDIA_TYPES = {
     "webm": "video/webm",
 }
 _GZIP_MAGIC = b"\x1f\x8b"
+
+#: one shard's image widths and heights, one entry per sample (None: no image members)
+_Sizes = tuple[list[int], list[int]] | None
 
 
 class CompressedShardError(FlashfeedError, ValueError):
@@ -130,24 +134,29 @@ def index_dataset(
             "sub-folders, which are searched too)"
         )
 
-    def one(path: str) -> tuple[str, ShardInfo | None, set[str]]:
-        info, exts = _index_one(prefix, path, storage_options)
+    def one(path: str) -> tuple[str, ShardInfo | None, set[str], _Sizes]:
+        info, exts, sizes = _index_one(prefix, path, storage_options)
         if info is not None and on_shard is not None:
             on_shard(info)
-        return path, info, exts
+        return path, info, exts, sizes
 
     with ThreadPoolExecutor(max_workers=min(workers, len(tars))) as pool:
         results = list(pool.map(one, tars))
-    shards = tuple(info for _, info, _ in results if info is not None)
-    empty = tuple(path for path, info, _ in results if info is None)
-    if not shards:
+    kept = [(info, sizes) for _, info, _, sizes in results if info is not None]
+    empty = tuple(path for path, info, _, _ in results if info is None)
+    if not kept:
         raise NoShardsError(f"every tar under {prefix} is empty: {', '.join(empty)}")
-    exts = set().union(*(e for _, _, e in results))
+    exts = set().union(*(e for _, _, e, _ in results))
+    table = ShardTable.from_infos(info for info, _ in kept)
+    if any(s is not None for _, s in kept):  # some image members: record their sizes
+        table = table.with_image_sizes(
+            [s[0] if s else None for _, s in kept], [s[1] if s else None for _, s in kept]
+        )
     manifest = Manifest(
         name=name or posixpath.basename(prefix) or "dataset",
         shard_format="webdataset",
         schema={ext: media_type(ext) for ext in sorted(exts)},
-        shards=shards,
+        shards=table,
         source={"kind": "external-tars", "prefix": prefix, "indexed_by": "flashfeed index"},
         config={},
         extra={"empty_tars": list(empty)} if empty else {},
@@ -181,7 +190,7 @@ def _relative_files(prefix: str, storage_options: dict[str, Any] | None) -> list
 
 def _index_one(
     prefix: str, path: str, storage_options: dict[str, Any] | None
-) -> tuple[ShardInfo | None, set[str]]:
+) -> tuple[ShardInfo | None, set[str], _Sizes]:
     url = storage.join(prefix, path)
     data = storage.read_bytes(url, storage_options=storage_options)
     if data[:2] == _GZIP_MAGIC:
@@ -192,7 +201,7 @@ def _index_one(
     samples = scan_index(io.BytesIO(data), source=url)
     _check_unique_keys(samples, url)
     if not samples:
-        return None, set()
+        return None, set(), None
     index_path = path + ".idx"
     storage.write_bytes(
         storage.join(prefix, index_path),
@@ -207,7 +216,17 @@ def _index_one(
         checksum=storage.checksum(data),
         index=index_path,
     )
-    return info, exts
+    return info, exts, _image_sizes(samples, data, exts)
+
+
+def _image_sizes(samples: Sequence[SampleIndex], data: bytes, exts: set[str]) -> _Sizes:
+    """Each sample's image width and height, read from the image headers (None when the
+    shard holds no image member)."""
+    if not exts & set(LOADER_IMAGE_EXTS):
+        return None
+    view = memoryview(data)
+    members = [{c.ext: view[c.offset : c.offset + c.size] for c in s.components} for s in samples]
+    return member_image_sizes(members)
 
 
 def _check_unique_keys(samples: Sequence[SampleIndex], url: str) -> None:

@@ -9,6 +9,10 @@ import pyarrow.compute as pc
 
 from .errors import ManifestError
 
+#: the optional per-sample image size columns of a shard table (both or neither)
+SIZE_COLUMNS = ("widths", "heights")
+SIZE_TYPE = pa.list_(pa.int32())
+
 
 def escapes(path: str) -> bool:
     return (
@@ -106,3 +110,54 @@ def string_parts(arr: pa.Array) -> tuple[np.ndarray, bytes | memoryview]:
     if data_buf is None or n == 0:
         return lengths, b""
     return lengths, memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]
+
+
+def check_image_sizes(
+    table: pa.Table, samples: np.ndarray, source: str
+) -> tuple[pa.Array, pa.Array] | None:
+    """The checked ``widths``/``heights`` columns of ``table``, or None when it has neither:
+    list<int32>, one entry per sample of the row's shard (or a null row), values >= 0."""
+    present = [c for c in SIZE_COLUMNS if c in table.column_names]
+    if not present:
+        return None
+    if len(present) == 1:
+        raise ManifestError(f"{source}: the shard table has {present[0]!r} without its pair")
+    out = []
+    for c in SIZE_COLUMNS:
+        col = table.column(c)
+        if col.type != SIZE_TYPE:
+            raise ManifestError(
+                f"{source}: shard table column {c!r} must be of type {SIZE_TYPE}, got {col.type}"
+            )
+        arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        try:
+            arr.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise ManifestError(
+                f"{source}: shard table column {c!r} is malformed ({exc})"
+            ) from None
+        lengths = pc.fill_null(pc.list_value_length(arr), -1).to_numpy(zero_copy_only=False)
+        bad = (lengths != samples) & (lengths != -1)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise ManifestError(
+                f"{source}: shard table column {c!r}, row {row}: {lengths[row]} entries for "
+                f"{samples[row]} samples"
+            )
+        values = arr.values
+        if len(values) and pc.min(values).as_py() < 0:
+            raise ManifestError(f"{source}: shard table column {c!r} holds a negative size")
+        out.append(arr)
+    return out[0], out[1]
+
+
+def list_values_at(arr: pa.Array, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Entry ``rows[i]`` of list ``shards[i]`` of a list<int32> array, vectorised; 0 where
+    the list is null."""
+    offsets = np.frombuffer(arr.buffers()[1], np.int32, count=len(arr) + 1, offset=arr.offset * 4)
+    values = arr.values
+    flat = np.frombuffer(values.buffers()[1], np.int32, count=len(values), offset=values.offset * 4)
+    out = np.zeros(len(shards), np.int32)
+    known = ~bool_numpy(arr.is_null())[shards] if arr.null_count else np.ones(len(shards), bool)
+    out[known] = flat[(offsets[shards] + rows)[known]]
+    return out

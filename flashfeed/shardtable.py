@@ -4,6 +4,12 @@ A version-2 manifest keeps it in an Arrow IPC file beside ``manifest.json``; a l
 memory-mapped, so opening a table of a million shards costs a few vectorised checks and no
 Python object per shard. Version-1 manifests (shards inline in the JSON) are turned into
 the same columns, so everything above this module sees one shape.
+
+Two optional columns, ``widths`` and ``heights`` (a list of int32 per shard, one entry per
+sample; 0 where a sample holds no readable image), record image sizes at ingest and
+``flashfeed index`` time for the loader's aspect-ratio buckets. Tables without them (older
+manifests) read as before; they are not part of the table's digest (they follow from the
+shard bytes, which the checksums cover).
 """
 
 from __future__ import annotations
@@ -22,17 +28,21 @@ import xxhash
 from . import storage
 from .errors import ManifestError
 from .shardcolumns import (
+    SIZE_COLUMNS,
     all_distinct,
     arrow_int64,
+    check_image_sizes,
     check_paths,
     escapes,
     first_true,
     int64_numpy,
+    list_values_at,
     string_parts,
 )
 
 __all__ = [
     "COLUMNS",
+    "SIZE_COLUMNS",
     "ShardInfo",
     "ShardList",
     "ShardTable",
@@ -42,6 +52,7 @@ __all__ = [
 
 #: the columns of a shard table, in file order; ``index`` may hold nulls, the others not
 COLUMNS = ("path", "samples", "bytes", "checksum", "index")
+_SIZE_TYPE = pa.list_(pa.int32())
 SCHEMA = pa.schema(
     [
         pa.field("path", pa.string(), nullable=False),
@@ -121,20 +132,46 @@ class ShardTable:
 
     def __init__(
         self, path: pa.Array, samples: np.ndarray, sizes: np.ndarray, checksum: pa.Array,
-        index: pa.Array,
+        index: pa.Array, image_sizes: tuple[pa.Array, pa.Array] | None = None,
     ) -> None:  # fmt: skip
         self._path = path
         self._checksum = checksum
         self._index = index
         self._samples = _readonly(samples)
         self._sizes = _readonly(sizes)
+        self._image_sizes = image_sizes
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled as its columns; unpickling makes the number arrays read-only again
         return (
             ShardTable,
-            (self._path, self._samples, self._sizes, self._checksum, self._index),
-        )
+            (self._path, self._samples, self._sizes, self._checksum, self._index,
+             self._image_sizes),
+        )  # fmt: skip
+
+    def with_image_sizes(
+        self, widths: Sequence[Sequence[int] | None], heights: Sequence[Sequence[int] | None]
+    ) -> ShardTable:
+        """This table with per-sample image sizes (one list per shard, None where unknown),
+        checked like columns read from a file."""
+        table = self.to_arrow()
+        table = table.append_column("widths", pa.array(list(widths), _SIZE_TYPE))
+        table = table.append_column("heights", pa.array(list(heights), _SIZE_TYPE))
+        return ShardTable.from_arrow(table, source="shard table")
+
+    @property
+    def has_image_sizes(self) -> bool:
+        """Whether the table records image sizes (every shard's, or some null)."""
+        return self._image_sizes is not None
+
+    def image_sizes(self, shards: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``(n, 2)`` int32 ``(width, height)`` of samples given by shard and row; 0 where
+        unknown (no size columns, a shard without sizes, not an image)."""
+        out = np.zeros((len(shards), 2), np.int32)
+        if self._image_sizes is not None and len(shards):
+            for col, arr in enumerate(self._image_sizes):
+                out[:, col] = list_values_at(arr, shards, rows)
+        return out
 
     # --- construction ---------------------------------------------------------------------
 
@@ -226,8 +263,9 @@ class ShardTable:
                 f"'{storage.CHECKSUM_PREFIX}<hex>'"
             )
         return cls(
-            cols["path"], numbers["samples"], numbers["bytes"], cols["checksum"], cols["index"]
-        )
+            cols["path"], numbers["samples"], numbers["bytes"], cols["checksum"], cols["index"],
+            check_image_sizes(table, numbers["samples"], source),
+        )  # fmt: skip
 
     @classmethod
     def read_ipc(cls, source_buf: Any, *, source: str) -> ShardTable:
@@ -245,17 +283,21 @@ class ShardTable:
     # --- output ---------------------------------------------------------------------------
 
     def to_arrow(self) -> pa.Table:
-        return pa.Table.from_arrays(
+        table = pa.Table.from_arrays(
             [self._path, arrow_int64(self._samples), arrow_int64(self._sizes), self._checksum,
              self._index],
             schema=SCHEMA,
         )  # fmt: skip
+        if self._image_sizes is not None:
+            for name, arr in zip(SIZE_COLUMNS, self._image_sizes, strict=True):
+                table = table.append_column(pa.field(name, _SIZE_TYPE), arr)
+        return table
 
     def to_ipc(self) -> pa.Buffer:
         """The table as one Arrow IPC file of one record batch (memory-mappable)."""
         sink = pa.BufferOutputStream()
         table = self.to_arrow()
-        with pa.ipc.new_file(sink, SCHEMA) as writer:
+        with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=max(len(self), 1))
         return sink.getvalue()
 

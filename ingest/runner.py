@@ -21,8 +21,16 @@ import xxhash
 from flashfeed import storage
 from flashfeed.crypto import encryption_record
 from flashfeed.errors import DatasetExistsError
-from flashfeed.manifest import Manifest, commit_manifest, delete_manifest, manifest_url
+from flashfeed.manifest import (
+    Manifest,
+    ShardInfo,
+    commit_manifest,
+    delete_manifest,
+    manifest_url,
+)
 from flashfeed.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
+from flashfeed.shardtable import ShardTable
+from flashfeed.video import VIDEO_MEDIA_TYPES
 
 from .assign import assign_shards
 from .config import IngestConfig
@@ -43,6 +51,7 @@ _KIND_TYPES = {
     "float": "float",
     "json": "application/json",
     "bytes": "application/octet-stream",
+    "video": "video",
 }
 
 
@@ -136,7 +145,9 @@ def _schema(
     if config.format == "arrow":
         return {"__key__": "string", **{n: str(arrow_type(k)) for n, k in out_fields.items()}}
     return {
-        n: _MEDIA_TYPES.get(n.rsplit(".", 1)[-1], _KIND_TYPES.get(k, "application/octet-stream"))
+        n: {**_MEDIA_TYPES, **VIDEO_MEDIA_TYPES}.get(
+            n.rsplit(".", 1)[-1], _KIND_TYPES.get(k, "application/octet-stream")
+        )
         for n, k in out_fields.items()
     }
 
@@ -367,7 +378,13 @@ def _commit(
         rejects += r.rejects
     rejects.sort(key=lambda d: (d["index"], d["source"]))
     skipped = dict(sorted(Counter(d["reason"] for d in rejects).items()))
-    shards = tuple(info for r in results if (info := r.shard_info()) is not None)
+    infos = tuple(info for r in results if (info := r.shard_info()) is not None)
+    shards: tuple[ShardInfo, ...] | ShardTable = infos
+    sized = [r.image_sizes for r in results if r.info is not None]
+    if any(s is not None for s in sized):  # image widths and heights for the loader
+        shards = ShardTable.from_infos(infos).with_image_sizes(
+            [s[0] if s else None for s in sized], [s[1] if s else None for s in sized]
+        )
     if not shards:
         reasons = ", ".join(f"{k}: {v}" for k, v in skipped.items()) or "no samples"
         raise ValueError(

@@ -16,6 +16,7 @@ from flashfeed import storage
 from flashfeed.arrowshard import write_arrow
 from flashfeed.crypto import EncryptionKey, seal_shard
 from flashfeed.manifest import ShardInfo
+from flashfeed.media import LOADER_IMAGE_EXTS, member_image_sizes
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
 from .sources import Item, Reject, StorageContext, open_reader
@@ -32,6 +33,7 @@ _ARROW_TYPES = {
     "int": pa.int64(),
     "float": pa.float64(),
     "json": pa.string(),
+    "video": pa.binary(),
 }
 
 
@@ -77,6 +79,8 @@ class ShardResult:
     timings: dict[str, float] = field(default_factory=dict)
     reused: bool = False
     plaintext: dict[str, Any] | None = None
+    #: the shard's image widths and heights, one per sample (tar shards with images)
+    image_sizes: list[list[int]] | None = None
 
     def shard_info(self) -> ShardInfo | None:
         return ShardInfo(**self.info) if self.info else None
@@ -258,8 +262,11 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
             )
             for it, rec in samples
         )
-        data, index, n = tar_shard_bytes(tar_samples)
+        members = list(tar_samples)
+        data, index, n = tar_shard_bytes(iter(members))
         info = _upload(spec, result, t0, shard_name(job.number, "tar"), data, n, index)
+        if any(ext in m for _, m in members for ext in LOADER_IMAGE_EXTS):
+            result.image_sizes = list(member_image_sizes([m for _, m in members]))
     result.info = asdict(info) if info is not None else None
     record = {"fingerprint": job.fingerprint, "result": asdict(result)}
     url = done_url(spec.dest, job.number)

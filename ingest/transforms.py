@@ -14,6 +14,8 @@ from typing import Any
 import xxhash
 from PIL import Image
 
+from flashfeed.video import probe_video
+
 from .sources.base import Record, Reject
 
 __all__ = [
@@ -53,6 +55,9 @@ def output_fields(kinds: dict[str, str], opts: TransformOptions) -> dict[str, st
             out[reencoded_name(name)] = "image"
             if opts.keep_original_size:
                 out["orig_size"] = "text"
+        elif kind == "video":  # the video and what its probe found, beside it
+            out[name] = "video"
+            out[f"{name}.json"] = "json"
         else:
             out[name] = kind
     return dict(sorted(out.items()))
@@ -140,6 +145,9 @@ def transform_record(record: Record, kinds: dict[str, str], opts: TransformOptio
             if not isinstance(value, bytes | bytearray):
                 raise Reject("bad_value", f"{name}: image field holds {type(value).__name__}")
             out.update(_image(name, bytes(value), opts))
+        elif kind == "video":
+            has_content = True
+            out.update(_video(name, value))
         else:
             if kind in ("bytes", "json"):
                 has_content = True
@@ -147,6 +155,20 @@ def transform_record(record: Record, kinds: dict[str, str], opts: TransformOptio
     if has_text and not has_content and not any(kinds.get(n) == "text" for n in out):
         raise Reject("empty_text", "every text field is empty after normalisation")
     return out
+
+
+def _video(name: str, value: Any) -> dict[str, Any]:
+    """The video and ``<name>.json``: its codec, frames, fps, width, height and duration,
+    probed from its container. Unreadable or frameless videos are counted rejects."""
+    if not isinstance(value, bytes | bytearray):
+        raise Reject("bad_value", f"{name}: video field holds {type(value).__name__}")
+    try:
+        probe = probe_video(bytes(value))
+    except ValueError as exc:
+        raise Reject("undecodable_video", f"{name}: {exc}") from None
+    if probe.frames == 0:
+        raise Reject("empty_video", f"{name}: the video has no frames")
+    return {name: bytes(value), f"{name}.json": json.dumps(probe.to_dict(), sort_keys=True)}
 
 
 def _image(name: str, data: bytes, opts: TransformOptions) -> dict[str, Any]:

@@ -41,7 +41,10 @@ READER_STARTS = ("auto", "fork", "spawn")
 
 # what a reader process raises about the data it reads; DALI re-raises them as a bare
 # Exception carrying the worker's traceback text
-_DATA_ERRORS = ("CorruptShardError", "HostileInputError", "ValueError", "FileNotFoundError")
+_DATA_ERRORS = (
+    "CorruptShardError", "HostileInputError", "ValueError", "FileNotFoundError",
+    "UnsupportedCodecError",
+)  # fmt: skip
 
 Builder = Callable[[Any], tuple[Any, list[str]]]
 
@@ -138,12 +141,12 @@ class DaliRunner:
         t0 = time.perf_counter()
         if self.pipe is not None and self.ready:
             self.epoch += 1
-            write_pass(self.pass_dir, self.epoch, order.shards, order.rows, order.num_batches)
+            write_pass(self.pass_dir, self.epoch, order)
             self.pipe.reset()
         else:
             self.drop()
             self.epoch = 0
-            write_pass(self.pass_dir, 0, order.shards, order.rows, order.num_batches)
+            write_pass(self.pass_dir, 0, order)
             # DALI forks its reader processes while building; they must die with us
             with tie_forked_children():
                 source = StoppableSource(self._make_source(self.pass_dir), self.pass_dir)
@@ -161,6 +164,10 @@ class DaliRunner:
             data_error = _reader_data_error(exc)
             if data_error is None:
                 raise
+            if "UnsupportedCodecError: " in str(exc):  # not corrupt: this device cannot decode it
+                from .video import UnsupportedCodecError
+
+                raise UnsupportedCodecError(data_error) from exc
             raise CorruptShardError(data_error) from exc
 
     def finish(self) -> None:

@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
+import os
 import time
+from collections import Counter
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
 from flashfeed.mixture import Mixture
 
 from .base import Made, PlannedLoader
+from .bucketplan import BucketPlanner, bucket_options
 from .convert import DeviceCopier, HostPool, to_keys, to_torch
 from .dali_runner import DaliRunner, collect_dropped_pipelines, cuda_initialized, py_start_method
 from .fields import KEY, parse_fields
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
+from .position import Position
 from .reader import BatchSource, ShardReader
 from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
+from .text import TextEncoder, collate_json, collate_text, load_tokenizer
+from .video import ClipOptions, clip_draws, require_pyav
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -28,7 +36,7 @@ __all__ = ["Batch", "Loader"]
 
 #: one batch: output name -> tensor (a list of per-sample tensors for ragged raw fields),
 #: and ``"__key__"``: each sample's ``<shard>/<key>``, carried through DALI with it
-Batch = dict[str, torch.Tensor | list[torch.Tensor] | list[str]]
+Batch = dict[str, torch.Tensor | list[torch.Tensor] | list[str] | list[Any]]
 
 
 class Loader(PlannedLoader):
@@ -41,6 +49,25 @@ class Loader(PlannedLoader):
     built by a script without an ``if __name__ == "__main__":`` guard raises ``SpawnError``
     (``spawncheck.py``). Every loader's
     keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
+
+    ``fields``: output -> member extensions (``loader/fields.py``): a caption field
+    (``{"caption": "txt"}``) comes out as a list of ``str`` per batch, or with ``tokenizer``
+    (a ``tokenizer.json`` path) as int64 ids ``(batch, max_len)`` and ``<field>_mask`` (rule:
+    ``loader/text.py``); ``"json:KEY"`` picks one value of a JSON member. ``optional``: fields
+    a sample may lack (None in the batch, counted in ``stats()["missing"]``); a sample
+    without a required field, a caption that is not UTF-8 or a JSON member without its key
+    is a ``CorruptShardError`` naming the shard and the sample.
+
+    ``buckets``: aspect-ratio buckets, a list of (height, width) or ``"auto"`` (from the
+    image sizes the shard table records): each image is cropped to its nearest bucket's
+    aspect ratio and resized to it, every batch holds one bucket (``loader/buckets.py``);
+    ``max_crop``: samples whose crop would lose more of their area are skipped and counted
+    (``bucket_report()``).
+
+    A video field (``{"video": "webm;mp4"}``) needs ``frames`` (per clip) and takes
+    ``stride`` and ``clip`` (``"random"``: a start drawn from the seed, epoch and sample;
+    ``"center"``): it comes out as ``(batch, frames, 3, image_size, image_size)`` float32 and
+    ``<field>_start``, each clip's start in seconds (``loader/video.py``).
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP
@@ -58,6 +85,14 @@ class Loader(PlannedLoader):
         device: str = "auto",
         pipeline: PipelineFn | None = None,
         fields: Mapping[str, str | Sequence[str]] | None = None,
+        optional: Sequence[str] = (),
+        tokenizer: str | os.PathLike[str] | Any = None,
+        max_len: int = 77,
+        buckets: Sequence[tuple[int, int]] | str | None = None,
+        max_crop: float = 0.5,
+        frames: int | None = None,
+        stride: int = 1,
+        clip: str = "random",
         num_threads: int = 2,
         py_workers: int = 1,
         reader_start: str = "auto",
@@ -71,9 +106,26 @@ class Loader(PlannedLoader):
             raise ValueError(f"py_workers must be >= 0, got {py_workers}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        self.specs = parse_fields(fields, optional=optional)
+        self.text = TextEncoder(load_tokenizer(tokenizer), max_len) if tokenizer else None
+        if self.text is not None and not any(s.is_text for s in self.specs):
+            raise ValueError(
+                f"tokenizer= needs a text field (txt/text/caption members); fields= has "
+                f"{[s.name for s in self.specs]}"
+            )
+        videos = [s.name for s in self.specs if s.is_video]
+        if videos and frames is None:
+            raise ValueError(f"video field(s) {videos} need frames= (frames per clip)")
+        if videos:
+            require_pyav()
+        self.clips = ClipOptions(frames, stride, clip) if frames is not None else None
+        if self.clips is not None and not videos:
+            raise ValueError(
+                f"frames= needs a video field (mp4/webm... members); fields= has "
+                f"{[s.name for s in self.specs]}"
+            )
         parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
         opened = time.perf_counter()
-        self.specs = parse_fields(fields)
         self.device_kind = decode_device(device)
         # decided now, before the caller's next CUDA call could change the answer
         self.py_start_method = py_start_method(
@@ -87,8 +139,21 @@ class Loader(PlannedLoader):
             image_size=image_size,
             train=parts.options.shuffle if train is None else train,
             device=self.device_kind,
+            frames=self.clips.frames if self.clips else 0,
+            stride=self.clips.stride if self.clips else 1,
         )
         super().__init__(parts, batch_size=batch_size)
+        self.buckets = (
+            BucketPlanner(
+                bucket_options(
+                    buckets, self.dataset.manifest, image_size=image_size, max_crop=max_crop
+                ),
+                self.dataset.manifest,
+                batch_size,
+            )
+            if buckets is not None
+            else None
+        )
         self.user_pipeline = pipeline
         self.num_threads = num_threads
         self.py_workers = py_workers
@@ -97,6 +162,7 @@ class Loader(PlannedLoader):
         self.torch_device = cuda_device() if self.device_kind == "gpu" else None
         self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
         self.host_pool = HostPool()  # CPU batches: reused once nothing refers to them
+        self.missing: Counter[str] = Counter({s.name: 0 for s in self.specs if s.optional})
         self.runner = DaliRunner(self._build, self._source)
         #: start-up seconds, filled in up to the first batch: ``stats()["startup"]``
         self.startup: dict[str, float] = {
@@ -134,11 +200,71 @@ class Loader(PlannedLoader):
             py_start_method=self.py_start_method,
             device_id=self.torch_device.index or 0 if self.torch_device is not None else 0,
             timings=self._build_timings,
+            tokenized=self.text is not None,
+            bucketed=self.buckets is not None,
         )
 
     def _source(self, pass_dir: str) -> BatchSource:
         reader = ShardReader(self.source, self.shard_names)
-        return BatchSource(reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir)
+        return BatchSource(
+            reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir,
+            text=self.text, bucketed=self.buckets is not None, clips=self.clips,
+            gpu=self.device_kind == "gpu",
+        )  # fmt: skip
+
+    # -- aspect-ratio buckets: the pass order, its length, drops and resume ----------------
+    def _order(self, remaining: np.ndarray) -> PassOrder:
+        order = (
+            super()._order(remaining)
+            if self.buckets is None
+            else self.buckets.pass_order(self._bucket_position())
+        )
+        if self.clips is None:
+            return order
+        p = self._bucket_position()  # where each video clip starts: drawn by the plan
+        return replace(order, draws=clip_draws(p.options.seed, p.epoch, order.ids))
+
+    def _bucket_position(self) -> Position:
+        """The position the next pass starts from (the next epoch's, once this one ended)."""
+        if not self._finished:
+            return self.position
+        ahead = replace(self.position, prior=[], consumed=0, _memo=None)
+        ahead.epoch += 1
+        return ahead
+
+    def __len__(self) -> int:
+        if self.buckets is None:
+            return super().__len__()
+        return self._order(np.zeros(0, np.int64)).num_batches
+
+    def _end_epoch(self) -> None:
+        if self.buckets is None:
+            return super()._end_epoch()
+        self._finished = True
+        if self.ledger is not None:  # short tails (drop_last), skipped samples, plan surplus
+            got = self.buckets.order(self.position)
+            unread = np.concatenate([got.dropped, self.position.rank_plan().dropped])
+            if len(unread):
+                self.ledger.record_dropped(self.position.epoch, unread.tolist())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = (replace(self.position, prior=list(self.position.prior)), self._finished)
+        super().load_state_dict(state)
+        if self.buckets is not None and self.position.prior and not self._finished:
+            self.position, self._finished = saved
+            raise ValueError(
+                f"a bucketed Loader resumes mid-epoch only on the topology that saved the "
+                f"state (segments {state.get('segments')}; this job: world size "
+                f"{self.ctx.world_size}, {self.ctx.topology.rpn} ranks per node); resume with "
+                "that world size, or from a state saved at the end of an epoch"
+            )
+
+    def bucket_report(self) -> dict[str, Any]:
+        """Per bucket, this rank's samples, batches and mean crop loss in the current epoch,
+        and the samples skipped (by reason) or dropped: see ``BucketPlanner.report``."""
+        if self.buckets is None:
+            raise ValueError("bucket_report() needs a Loader made with buckets=")
+        return self.buckets.report(self.position)
 
     def _lookahead(self) -> int:
         return self.prefetch + 1  # DALI asks for up to ``prefetch`` batches ahead of a run
@@ -190,9 +316,14 @@ class Loader(PlannedLoader):
         copier = self.copier
         if copier is not None:
             copier.begin()
-        batch: Batch = {
-            n: to_torch(o, self._out_device(n), copier, self.host_pool) for n, o in out.items()
-        }
+        batch: Batch = {}
+        for n, o in out.items():
+            kind = self._parsed.get(n)
+            if kind is not None:  # captions and JSON values: Python values, on the host
+                batch[n] = collate_text(o) if kind == "text" else collate_json(o)
+                self._count_missing(n, batch[n])
+            else:
+                batch[n] = to_torch(o, self._out_device(n), copier, self.host_pool)
         label = batch.get("label")
         if isinstance(label, torch.Tensor) and label.ndim > 1:
             batch["label"] = label.reshape(-1)
@@ -200,6 +331,29 @@ class Loader(PlannedLoader):
             return batch, None
         copier.end(keep=[outputs])  # DALI's buffers go back once the copies are done
         return batch, copier.take_h2d()
+
+    @property
+    def _parsed(self) -> dict[str, str]:
+        """Outputs that come out as Python values: untokenized captions, JSON values."""
+        return {
+            s.name: "text" if s.is_text else "json"
+            for s in self.specs
+            if (s.is_text and self.text is None) or s.json_key is not None
+        }
+
+    def _count_missing(self, name: str, values: Any) -> None:
+        if name in self.missing and isinstance(values, list):
+            self.missing[name] += sum(v is None for v in values)
+
+    def stats(self) -> dict[str, Any]:
+        """``PlannedLoader.stats()``, and ``"missing"``: per optional caption or JSON field,
+        the delivered samples that lacked it (None in their batch); with buckets,
+        ``"buckets"``: ``bucket_report()``."""
+        out = super().stats()
+        out["missing"] = dict(self.missing)
+        if self.buckets is not None:
+            out["buckets"] = self.bucket_report()
+        return out
 
     def _out_device(self, name: str) -> torch.device | None:
         return self.torch_device

@@ -17,13 +17,20 @@ __all__ = ["PassOrder", "make_pass_order"]
 
 @dataclass(frozen=True)
 class PassOrder:
-    """The samples of one pass, in order, cut into ``num_batches`` batches."""
+    """The samples of one pass, in order, cut into ``num_batches`` batches: of
+    ``batch_size`` each (the last may be short), or at ``bounds`` (batch starts, then the
+    end) when batches vary in size (aspect-ratio buckets)."""
 
     ids: np.ndarray
     shards: np.ndarray
     rows: np.ndarray
     batch_size: int
     num_batches: int
+    bounds: np.ndarray | None = None
+    #: per sample, its bucket and image window (aspect-ratio buckets)
+    shapes: np.ndarray | None = None
+    #: per sample, a uniform draw in [0, 1) that places its video clip
+    draws: np.ndarray | None = None
 
     def same(self, other: PassOrder) -> bool:
         """The same samples in the same batches."""
@@ -31,10 +38,22 @@ class PassOrder:
             self.batch_size == other.batch_size
             and self.num_batches == other.num_batches
             and np.array_equal(self.ids, other.ids)
+            and _same(self.bounds, other.bounds)
         )
 
     def batch_slice(self, k: int) -> slice:
+        if self.bounds is not None:
+            end = int(self.bounds[-1])
+            if k + 1 >= len(self.bounds):  # past the last batch: nothing
+                return slice(end, end)
+            return slice(int(self.bounds[k]), int(self.bounds[k + 1]))
         return slice(k * self.batch_size, min((k + 1) * self.batch_size, len(self.ids)))
+
+    def batch_of(self, positions: np.ndarray) -> np.ndarray:
+        """The batch of each position in ``ids``."""
+        if self.bounds is not None:
+            return np.searchsorted(self.bounds, positions, side="right") - 1
+        return positions // self.batch_size
 
     def batch_len(self, k: int) -> int:
         """Samples in batch ``k`` (the last one may be short without ``drop_last``)."""
@@ -45,7 +64,11 @@ class PassOrder:
         """Shards in order of first need, and the batch that first needs each."""
         uniq, first = np.unique(self.shards, return_index=True)
         order = np.argsort(first, kind="stable")
-        return uniq[order].tolist(), (first[order] // self.batch_size).tolist()
+        return uniq[order].tolist(), self.batch_of(first[order]).tolist()
+
+
+def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return a is b if a is None or b is None else bool(np.array_equal(a, b))
 
 
 def make_pass_order(

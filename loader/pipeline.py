@@ -18,8 +18,10 @@ from typing import Any
 from .distributed import cuda_device_index
 from .fields import KEY, FieldSpec
 from .reader import BatchSource
+from .text import field_columns
 
 __all__ = [
+    "BUCKET",
     "CUDA_TORCH_HINT",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -33,6 +35,12 @@ __all__ = [
     "gpu_count",
     "torch_cuda_usable",
 ]
+
+#: the node holding each sample's bucket (height, width) and the image window that covers it
+#: (relative height, width) in a bucketed pipeline
+BUCKET = "__bucket__"
+#: the part of the covering window's area a training crop takes (uniform in this range)
+BUCKET_AREA = (0.35, 1.0)
 
 IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
@@ -139,6 +147,9 @@ class AugmentOptions:
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     resize_ratio: float = 0.875
+    #: video clips: frames per clip and the stride between them (0: no video field)
+    frames: int = 0
+    stride: int = 1
 
     def __post_init__(self) -> None:
         if self.image_size < 1:
@@ -151,8 +162,12 @@ def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[
     """Decode; random resized crop + flip (train) or resize + center crop (eval); normalize;
     NCHW float32. Every other field passes through."""
     fn, types = _dali()
+    if "image" not in nodes and opts.frames:
+        return _video_clips(nodes, opts)
     if "image" not in nodes:
         raise ValueError("the default pipeline needs an 'image' field; give pipeline= otherwise")
+    if BUCKET in nodes:
+        return _bucketed_images(nodes, opts)
     dev = "mixed" if opts.device == "gpu" else "cpu"
     size = opts.image_size
     mirror: Any = 0
@@ -177,6 +192,60 @@ def default_image_pipeline(nodes: dict[str, Any], opts: AugmentOptions) -> dict[
     return {**nodes, "image": images}
 
 
+def _video_clips(nodes: dict[str, Any], opts: AugmentOptions) -> dict[str, Any]:
+    """Each video field: decode the clip's frames (``frames`` from its start frame, ``stride``
+    apart), resize the shorter side to ``image_size``, centre crop, normalize; FCHW float32.
+    Its ``<field>_start`` (seconds) passes through."""
+    fn, types = _dali()
+    out = dict(nodes)
+    dev = "mixed" if opts.device == "gpu" else "cpu"
+    size = opts.image_size
+    for name in [n for n in nodes if f"{n}_start_frame" in nodes]:
+        start = out.pop(f"{name}_start_frame")
+        clips = fn.decoders.video(
+            nodes[name], device=dev, start_frame=start, sequence_length=opts.frames,
+            stride=opts.stride,
+        )  # fmt: skip
+        clips = fn.resize(clips, resize_shorter=size)
+        out[name] = fn.crop_mirror_normalize(
+            clips, crop=(size, size), mean=list(opts.mean), std=list(opts.std),
+            dtype=types.FLOAT, output_layout="FCHW",
+        )  # fmt: skip
+    return out
+
+
+def _bucketed_images(nodes: dict[str, Any], opts: AugmentOptions) -> dict[str, Any]:
+    """Decode only a window of the bucket's aspect ratio and resize it to the bucket; flip;
+    normalize; CHW. ``BUCKET`` holds per sample (height, width, window height, window width),
+    the window relative to the image: the largest one of the bucket's shape (a cover resize
+    and crop). Eval takes it centred; training takes a random part of it (``BUCKET_AREA``
+    of its area) at a random place, as a random resized crop does for square images."""
+    fn, types = _dali()
+    from nvidia.dali import math as dmath
+
+    nodes = dict(nodes)
+    b = nodes.pop(BUCKET)
+    hw, window = b[0:2], b[2:4]
+    mirror: Any = 0
+    if opts.train:
+        window = window * dmath.sqrt(fn.random.uniform(range=BUCKET_AREA))
+        anchor = fn.random.uniform(range=(0.0, 1.0), shape=2) * (1.0 - window)
+        mirror = fn.random.coin_flip(probability=0.5)
+    else:
+        anchor = (1.0 - window) * 0.5
+    dev = "mixed" if opts.device == "gpu" else "cpu"
+    images = fn.decoders.image_slice(
+        nodes["image"], anchor, window, device=dev, output_type=types.RGB, axis_names="HW",
+        normalized_anchor=True, normalized_shape=True,
+    )  # fmt: skip
+    images = fn.resize(images, size=hw)
+    images = fn.crop_mirror_normalize(
+        images, mirror=mirror, mean=list(opts.mean), std=list(opts.std), dtype=types.FLOAT,
+        output_layout="CHW",
+    )  # fmt: skip
+    return {**nodes, "image": images}
+
+
 def build_pipeline(
     source: BatchSource | Callable[[Any], Any],
     *,
@@ -191,10 +260,14 @@ def build_pipeline(
     py_start_method: str = "fork",
     device_id: int = 0,
     timings: dict[str, float] | None = None,
+    tokenized: bool = False,
+    bucketed: bool = False,
 ) -> tuple[Any, list[str]]:
-    """A built DALI pipeline reading ``source`` and the names of its outputs, in order.
-    ``timings`` (if given) gets ``reader_start_s``: the seconds of ``pipe.build()``, where
-    DALI starts its executor and reader processes."""
+    """A built DALI pipeline reading ``source`` and the names of its outputs, in order
+    (``tokenized``: the source tokenizes text fields into ids and a mask; ``bucketed``: it
+    gives each sample's bucket (height, width) as the node ``BUCKET``). ``timings`` (if
+    given) gets ``reader_start_s``: the seconds of ``pipe.build()``, where DALI starts its
+    executor and reader processes."""
     from nvidia.dali.pipeline import Pipeline
 
     fn, types = _dali()
@@ -214,15 +287,21 @@ def build_pipeline(
     with pipe:
         # the last output holds each sample's key bytes, read with the sample: it passes
         # through untouched and comes out beside the sample as the batch's __key__
+        columns = field_columns(specs, tokenized=tokenized)
+        if bucketed:
+            columns.append((BUCKET, "float"))
+        dtypes = {
+            "int64": types.INT64, "int32": types.INT32, "uint8": types.UINT8, "float": types.FLOAT
+        }  # fmt: skip
         *raw, keys = fn.external_source(
             source=source,
-            num_outputs=len(specs) + 1,
+            num_outputs=len(columns) + 1,
             batch=True,
             batch_info=True,
             parallel=parallel,
-            dtype=[*(types.INT64 if s.is_label else types.UINT8 for s in specs), types.UINT8],
+            dtype=[*(dtypes[d] for _, d in columns), types.UINT8],
         )
-        nodes = {s.name: node for s, node in zip(specs, raw, strict=True)}
+        nodes = {name: node for (name, _), node in zip(columns, raw, strict=True)}
         outputs = user_fn(nodes) if user_fn else default_image_pipeline(nodes, augment)
         if not isinstance(outputs, Mapping) or not outputs:
             raise ValueError(

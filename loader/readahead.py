@@ -137,7 +137,7 @@ class StreamFeeder:
         pos, shards, rows = self._by_shard
         lo, hi = np.searchsorted(shards, [shard, shard + 1])
         if hi > lo:
-            batches = pos[lo:hi] // self.pass_order.batch_size
+            batches = self.pass_order.batch_of(pos[lo:hi])
             self.source.need(shard, rows[lo:hi], batches)
 
     def _need(self, shard: int) -> None:

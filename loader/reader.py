@@ -23,7 +23,10 @@ from flashfeed.wdsindex import SampleIndex
 
 from .fields import FieldSpec, key_bytes
 from .labels import parse_label
+from .passorder import PassOrder
 from .sources import ShardSource
+from .text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
+from .video import ClipOptions, clip_start, probe_at
 
 if TYPE_CHECKING:
     from flashfeed.cache import FillView
@@ -127,36 +130,51 @@ class ShardReader:
         """The shard's path (kept with its mapping: no lookup in the shard table per sample)."""
         return self._shard(shard).name
 
-    def fields(
+    def picked(
         self, shard: int, row: int, specs: tuple[FieldSpec, ...]
-    ) -> tuple[str, list[np.ndarray]]:
-        """One sample's fields in ``specs`` order: labels as int64 scalars, the rest bytes."""
+    ) -> tuple[str, list[tuple[str, np.ndarray] | None]]:
+        """One sample's ``(ext, bytes)`` per field in ``specs`` order (None for a missing
+        optional field); a missing required field is a ``CorruptShardError`` naming it."""
         key, members = self.members(shard, row)
-        out = []
+        out: list[tuple[str, np.ndarray] | None] = []
         for spec in specs:
             ext = spec.pick(members)
             if ext is None:
                 if spec.optional:
-                    out.append(np.zeros(0, np.uint8))
+                    out.append(None)
                     continue
                 raise CorruptShardError(
                     f"shard {self.shard_names[shard]}: sample {key!r} has no "
                     f"{'/'.join(spec.exts)} member for field {spec.name!r} "
-                    f"(it has {sorted(members)})"
+                    f"(it has {sorted(members)}); pass optional=[{spec.name!r}] to allow that"
                 )
-            data = members[ext]
-            if spec.is_label:
-                try:
-                    label = parse_label(data.tobytes(), ext)
-                except ValueError as exc:
-                    where = f"shard {self.shard_names[shard]} sample {key!r}"
-                    raise CorruptShardError(
-                        f"{where}: {str(exc).removeprefix('sample: ')}"
-                    ) from None
-                out.append(np.array(label, dtype=np.int64))
-            else:
-                out.append(data)
+            out.append((ext, members[ext]))
         return key, out
+
+    def fields(
+        self, shard: int, row: int, specs: tuple[FieldSpec, ...]
+    ) -> tuple[str, list[np.ndarray]]:
+        """One sample's fields in ``specs`` order: labels as int64 scalars, the rest bytes
+        (no bytes for a missing optional field)."""
+        key, picked = self.picked(shard, row, specs)
+        out = []
+        for spec, got in zip(specs, picked, strict=True):
+            if got is None:
+                out.append(np.zeros(0, np.uint8))
+            elif spec.is_label:
+                out.append(self.label(shard, key, *got))
+            else:
+                out.append(got[1])
+        return key, out
+
+    def label(self, shard: int, key: str, ext: str, data: np.ndarray) -> np.ndarray:
+        """A label member as an int64 scalar; unparsable is a ``CorruptShardError``."""
+        where = f"shard {self.shard_names[shard]} sample {key!r}"
+        try:
+            label = parse_label(data.tobytes(), ext, where=where)
+        except ValueError as exc:
+            raise CorruptShardError(str(exc)) from None
+        return np.array(label, dtype=np.int64)
 
     def close(self) -> None:
         for s in self._open.values():
@@ -165,9 +183,10 @@ class ShardReader:
 
 
 class BatchSource:
-    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per field (a label
-    field: one int64 array of the batch, when every sample has one), then one of the samples'
-    ``key_bytes`` (read with the sample, so the key names what was read).
+    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per column of
+    ``field_columns`` (a label field: one int64 array of the batch, when every sample has
+    one; captions checked and, with ``text``, tokenized; JSON values picked), then one of the
+    samples' ``key_bytes`` (read with the sample, so the key names what was read).
 
     One DALI pipeline serves many passes: DALI's epoch index ``e`` (incremented by each
     ``reset()``) names the pass file ``pass-<e>.npz`` that ``write_pass`` stored before the
@@ -184,10 +203,21 @@ class BatchSource:
         batch_size: int,
         specs: tuple[FieldSpec, ...],
         pass_dir: str,
+        text: TextEncoder | None = None,
+        bucketed: bool = False,
+        clips: ClipOptions | None = None,
+        gpu: bool = False,
     ) -> None:
         self.reader = reader
+        self.bucketed = bucketed
+        self.clips = clips
+        self.gpu = gpu
+        self._draws: np.ndarray | None = None
+        self._bounds: np.ndarray | None = None
+        self._shapes: np.ndarray | None = None
         self.batch_size = batch_size
         self.specs = specs
+        self.text = text
         self.pass_dir = pass_dir
         self._epoch = -1
         self._shards = np.zeros(0, np.int64)
@@ -199,6 +229,11 @@ class BatchSource:
         with np.load(pass_path(self.pass_dir, epoch)) as f:
             self._shards, self._rows = f["shards"], f["rows"]
             self._num_batches = int(f["num_batches"])
+            self._bounds = f.get("bounds")
+            self._shapes = f.get("shapes")
+            self._draws = f.get("draws")
+        if self.bucketed and self._shapes is None:
+            raise ValueError(f"pass {epoch} of a bucketed pipeline names no bucket shapes")
         self._epoch = epoch
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
@@ -207,35 +242,90 @@ class BatchSource:
             self._load(epoch)
         if i >= self._num_batches:
             raise StopIteration
-        lo = i * self.batch_size
-        hi = min(lo + self.batch_size, len(self._shards))
-        reader = self.reader
-        cols: list[Any] = [[] for _ in range(len(self.specs) + 1)]
+        if self._bounds is not None:
+            lo, hi = int(self._bounds[i]), int(self._bounds[i + 1])
+        else:
+            lo = i * self.batch_size
+            hi = min(lo + self.batch_size, len(self._shards))
+        per_field: list[list[Any]] = [[] for _ in self.specs]
+        key_col: list[np.ndarray] = []
         for shard, row in zip(
             self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist(), strict=True
         ):
-            key, values = reader.fields(shard, row, self.specs)
-            key_col = key_bytes(reader.name(shard), key)
-            for col, v in zip(cols, [*values, key_col], strict=True):
-                col.append(v)
-        for i, spec in enumerate(self.specs):
-            # labels as one array: DALI takes it whole instead of sample by sample
-            if spec.is_label and all(v.ndim == 0 for v in cols[i]):
-                cols[i] = np.array(cols[i], dtype=np.int64)
-        return tuple(cols)
+            key, picked = self.reader.picked(shard, row, self.specs)
+            name = self.reader.name(shard)
+            for spec, got, col in zip(self.specs, picked, per_field, strict=True):
+                if spec.is_video:
+                    col.append(self._clip(spec, got, shard, key, lo + len(key_col)))
+                    continue
+                col.append(self._value(spec, got, shard, key))
+            key_col.append(key_bytes(name, key))
+        cols: list[Any] = []
+        for spec, values in zip(self.specs, per_field, strict=True):
+            if spec.is_label and all(v.ndim == 0 for v in values):
+                # labels as one array: DALI takes it whole instead of sample by sample
+                cols.append(np.array(values, dtype=np.int64))
+            elif spec.is_text and self.text is not None:
+                cols += self.text.encode(values)
+            elif spec.is_text:
+                cols.append([text_bytes(v) for v in values])
+            elif spec.is_video:
+                cols += [list(c) for c in zip(*values, strict=True)] if values else [[], [], []]
+            else:
+                cols.append(values)
+        if self.bucketed:  # each sample's bucket (height, width), for the resize and crop
+            assert self._shapes is not None  # checked by _load
+            cols.append(list(self._shapes[lo:hi]))
+        return (*cols, key_col)
+
+    def _clip(
+        self, spec: FieldSpec, got: tuple[str, np.ndarray] | None, shard: int, key: str, at: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A video field of one sample: its bytes, its clip's first frame (placed by the
+        pass's draw for this sample) and that frame's time in seconds."""
+        where = f"shard {self.reader.shard_names[shard]} sample {key!r} field {spec.name!r}"
+        if got is None or self.clips is None or self._draws is None:
+            raise CorruptShardError(f"{where}: a video field needs its member and frames=")
+        probe = probe_at(got[1], where=where)
+        start = clip_start(probe, float(self._draws[at]), self.clips, where=where, gpu=self.gpu)
+        seconds = start / probe.fps if probe.fps else 0.0
+        return got[1], np.array(start, np.int32), np.array(seconds, np.float32)
+
+    def _value(
+        self, spec: FieldSpec, got: tuple[str, np.ndarray] | None, shard: int, key: str
+    ) -> Any:
+        """One field of one sample as the reader hands it on (a caption as ``str`` or None,
+        to be encoded per batch)."""
+        where = f"shard {self.reader.shard_names[shard]} sample {key!r}"
+        if spec.json_key is not None:
+            found, value = (False, None) if got is None else json_value(got[1], spec, where=where)
+            return json_bytes(found, value)
+        if got is None:
+            return None if spec.is_text else np.zeros(0, np.uint8)
+        ext, data = got
+        if spec.is_label:
+            return self.reader.label(shard, key, ext, data)
+        if spec.is_text:
+            return decode_text(data, ext, where=f"{where} field {spec.name!r}")
+        return data
 
 
 def pass_path(pass_dir: str, epoch: int) -> str:
     return os.path.join(pass_dir, f"pass-{epoch}.npz")
 
 
-def write_pass(
-    pass_dir: str, epoch: int, shards: np.ndarray, rows: np.ndarray, num_batches: int
-) -> None:
+def write_pass(pass_dir: str, epoch: int, order: PassOrder) -> None:
     """Store a pass for ``BatchSource`` (atomically; the pass before last is removed)."""
     tmp = os.path.join(pass_dir, f".pass-{epoch}.tmp.npz")
-    np.savez(tmp, shards=shards.astype(np.int64), rows=rows.astype(np.int64),
-             num_batches=np.int64(num_batches))  # fmt: skip
+    extra: dict[str, Any] = {}
+    if order.bounds is not None:
+        extra["bounds"] = order.bounds.astype(np.int64)
+    if order.shapes is not None:
+        extra["shapes"] = order.shapes.astype(np.float32)
+    if order.draws is not None:
+        extra["draws"] = order.draws.astype(np.float64)
+    np.savez(tmp, shards=order.shards.astype(np.int64), rows=order.rows.astype(np.int64),
+             num_batches=np.int64(order.num_batches), **extra)  # fmt: skip
     os.replace(tmp, pass_path(pass_dir, epoch))
     try:
         os.remove(pass_path(pass_dir, epoch - 2))

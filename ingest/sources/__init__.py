@@ -26,6 +26,7 @@ from .lmdbsrc import LMDB
 from .tables import CSV, JSONL, PARQUET
 from .text import TEXT
 from .tfrecord import TFRECORD
+from .videofolder import VIDEOFOLDER
 from .wds import WEBDATASET
 
 __all__ = [
@@ -48,7 +49,8 @@ __all__ = [
 
 #: Every source format by name, in the order auto-detection tries them.
 FORMATS: dict[str, SourceFormat] = {
-    f.name: f for f in (LMDB, WEBDATASET, TFRECORD, TEXT, JSONL, CSV, PARQUET, IMAGEFOLDER)
+    f.name: f
+    for f in (LMDB, WEBDATASET, TFRECORD, TEXT, JSONL, CSV, PARQUET, IMAGEFOLDER, VIDEOFOLDER)
 }
 
 

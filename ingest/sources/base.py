@@ -15,6 +15,7 @@ from typing import Any
 
 from flashfeed import storage
 from flashfeed.media import IMAGE_EXTS
+from flashfeed.video import VIDEO_EXTS
 
 __all__ = [
     "IMAGE_EXTS",
@@ -36,7 +37,7 @@ _TEXT_EXTS = frozenset({"txt", "text", "caption"})
 _INT_EXTS = frozenset({"cls", "label"})
 
 #: field kinds: how a value is typed in a Record, in Arrow, and in a tar member
-KINDS = ("image", "bytes", "text", "int", "float", "json")
+KINDS = ("image", "bytes", "text", "int", "float", "json", "video")
 
 
 def kind_of_ext(ext: str) -> str:
@@ -44,6 +45,8 @@ def kind_of_ext(ext: str) -> str:
     last = ext.lower().rsplit(".", 1)[-1]
     if last in IMAGE_EXTS:
         return "image"
+    if last in VIDEO_EXTS:
+        return "video"
     if last in _TEXT_EXTS:
         return "text"
     if last in _INT_EXTS:

@@ -87,7 +87,7 @@ def test_a_loader_reading_the_wrong_sample_fails_the_ledger_check(
 ):
     # the batch source (in the reader processes too: they are forked after the patch)
     # reads shard 1 row 4 where the plan says row 3
-    read_wrong_sample(monkeypatch, ShardReader, "fields", 1, 3)
+    read_wrong_sample(monkeypatch, ShardReader, "picked", 1, 3)
     ledger = str(tmp_path / "ledger")
     loader = Loader(
         images, batch_size=4, image_size=16, shuffle=False, py_workers=py_workers,

@@ -1,0 +1,90 @@
+"""A folder of videos: every ``*.mp4``/``*.webm``/... file under the root is one sample,
+its field named by its extension; ingest probes each (``<field>.json`` beside it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flashfeed.video import VIDEO_EXTS
+
+from .base import (
+    Item,
+    Mapper,
+    Record,
+    Reject,
+    SourceScan,
+    StorageContext,
+    list_sized,
+    missing_source,
+    read,
+    relative_key,
+    source_root,
+)
+from .format import FunctionReader, Listing, SourceOption, SourceReader
+
+__all__ = ["VIDEOFOLDER", "video_field"]
+
+
+def video_field(name: str) -> str | None:
+    """The field a video file lands in (``a.MP4`` -> ``mp4``), None if not a video."""
+    base = name.rsplit("/", 1)[-1]
+    if "." not in base or base.startswith("."):
+        return None
+    ext = base.rsplit(".", 1)[-1].lower()
+    return ext if ext in VIDEO_EXTS else None
+
+
+def scan_videofolder(url: str, ctx: StorageContext) -> SourceScan:
+    files = list_sized(url, ctx)
+    if not files:
+        raise missing_source(url)
+    root = source_root(url)
+    entries = [
+        (path, field, size)
+        for path, size in files
+        if (field := video_field(relative_key(path, root))) is not None
+        and not any(p.startswith(".") for p in relative_key(path, root).split("/"))
+    ]
+    if not entries:
+        raise ValueError(f"{url} holds no videos ({', '.join(VIDEO_EXTS)})")
+    items = [
+        Item(index=i, source=path, size=size, ref={"url": path, "field": field})
+        for i, (path, field, size) in enumerate(entries)
+    ]
+    fields = {f: "video" for f in sorted({f for _, f, _ in entries})}
+    return SourceScan(
+        format="videofolder", items=items, fields=fields, description={"videos": len(items)}
+    )
+
+
+def read_videofolder_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> Record:
+    try:
+        data = read(item.ref["url"], ctx)
+    except FileNotFoundError:
+        raise Reject("missing_media", f"{item.ref['url']} vanished after listing") from None
+    return {item.ref["field"]: data}
+
+
+class VideoFolderFormat:
+    name = "videofolder"
+    options: tuple[SourceOption, ...] = ()
+
+    def detect(self, url: str, listing: Listing) -> bool:
+        return any(video_field(p) for p in listing.paths)
+
+    def scan(
+        self,
+        url: str,
+        ctx: StorageContext,
+        *,
+        fields: dict[str, str],
+        options: dict[str, str],
+        mapper: Mapper,
+    ) -> SourceScan:
+        return scan_videofolder(url, ctx)
+
+    def open_reader(self, shared: dict[str, Any]) -> SourceReader:
+        return FunctionReader(read_videofolder_item, shared)
+
+
+VIDEOFOLDER = VideoFolderFormat()
