@@ -12,6 +12,13 @@ all its threads; the server is another process and is not counted) per GB moved 
                direct reader does not understand)
   raw-botocore the same ranges with a plain botocore client (what boto3 wraps), same part
                size and concurrency, bytes dropped on arrival
+  raw-signed   the same ranges read by the fill's own signed-GET client (``signedget.py``)
+               into a reused buffer, same threads, dropped: the client alone
+  raw-obstore  the same ranges with obstore's ``get_range`` (Rust object_store: one ranged
+               GET read into a Rust buffer), same threads, dropped (when obstore is installed)
+  raw-pyarrow  the same ranges with ``pyarrow.fs.S3FileSystem`` (Arrow's C++ S3 client):
+               one input file a shard, ``read_at`` from the same threads (its Python
+               binding returns bytes: one copy more than the C++ client makes), dropped
   raw-s3fs     the same ranges through s3fs ``cat_file`` (flashfeed's storage layer), dropped
   raw-to-file  the same ranges read chunk by chunk into a reused buffer and written to
                preallocated files (the cheapest way measured here to land bytes in the page
@@ -41,7 +48,7 @@ import numpy as np
 
 from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cache.directget import reader_for
+from flashfeed.cache.directget import SignedObject, reader_for
 from flashfeed.cache.fill import CHUNK
 from flashfeed.cache.ranged import split_ranges
 from flashfeed.shardio import shard_name, write_tar_shard
@@ -50,7 +57,16 @@ from flashfeed.units import format_size, parse_size
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cache import start_store  # one way to start the benchmark's SeaweedFS
 
-METHODS = ("fill", "fill-s3fs", "raw-botocore", "raw-s3fs", "raw-to-file")
+METHODS = (
+    "fill",
+    "fill-s3fs",
+    "raw-botocore",
+    "raw-signed",
+    "raw-obstore",
+    "raw-pyarrow",
+    "raw-s3fs",
+    "raw-to-file",
+)
 
 
 def make_dataset(prefix: str, n: int, size: int, opts: dict[str, Any]) -> Dataset:
@@ -127,6 +143,78 @@ def raw_botocore(ds: Dataset, client: Any, bucket: str, key_prefix: str, concurr
         return sum(pool.map(one, _jobs(ds, part)))
 
 
+def raw_signed(ds: Dataset, opts: dict[str, Any], concurrency: int, part: int) -> int:
+    readers = {}
+    for i, info in enumerate(ds.shards):
+        fs, key = storage.filesystem(ds.shard_url(i), opts)
+        readers[info.path] = reader_for(fs, key, connections=concurrency)
+        assert isinstance(readers[info.path], SignedObject), "not the signed-GET client"
+    buffers = threading.local()
+
+    def one(job: tuple[str, int, int]) -> int:
+        path, lo, hi = job
+        if not hasattr(buffers, "view"):
+            buffers.view = memoryview(bytearray(min(CHUNK, part)))
+        return sum(len(chunk) for chunk in readers[path].chunks(lo, hi, buffers.view))
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return sum(pool.map(one, _jobs(ds, part)))
+
+
+def obstore_store(info: Any, bucket: str) -> Any:
+    """An obstore ``S3Store`` on the benchmark's server, or None without obstore."""
+    try:
+        from obstore.store import S3Store
+    except ImportError:
+        return None
+    return S3Store(
+        bucket, endpoint=info.endpoint, access_key_id=info.access_key,
+        secret_access_key=info.secret_key, region="us-east-1",
+        client_options={"allow_http": True},
+    )  # fmt: skip
+
+
+def raw_obstore(ds: Dataset, store: Any, key_prefix: str, concurrency: int, part: int) -> int:
+    import obstore
+
+    def one(job: tuple[str, int, int]) -> int:
+        path, lo, hi = job
+        n = len(memoryview(obstore.get_range(store, f"{key_prefix}/{path}", start=lo, end=hi)))
+        assert n == hi - lo
+        return n
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return sum(pool.map(one, _jobs(ds, part)))
+
+
+def pyarrow_fs(info: Any) -> Any:
+    import pyarrow.fs as pafs
+
+    return pafs.S3FileSystem(
+        access_key=info.access_key, secret_key=info.secret_key, region="us-east-1",
+        endpoint_override=info.endpoint.split("://", 1)[1], scheme="http",
+    )  # fmt: skip
+
+
+def raw_pyarrow(ds: Dataset, fs: Any, bucket: str, key_prefix: str, concurrency: int,
+                part: int) -> int:  # fmt: skip
+    files = {info.path: fs.open_input_file(f"{bucket}/{key_prefix}/{info.path}")
+             for info in ds.shards}  # fmt: skip
+
+    def one(job: tuple[str, int, int]) -> int:
+        path, lo, hi = job
+        n = len(files[path].read_at(hi - lo, lo))  # Python bytes: one copy more
+        assert n == hi - lo
+        return int(n)
+
+    try:
+        with ThreadPoolExecutor(concurrency) as pool:
+            return sum(pool.map(one, _jobs(ds, part)))
+    finally:
+        for f in files.values():
+            f.close()
+
+
 def raw_s3fs(ds: Dataset, opts: dict[str, Any], concurrency: int, part: int) -> int:
     fs, _ = storage.filesystem(ds.url, opts)
 
@@ -184,10 +272,11 @@ def botocore_client(info: Any, concurrency: int) -> Any:
 
 
 def table(rounds: list[dict[str, dict[str, float]]]) -> list[str]:
-    med = {m: statistics.median(r[m]["cpu_s_per_gb"] for r in rounds) for m in METHODS}
-    gbps = {m: statistics.median(r[m]["gbps"] for r in rounds) for m in METHODS}
+    methods = [m for m in METHODS if m in rounds[0]]
+    med = {m: statistics.median(r[m]["cpu_s_per_gb"] for r in rounds) for m in methods}
+    gbps = {m: statistics.median(r[m]["gbps"] for r in rounds) for m in methods}
     lines = [f"{'method':<14}{'CPU s/GB (median)':>19}{'per round':>28}{'GB/s':>8}{'vs raw':>8}"]
-    for m in METHODS:
+    for m in methods:
         each = " ".join(f"{r[m]['cpu_s_per_gb']:.3f}" for r in rounds)
         ratio = med[m] / med["raw-botocore"]
         lines.append(f"{m:<14}{med[m]:>19.3f}  {each:>26}{gbps[m]:>8.3f}{ratio:>7.2f}x")
@@ -201,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--part-size", default="16MiB", help="bytes per ranged GET (default 16MiB)")
     ap.add_argument("--concurrency", type=int, default=8, help="GETs in flight (default 8)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--only", metavar="ROWS", help="comma-separated rows to run (default all)")
     ap.add_argument("--json", metavar="PATH", help="also write the rounds as JSON here")
     args = ap.parse_args(argv)
     if args.shards < 1 or args.rounds < 1 or args.concurrency < 1:
@@ -214,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         bucket, key_prefix = "fillcpu", "ds"
         ds = make_dataset(f"s3://{bucket}/{key_prefix}", args.shards, size, opts)
         client = botocore_client(store.info, args.concurrency)
+        ob, arrow = obstore_store(store.info, bucket), pyarrow_fs(store.info)
         runs: dict[str, Callable[[], int]] = {
             "fill": lambda: fill(ds, opts, os.path.join(work, "cache"), args.concurrency, part),
             "fill-s3fs": lambda: fill_s3fs(
@@ -222,16 +313,28 @@ def main(argv: list[str] | None = None) -> int:
             "raw-botocore": lambda: raw_botocore(
                 ds, client, bucket, key_prefix, args.concurrency, part
             ),
+            "raw-pyarrow": lambda: raw_pyarrow(
+                ds, arrow, bucket, key_prefix, args.concurrency, part
+            ),
+            "raw-signed": lambda: raw_signed(ds, opts, args.concurrency, part),
             "raw-s3fs": lambda: raw_s3fs(ds, opts, args.concurrency, part),
             "raw-to-file": lambda: raw_to_file(
                 ds, opts, os.path.join(work, "files"), args.concurrency, part
             ),
         }
-        for m in METHODS:  # warm-up: connections, imports, the server's own caches
+        if ob is not None:
+            runs["raw-obstore"] = lambda: raw_obstore(ds, ob, key_prefix, args.concurrency, part)
+        else:
+            print("raw-obstore: obstore is not installed (pip install obstore): row left out")
+        only = set(args.only.split(",")) | {"raw-botocore"} if args.only else set(METHODS)
+        if only - set(METHODS):
+            ap.error(f"--only: unknown rows {sorted(only - set(METHODS))}, known: {METHODS}")
+        methods = tuple(m for m in METHODS if m in runs and m in only)
+        for m in methods:  # warm-up: connections, imports, the server's own caches
             runs[m]()
         rounds = []
         for r in range(args.rounds):
-            order = METHODS if r % 2 == 0 else tuple(reversed(METHODS))
+            order = methods if r % 2 == 0 else tuple(reversed(methods))
             rounds.append({m: primed(runs[m]) for m in order})
         print(
             f"{args.shards} shards x {format_size(size)}, part {format_size(part)}, "

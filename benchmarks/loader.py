@@ -13,7 +13,8 @@ each round:
 
 Every row has the same timer: it starts before the loader is constructed and stops at the
 first batch after ``--min-seconds`` (epochs repeat until then), so construction, start-up
-and epoch turns count the same for all.
+and epoch turns count the same for all. Each round also times one first epoch (from
+construction to its last batch) of flashfeed and of the DALI reader.
 
 plus the token loader's GB/s against a plain memory copy and a random-row gather of the same
 bytes, and shuffle quality (label entropy per batch / ideal) on a class-sorted layout.
@@ -40,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loader_peers import (
+    DaliReaderEpochs,
     dali_decode_ceiling,
     dali_webdataset_reader,
     imagefolder_loader,
@@ -182,6 +184,20 @@ def timed(make: Callable[[], Iterable[Any]], min_seconds: float) -> tuple[float,
     return n / wall, 1000 * cpu / n, wall
 
 
+def first_epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, float]:
+    """(images/s, CPU ms per image) of one epoch, the timer starting before ``make()``."""
+    c0, t0 = tree_cpu_seconds(), time.perf_counter()
+    loader = make()
+    n = sum(batch_len(b) for b in loader)
+    wall, cpu = time.perf_counter() - t0, tree_cpu_seconds() - c0
+    close = getattr(loader, "close", None)
+    if callable(close):
+        close()
+    del loader
+    gc.collect()
+    return n / wall, 1000 * cpu / n
+
+
 def rotated(names: list[str], r: int) -> list[str]:
     """Round ``r``'s order: each round starts one name later, so no loader always runs first
     (after a conversion, beside a warm page cache) or last."""
@@ -216,10 +232,20 @@ def image_rows(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             jpegs, labels, batch_size=BATCH, threads=thr, device=dev
         ),
     }
+    firsts: dict[str, Callable[[], Iterable[Any]]] = {
+        "flashfeed": flashfeed,
+        "dali-reader": lambda: DaliReaderEpochs(shards, batch_size=BATCH, threads=thr, device=dev),
+    }
+    first: dict[str, list[float]] = {k: [] for k in firsts}
     rates: dict[str, list[float]] = {k: [] for k in loaders}
     cpu: dict[str, list[float]] = {k: [] for k in loaders}
     secs: dict[str, list[float]] = {k: [] for k in loaders}
     for r in range(args.rounds):
+        for name in rotated(list(firsts), r):
+            rate, ms = first_epoch(firsts[name])
+            first[name].append(rate)
+            print(f"round {r}: {name:16s} first epoch {rate:8.0f} img/s {ms:6.2f} CPU ms/img",
+                  file=sys.stderr, flush=True)  # fmt: skip
         for name in rotated(list(loaders), r):
             rate, ms, wall = timed(loaders[name], args.min_seconds)
             rates[name].append(rate)
@@ -233,7 +259,13 @@ def image_rows(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return {
         "img_per_s": {k: statistics.median(v) for k, v in rates.items()},
         "cpu_ms_per_img": {k: statistics.median(v) for k, v in cpu.items()},
-        "rounds": {"img_per_s": rates, "cpu_ms_per_img": cpu, "seconds": secs},
+        "first_epoch_img_per_s": {k: statistics.median(v) for k, v in first.items()},
+        "rounds": {
+            "img_per_s": rates,
+            "cpu_ms_per_img": cpu,
+            "seconds": secs,
+            "first_epoch": first,
+        },
         "timer": f"construction to the first batch after {args.min_seconds} s, rotated order",
     }
 
@@ -352,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:18s} {v:7.0f} {v / rate['dali-reader']:14.2f}x {v / rate['wds+pil']:10.2f}x"
             f" {100 * v / rate['decode-ceiling']:10.0f}% {cpu[name]:11.2f}"
         )
+    firsts = images["first_epoch_img_per_s"]
+    ratio = firsts["flashfeed"] / firsts["dali-reader"]
+    rows = ", ".join(f"{k} {v:.0f}" for k, v in firsts.items())
+    print(f"\nfirst epoch, construction timed (img/s): {rows}; flashfeed / dali-reader {ratio:.2f}")
     for name, why in peers.items():
         print(f"{name:18s} {why}")
     print(f"\ntoken loader, {args.token_rows} x 2048 int32 (GB/s of source bytes)")

@@ -25,6 +25,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 __all__ = [
+    "DaliReaderEpochs",
     "RamBatches",
     "dali_decode_ceiling",
     "dali_webdataset_reader",
@@ -147,22 +148,24 @@ def _dali_iter(pipe: Any, batches: int | None) -> Iterator[Any]:
         yield batch
 
 
-def dali_webdataset_reader(
-    shards: list[str], *, batch_size: int, threads: int, device: str, batches: int | None = None
-) -> Iterable[Any]:
-    """Plain DALI: ``fn.readers.webdataset`` with its shuffle buffer, same operators."""
+def _dali_reader_pipeline(shards: list[str], *, batch_size: int, threads: int, device: str) -> Any:
+    """Plain DALI as its documentation sets it up: ``fn.readers.webdataset`` over the tars
+    with their index files (``wds2idx`` format; the reader scans a tar without one), its
+    shuffle buffer (``initial_fill`` 1024), then the Loader's operators (ROI crop decode,
+    resize, flip, normalise to float CHW)."""
     from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
 
     from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
 
+    indexes = [s + ".idx" for s in shards]
     pipe = Pipeline(
         batch_size=batch_size, num_threads=threads, device_id=0 if device == "gpu" else None
     )
     with pipe:
         jpg, cls = fn.readers.webdataset(
             paths=shards,
-            index_paths=[s + ".idx" for s in shards],
+            index_paths=indexes if all(Path(i).exists() for i in indexes) else None,
             ext=["jpg", "cls"],
             random_shuffle=True,
             initial_fill=1024,
@@ -171,7 +174,34 @@ def dali_webdataset_reader(
         out = default_image_pipeline({"image": jpg}, AugmentOptions(device=device))
         pipe.set_outputs(out["image"], cls)
     pipe.build()
+    return pipe
+
+
+def dali_webdataset_reader(
+    shards: list[str], *, batch_size: int, threads: int, device: str, batches: int | None = None
+) -> Iterable[Any]:
+    """Plain DALI: ``fn.readers.webdataset`` with its shuffle buffer, same operators."""
+    pipe = _dali_reader_pipeline(shards, batch_size=batch_size, threads=threads, device=device)
     return _dali_iter(pipe, batches)
+
+
+class DaliReaderEpochs:
+    """Plain DALI's reader pipeline by epochs: each ``iter()`` is one epoch (the reader's
+    ``epoch_size`` samples in whole batches, as its iterator's ``reader_name`` ends them),
+    so a first epoch and hot epochs are timed like the Loader's. Constructing it builds the
+    pipeline: a timer started before the constructor counts DALI's start-up."""
+
+    def __init__(self, shards: list[str], *, batch_size: int, threads: int, device: str) -> None:
+        self.pipe = _dali_reader_pipeline(
+            shards, batch_size=batch_size, threads=threads, device=device
+        )
+        self.batches = -(-int(self.pipe.epoch_size("reader")) // batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        return _dali_iter(self.pipe, self.batches)
+
+    def close(self) -> None:
+        self.pipe = None
 
 
 class RamBatches:

@@ -8,6 +8,10 @@
                   planning became rank-local)
   --scale         the design point alone, in a fresh process: 10^6 shards x 1,000 samples
                   (10^9 samples), 8,192 ranks, 8 per node; one JSON line with ``--json``
+  --mixture       the same design point as a mixture: 100 sources of 10^4 shards x 1,000
+                  samples (10^9 samples, 10^6 shards), weights 1..7, 8,192 ranks, 8 per node:
+                  one rank's mixture plan, one node's warm order, the elastic re-split to
+                  6,144 ranks at mid-epoch; the same JSON keys as ``--scale``
   eviction curve  hit rate of the real ``ShardCache`` over 3 epochs of the plan's order at
                   10-100% of the dataset: plan-aware (``set_future``) vs LRU vs Belady's optimum
 
@@ -15,6 +19,7 @@ Prints a table and writes JSON.
 
     python benchmarks/planbench.py --shards 10000,100000,1000000 --out .bench/plan.json
     python benchmarks/planbench.py --scale --json
+    python benchmarks/planbench.py --mixture --json
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["eviction_curve", "plan_cost"]
+__all__ = ["eviction_curve", "mixture_scale", "plan_cost"]
 
 #: the whole-epoch plan holds every rank's sample ids: past this many samples it does not fit
 WHOLE_EPOCH_LIMIT = 200_000_000
@@ -130,6 +136,74 @@ def scale() -> dict[str, Any]:
     return out
 
 
+def mixture_scale(
+    sources: int = 100,
+    shards_per_source: int = 10_000,
+    *,
+    world_size: int = 8192,
+    ranks_per_node: int = 8,
+    new_world_size: int = 6144,
+) -> dict[str, Any]:
+    """The design point as a mixture of ``sources`` datasets, measured in this process."""
+    from flashfeed import Dataset, Manifest, commit_manifest
+    from flashfeed.mixplan import MixPlanner, SourceTable
+    from flashfeed.mixture import Mixture, Source
+    from flashfeed.plan import PlanOptions, Topology
+    from flashfeed.shardtable import synthetic_shard_table
+
+    work = tempfile.mkdtemp(prefix="ffmix-", dir="/tmp")
+    topology = Topology(world_size, ranks_per_node)
+    rank = (world_size // 2 + 3) % min(world_size, new_world_size)
+    try:
+        urls = []
+        for i in range(sources):
+            url = os.path.join(work, f"src{i:03d}")
+            # distinct shard bytes: distinct datasets (digests), as a real mixture has
+            table = synthetic_shard_table(shards_per_source, shard_bytes=(1 << 20) + i)
+            schema = {"jpg": "image"}
+            commit_manifest(url, Manifest(name=f"s{i}", shard_format="webdataset",
+                                          schema=schema, shards=table))  # fmt: skip
+            urls.append(url)
+        mix = Mixture(tuple(Source(u, 1 + i % 7) for i, u in enumerate(urls)))
+        t0 = time.perf_counter()
+        tables = []
+        for s in mix.sources:
+            m = Dataset.open(s.url).manifest
+            tables.append(SourceTable(s.key, m.digest, m.shard_samples))
+        t1 = time.perf_counter()
+        planner = MixPlanner(mix, tables, PlanOptions(seed=0))
+        start = planner.start(0, topology)
+        mine = planner.rank_plan(start, rank)
+        t2 = time.perf_counter()
+        order = planner.node_shard_order(start, topology.node_of(rank))
+        t3 = time.perf_counter()
+        # a restarted job on fewer ranks: a fresh planner (no memo), the saved counts
+        half = replace(start, consumed=len(mine.samples) // 2)
+        counts = planner.counts(half)
+        again = MixPlanner(mix, tables, PlanOptions(seed=0))
+        t4 = time.perf_counter()
+        moved = again.settle(half, counts, Topology(new_world_size, ranks_per_node))
+        after = again.rank_plan(moved, rank)
+        t5 = time.perf_counter()
+        return {
+            "shards": int(planner.shard_offsets[-1]),
+            "samples": int(planner.offsets[-1]),
+            "world_size": world_size,
+            "ranks_per_node": ranks_per_node,
+            "open_s": t1 - t0,
+            "rank_plan_s": t2 - t1,
+            "node_order_s": t3 - t2,
+            "resplit_s": t5 - t4,
+            "peak_rss_mib": round(_peak_rss_mib(), 1),
+            "sources": sources,
+            "samples_per_rank": len(mine.samples),
+            "samples_per_rank_after_resplit": len(after.samples),
+            "node_shards": len(order),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def loader_start(shards: int = 1_000_000) -> dict[str, Any]:
     """Seconds to construct a ``Loader`` for one rank of 8,192 on a local ``shards``-shard
     manifest and ask its length (its plan); importing torch and DALI is timed apart."""
@@ -224,11 +298,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only a Loader's construction for one rank of 8,192 on 10^6 shards",
     )
+    p.add_argument(
+        "--mixture",
+        action="store_true",
+        help="only the design point as a 100-source mixture, this process",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line, nothing else")
     p.add_argument("--out", default=".bench/plan.json", help="where to write the JSON results")
     args = p.parse_args(argv)
-    if args.scale or args.loader_start:
-        result = scale() if args.scale else loader_start()
+    if args.scale or args.loader_start or args.mixture:
+        result = scale() if args.scale else mixture_scale() if args.mixture else loader_start()
         if args.json:
             print(json.dumps(result))
         else:
@@ -250,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     design = _fresh("--scale")
     print(f"\ndesign point, fresh process: {json.dumps(design)}")
+    mixture = _fresh("--mixture")
+    print(f"design point as a 100-source mixture, fresh process: {json.dumps(mixture)}")
     start = _fresh("--loader-start")
     print(f"loader start-up, fresh process: {json.dumps(start)}")
     curve = eviction_curve()
@@ -260,7 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     scaling_plot(costs, Path(args.out).with_suffix(".png"))
     Path(args.out).write_text(
         json.dumps(
-            {"plan_cost": costs, "scale": design, "loader_start": start, "eviction": curve},
+            {
+                "plan_cost": costs,
+                "scale": design,
+                "mixture": mixture,
+                "loader_start": start,
+                "eviction": curve,
+            },
             indent=2,
         )
         + "\n"

@@ -19,10 +19,16 @@ rounds whose order rotates every round):
   peers    litdata and mosaicml-streaming beside flashfeed       (peers.py, .bench-venv)
   stalls   stall fractions over time, cold cache from S3          (stalls.py)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
+  mixture  TokenLoader over 3 sources and Loader over 2 vs one dataset of the same shards,
+           share error per source beside its weight                (mixbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
+           near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup.py, .bench-venv)
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench.py)
+  crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
+  sign     CPU us to sign one ranged GET: our SigV4 vs botocore's S3SigV4Auth (signcost.py)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -69,8 +75,12 @@ STAGES = (
     "peers",
     "stalls",
     "plan",
+    "mixture",
     "crypto",
+    "neardup",
     "tokens",
+    "crc",
+    "sign",
 )
 
 
@@ -272,12 +282,30 @@ def run_stages(
     if "plan" in stages:
         data = r.run("plan", "planbench.py", ["--shards", "10000,100000,1000000"])
         out["plan"] = {"data": data} if data else {}
+    if "mixture" in stages:
+        args = ["--rows", str(p.token_rows), "--images", str(p.loader_base_images)]
+        data = r.run("mixture", "mixbench.py", [*args, "--rounds", str(max(2, p.rounds))])
+        out["mixture"] = {"data": data} if data else {}
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "neardup" in stages:
+        data = r.run("neardup", "neardup.py", list(p.neardup_args), python=r.peer_py)
+        out["neardup"] = {"data": data} if data else {}
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
         data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}
+    if "crc" in stages:
+        size = "8MiB" if p.rounds < 3 else "64MiB"
+        data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])
+        out["crc"] = {"data": data} if data else {}
+    if "sign" in stages:
+        requests = "2000" if p.rounds < 3 else "20000"
+        data = r.run(
+            "sign", "signcost.py", ["--requests", requests, "--rounds", str(max(3, p.rounds))],
+            out_flag="--json",
+        )  # fmt: skip
+        out["sign"] = {"data": data} if data else {}
     return out
 
 

@@ -10,7 +10,12 @@ order that rotates every round:
                    ``Loader(...)`` to the last batch) and the next ones (hot: from the cache;
                    whole epochs, at least --min-seconds)
   ff-local-<S>     flashfeed Loader on the same shards on local disk: the first epoch, timer
-                   from ``Loader(...)`` to the last batch
+                   from ``Loader(...)`` to the last batch, then hot epochs (whole ones, at
+                   least --min-seconds) with their CPU ms per image
+  dali-reader-<S>  what a user writes with DALI alone: ``fn.readers.webdataset`` on the same
+                   local tars with their index files, same operators (ROI crop decode,
+                   resize, flip, normalise to float CHW); first epoch from the pipeline's
+                   construction, then hot epochs, as ff-local-<S>
   ceiling-cold-<S> the cold epoch's ceiling: ff-local-<S> while a plain download of the same
                    shards from the same server (limits.download: the fill's reader in the
                    cache's shape, landed in files, nothing else) runs beside it from the
@@ -49,11 +54,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from coldstart import upload
 from limits import download
-from loader_peers import dali_decode_ceiling, webdataset_loader
+from loader_peers import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
 from machine import cpu_steal
 from startup import run_child
 
-from loader import BATCH, batch_len, rotated
+from loader import BATCH, batch_len, rotated, tree_cpu_seconds
 
 #: the targets: measure -> (reference, bound); "min" ratios must reach it, "max" stay below
 TARGETS = {
@@ -241,9 +246,32 @@ def main(argv: list[str] | None = None) -> int:
             ff.close()
             return {f"ff-s3-first-{s}": first, f"ff-hot-{s}": hot}
 
+        def first_then_hot(name: str, make: Callable[[], Any]) -> dict[str, float]:
+            # the first epoch from construction, then whole hot epochs of the same loader
+            t0 = time.perf_counter()
+            loader = make()
+            n = sum(batch_len(b) for b in loader)
+            first = n / (time.perf_counter() - t0)
+            c0, t0, n = tree_cpu_seconds(), time.perf_counter(), 0
+            while not n or time.perf_counter() - t0 < args.min_seconds:
+                n += sum(batch_len(b) for b in loader)
+            hot, cpu = n / (time.perf_counter() - t0), tree_cpu_seconds() - c0
+            loader.close()
+            return {f"{name}-first": first, f"{name}-hot": hot, f"{name}-hot-cpu-ms": 1e3 * cpu / n}
+
         def ff_local(s: int) -> dict[str, float]:
-            rate, _ = epoch(lambda: Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr))
-            return {f"ff-local-first-{s}": rate}
+            got = first_then_hot(
+                f"ff-local-{s}", lambda: Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr)
+            )
+            got[f"ff-local-first-{s}"] = got.pop(f"ff-local-{s}-first")
+            return got
+
+        def dali_reader(s: int) -> dict[str, float]:
+            tars = [str(t) for t in sorted(layouts[s].glob("*.tar"))]
+            return first_then_hot(
+                f"dali-reader-{s}",
+                lambda: DaliReaderEpochs(tars, batch_size=BATCH, threads=thr, device="cpu"),
+            )
 
         def ceiling_cold(s: int) -> dict[str, float]:
             # the local epoch, paying for one plain download of the shards beside it
@@ -288,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in sizes:
             runs[f"ff-s3-{s}"] = lambda s=s: ff_s3(s)  # type: ignore[misc]
             runs[f"ff-local-{s}"] = lambda s=s: ff_local(s)  # type: ignore[misc]
+            runs[f"dali-reader-{s}"] = lambda s=s: dali_reader(s)  # type: ignore[misc]
             runs[f"ceiling-cold-{s}"] = lambda s=s: ceiling_cold(s)  # type: ignore[misc]
             runs[f"startup-{s}"] = lambda s=s: startup(s)  # type: ignore[misc]
             runs[f"wds-http-{s}"] = lambda s=s: wds_http(s)  # type: ignore[misc]

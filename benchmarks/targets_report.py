@@ -21,6 +21,11 @@ TARGETS = {
     "cold_vs_best_peer": ("first epoch from S3 / best cold peer", 1.2),
     "hot_vs_ceiling": ("hot epoch / the Loader's DALI pipeline fed from RAM", 0.95),
     "startup_s": ("Loader(...) to first batch, local disk, warm page cache", 0.5),
+    "hot_vs_dali_reader": ("hot epoch, local / DALI's own webdataset reader, same operators", 1.0),
+    "first_vs_dali_reader": (
+        "first epoch, local, construction timed / DALI's own webdataset reader",
+        0.95,
+    ),
 }
 
 #: what bounds the cold epoch (benchmarks/targets.py's ``ceiling-cold-<S>``)
@@ -99,6 +104,9 @@ def targets_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 if k != best:
                     add("", f"ff-s3-first-{size}", k, label, target=False)
         add("hot_vs_ceiling", f"ff-hot-{size}", "ceiling", "decode ceiling (RAM)")
+        dali = "DALI fn.readers.webdataset"
+        add("hot_vs_dali_reader", f"ff-local-{size}-hot", f"dali-reader-{size}-hot", dali)
+        add("first_vs_dali_reader", f"ff-local-first-{size}", f"dali-reader-{size}-first", dali)
         if f"startup-{size}" in r:
             v = spread(r[f"startup-{size}"])
             bound = TARGETS["startup_s"][1]

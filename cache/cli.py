@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any, TextIO
 
+from flashfeed.mixture import is_mixture_file, load_mixture
 from flashfeed.plan import PlanOptions
 from flashfeed.units import parse_size
 
@@ -160,7 +161,11 @@ def register(subparsers: Any) -> None:
         epilog=WARM_EPILOG,
         formatter_class=_RAW,
     )
-    w.add_argument("dataset", metavar="DATASET", help="dataset URL (s3://..., local path)")
+    w.add_argument(
+        "dataset",
+        metavar="DATASET",
+        help="dataset URL (s3://..., local path), or a mixture file (.json/.yaml)",
+    )
     w.add_argument(
         "--cache-dir",
         metavar="DIR",
@@ -258,6 +263,8 @@ def _warm(args: argparse.Namespace) -> int:
     }
     if args.ray_address is None and (args.hosts or args.hostfile):
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
+    if is_mixture_file(args.dataset):
+        return _warm_mixture(args, share, kwargs)
     if args.ray_address is not None:
         results = _warm_cluster(args, share, kwargs)
     else:
@@ -266,6 +273,29 @@ def _warm(args: argparse.Namespace) -> int:
             dataset = cache.open_dataset(args.dataset)  # the manifest is kept for offline runs
             result = warm_share(cache, dataset, share, progress=not args.no_progress)
         results = [{**result.to_dict(), "cache_dir": root}]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        _print(warm_summary(results))
+    errors = warm_errors(results)
+    _print(errors, file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, Any]) -> int:
+    """``cache warm MIXTURE.json``: every source's shards this node reads first."""
+    from .warmmix import warm_mixture
+
+    if args.ray_address is not None:
+        raise ValueError(
+            "a mixture is warmed node by node: run `flashfeed cache warm MIXTURE --node-rank N` "
+            "on each node (--ray-address takes one dataset)"
+        )
+    mixture = load_mixture(args.dataset)
+    root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
+    with ShardCache(root, **kwargs) as cache:
+        result = warm_mixture(cache, mixture, share, progress=not args.no_progress)
+    results = [{**result.to_dict(), "cache_dir": root, "mixture": args.dataset}]
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -1,61 +1,65 @@
-"""Ranged GETs read straight into a caller's buffer: the lean path of a fill.
+"""The table of object-store readers a fill picks from, and the botocore one.
 
-Through s3fs a part costs an event-loop hop and a body assembled from small chunks and
-joined. Here the response body is read with ``readinto`` into the buffer the fill hands
-over, chunk by chunk (``rangedbody.py``). Two ways to send the GET:
+Every reader offers ranged reads into the caller's buffer (``RangedReader``). The table
+(``BACKENDS``, in order; ``register_backend`` adds one) is asked in turn, and the first
+backend that can stand in for s3fs with the storage options reads the object:
 
-- with an ``endpoint_url`` (an S3-compatible store, flashfeed's home ground): signed GETs
-  of our own (``signedget.py``);
-- otherwise (AWS itself, where the bucket's region and addressing are botocore's business)
-  a plain botocore client, thread-safe, one connection pool per process and set of options.
+- ``signed``: with an ``endpoint_url`` (an S3-compatible store, flashfeed's home ground),
+  signed GETs of our own (``signedget.py``): the response body read with ``readinto``
+  into the fill's buffer, where s3fs costs an event-loop hop and a joined body a part;
+- ``botocore``: otherwise (AWS itself, where the bucket's region and addressing are
+  botocore's business) a plain botocore client, one connection pool per process and set of
+  options;
+- ``s3fs``: any fsspec filesystem, with any options (``fs.cat_file``): it always can.
 
-Used only when every storage option is one this path understands the same way s3fs does
-(endpoint, region, keys or the default credential chain, client config); otherwise
-``reader_for`` returns None and the fill goes through s3fs.
+The lean ones read the options ``storage.filesystem`` parsed once (``S3Options``) and
+stand in only where a plain GET fetches what s3fs would (``S3Options.plain_gets``).
+obstore (Rust object_store) is not in the table: it measured 1.5x our signed client's CPU
+per GB (docs/CACHE.md).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from flashfeed.storage import frozen_options
+from flashfeed.storage import S3Options, s3_options_of
 
-from .rangedbody import Body, RangedObject, as_oserror
+from .rangedbody import Body, RangedObject, RangedReader, as_oserror
 from .signedget import Endpoint, SignedObject
 
-__all__ = ["DirectObject", "SignedObject", "reader_for", "warm_client"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "DirectObject",
+    "FsObject",
+    "RangedReader",
+    "SignedObject",
+    "open_reader",
+    "reader_for",
+    "register_backend",
+    "warm_client",
+]
 
 _CLIENTS: dict[tuple[Any, ...], Any] = {}
 _LOCK = threading.Lock()
 _SESSION: list[Any] = []  # one botocore session a process: the service model loads once
 
 
-def _settings(fs: Any) -> dict[str, Any] | None:
-    """The s3fs instance's client settings, or None if it uses options this path lacks."""
-    if type(fs).__name__ != "S3FileSystem" or getattr(fs, "anon", False):
+def _options(fs: Any) -> S3Options | None:
+    """The parsed options of an s3fs instance of ``storage.filesystem``, or None when a
+    plain GET would not fetch what s3fs fetches with them."""
+    if type(fs).__name__ != "S3FileSystem":
         return None
-    if fs.requester_pays or fs.version_aware or fs.s3_additional_kwargs or fs.kwargs:
-        return None
-    if getattr(fs, "_session_is_owned", True) is False:  # a session the caller made
-        return None
-    client_kwargs = dict(fs.client_kwargs or {})
-    if fs.endpoint_url and "endpoint_url" not in client_kwargs:
-        client_kwargs["endpoint_url"] = fs.endpoint_url
-    if set(client_kwargs) - {"endpoint_url", "region_name", "verify", "use_ssl"}:
-        return None
-    return {
-        "key": fs.key,
-        "secret": fs.secret,
-        "token": fs.token,
-        "client_kwargs": client_kwargs,
-        "config_kwargs": dict(fs.config_kwargs or {}),
-    }
+    options = s3_options_of(fs)
+    return options if options is not None and options.plain_gets else None
 
 
-def _client(settings: dict[str, Any], pool: int) -> Any:
-    key = (os.getpid(), pool, frozen_options(settings))
+def _client(options: S3Options, pool: int) -> Any:
+    key = (os.getpid(), pool, options)
     with _LOCK:
         client = _CLIENTS.get(key)
         if client is None:
@@ -63,17 +67,17 @@ def _client(settings: dict[str, Any], pool: int) -> Any:
             import botocore.session
 
             config = botocore.config.Config(
-                **{**settings["config_kwargs"], "max_pool_connections": pool}
+                **{**options.config_kwargs(), "max_pool_connections": pool}
             )
             if not _SESSION or _SESSION[0][0] != os.getpid():
                 _SESSION[:] = [(os.getpid(), botocore.session.get_session())]
             client = _SESSION[0][1].create_client(
                 "s3",
-                aws_access_key_id=settings["key"],
-                aws_secret_access_key=settings["secret"],
-                aws_session_token=settings["token"],
+                aws_access_key_id=options.key,
+                aws_secret_access_key=options.secret,
+                aws_session_token=options.token,
                 config=config,
-                **settings["client_kwargs"],
+                **options.client_kwargs(),
             )
             _CLIENTS[key] = client
     return client
@@ -94,6 +98,41 @@ class DirectObject(RangedObject):
         except Exception as exc:
             raise as_oserror(exc, self.path) from None
         return _BotoBody(response["Body"]), int(response.get("ContentLength", -1))
+
+    def size(self) -> int:
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=self.key)["ContentLength"])
+        except Exception as exc:
+            raise as_oserror(exc, self.path) from None
+
+
+class FsObject:
+    """One object read through an fsspec filesystem (s3fs): each range a ``cat_file``,
+    copied into the caller's buffer. Reads with any storage options."""
+
+    def __init__(self, fs: Any, path: str) -> None:
+        self.fs = fs
+        self.path = path
+
+    def size(self) -> int:
+        return int(self.fs.size(self.path))
+
+    def read_into(self, start: int, end: int, view: memoryview) -> None:
+        data = self.fs.cat_file(self.path, start=start, end=end)
+        if len(data) != end - start:
+            raise ConnectionError(
+                f"s3://{self.path}: asked for {end - start} bytes, got {len(data)}"
+            )
+        view[: len(data)] = data
+
+    def chunks(self, start: int, end: int, buffer: memoryview) -> Iterator[memoryview]:
+        for lo in range(start, end, len(buffer)):
+            hi = min(lo + len(buffer), end)
+            self.read_into(lo, hi, buffer[: hi - lo])
+            yield buffer[: hi - lo]
+
+    def read(self) -> bytes:
+        return bytes(self.fs.cat_file(self.path))
 
 
 class _BotoBody:
@@ -120,32 +159,85 @@ class _BotoBody:
         self.body.close()
 
 
-_ENDPOINTS: dict[Any, Endpoint | None] = {}
+_ENDPOINTS: dict[S3Options, Endpoint | None] = {}
 
 
-def _endpoint(settings: dict[str, Any]) -> Endpoint | None:
-    key = frozen_options(settings)
+def _endpoint(options: S3Options) -> Endpoint | None:
     with _LOCK:
-        if key not in _ENDPOINTS:
-            _ENDPOINTS[key] = Endpoint.build(settings)
-        return _ENDPOINTS[key]
+        if options not in _ENDPOINTS:
+            _ENDPOINTS[options] = Endpoint.build(options)
+        return _ENDPOINTS[options]
 
 
-def reader_for(fs: Any, path: str, *, connections: int) -> SignedObject | DirectObject | None:
-    """The object ``path`` ("bucket/key") of the s3fs instance ``fs`` through signed GETs
-    of our own or a plain botocore client, or None when neither can stand in for s3fs
-    with its options."""
-    settings = _settings(fs)
-    if settings is None or "/" not in path:
+#: ``open(fs, options, path, connections)``: a reader of ``path`` ("bucket/key"), or None
+#: where this backend cannot stand in for s3fs (``options``: parsed, None when not S3's)
+Opener = Callable[[Any, "S3Options | None", str, int], "RangedReader | None"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way to read objects. ``lean``: it reads into the caller's buffer without a
+    bytes object a part (the fill writes its chunks as they arrive); otherwise the fill
+    takes the ``cat_file`` bytes of the filesystem and writes them whole."""
+
+    name: str
+    open: Opener
+    lean: bool = True
+
+
+def _signed(fs: Any, options: S3Options | None, path: str, connections: int) -> Any:
+    endpoint = _endpoint(options) if options is not None and "/" in path else None
+    return None if endpoint is None else SignedObject(endpoint, path)
+
+
+def _botocore(fs: Any, options: S3Options | None, path: str, connections: int) -> Any:
+    if options is None or "/" not in path:
         return None
-    endpoint = _endpoint(settings)
-    if endpoint is not None:
-        return SignedObject(endpoint, path)
     try:
-        client = _client(settings, max(10, connections))
+        client = _client(options, max(10, connections))
     except Exception:  # an option botocore refuses: s3fs keeps the job
         return None
     return DirectObject(client, path)
+
+
+def _fsspec(fs: Any, options: S3Options | None, path: str, connections: int) -> Any:
+    return FsObject(fs, path)
+
+
+#: the backends in the order they are asked; the last one (s3fs) always answers
+BACKENDS: list[Backend] = [
+    Backend("signed", _signed),
+    Backend("botocore", _botocore),
+    Backend("s3fs", _fsspec, lean=False),
+]
+
+
+def register_backend(backend: Backend, *, before: str = "s3fs") -> None:
+    """Add ``backend`` to the table, asked just before the backend named ``before``."""
+    names = [b.name for b in BACKENDS]
+    if backend.name in names:
+        raise ValueError(f"a reader backend named {backend.name!r} is already registered")
+    if before not in names:
+        raise ValueError(f"before={before!r}: no such backend (have {names})")
+    BACKENDS.insert(names.index(before), backend)
+
+
+def open_reader(fs: Any, path: str, *, connections: int) -> tuple[Backend, RangedReader]:
+    """The first backend of the table that reads ``path`` of ``fs``, and its reader."""
+    options = _options(fs)
+    for backend in BACKENDS:
+        reader = backend.open(fs, options, path, connections)
+        if reader is not None:
+            return backend, reader
+    raise ValueError(f"no reader backend reads {path!r} of a {type(fs).__name__}")
+
+
+def reader_for(fs: Any, path: str, *, connections: int) -> RangedReader | None:
+    """The lean reader of ``path`` ("bucket/key") of the s3fs instance ``fs`` (signed GETs
+    of our own or a plain botocore client), or None when only s3fs reads it with its
+    options."""
+    backend, reader = open_reader(fs, path, connections=connections)
+    return reader if backend.lean else None
 
 
 def warm_client(fs: Any, *, connections: int) -> threading.Thread | None:
@@ -153,16 +245,16 @@ def warm_client(fs: Any, *, connections: int) -> threading.Thread | None:
     set-up (the S3 service model, about 0.1-0.5 s) then overlaps the loader's own start
     instead of delaying the first fill. The thread, or None when there is nothing to set
     up (signed GETs of our own need no client)."""
-    settings = _settings(fs)
-    if settings is None or _endpoint(settings) is not None:
+    options = _options(fs)
+    if options is None or _endpoint(options) is not None:
         return None
     pool = max(10, connections)
-    if (os.getpid(), pool, frozen_options(settings)) in _CLIENTS:
+    if (os.getpid(), pool, options) in _CLIENTS:
         return None
 
     def create() -> None:
         try:
-            _client(settings, pool)
+            _client(options, pool)
         except Exception:  # the fill meets the same error and falls back to s3fs
             pass
 

@@ -22,7 +22,7 @@ from flashfeed.manifest import ShardInfo
 from flashfeed.units import format_size
 from flashfeed.wdsindex import parse_index
 
-from .directget import DirectObject, SignedObject, reader_for
+from .directget import RangedReader, reader_for
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
 from .locks import locked
@@ -221,9 +221,7 @@ def _fetch_to(
         hasher.drop_pending()
 
 
-def _direct(
-    url: str, fs: Any, path: str, fetcher: RangedFetcher
-) -> SignedObject | DirectObject | None:
+def _direct(url: str, fs: Any, path: str, fetcher: RangedFetcher) -> RangedReader | None:
     if not url.startswith(("s3://", "s3a://")):
         return None
     return reader_for(fs, path, connections=fetcher.limit.maximum)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from flashfeed.storage import RetryPolicy
+from flashfeed.retry import RetryPolicy, env_retry
 from flashfeed.units import parse_size
 
 __all__ = ["VERIFY_MODES", "CacheOptions", "default_retry"]
@@ -14,9 +13,9 @@ VERIFY_MODES = ("once", "always", "never")
 
 
 def default_retry() -> RetryPolicy:
-    """Backoff with jitter; ``FLASHFEED_RETRY_DEADLINE`` shortens the total budget."""
-    deadline = os.environ.get("FLASHFEED_RETRY_DEADLINE")
-    return RetryPolicy(attempts=10, deadline=float(deadline)) if deadline else RetryPolicy(10)
+    """Backoff with jitter, 10 attempts a part; ``FLASHFEED_RETRY_DEADLINE`` shortens the
+    total budget (read by ``flashfeed.retry.env_retry``, as for every storage call)."""
+    return env_retry(RetryPolicy(attempts=10))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ exponential backoff and full jitter.
 
 from __future__ import annotations
 
-import errno
 import functools
 import threading
 import time
@@ -16,7 +15,7 @@ from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from typing import TypeVar
 
-from flashfeed.storage import RetryPolicy, is_transient
+from flashfeed.retry import RetryPolicy, is_throttle, is_transient
 
 from .aimd import AdaptiveLimit
 from .needorder import SPECULATIVE, PartQueue
@@ -26,44 +25,12 @@ __all__ = ["FetchReport", "RangedFetcher", "is_retryable", "is_throttle", "split
 #: what a part's fetch returns: its bytes, or a stand-in for bytes already landed
 Data = TypeVar("Data", bound=Sized)
 
-_THROTTLE_MARKERS = (
-    "SlowDown",
-    "slow down",
-    "503",
-    "Throttl",
-    "TooManyRequests",
-    "RequestLimitExceeded",
-    "reduce your request rate",
-)
-
-
-def is_throttle(exc: BaseException) -> bool:
-    """True when the store asked us to slow down (S3 503 SlowDown and its relatives).
-
-    s3fs turns a 503 answer into ``OSError(EBUSY, <server message>)``.
-    """
-    if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
-        return True
-    text = f"{type(exc).__name__}: {exc}"
-    return any(m in text for m in _THROTTLE_MARKERS)
-
-
-_RETRY_MARKERS = ("internal error", "internal server error", "try again", "serviceunavailable")
-_EREMOTEIO = getattr(errno, "EREMOTEIO", errno.EIO)
-
 
 def is_retryable(exc: BaseException) -> bool:
-    """Transient for the storage layer, a throttling answer, or a 5xx server error.
-
-    s3fs turns a 500 answer into ``OSError(EREMOTEIO, ...)``; SeaweedFS answers 500 while
-    it restarts. Missing objects and refused credentials are never retried.
-    """
-    if isinstance(exc, FileNotFoundError | PermissionError):
-        return False
-    if isinstance(exc, OSError) and exc.errno == _EREMOTEIO:
-        return True
-    text = f"{type(exc).__name__}: {exc}".lower()
-    return is_transient(exc) or is_throttle(exc) or any(m in text for m in _RETRY_MARKERS)
+    """Whether a part's fetch is worth another attempt: the storage layer's one
+    classification (``flashfeed.retry.is_transient``: throttling, resets, 5xx answers, never
+    missing objects or refused credentials)."""
+    return is_transient(exc)
 
 
 def split_ranges(size: int, part_size: int) -> list[tuple[int, int]]:

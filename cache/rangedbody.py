@@ -1,7 +1,8 @@
 """A GET's body read into the caller's memory, and S3 errors as the ones s3fs raises.
 
-Shared by the two ways a fill sends its GETs (``signedget.py``, ``directget.py``): each
-opens a response (``_open``); reading it in reused chunks, whole, or into a view is here.
+Shared by the ways a fill sends its GETs (``signedget.py``, ``directget.py``): each opens
+a response (``_open``); reading it in reused chunks, whole, or into a view is here.
+``RangedReader`` is what every reader of the backend table (``directget.py``) offers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import errno
 from collections.abc import Iterator
 from typing import Protocol
 
-__all__ = ["Body", "RangedObject", "as_oserror", "http_error"]
+__all__ = ["Body", "RangedObject", "RangedReader", "as_oserror", "http_error"]
 
 
 class Body(Protocol):
@@ -19,12 +20,42 @@ class Body(Protocol):
     def abort(self) -> None: ...
 
 
+class RangedReader(Protocol):
+    """Ranged reads of one object (``path``: "bucket/key"), whatever sends the requests.
+
+    Errors are the ones s3fs raises (``FileNotFoundError``, ``PermissionError``,
+    ``OSError`` with an errno), so that retries and messages do not depend on the backend.
+    """
+
+    path: str
+
+    def size(self) -> int:
+        """The object's size in bytes."""
+        ...
+
+    def read_into(self, start: int, end: int, view: memoryview) -> None:
+        """Fill ``view`` (``end - start`` bytes) with bytes ``[start, end)``."""
+        ...
+
+    def chunks(self, start: int, end: int, buffer: memoryview) -> Iterator[memoryview]:
+        """Bytes ``[start, end)`` in order, read into the reused ``buffer``."""
+        ...
+
+    def read(self) -> bytes:
+        """The whole object (a small one: a shard's index)."""
+        ...
+
+
 class RangedObject:
-    """What both ways share: a GET's body read into the caller's memory."""
+    """What the lean backends share: a GET's body read into the caller's memory."""
 
     path: str
 
     def _open(self, start: int | None, end: int | None) -> tuple[Body, int]:
+        raise NotImplementedError
+
+    def size(self) -> int:
+        """The object's size in bytes."""
         raise NotImplementedError
 
     def read_into(self, start: int, end: int, view: memoryview) -> None:

@@ -1,10 +1,11 @@
 """Signed GETs of our own on an S3-compatible endpoint: the lean way a fill reads.
 
-One keep-alive ``http.client`` connection per thread and server, and a SigV4 signature
-computed here (``sigv4.py``): a few microseconds a request, where an SDK client spends
-milliseconds in its event hooks, the larger part of a fill's CPU with many parts in
-flight. Used for endpoints given by URL (SeaweedFS, MinIO, any S3-compatible store); AWS
-itself, where the bucket's region and addressing are botocore's business, is not.
+One keep-alive ``http.client`` connection per thread, server and process (a forked child
+opens its own), and a SigV4 signature computed here (``sigv4.py``): a few microseconds a
+request, where an SDK client spends milliseconds in its event hooks, the larger part of a
+fill's CPU with many parts in flight. Used for endpoints given by URL (SeaweedFS, MinIO,
+any S3-compatible store); AWS itself, where the bucket's region and addressing are
+botocore's business, is not.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import ssl
 import threading
 from typing import Any
 from urllib.parse import urlsplit
+
+from flashfeed.storage import S3Options
 
 from .rangedbody import Body, RangedObject, http_error
 from .sigv4 import s3_get_headers, s3_path
@@ -39,13 +42,24 @@ class _HttpBody:
 
 
 class _Connections(threading.local):
-    """One keep-alive connection per thread and server."""
+    """One keep-alive connection per thread, server and process. A forked child (DALI's
+    reader processes are forked, and may fill through a cache of their own) inherits the
+    forking thread's connections: it opens its own instead of writing on its parent's."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.open: dict[Any, http.client.HTTPConnection] = {}
 
+    def _mine(self) -> dict[Any, http.client.HTTPConnection]:
+        if self.pid != os.getpid():  # inherited through fork: the parent's connections
+            for conn in self.open.values():
+                conn.close()  # this process's copy of the socket only: no shutdown
+            self.open, self.pid = {}, os.getpid()
+        return self.open
+
     def get(self, key: tuple[str, str, int, bool, float]) -> http.client.HTTPConnection:
-        conn = self.open.get(key)
+        open_ = self._mine()
+        conn = open_.get(key)
         if conn is None:
             scheme, host, port, verify, timeout = key
             if scheme == "https":
@@ -56,11 +70,11 @@ class _Connections(threading.local):
                 conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
             else:
                 conn = http.client.HTTPConnection(host, port, timeout=timeout)
-            self.open[key] = conn
+            open_[key] = conn
         return conn
 
     def drop(self, key: Any) -> None:
-        conn = self.open.pop(key, None)
+        conn = self._mine().pop(key, None)
         if conn is not None:
             conn.close()
 
@@ -79,17 +93,27 @@ class SignedObject(RangedObject):
         self._url_path = s3_path(bucket, key)
 
     def _open(self, start: int | None, end: int | None) -> tuple[Body, int]:
-        ep = self.endpoint
         extra = {} if start is None or end is None else {"range": f"bytes={start}-{end - 1}"}
+        response = self._request("GET", extra)
+        length = int(response.getheader("content-length") or -1)
+        return _HttpBody(response, _CONNECTIONS, self.endpoint.key), length
+
+    def size(self) -> int:
+        response = self._request("HEAD", {})
+        response.read()  # a HEAD has no body: the connection is ready for the next request
+        return int(response.getheader("content-length") or -1)
+
+    def _request(self, method: str, extra: dict[str, str]) -> http.client.HTTPResponse:
+        ep = self.endpoint
         for attempt in (0, 1):
             conn = _CONNECTIONS.get(ep.key)
             reused = conn.sock is not None
             headers = s3_get_headers(
                 host=ep.host_header, path=self._url_path, region=ep.region, extra=extra,
-                **ep.credentials(),
+                method=method, **ep.credentials(),
             )  # fmt: skip
             try:
-                conn.request("GET", self._url_path, headers=headers)
+                conn.request(method, self._url_path, headers=headers)
                 response = conn.getresponse()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 _CONNECTIONS.drop(ep.key)
@@ -107,8 +131,7 @@ class SignedObject(RangedObject):
             found = _CODE.search(body)
             code = found.group(1).decode(errors="replace") if found else str(response.status)
             raise http_error(response.status, code, response.reason, self.path)
-        length = int(response.getheader("content-length") or -1)
-        return _HttpBody(response, _CONNECTIONS, ep.key), length
+        return response
 
 
 class Endpoint:
@@ -137,24 +160,21 @@ class Endpoint:
                 "token": frozen.token}  # fmt: skip
 
     @classmethod
-    def build(cls, settings: dict[str, Any]) -> Endpoint | None:
-        """The endpoint of these client settings, or None where botocore must decide
-        (no endpoint URL, one with a path, options of its own, no credentials found)."""
-        kwargs = settings["client_kwargs"]
-        url = kwargs.get("endpoint_url")
-        config = settings["config_kwargs"]
+    def build(cls, options: S3Options) -> Endpoint | None:
+        """The endpoint of these options, or None where botocore must decide (no endpoint
+        URL, one with a path, client config of its own, no credentials found)."""
+        url = options.endpoint_url
+        config = options.config_kwargs()
         if not url or set(config) - {"connect_timeout", "read_timeout", "retries"}:
             return None
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or parts.path not in ("", "/") or parts.query:
             return None
         timeout = float(max(config.get("connect_timeout", 60), config.get("read_timeout", 60)))
-        region = (kwargs.get("region_name") or os.environ.get("AWS_REGION")
-                  or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")  # fmt: skip
-        verify = kwargs.get("verify", True) is not False
-        ep = cls(url, region=region, verify=verify, timeout=timeout, key=settings["key"],
-                 secret=settings["secret"], token=settings["token"])  # fmt: skip
-        if settings["key"] is None:
+        verify = options.client_kwargs().get("verify", True) is not False
+        ep = cls(url, region=options.region, verify=verify, timeout=timeout, key=options.key,
+                 secret=options.secret, token=options.token)  # fmt: skip
+        if options.key is None:
             import botocore.session
 
             ep._chain = botocore.session.get_session().get_credentials()

@@ -42,10 +42,12 @@ def s3_get_headers(
     token: str | None = None,
     extra: dict[str, str] | None = None,
     now: float | None = None,
+    method: str = "GET",
 ) -> dict[str, str]:
     """The headers of a signed GET of ``path`` (already encoded, see ``s3_path``) on
     ``host`` (with its port when not the scheme's default). ``extra`` headers (a Range,
-    say) are signed too; ``now`` fixes the time (seconds since the epoch) for tests."""
+    say) are signed too; ``now`` fixes the time (seconds since the epoch) for tests;
+    ``method`` signs another bodiless request (a HEAD) the same way."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     day = stamp[:8]
     headers = {"host": host, "x-amz-content-sha256": UNSIGNED, "x-amz-date": stamp}
@@ -56,7 +58,7 @@ def s3_get_headers(
     names = sorted(headers)
     signed = ";".join(names)
     canonical = "\n".join(
-        ["GET", path, "", "".join(f"{n}:{headers[n].strip()}\n" for n in names), signed, UNSIGNED]
+        [method, path, "", "".join(f"{n}:{headers[n].strip()}\n" for n in names), signed, UNSIGNED]
     )
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = "\n".join([_ALGORITHM, stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])

@@ -17,12 +17,14 @@ from .errors import (
     StorageError,
 )
 from .manifest import FORMAT_VERSION, Manifest, ShardInfo, commit_manifest, read_manifest
+from .mixture import Change, Mixture, Source, load_mixture
 from .units import format_size, parse_size
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FORMAT_VERSION",
+    "Change",
     "CorruptShardError",
     "Dataset",
     "DatasetExistsError",
@@ -30,12 +32,15 @@ __all__ = [
     "HostileInputError",
     "Manifest",
     "ManifestError",
+    "Mixture",
     "ShardInfo",
+    "Source",
     "StorageError",
     "TarShardReader",
     "__version__",
     "commit_manifest",
     "format_size",
+    "load_mixture",
     "parse_size",
     "read_manifest",
 ]

@@ -1,7 +1,8 @@
 """Which storage failures are worth retrying, and for how long.
 
 ``RetryPolicy`` bounds attempts and total time; ``is_transient`` tells throttling, resets and a
-restarting server (retry) from missing objects and refused credentials (do not).
+restarting server (retry) from missing objects and refused credentials (do not), for every
+storage path alike; ``is_throttle`` picks out the answers that ask for fewer requests.
 ``is_refused`` tells a closed port: worth the patient budget only from an endpoint that has
 answered before (a server restarting under a running job), not on first contact (a typo in
 the endpoint, a store that is not up), where ``FIRST_CONTACT`` fails within seconds.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "DEFAULT_RETRY",
@@ -21,6 +22,7 @@ __all__ = [
     "env_retry",
     "is_auth_error",
     "is_refused",
+    "is_throttle",
     "is_transient",
 ]
 
@@ -53,10 +55,19 @@ DEFAULT_RETRY = RetryPolicy()
 FIRST_CONTACT = RetryPolicy(attempts=3, base_delay=0.1, max_delay=0.3, deadline=1.0)
 
 
-def env_retry() -> RetryPolicy:
-    """Tests and impatient users shorten the retry budget with FLASHFEED_RETRY_DEADLINE."""
-    deadline = os.environ.get("FLASHFEED_RETRY_DEADLINE")
-    return RetryPolicy(deadline=float(deadline)) if deadline else DEFAULT_RETRY
+def env_retry(base: RetryPolicy = DEFAULT_RETRY) -> RetryPolicy:
+    """``base`` with the total budget of ``FLASHFEED_RETRY_DEADLINE`` (seconds) when set:
+    tests and impatient users shorten it. The one place that reads the variable."""
+    value = os.environ.get("FLASHFEED_RETRY_DEADLINE")
+    if not value:
+        return base
+    try:
+        deadline = float(value)
+    except ValueError:
+        deadline = float("nan")
+    if not deadline > 0:
+        raise ValueError(f"FLASHFEED_RETRY_DEADLINE must be seconds > 0, got {value!r}")
+    return replace(base, deadline=deadline)
 
 
 def _transient_types() -> tuple[type[BaseException], ...]:
@@ -81,41 +92,67 @@ def _transient_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
-_TRANSIENT_MARKERS = (
-    "SlowDown",
+# One classification for every storage path (s3fs, botocore, the fill's own signed GETs),
+# matched case-insensitively in "<type>: <message>". A throttling answer is also transient.
+_THROTTLE_MARKERS = (
+    "slowdown",
+    "slow down",
     "503",
-    "ServiceUnavailable",
-    "InternalError",
-    "RequestTimeout",
-    "Connection reset",
-    "Connection refused",
-    "Cannot connect",
-    "Server disconnected",
-    "Internal Server Error",
+    "throttl",
+    "toomanyrequests",
+    "requestlimitexceeded",
     "reduce your request rate",
 )
+_TRANSIENT_MARKERS = (
+    "serviceunavailable",
+    "internalerror",
+    "internal error",
+    "internal server error",
+    "requesttimeout",
+    "connection reset",
+    "connection refused",
+    "cannot connect",
+    "server disconnected",
+    "try again",
+)
+_AUTH_MARKERS = ("signaturedoesnotmatch", "invalidaccesskeyid", "accessdenied", "forbidden")
 # s3fs maps a 500 during a server restart to EREMOTEIO and a 503 SlowDown to EBUSY
-_TRANSIENT_ERRNOS = frozenset({errno.EREMOTEIO, errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT})
+_EREMOTEIO = getattr(errno, "EREMOTEIO", errno.EIO)
+_TRANSIENT_ERRNOS = frozenset({_EREMOTEIO, errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT})
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".lower()
+
+
+def is_throttle(exc: BaseException) -> bool:
+    """True when the store asked us to slow down (S3 503 SlowDown and its relatives).
+
+    s3fs turns a 503 answer into ``OSError(EBUSY, <server message>)``.
+    """
+    if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
+        return True
+    text = _text(exc)
+    return any(m in text for m in _THROTTLE_MARKERS)
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for errors worth retrying: throttling, resets, a server that is (re)starting."""
+    """True for errors worth retrying: throttling, resets, a server that is (re)starting
+    (5xx). Missing objects and refused credentials are never retried."""
     if isinstance(exc, FileNotFoundError | PermissionError | IsADirectoryError):
         return False
     if isinstance(exc, _transient_types()):
         return True
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
-    text = f"{type(exc).__name__}: {exc}"
-    return any(m in text for m in _TRANSIENT_MARKERS)
+    text = _text(exc)
+    return any(m in text for m in _TRANSIENT_MARKERS) or is_throttle(exc)
 
 
 def is_auth_error(exc: BaseException) -> bool:
-    text = f"{type(exc).__name__}: {exc}"
-    return isinstance(exc, PermissionError) or any(
-        m in text
-        for m in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "Forbidden")
-    )
+    """True when the store refused the credentials (or the access they grant)."""
+    text = _text(exc)
+    return isinstance(exc, PermissionError) or any(m in text for m in _AUTH_MARKERS)
 
 
 def is_refused(exc: BaseException) -> bool:

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from .distributed import DistContext, resolve_context
     from .image import Loader
     from .ledger import Ledger, read_ledger
+    from .mixledger import SourceCheck, check_mixture
+    from .mixsource import MixtureDataset
     from .parts import LoaderParts, SharedKeywords
     from .pipeline import decode_device
     from .position import PlanOptions, Position
@@ -33,13 +35,16 @@ _LAZY = {
     "Loader": ".image",
     "LoaderParts": ".parts",
     "LocalShardSource": ".sources",
+    "MixtureDataset": ".mixsource",
     "PlanOptions": ".position",
     "Position": ".position",
     "ShardDataLoader": ".shard_dataset",
     "ShardDataset": ".shard_dataset",
     "ShardSource": ".sources",
     "SharedKeywords": ".parts",
+    "SourceCheck": ".mixledger",
     "TokenLoader": ".tokens",
+    "check_mixture": ".mixledger",
     "collate_samples": ".shard_dataset",
     "decode_device": ".pipeline",
     "read_ledger": ".ledger",
@@ -57,13 +62,16 @@ __all__ = [
     "Loader",
     "LoaderParts",
     "LocalShardSource",
+    "MixtureDataset",
     "PlanOptions",
     "Position",
     "ShardDataLoader",
     "ShardDataset",
     "ShardSource",
     "SharedKeywords",
+    "SourceCheck",
     "TokenLoader",
+    "check_mixture",
     "collate_samples",
     "decode_device",
     "read_ledger",

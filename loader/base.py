@@ -13,12 +13,15 @@ import numpy as np
 from flashfeed.dataset import Dataset
 
 from .ledger import Ledger
+from .mixposition import MixPosition
+from .mixsource import MixtureDataset, status_root
 from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
-from .sources import CacheShardSource, LocalShardSource
+from .sources import reads_in_place
 from .stats import BatchTiming, StatsRecorder
+from .status import open_local_status_root
 
 __all__ = ["Made", "PlannedLoader"]
 
@@ -42,8 +45,12 @@ class PlannedLoader:
         self.batch_size = batch_size
         self.drop_last = parts.options.drop_last
         self.source = parts.source
-        self.position = Position(
-            _shard_samples(dataset), ctx, parts.options, dataset_id=_dataset_id(dataset)
+        self.position: Position | MixPosition = (
+            MixPosition(dataset, ctx, parts.options)
+            if isinstance(dataset, MixtureDataset)
+            else Position(
+                _shard_samples(dataset), ctx, parts.options, dataset_id=_dataset_id(dataset)
+            )
         )
         telemetry = parts.telemetry
         self.ledger = (
@@ -67,8 +74,10 @@ class PlannedLoader:
             log=telemetry.stats_log,
             cache_stats=source.stats,
             exporter=exporter,
-            # the node cache keeps this rank's status file for ``flashfeed top``
-            status_dir=source.cache.root if isinstance(source, CacheShardSource) else None,
+            # this rank's status file for ``flashfeed top``: in the node cache (a mixture's:
+            # the one its sources share), or in this user's runtime directory for a loader
+            # reading local data in place
+            status_dir=status_root(source) or open_local_status_root(),
             dataset=dataset.url,
         )
         self.shard_names = ShardNames(dataset)
@@ -76,6 +85,7 @@ class PlannedLoader:
         self.readahead_budget = parts.readahead_budget
         self._feeder: StreamFeeder | None = None
         self._primed = False  # the feeder was started by start_fetching(), no pass has it
+        self.mixture = isinstance(dataset, MixtureDataset)
         self.recorder.extra = self._readahead_stats
         self._finished = False
         self._active = False
@@ -105,10 +115,7 @@ class PlannedLoader:
     def _next_remaining(self) -> np.ndarray:
         """The sample ids the next pass reads, without moving to the next epoch."""
         if self._finished:
-            ahead = Position(self.position.shard_sizes, self.ctx, self.position.options)
-            ahead.dataset_id = self.position.dataset_id
-            ahead.set_epoch(self.position.epoch + 1)
-            return ahead.remaining()
+            return self.position.following().remaining()
         return self.position.remaining()
 
     def state_dict(self) -> dict[str, Any]:
@@ -117,6 +124,7 @@ class PlannedLoader:
         rank's last partial batch)."""
         state = self.position.state_dict()
         state["finished"] = self._finished
+        state["url"] = self.dataset.url  # tells another dataset from another version of it
         plan = self.position.rank_plan()
         tail = len(plan.samples) % self.batch_size if self.drop_last else 0
         state["dropped"] = plan.dropped_total + tail * self.ctx.world_size
@@ -137,7 +145,14 @@ class PlannedLoader:
         """Continue from ``state``, saved by any rank, also under another world size."""
         if self._active:
             raise RuntimeError("load_state_dict() during a pass: finish or close the loop first")
-        _check_version(state, self.dataset)
+        if not isinstance(self.dataset, MixtureDataset):  # a mixture checks its sources
+            if isinstance(state, dict) and state.get("kind") == "mixture":
+                raise ValueError(
+                    f"the state belongs to the mixture of sources "
+                    f"{[s[0] for s in state.get('sources') or []]}; this loader reads one "
+                    f"dataset, {self.dataset.url}"
+                )
+            _check_version(state, self.dataset)
         self.position.load_state_dict(state)
         self._finished = bool(state.get("finished", False))
 
@@ -191,7 +206,7 @@ class PlannedLoader:
         many shards it started fetching: 0 for a dataset read in place (nothing to fetch)."""
         self._refuse_second_pass()
         order = self._order(self._next_remaining())
-        if not order.num_batches or isinstance(self.source, LocalShardSource):
+        if not order.num_batches or reads_in_place(self.source):
             return 0
         feeder = self.stream(order, lookahead=self._lookahead())
         self._primed = True
@@ -229,7 +244,10 @@ class PlannedLoader:
 
     def _readahead_stats(self) -> dict[str, Any]:
         feeder = self._feeder
-        return {} if feeder is None else {"readahead": feeder.snapshot()}
+        out = {} if feeder is None else {"readahead": feeder.snapshot()}
+        if self.mixture:
+            out["sources"] = self.recorder.source_summary()
+        return out
 
     def _deliver_batches(
         self,
@@ -294,6 +312,9 @@ class PlannedLoader:
             if keys is None:
                 raise ValueError(f"{self._describe()} keeps a ledger: deliver() needs the keys")
             self.ledger.record(epoch, keys)
+        per_source: tuple[tuple[str, int], ...] = ()
+        if isinstance(self.position, MixPosition):
+            per_source = self.position.source_counts(samples)
         self.position.advance(samples)
         self.recorder.record(
             BatchTiming(
@@ -306,6 +327,7 @@ class PlannedLoader:
                 decode=decode,
                 h2d=h2d,
                 step=step,
+                sources=per_source,
             )
         )
 
@@ -370,7 +392,7 @@ class ShardNames(Sequence[str]):
     for a million-shard dataset builds no list of a million strings (nor pickles one into
     each reader process)."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset | MixtureDataset) -> None:
         self._manifest = dataset.manifest
 
     def __len__(self) -> int:
@@ -402,10 +424,23 @@ def _check_version(state: Any, dataset: Dataset) -> None:
     was saved on) is refused naming both, with the way to continue on the recorded one."""
     saved = state.get("dataset") if isinstance(state, dict) else None
     current = _dataset_id(dataset)
-    if isinstance(saved, str) and saved and saved != current:
+    if not (isinstance(saved, str) and saved and saved != current):
+        return
+    url = state.get("url")
+    if isinstance(url, str) and url != dataset.url:
         raise ValueError(
-            f"the state was saved on version {saved} of {dataset.url}, which holds version "
-            f"{current} now: start this version afresh, or continue on the recorded one with "
-            f"dataset_version={saved!r} (read from the node cache, or from the store if it "
-            "still holds its shards)"
+            f"the state belongs to another dataset: it was saved reading {url} (version "
+            f"{saved}), this loader reads {dataset.url} (version {current})"
         )
+    if url is None:
+        raise ValueError(
+            f"the state was saved on version {saved}, and {dataset.url} holds version "
+            f"{current}: it belongs to another dataset, or to another version of this one "
+            f"(continue on that with dataset_version={saved!r})"
+        )
+    raise ValueError(
+        f"the state was saved on version {saved} of {dataset.url}, which holds version "
+        f"{current} now: start this version afresh, or continue on the recorded one with "
+        f"dataset_version={saved!r} (read from the node cache, or from the store if it "
+        "still holds its shards)"
+    )

@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any
 
-from .report import plot_stalls, read_stats_log, summarize
+from .report import plot_stalls, read_stats_log, source_totals, summarize
 
 __all__ = ["register"]
 
@@ -28,6 +28,9 @@ examples:
 
 Loaders reading through the node cache keep one small status file per rank in
 CACHE_DIR/.status/ (at most every 0.5 s); the cache keeps its counters in CACHE_DIR.
+Loaders reading a local dataset in place keep theirs in RUNTIME_DIR/.status/, where
+RUNTIME_DIR is $FLASHFEED_RUNTIME_DIR, else $XDG_RUNTIME_DIR/flashfeed, else
+/tmp/flashfeed-UID; top shows both.
 --cache-dir defaults to $FLASHFEED_CACHE_DIR, else ~/.cache/flashfeed, as the loaders do.
 """
 
@@ -99,7 +102,22 @@ def _run(args: argparse.Namespace) -> int:
         return _run_dir(args)
     records = read_stats_log(args.log)
     _print_summary(summarize(records))
+    _print_sources(records)
     return _plot(records, args)
+
+
+def _print_sources(records: list[dict[str, Any]], prefix: str = "") -> None:
+    """A mixture's log: one line of samples, share and storage wait per source."""
+    per = source_totals(records)
+    if per:
+        print(
+            f"{prefix}sources: "
+            + ", ".join(
+                f"{name} {int(s['samples'])} ({100 * s['share']:.1f}%, storage "
+                f"{s['storage_s']:.2f} s)"
+                for name, s in per.items()
+            )
+        )
 
 
 def _print_summary(s: dict[str, float], prefix: str = "") -> None:
@@ -142,6 +160,7 @@ def _run_dir(args: argparse.Namespace) -> int:
         print(f"flashfeed report: note: {problem}", file=sys.stderr)
     for rank in sorted(run.ranks):
         _print_summary(summarize(run.ranks[rank]), prefix=f"rank {rank}: ")
+        _print_sources(run.ranks[rank], prefix=f"rank {rank}: ")
     if args.html:
         print(f"wrote {args.html}")
     return _plot([r for rank in sorted(run.ranks) for r in run.ranks[rank]], args)

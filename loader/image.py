@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flashfeed.dataset import Dataset
+from flashfeed.mixture import Mixture
 
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool, to_keys, to_torch
@@ -18,6 +19,7 @@ from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
 from .reader import BatchSource, ShardReader
+from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -35,7 +37,9 @@ class Loader(PlannedLoader):
     ``device``: ``"gpu"`` (nvJPEG "mixed" decode; needs a CUDA build of torch), ``"cpu"``, or
     ``"auto"``. ``reader_start``: how DALI starts its ``py_workers`` reader processes,
     ``"fork"``, ``"spawn"``, or ``"auto"``: spawn when decode runs on the GPU or this process
-    has already initialised CUDA (DALI cannot fork then), fork otherwise. Every loader's
+    has already initialised CUDA (DALI cannot fork then), fork otherwise; a spawning loader
+    built by a script without an ``if __name__ == "__main__":`` guard raises ``SpawnError``
+    (``spawncheck.py``). Every loader's
     keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
@@ -46,7 +50,7 @@ class Loader(PlannedLoader):
 
     def __init__(
         self,
-        dataset: str | Dataset,
+        dataset: str | Dataset | Mixture,
         *,
         batch_size: int,
         image_size: int = 224,
@@ -60,6 +64,7 @@ class Loader(PlannedLoader):
         prefetch: int = 2,
         **shared: Unpack[SharedKeywords],
     ) -> None:
+        created = time.perf_counter()
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         if py_workers < 0:
@@ -67,6 +72,7 @@ class Loader(PlannedLoader):
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
+        opened = time.perf_counter()
         self.specs = parse_fields(fields)
         self.device_kind = decode_device(device)
         # decided now, before the caller's next CUDA call could change the answer
@@ -75,6 +81,8 @@ class Loader(PlannedLoader):
             decode_on_gpu=self.device_kind == "gpu",
             cuda_initialized=cuda_initialized(),
         )
+        if self.py_start_method == "spawn" and py_workers:
+            check_spawnable_main("Loader", reader_start=reader_start)
         self.augment = AugmentOptions(
             image_size=image_size,
             train=parts.options.shuffle if train is None else train,
@@ -90,6 +98,13 @@ class Loader(PlannedLoader):
         self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
         self.host_pool = HostPool()  # CPU batches: reused once nothing refers to them
         self.runner = DaliRunner(self._build, self._source)
+        #: start-up seconds, filled in up to the first batch: ``stats()["startup"]``
+        self.startup: dict[str, float] = {
+            "construction_s": time.perf_counter() - created,
+            "manifest_s": opened - created,
+        }
+        self._created = created
+        self._build_timings: dict[str, float] = {}
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -98,6 +113,14 @@ class Loader(PlannedLoader):
     def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
         if self.py_workers:
             collect_dropped_pipelines(self.runner)
+        try:
+            return self._build_pipeline(batch_source)
+        except RuntimeError as exc:
+            if self.py_start_method == "spawn" and "Workers initialization failed" in str(exc):
+                raise SpawnError(spawn_failure_hint()) from exc
+            raise
+
+    def _build_pipeline(self, batch_source: BatchSource) -> tuple[Any, list[str]]:
         return build_pipeline(
             batch_source,
             specs=self.specs,
@@ -110,6 +133,7 @@ class Loader(PlannedLoader):
             prefetch=self.prefetch,
             py_start_method=self.py_start_method,
             device_id=self.torch_device.index or 0 if self.torch_device is not None else 0,
+            timings=self._build_timings,
         )
 
     def _source(self, pass_dir: str) -> BatchSource:
@@ -127,6 +151,11 @@ class Loader(PlannedLoader):
             feeder.ask(0)
             startup = self.runner.start(order) if order.num_batches else 0.0
             storage = feeder.wait_ready(0)
+            if "first_batch_s" not in self.startup and order.num_batches:
+                reader = self._build_timings.get("reader_start_s", 0.0)
+                self.startup["pipeline_build_s"] = max(startup - reader, 0.0)
+                self.startup["reader_start_s"] = reader
+                self.startup["first_fetch_s"] = storage
             yield from self._deliver_batches(
                 order, feeder, lambda k: self._make(startup if k == 0 else 0.0), storage=storage
             )
@@ -150,6 +179,9 @@ class Loader(PlannedLoader):
         batch, h2d = self._to_batch(out, outputs)
         batch[KEY] = keys
         t3 = time.perf_counter()
+        if "first_batch_s" not in self.startup:
+            self.startup["first_decode_s"] = t2 - t1
+            self.startup["first_batch_s"] = t3 - self._created
         return Made(batch, keys, t2 - t1 + startup, h2d if h2d is not None else t3 - t2)
 
     def _to_batch(self, out: dict[str, Any], outputs: Any) -> tuple[Batch, float | None]:
@@ -175,6 +207,17 @@ class Loader(PlannedLoader):
     def _aug_seed(self) -> int:
         o = self.position.options
         return hash((o.seed, self.position.epoch, self.ctx.rank, self.position.consumed))
+
+    def stats(self) -> dict[str, Any]:
+        """``PlannedLoader.stats()`` plus ``"startup"``: seconds of construction (of which
+        ``manifest_s``: opening the dataset and its source), then on the first pass's path
+        to its first batch: ``pipeline_build_s`` (the DALI graph, the pass file),
+        ``reader_start_s`` (``pipe.build()``: executor and reader processes),
+        ``first_fetch_s`` (the wait left for the first batch's bytes), ``first_decode_s``,
+        and ``first_batch_s`` from ``Loader(...)`` to the first batch in hand."""
+        out = super().stats()
+        out["startup"] = dict(self.startup)
+        return out
 
     def close(self) -> None:
         """Stop the DALI pipeline and its reader processes; close the stats log."""

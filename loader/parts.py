@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from flashfeed.dataset import Dataset
+from flashfeed.mixture import Mixture, is_mixture_file, load_mixture
 from flashfeed.plan import PlanOptions
 
 from .distributed import DistContext, resolve_context
+from .mixsource import MixtureDataset, open_mixture
 from .readahead import readahead_budget_bytes
 from .sources import CacheShardSource, ShardSource, open_dataset, open_source
 
@@ -75,7 +77,7 @@ class Telemetry:
 class LoaderParts:
     """The shared parts of a loader: dataset, topology, plan options, source, telemetry."""
 
-    dataset: Dataset
+    dataset: Dataset | MixtureDataset
     ctx: DistContext
     options: PlanOptions
     source: ShardSource
@@ -88,7 +90,7 @@ class LoaderParts:
 
 def loader_parts(
     loader: str,
-    dataset: str | Dataset,
+    dataset: str | Dataset | Mixture,
     *,
     shard_format: str,
     keywords: Mapping[str, Any],
@@ -105,7 +107,7 @@ def loader_parts(
 
 def _build(
     loader: str,
-    dataset: str | Dataset,
+    dataset: str | Dataset | Mixture,
     *,
     shard_format: str,
     cache_dir: str | None = None,
@@ -133,6 +135,21 @@ def _build(
     telemetry = Telemetry(ledger_dir, stats_log, prometheus_port, prometheus_addr)
     options = PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window)
     ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
+    if isinstance(dataset, Mixture) or is_mixture_file(dataset):
+        mixture = load_mixture(dataset)  # type: ignore[arg-type]
+        mix, routed = open_mixture(
+            mixture, storage_options=storage_options, cache_dir=cache_dir, cache=cache
+        )
+        _check_format(loader, mix.url, mix.manifest.shard_format, shard_format)
+        if source is not None:
+            raise ValueError(f"{loader}: source= reads one dataset; a mixture routes its own")
+        if dataset_version is not None:
+            raise ValueError(
+                f"{loader}: dataset_version= names one dataset's version; a mixture's state "
+                "records each source's dataset"
+            )
+        budget = readahead_budget_bytes(readahead_budget, routed)
+        return LoaderParts(mix, ctx, options, routed, telemetry, shards_ahead, budget)
     ds = open_dataset(
         dataset, storage_options, cache_dir=cache_dir, cache=cache, version=dataset_version
     )
@@ -150,6 +167,14 @@ def _build(
         check_warm_record(source.cache, ds, options, ctx.topology, ctx.node_rank)
     budget = readahead_budget_bytes(readahead_budget, source)
     return LoaderParts(ds, ctx, options, source, telemetry, shards_ahead, budget)
+
+
+def _check_format(loader: str, url: str, found: str, shard_format: str) -> None:
+    if found != shard_format:
+        raise ValueError(
+            f"{url} holds {found} shards; {loader} reads {shard_format} shards"
+            + (f" (use {_READERS[found]} for {found})" if found in _READERS else "")
+        )
 
 
 def readahead_shards(readahead: int | str) -> int | None:

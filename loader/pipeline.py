@@ -10,6 +10,7 @@ fields.
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -189,8 +190,11 @@ def build_pipeline(
     prefetch: int = 2,
     py_start_method: str = "fork",
     device_id: int = 0,
+    timings: dict[str, float] | None = None,
 ) -> tuple[Any, list[str]]:
-    """A built DALI pipeline reading ``source`` and the names of its outputs, in order."""
+    """A built DALI pipeline reading ``source`` and the names of its outputs, in order.
+    ``timings`` (if given) gets ``reader_start_s``: the seconds of ``pipe.build()``, where
+    DALI starts its executor and reader processes."""
     from nvidia.dali.pipeline import Pipeline
 
     fn, types = _dali()
@@ -229,5 +233,8 @@ def build_pipeline(
             raise ValueError(f"pipeline= must not return {KEY!r}: the loader adds it")
         names = [*outputs, KEY]
         pipe.set_outputs(*outputs.values(), keys)
+    t0 = time.perf_counter()
     pipe.build()
+    if timings is not None:
+        timings["reader_start_s"] = time.perf_counter() - t0
     return pipe, names

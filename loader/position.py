@@ -59,6 +59,12 @@ class Position:
     def next_epoch(self) -> None:
         self.epoch, self.prior, self.consumed = self.epoch + 1, [], 0
 
+    def following(self) -> Position:
+        """A copy standing at the start of the next epoch."""
+        ahead = Position(self.shard_sizes, self.ctx, self.options, dataset_id=self.dataset_id)
+        ahead.set_epoch(self.epoch + 1)
+        return ahead
+
     def segments(self) -> list[Segment]:
         """Everything trained in this epoch so far, the current topology last."""
         segs = list(self.prior)

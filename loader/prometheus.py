@@ -142,6 +142,7 @@ class PrometheusExporter:
         self._values.update({"epoch": 0, "last": 0.0})
         self._waits = dict.fromkeys(WAIT_KINDS, 0.0)
         self._cache: dict[str, float] = {}
+        self._sources: tuple[dict[str, int], dict[str, float]] = ({}, {})
         self.registry: Any = prom.CollectorRegistry()
         self.registry.register(_Collector(self))
         try:
@@ -183,6 +184,30 @@ class PrometheusExporter:
         with self._lock:
             self._cache = numbers
 
+    def set_sources(self, samples: dict[str, int], storage_s: dict[str, float]) -> None:
+        """A mixture's totals per source: samples delivered and storage wait (seconds)."""
+        with self._lock:
+            self._sources = (dict(samples), dict(storage_s))
+
+    def _source_families(self, names: list[str], label_values: list[str]) -> Iterator[Any]:
+        """``flashfeed_source_samples_total`` and ``..._storage_wait_seconds_total`` with a
+        ``source`` label: only a mixture's loader has them."""
+        from prometheus_client.core import CounterMetricFamily
+
+        with self._lock:
+            samples, storage = self._sources
+        if not samples:
+            return
+        for base, help_, values in (
+            ("flashfeed_source_samples", "Samples delivered per mixture source", samples),
+            ("flashfeed_source_storage_wait_seconds",
+             "Storage wait per mixture source (a batch's wait shared by its samples)", storage),
+        ):  # fmt: skip
+            fam = CounterMetricFamily(base, help_, labels=[*names, "source"])
+            for source, v in values.items():
+                fam.add_metric([*label_values, source], float(v))
+            yield fam
+
     def families(self) -> Iterator[Any]:
         """The metric families as of now (what a scrape returns)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -205,6 +230,7 @@ class PrometheusExporter:
             fam = cls(base, m.help, labels=names)
             fam.add_metric(label_values, value)
             yield fam
+        yield from self._source_families(names, label_values)
 
     def close(self) -> None:
         if self.server is not None:

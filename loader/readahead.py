@@ -26,7 +26,7 @@ from flashfeed.units import parse_size
 from flashfeed.wdsindex import SampleIndex
 
 from .passorder import PassOrder
-from .sources import LocalShardSource, ShardSource
+from .sources import ShardSource, reads_in_place
 
 if TYPE_CHECKING:
     from flashfeed.cache import FillView
@@ -68,11 +68,12 @@ class StreamFeeder:
         per_sample = np.asarray(shard_bytes, np.float64) / np.maximum(shard_samples, 1)
         self._cum = np.concatenate([[0.0], np.cumsum(per_sample[pass_order.shards])])
         self.pid = os.getpid()  # its threads run in this process only
-        self.streaming = not isinstance(source, LocalShardSource)  # read in place: no fills
+        self.streaming = not reads_in_place(source)  # read in place: no fills
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ff-need")
         self._by_shard: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._told: set[int] = set()
         self._needed: dict[int, Future[str]] = {}
+        self._ready: set[int] = set()  # shards whose fill completed: no more waiting on them
         self._asked: dict[int, float] = {}
         self._partials: dict[int, tuple[list[SampleIndex], FillView]] = {}
         self._pos = 0  # shards order[:_pos] are needed (their fills started)
@@ -85,7 +86,6 @@ class StreamFeeder:
         self._cache_latency: float | None = None
         self._fill_median: tuple[int, float | None] = (-1, None)  # (fills seen, their median)
         self._fills = 0
-        self._ready: set[int] = set()  # shards whose bytes are all readable
         self.streamed_batches = 0
         self.max_ahead_bytes = 0
         self.target_batches: int | None = None
@@ -161,6 +161,8 @@ class StreamFeeder:
         if self._ready.issuperset(batch_shards):  # the common case, once shards are local
             return 0.0
         for shard in batch_shards:
+            if shard in self._ready:
+                continue
             early, waited = self._wait_rows(shard, rows[shards == shard].tolist())
             streamed |= early
             blocked += waited

@@ -123,6 +123,10 @@ class ShardReader:
             for c in entry.components
         }
 
+    def name(self, shard: int) -> str:
+        """The shard's path (kept with its mapping: no lookup in the shard table per sample)."""
+        return self._shard(shard).name
+
     def fields(
         self, shard: int, row: int, specs: tuple[FieldSpec, ...]
     ) -> tuple[str, list[np.ndarray]]:
@@ -142,11 +146,13 @@ class ShardReader:
                 )
             data = members[ext]
             if spec.is_label:
-                where = f"shard {self.shard_names[shard]} sample {key!r}"
                 try:
-                    label = parse_label(data.tobytes(), ext, where=where)
+                    label = parse_label(data.tobytes(), ext)
                 except ValueError as exc:
-                    raise CorruptShardError(str(exc)) from None
+                    where = f"shard {self.shard_names[shard]} sample {key!r}"
+                    raise CorruptShardError(
+                        f"{where}: {str(exc).removeprefix('sample: ')}"
+                    ) from None
                 out.append(np.array(label, dtype=np.int64))
             else:
                 out.append(data)
@@ -159,8 +165,9 @@ class ShardReader:
 
 
 class BatchSource:
-    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per field, then
-    one of the samples' ``key_bytes`` (read with the sample, so the key names what was read).
+    """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per field (a label
+    field: one int64 array of the batch, when every sample has one), then one of the samples'
+    ``key_bytes`` (read with the sample, so the key names what was read).
 
     One DALI pipeline serves many passes: DALI's epoch index ``e`` (incremented by each
     ``reset()``) names the pass file ``pass-<e>.npz`` that ``write_pass`` stored before the
@@ -202,15 +209,20 @@ class BatchSource:
             raise StopIteration
         lo = i * self.batch_size
         hi = min(lo + self.batch_size, len(self._shards))
-        cols: tuple[list[np.ndarray], ...] = tuple([] for _ in range(len(self.specs) + 1))
+        reader = self.reader
+        cols: list[Any] = [[] for _ in range(len(self.specs) + 1)]
         for shard, row in zip(
             self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist(), strict=True
         ):
-            key, values = self.reader.fields(shard, row, self.specs)
-            key_col = key_bytes(self.reader.shard_names[shard], key)
+            key, values = reader.fields(shard, row, self.specs)
+            key_col = key_bytes(reader.name(shard), key)
             for col, v in zip(cols, [*values, key_col], strict=True):
                 col.append(v)
-        return cols
+        for i, spec in enumerate(self.specs):
+            # labels as one array: DALI takes it whole instead of sample by sample
+            if spec.is_label and all(v.ndim == 0 for v in cols[i]):
+                cols[i] = np.array(cols[i], dtype=np.int64)
+        return tuple(cols)
 
 
 def pass_path(pass_dir: str, epoch: int) -> str:

@@ -87,6 +87,23 @@ def summarize(records: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def source_totals(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """A mixture's log: per source, samples, their share and the storage wait of the batches
+    shared among sources by their samples (lines without ``sources`` add nothing)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in records:
+        per = r.get("sources") or {}
+        n = max(float(r.get("samples", 0)), 1.0)
+        for name, k in per.items():
+            s = out.setdefault(name, {"samples": 0.0, "storage_s": 0.0})
+            s["samples"] += float(k)
+            s["storage_s"] += float(r.get("storage", 0.0)) * float(k) / n
+    total = sum(s["samples"] for s in out.values()) or 1.0
+    for s in out.values():
+        s["share"] = s["samples"] / total
+    return out
+
+
 def plot_stalls(records: list[dict[str, float]], out: str, *, bin_s: float = 1.0) -> str:
     """Write a PNG: stacked wait fractions by kind over time, samples/s on a second axis."""
     try:

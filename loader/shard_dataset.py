@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from flashfeed.dataset import Dataset
 from flashfeed.lifeline import tie_to_parent
+from flashfeed.mixture import Mixture
 
 from .base import PlannedLoader
 from .fields import KEY, FieldSpec, parse_fields
@@ -60,7 +61,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
 
     def __init__(
         self,
-        dataset: str | Dataset,
+        dataset: str | Dataset | Mixture,
         *,
         batch_size: int = 1,
         transform: Transform | None = None,

@@ -66,6 +66,11 @@ class ShardSource(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
+def reads_in_place(source: ShardSource) -> bool:
+    """The source reads local files in place: nothing is fetched, nothing streams."""
+    return isinstance(source, LocalShardSource) or bool(getattr(source, "in_place", False))
+
+
 def node_cache_dir(cache_dir: str | None, url: str) -> str | None:
     """The node cache a loader uses: the given directory; for a remote dataset without one,
     ``FLASHFEED_CACHE_DIR`` or ``~/.cache/flashfeed``; None for a local dataset read in place.

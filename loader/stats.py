@@ -3,7 +3,8 @@
 Waits are split into storage/cache (shards not local yet), decode (the DALI pipeline not
 ready) and host-to-device copy. ``StatsRecorder.summary()`` gives samples/s, wait fractions
 and the source's cache hits; ``log=`` appends one JSON line per batch for ``flashfeed report``;
-``status_dir=`` (the node cache directory) keeps the rank's status file for ``flashfeed top``
+``status_dir=`` (the node cache directory, or the user's runtime directory for a loader
+without one) keeps the rank's status file for ``flashfeed top``
 (``status.py``); ``exporter=`` feeds the Prometheus metrics (``prometheus.py``).
 """
 
@@ -40,6 +41,8 @@ class BatchTiming:
     decode: float
     h2d: float
     step: float
+    #: a mixture's batch: samples per source, and the batch's storage wait shared by them
+    sources: tuple[tuple[str, int], ...] = ()
 
     @property
     def wait(self) -> float:
@@ -77,6 +80,8 @@ class StatsRecorder:
         self.last_t: float | None = None
         self.waited_on_storage = 0
         self.per_batch: deque[dict[str, Any]] = deque(maxlen=PER_BATCH_KEPT)
+        #: a mixture's totals per source: samples and storage wait seconds
+        self.sources: dict[str, dict[str, float]] = {}
         self.extra: Callable[[], dict[str, Any]] | None = None
         self._log: IO[str] | None = open(log, "a", encoding="utf-8") if log else None
         self.epoch = 0
@@ -86,9 +91,12 @@ class StatsRecorder:
         self._cache_at = float("-inf")
         self._cache: dict[str, Any] = {}
         if status_dir is not None:
-            self._status = StatusWriter(
-                status_dir, rank=rank, node=node, dataset=dataset, interval=status_interval
-            )
+            try:
+                self._status = StatusWriter(
+                    status_dir, rank=rank, node=node, dataset=dataset, interval=status_interval
+                )
+            except OSError:  # a status never costs the training (see StatusWriter.write)
+                self._status = None
 
     def record(self, timing: BatchTiming) -> None:
         if timing.epoch != self.epoch:
@@ -100,6 +108,15 @@ class StatsRecorder:
         for kind in WAIT_KINDS:
             self.waits[kind] += getattr(timing, kind)
         self.step_time += timing.step
+        for name, n in timing.sources:
+            src = self.sources.setdefault(name, {"samples": 0, "storage_s": 0.0})
+            src["samples"] += n
+            src["storage_s"] += timing.storage * n / max(timing.samples, 1)
+        if timing.sources and self.exporter is not None:
+            self.exporter.set_sources(
+                {k: int(v["samples"]) for k, v in self.sources.items()},
+                {k: v["storage_s"] for k, v in self.sources.items()},
+            )
         waited = timing.waited_on_storage
         self.waited_on_storage += waited
         self.per_batch.append(
@@ -114,6 +131,10 @@ class StatsRecorder:
         cache = self._publish()
         if self._log is not None:
             line = {**asdict(timing), "waited_on_storage": timing.waited_on_storage}
+            if timing.sources:
+                line["sources"] = dict(timing.sources)
+            else:
+                del line["sources"]
             if cache is not None and "misses" in cache:  # fills so far, for the HTML report
                 line["cache_fills"] = cache["misses"]
                 line["cache_fetched_bytes"] = cache.get("bytes_fetched", 0)
@@ -156,9 +177,25 @@ class StatsRecorder:
             "elapsed_s": elapsed,
             "wait_s": dict(self.waits),
             "batches_waited_on_storage": self.waited_on_storage,
+            **({"sources": {k: dict(v) for k, v in self.sources.items()}} if self.sources else {}),
             "cache": {
                 k: (cache or {}).get(k) for k in ("used_bytes", "capacity") if k in (cache or {})
             },
+        }
+
+    def source_summary(self) -> dict[str, dict[str, float]]:
+        """A mixture's sources: samples, samples/s, share of the samples and storage wait (a
+        batch's wait shared among its sources by their samples in it)."""
+        elapsed = (self.last_t - self.first_t) if self.last_t and self.first_t else 0.0
+        total = sum(v["samples"] for v in self.sources.values()) or 1
+        return {
+            name: {
+                "samples": int(v["samples"]),
+                "samples_per_s": v["samples"] / elapsed if elapsed > 0 else 0.0,
+                "share": v["samples"] / total,
+                "storage_wait_s": v["storage_s"],
+            }
+            for name, v in self.sources.items()
         }
 
     def summary(self) -> dict[str, Any]:

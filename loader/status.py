@@ -1,10 +1,13 @@
-"""Per-rank status files in the node cache directory: what ``flashfeed top`` reads.
+"""Per-rank status files, in the node cache directory or the user's runtime directory:
+what ``flashfeed top`` reads.
 
-Each loader process that reads through a node cache keeps one small JSON file,
-``<cache dir>/.status/rank<R>.<pid>.<n>.json``, rewritten atomically (temporary file, then
-rename) at most every ``interval`` seconds while it delivers batches, and removed when the
-loader closes. A reader therefore sees either the previous or the next state, never half of
-one, and no process serves anything: ``flashfeed top`` only reads files.
+Each loader process keeps one small JSON file, ``<root>/.status/rank<R>.<pid>.<n>.json``,
+rewritten atomically (temporary file, then rename) at most every ``interval`` seconds while it
+delivers batches, and removed when the loader closes. ``<root>`` is the node cache directory
+for a loader that reads through one, else this user's runtime directory
+(``local_status_root``: a loader reading a local dataset in place). A reader therefore sees
+either the previous or the next state, never half of one, and no process serves anything:
+``flashfeed top`` only reads files.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import itertools
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,6 +29,8 @@ __all__ = [
     "NodeCache",
     "RankStatus",
     "StatusWriter",
+    "local_status_root",
+    "open_local_status_root",
     "read_node_cache",
     "read_statuses",
     "status_dir",
@@ -40,6 +46,34 @@ _serial = itertools.count()
 def status_dir(cache_dir: str) -> str:
     """Where the loaders using the node cache ``cache_dir`` keep their status files."""
     return os.path.join(cache_dir, STATUS_DIRNAME)
+
+
+def local_status_root() -> str:
+    """Where loaders without a node cache keep their status files (in its ``.status``):
+    ``$FLASHFEED_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/flashfeed``, else
+    ``<temp dir>/flashfeed-<uid>``. Per user, as the files a loader writes are."""
+    explicit = os.environ.get("FLASHFEED_RUNTIME_DIR")
+    if explicit:
+        return explicit
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "flashfeed")
+    return os.path.join(tempfile.gettempdir(), f"flashfeed-{os.getuid()}")
+
+
+def open_local_status_root() -> str | None:
+    """``local_status_root()``, created private (0700) and checked to be a directory of this
+    user's, not a link (the temp dir is shared); None when it cannot be: the loader then
+    keeps no status file, as a status never costs the training."""
+    root = local_status_root()
+    try:
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        st = os.lstat(root)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return None
+    return root
 
 
 def _pid_alive(pid: int) -> bool:

@@ -33,11 +33,13 @@ import torch
 
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
+from flashfeed.mixture import Mixture
 
 from .arrowcols import ArrowShardView, list_index, open_arrow_view
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool
 from .fields import KEY
+from .mixsource import MixtureDataset
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
@@ -70,7 +72,7 @@ class TokenLoader(PlannedLoader):
 
     def __init__(
         self,
-        dataset: str | Dataset,
+        dataset: str | Dataset | Mixture,
         *,
         batch_size: int,
         columns: Sequence[str] = ("tokens",),
@@ -237,7 +239,7 @@ class TokenLoader(PlannedLoader):
 
 
 def _check_outputs(
-    outputs: Sequence[str], columns: tuple[str, ...], ds: Dataset
+    outputs: Sequence[str], columns: tuple[str, ...], ds: Dataset | MixtureDataset
 ) -> tuple[str, ...]:
     if isinstance(outputs, str):
         raise ValueError(f"outputs must be a sequence of names, got {outputs!r}")

@@ -1,12 +1,14 @@
 """``flashfeed top``: a live view of one node, from the files its loaders and cache keep.
 
-One row per training rank (samples/s, the share of time its consumer waited on storage,
-decode and host-to-device copies, batches that waited on storage, epoch and position) and
-one line for the node cache (hit rate, bytes fetched and the fetch rate, fills in flight,
-evictions, throttling, used/capacity). Rates are differences between successive reads of
-the status files (``status.py``) and of the cache's ``stats.json`` over the last few
-seconds; the first frame shows averages since each loader started. Nothing is served: the
-view only reads files, so it needs no port and no access beyond the cache directory.
+One row per loader of a training rank (samples/s, the share of time its consumer waited on
+storage, decode and host-to-device copies, batches that waited on storage, epoch and
+position) and one line for the node cache (hit rate, bytes fetched and the fetch rate, fills
+in flight, evictions, throttling, used/capacity). Rates are differences between successive
+reads of the status files (``status.py``: the node cache's, and this user's runtime
+directory's for loaders reading a local dataset in place) and of the cache's ``stats.json``
+over the last few seconds; the first frame shows averages since each loader started.
+Nothing is served: the view only reads files, so it needs no port and no access beyond the
+cache directory and the runtime directory.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from .stats import WAIT_KINDS
-from .status import NodeCache, RankStatus, read_node_cache, read_statuses, status_dir
+from .status import (
+    NodeCache,
+    RankStatus,
+    local_status_root,
+    read_node_cache,
+    read_statuses,
+    status_dir,
+)
 
 __all__ = ["TopView", "default_cache_dir", "run_top"]
 
@@ -60,11 +69,29 @@ def _pct(x: float) -> str:
     return f"{100 * max(0.0, min(x, 1.0)):5.1f}%"
 
 
+def _source_line(st: RankStatus) -> list[str]:
+    """A mixture's rank: its sources' shares of the samples and storage waits so far."""
+    per = st.data.get("sources") or {}
+    total = sum(float(v.get("samples", 0)) for v in per.values()) or 1.0
+    if not per:
+        return []
+    return [
+        f"{'':>4} {'':>7} sources: "
+        + ", ".join(
+            f"{name} {100 * float(v.get('samples', 0)) / total:.1f}% "
+            f"(storage {float(v.get('storage_s', 0.0)):.1f} s)"
+            for name, v in per.items()
+        )
+    ]
+
+
 class TopView:
     """Frames of ``flashfeed top`` for one cache directory; keeps the history rates need."""
 
-    def __init__(self, cache_dir: str) -> None:
+    def __init__(self, cache_dir: str, *, local_root: str | None = None) -> None:
         self.cache_dir = cache_dir
+        # loaders without a node cache keep their status files here (``local_status_root``)
+        self.local_root = local_root or local_status_root()
         self._ranks: dict[str, _History] = {}
         self._cache = _History()
         self._scanned: int | None = None
@@ -73,6 +100,9 @@ class TopView:
     def frame(self, *, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
         statuses = read_statuses(self.cache_dir)
+        if os.path.realpath(self.local_root) != os.path.realpath(self.cache_dir):
+            statuses += read_statuses(self.local_root)
+            statuses.sort(key=lambda s: (s.rank, s.pid))
         used = None
         fresh = [s for s in statuses if "used_bytes" in (s.data.get("cache") or {})]
         if fresh:
@@ -80,7 +110,9 @@ class TopView:
         if used is None and now - self._scanned_at < SCAN_EVERY_S:
             used = self._scanned  # no loader measured it: a scan here, now and then
         try:
-            cache: NodeCache | None = read_node_cache(self.cache_dir, used_bytes=used)
+            cache: NodeCache | None = None
+            if os.path.isdir(self.cache_dir):  # a node whose loaders all read local data
+                cache = read_node_cache(self.cache_dir, used_bytes=used)
         except (OSError, ValueError):
             cache = None
         if used is None and cache is not None:
@@ -92,9 +124,11 @@ class TopView:
         lines = [head]
         if not statuses:
             lines.append(
-                f"no loader status files in {status_dir(self.cache_dir)}: no loader on this "
-                "node reads through this cache now (loaders write them while they read "
-                f"through a node cache: Loader(..., cache_dir={self.cache_dir!r}))"
+                f"no loader status files in {status_dir(self.cache_dir)} or "
+                f"{status_dir(self.local_root)}: no loader runs on this node now (loaders "
+                f"reading through a node cache write them in the first, "
+                f"Loader(..., cache_dir={self.cache_dir!r}); loaders reading a local dataset "
+                "in place in the second)"
             )
         else:
             lines.append(
@@ -105,9 +139,9 @@ class TopView:
             for key in [k for k in self._ranks if k not in live]:
                 del self._ranks[key]
             several = len({s.dataset for s in statuses}) > 1  # then each row names its own
-            lines += [
-                self._rank_row(s, now) + (f"  {s.dataset}" if several else "") for s in statuses
-            ]
+            for s in statuses:
+                lines.append(self._rank_row(s, now) + (f"  {s.dataset}" if several else ""))
+                lines += _source_line(s)
         if cache is not None:
             lines.append(self._cache_line(cache, now))
         return lines
@@ -168,14 +202,14 @@ def run_top(
         raise ValueError(f"--interval must be > 0 seconds, got {interval}")
     if iterations is not None and iterations < 1:
         raise ValueError(f"--iterations must be >= 1, got {iterations}")
-    if not os.path.isdir(cache_dir):
+    view = TopView(cache_dir)
+    if not os.path.isdir(cache_dir) and not read_statuses(view.local_root):
         raise FileNotFoundError(
             f"no cache directory at {cache_dir}: pass the node cache the loaders use "
             "(--cache-dir, or set FLASHFEED_CACHE_DIR)"
         )
     stream = out or sys.stdout
     tty = stream.isatty()
-    view = TopView(cache_dir)
     shown = 0
     while True:
         lines = view.frame()

@@ -158,3 +158,19 @@ def test_page_explains_how_it_was_measured() -> None:
     result["stages"]["targets"]["data"]["cpu_steal"] = {"ff-s3-64": [0.01, 0.12, 0.02]}
     page = _load("page").benchmarks_page(result, "r.json", [])
     assert "median 2%, worst 12%: rounds with high steal are disturbed" in page
+
+
+def test_targets_table_compares_with_dalis_own_reader(report: ModuleType) -> None:
+    result = _targets(hot=290.0)
+    result["stages"]["targets"]["data"]["rounds"].update(
+        {
+            "ff-local-64-hot": [300.0, 290.0, 310.0],
+            "dali-reader-64-hot": [280.0, 300.0, 290.0],
+            "dali-reader-64-first": [270.0, 280.0, 275.0],
+        }
+    )
+    by = {r["measure"]: r for r in report.targets_rows(result)}
+    hot = by["hot epoch, local / DALI's own webdataset reader, same operators"]
+    assert hot["ratio"]["ratio"] == pytest.approx(300.0 / 290.0) and hot["met"] is True
+    first = next(r for m, r in by.items() if m.startswith("first epoch, local, construction"))
+    assert first["ratio"]["ratio"] == pytest.approx(255.0 / 275.0) and first["met"] is False

@@ -214,6 +214,11 @@ def test_plan_cost_and_eviction_curve_at_small_sizes() -> None:
     assert cost["shards"] == 200 and cost["node_shards"] > 0
     assert cost["rank_plan_s"] > 0 and cost["whole_epoch_s"] > 0
     assert cost["samples_per_rank"] == 500 and cost["samples_per_rank_after_resplit"] > 0
+    mix = planbench.mixture_scale(4, 20, world_size=8, ranks_per_node=2, new_world_size=6)
+    scale_keys = {"shards", "samples", "world_size", "ranks_per_node", "open_s", "rank_plan_s"}
+    assert scale_keys | {"node_order_s", "resplit_s", "peak_rss_mib"} <= set(mix)
+    assert mix["shards"] == 80 and mix["samples"] == 80_000 and mix["node_shards"] > 0
+    assert mix["samples_per_rank_after_resplit"] < mix["samples_per_rank"]
     curve = planbench.eviction_curve(shards=8, epochs=2, fractions=(0.5,))
     assert curve[0]["optimum"] >= curve[0]["plan_aware"] >= 0.0
 
@@ -259,3 +264,41 @@ def test_cpu_steal_reads_this_machines_counters() -> None:
     steal, total = _load("machine").cpu_steal()
     assert 0.0 <= steal_before <= steal <= total
     assert total > total_before > 0.0  # seconds since boot, all CPUs, moving forward
+
+
+def test_the_mixture_benchmark_runs_tiny_and_prints_its_keys(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "mixbench.py"
+    out = tmp_path / "mix.json"
+    args = ["--rows", "96", "--images", "32", "--rounds", "1", "--seq-len", "16"]
+    proc = subprocess.run([sys.executable, str(script), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "TokenLoader GB/s (3 sources)" in proc.stdout
+    assert "Loader img/s (2 sources)" in proc.stdout and "window err" in proc.stdout
+    data = json.loads(out.read_text())
+    assert {"single_gbs", "mixture_gbs", "ratio", "shares"} <= set(data["tokens"])
+    assert {"single_img_s", "mixture_img_s", "ratio"} <= set(data["images"])
+    assert [s["source"] for s in data["tokens"]["shares"]] == ["t0", "t1", "t2"]
+    assert all(s["epoch_error"] < 0.05 for s in data["tokens"]["shares"])
+
+
+def test_the_dali_reader_peer_reads_whole_epochs(tmp_path: Path) -> None:
+    from support.loader_helpers import make_image_dataset
+
+    peers = _load("loader_peers")
+    make_image_dataset(str(tmp_path / "ds"), [20, 20], size=32)
+    tars = sorted(str(p) for p in (tmp_path / "ds").rglob("*.tar"))
+    assert len(tars) == 2 and all(Path(t + ".idx").exists() for t in tars)
+    reader = peers.DaliReaderEpochs(tars, batch_size=16, threads=1, device="cpu")
+    assert reader.batches == 3  # 40 samples in batches of 16
+    for _ in range(2):  # the first epoch, then a hot one on the same pipeline
+        batches = list(reader)
+        assert len(batches) == 3
+        images = batches[0][0]
+        assert tuple(images.shape) == (16, 3, 224, 224) and str(images.dtype) == "torch.float32"
+        assert all(0 <= int(v) < 10 for b in batches for v in b[1])
+    reader.close()

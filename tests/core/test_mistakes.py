@@ -50,6 +50,7 @@ class Mistake:
     words: list[str]
     env: dict[str, str] = field(default_factory=dict)
     not_created: str | None = None  # a path that must still not exist afterwards
+    absent: list[str] = field(default_factory=list)  # words the line must not say
 
 
 MISTAKES = [
@@ -100,6 +101,30 @@ MISTAKES = [
         1,
         ["s3://nosuchbucket-{uid}", "does not exist", "--create-bucket"],
     ),
+    Mistake(  # the bucket exists; the server checks signatures and refuses this one
+        "ingest-wrong-secret",
+        ["ingest", "{dir}/corpus", "s3://flashfeed/wrong-secret-{uid}", "--num-cpus", "1"],
+        1,
+        ["refused the credentials", "s3://flashfeed", "SignatureDoesNotMatch"],
+        env={"AWS_SECRET_ACCESS_KEY": "not-the-secret-{uid}"},
+        absent=["does not exist", "--create-bucket", "create it"],
+    ),
+    Mistake(  # asked to create a missing bucket, with credentials the server refuses
+        "ingest-wrong-secret-create",
+        ["ingest", "{dir}/corpus", "s3://new-{uid}/ds", "--num-cpus", "1", "--create-bucket"],
+        1,
+        ["refused the credentials", "s3://new-{uid}", "SignatureDoesNotMatch"],
+        env={"AWS_SECRET_ACCESS_KEY": "not-the-secret-{uid}"},
+        absent=["does not exist", "created bucket"],
+    ),
+    Mistake(
+        "ingest-unknown-key",
+        ["ingest", "{dir}/corpus", "s3://flashfeed/unknown-key-{uid}", "--num-cpus", "1"],
+        1,
+        ["refused the credentials", "s3://flashfeed", "AWS_ACCESS_KEY_ID"],
+        env={"AWS_ACCESS_KEY_ID": "nokey{uid}"},
+        absent=["does not exist", "--create-bucket", "create it"],
+    ),
     Mistake(
         "closed-port",
         ["inspect", "s3://flashfeed/anything"],
@@ -143,6 +168,8 @@ def test_a_mistake_is_one_clear_line(m: Mistake, places: dict[str, str], tmp_pat
     assert len(lines) == 1, f"{args}: want one line, got:\n{r.stderr}"
     for w in m.words:
         assert w.format(**fill) in lines[0], (w, lines[0])
+    for w in m.absent:
+        assert w not in lines[0], (w, lines[0])
     if m.not_created:
         assert not os.path.exists(m.not_created.format(**fill)), "the mistake created a path"
 

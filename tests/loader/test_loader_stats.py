@@ -129,3 +129,33 @@ def test_loader_batches_from_class_sorted_shards_mix_classes(tmp_path):
     labels = np.concatenate([b["label"].numpy() for b in loader])
     q = shuffle_quality(labels, batch_size=16)
     assert q.classes_per_batch >= 3 and q.quality > 0.6
+
+
+STARTUP_PARTS = (
+    "construction_s", "pipeline_build_s", "reader_start_s", "first_fetch_s", "first_decode_s",
+)  # fmt: skip
+
+
+def test_stats_break_startup_down_up_to_the_first_batch(tmp_path):
+    prefix = str(tmp_path / "ds")
+    make_image_dataset(prefix, [24, 24], size=16)
+    for _ in range(2):  # a second loader in the same process has its own breakdown
+        loader = Loader(prefix, batch_size=8, image_size=16)
+        before = loader.stats()["startup"]
+        assert set(before) == {"construction_s", "manifest_s"}  # nothing read yet
+        it = iter(loader)
+        batch = next(it)
+        startup = loader.stats()["startup"]
+        assert set(startup) == {*STARTUP_PARTS, "manifest_s", "first_batch_s"}
+        assert all(v >= 0 for v in startup.values()), startup
+        assert startup["manifest_s"] <= startup["construction_s"]
+        assert startup["reader_start_s"] > 0  # a pipeline was built and started
+        # the parts lie one after another on the way to the first batch
+        assert sum(startup[k] for k in STARTUP_PARTS) <= startup["first_batch_s"] + 1e-6
+        assert len(batch["__key__"]) == 8
+        for _ in it:  # later batches and passes leave the breakdown as it was
+            pass
+        for _ in loader:
+            pass
+        assert loader.stats()["startup"] == startup
+        loader.close()

@@ -28,6 +28,13 @@ ROW = re.compile(
 )
 
 
+@pytest.fixture(autouse=True)
+def _own_runtime_dir(tmp_path, monkeypatch):
+    """Loaders reading local data keep status files in the user's runtime directory, which
+    top also shows: each test here gets its own, so other loaders on the machine stay out."""
+    monkeypatch.setenv("FLASHFEED_RUNTIME_DIR", str(tmp_path / "runtime"))
+
+
 def rows(text: str) -> dict[int, tuple[str, ...]]:
     """rank -> the numbers of its row, from a frame of ``flashfeed top``."""
     out = {}

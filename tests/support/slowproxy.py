@@ -38,6 +38,7 @@ class Request:
     path: str
     range: tuple[int, int] | None  # [start, end) of a ranged GET
     at: float = 0.0  # time.monotonic() when the proxy read it
+    conn: int = -1  # which client connection carried it (numbered as the proxy accepts them)
 
 
 def is_shard_get(req: Request) -> bool:
@@ -60,6 +61,7 @@ class SlowProxy:
         self.port = self._server.getsockname()[1]
         self._lock = threading.Lock()
         self._closed = False
+        self._accepted = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _listen(self) -> socket.socket:
@@ -83,9 +85,10 @@ class SlowProxy:
                 client, _ = self._server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+            self._accepted += 1
+            threading.Thread(target=self._serve, args=(client, self._accepted), daemon=True).start()
 
-    def _serve(self, client: socket.socket) -> None:
+    def _serve(self, client: socket.socket, number: int) -> None:
         try:
             upstream = socket.create_connection(self.upstream)
         except OSError:
@@ -112,7 +115,7 @@ class SlowProxy:
                             buf = _EXPECT.sub(b"", head) + rest
                         break
                     buf = rest[body:]
-                    req.at = time.monotonic()
+                    req.at, req.conn = time.monotonic(), number
                     with self._lock:
                         self.requests.append(req)
                     if self.throttle(req):  # answered here, as S3 does: 503 SlowDown

@@ -1,0 +1,133 @@
+"""The interleave of a mixture: which source each slot of a rank's sequence draws from.
+
+A pure, vectorised function of the weight curve, the deal's start (a global sample count),
+the world size and seeded phases; it does not depend on the rank, so every rank deals the
+same pattern and all ranks consume each source in lock-step.
+
+The weight curve ``w_s(g)`` (normalised weights at global sample ``g``; linear in ramps,
+constant between changes) integrates to ``F_s(g)``. A rank's slot ``t`` of a deal that
+starts at ``g0`` on ``W`` ranks stands for global samples ``g0 + t W``, so by slot ``t``
+source ``s`` is owed ``A_s(t) = (F_s(g0 + t W) - F_s(g0)) / W`` samples. Its ``j``-th pick
+has the ideal time where ``A_s`` reaches ``j + phase_s``; the slots go to the picks in order
+of ideal time (one stable sort). Each source's count over any stretch of slots is then
+within about two samples of what its weights owe it: shares hold at every scale of time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["WeightCurve", "deal"]
+
+
+class WeightCurve:
+    """Normalised weights as a function of the global sample count, and their integral."""
+
+    def __init__(self, xs: np.ndarray, rows: np.ndarray) -> None:
+        starts, a, b = [], [], []
+        for k in range(len(xs)):
+            end = float(xs[k + 1]) if k + 1 < len(xs) else np.inf
+            if end <= xs[k]:
+                continue  # a jump: zero-length piece
+            starts.append(float(xs[k]))
+            a.append(rows[k])
+            b.append((rows[k + 1] - rows[k]) / (end - xs[k]) if np.isfinite(end) else rows[k] * 0)
+        self.x = np.asarray(starts, dtype=np.float64)
+        self.a = np.vstack(a)
+        self.b = np.vstack(b)
+        lengths = np.diff(self.x)[:, None]
+        grow = self.a[:-1] * lengths + self.b[:-1] * lengths**2 / 2
+        self.f = np.vstack([np.zeros((1, self.a.shape[1])), np.cumsum(grow, axis=0)])
+
+    @property
+    def num_sources(self) -> int:
+        return int(self.a.shape[1])
+
+    def weights(self, g: float) -> np.ndarray:
+        """The normalised weights at global sample ``g``."""
+        k = int(np.searchsorted(self.x, g, side="right")) - 1
+        return np.asarray(self.a[k] + self.b[k] * (g - self.x[k]))
+
+    def integral(self, g: np.ndarray | float) -> np.ndarray:
+        """``F_s(g)`` for every source: shape ``g.shape + (sources,)``."""
+        g = np.asarray(g, dtype=np.float64)
+        k = np.searchsorted(self.x, g, side="right") - 1
+        d = (g - self.x[k])[..., None]
+        return np.asarray(self.f[k] + self.a[k] * d + self.b[k] * d * d / 2)
+
+    def inverse(self, s: int, y: np.ndarray) -> np.ndarray:
+        """The first ``g`` where ``F_s(g) = y`` (inf where source ``s`` never gets there)."""
+        f = self.f[:, s]
+        k = np.maximum(np.searchsorted(f, y, side="right") - 1, 0)
+        d = y - f[k]
+        a, b = self.a[k, s], self.b[k, s]
+        den = a + np.sqrt(np.maximum(a * a + 2 * b * d, 0.0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = np.where(
+                den > 0, 2 * d / np.where(den > 0, den, 1.0), np.where(d > 0, np.inf, 0)
+            )
+        return np.asarray(self.x[k] + step)
+
+    def owed(self, start: float, width: int, t: np.ndarray | float) -> np.ndarray:
+        """``A_s(t)``: samples of each source a rank owes by slot ``t`` of a deal that starts
+        at global sample ``start`` on ``width`` ranks."""
+        t = np.asarray(t, dtype=np.float64)
+        return np.asarray((self.integral(start + t * width) - self.integral(start)) / width)
+
+
+def _picks(
+    curve: WeightCurve, start: float, width: int, phases: np.ndarray, s: int, n: int
+) -> np.ndarray:
+    """Ideal times (in slots) of source ``s``'s first ``n`` picks."""
+    base = float(curve.integral(start)[s])
+    y = base + width * (np.arange(n, dtype=np.float64) + phases[s])
+    return np.asarray((curve.inverse(s, y) - start) / width)
+
+
+def deal(
+    curve: WeightCurve,
+    *,
+    start: float,
+    width: int,
+    phases: np.ndarray,
+    slots: int | None = None,
+    until: tuple[int, int] | None = None,
+) -> np.ndarray:
+    """The source of each slot of a deal (int32, one entry per slot).
+
+    ``slots``: deal that many; ``until=(s, n)``: deal until source ``s``'s ``n``-th pick
+    (it is the last slot; n >= 1). Costs a sort of as many picks as slots (plus one per
+    source); ties go to the source listed first.
+    """
+    sources = curve.num_sources
+    if until is not None:
+        s, n = until
+        last = float(_picks(curve, start, width, phases, s, n)[-1])
+        if not np.isfinite(last):
+            raise ValueError(
+                f"source #{s} has weight 0 from global sample {start:.0f} on: an epoch that "
+                f"waits until its {n} samples are read never ends"
+            )
+        horizon = last + sources + 2
+    else:
+        if slots is None or slots < 0:
+            raise ValueError(f"deal needs slots >= 0 or until=, got slots={slots!r}")
+        if slots == 0:
+            return np.zeros(0, np.int32)
+        horizon = float(slots + sources + 2)
+    owed = curve.owed(start, width, horizon)
+    times, labels = [], []
+    for s in range(sources):
+        n = int(np.floor(owed[s] - phases[s])) + 1 if owed[s] >= phases[s] else 0
+        if n:
+            times.append(_picks(curve, start, width, phases, s, n))
+            labels.append(np.full(n, s, np.int32))
+    if not times:
+        return np.zeros(0, np.int32)
+    order = np.argsort(np.concatenate(times), kind="stable")
+    merged = np.concatenate(labels)[order]
+    if until is not None:
+        s, n = until
+        slot = int(np.flatnonzero(merged == s)[n - 1])
+        return merged[: slot + 1]
+    return merged[:slots]

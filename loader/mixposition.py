@@ -1,0 +1,256 @@
+"""Where a rank stands in a mixture's plan, and the state that saves and restores it.
+
+The state is the deal the job is in (``flashfeed.mixplan.MixProgress``: where it started,
+under which topology and mixture, each source's cursor there) plus the slots consumed and
+what they read of each source: a few integers per source. Loaded under the same mixture and
+world size, the very same sequence continues. Under another world size, or other weights (a
+schedule or a length changed, a source added), a new deal starts from where every source
+stands: nothing read in this epoch is read again, and the change is recorded in the state.
+A state whose sources are missing or hold other data is refused, naming the source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from flashfeed.mixplan import Cursor, MixPlanner, MixProgress
+from flashfeed.plan import PlanOptions, RankPlan, Topology
+
+from .distributed import DistContext
+from .mixsource import MixtureDataset
+from .position import STATE_VERSION, _field, _segments
+
+__all__ = ["MixPosition"]
+
+
+class MixPosition:
+    """A rank's position in a mixture's plan; the interface of ``Position``."""
+
+    _deal: MixProgress  # the deal, with the samples taken when it was last set
+    _taken: int  # samples each rank took of the deal: advancing moves only this
+
+    def __init__(self, dataset: MixtureDataset, ctx: DistContext, options: PlanOptions) -> None:
+        self.mix = dataset
+        self.ctx = ctx
+        self.shard_sizes = dataset.manifest.shard_samples
+        self.dataset_id: str | None = dataset.manifest.digest
+        self._plan(options)
+        self.progress = self.planner.start(0, ctx.topology)  # its deal; see ``consumed``
+        self.changes: list[list[Any]] = []
+        self._memo: tuple[Any, RankPlan] | None = None
+
+    def _plan(self, options: PlanOptions) -> None:
+        self.options = options
+        self.planner = MixPlanner(self.mix.mixture, self.mix.tables(), options)
+
+    @property
+    def topology(self) -> Topology:
+        return self.ctx.topology
+
+    @property
+    def epoch(self) -> int:
+        return self.progress.epoch
+
+    @property
+    def progress(self) -> MixProgress:
+        """Where the job stands: the deal and the samples each rank took of it."""
+        if self._deal.consumed != self._taken:
+            self._deal = replace(self._deal, consumed=self._taken)
+        return self._deal
+
+    @progress.setter
+    def progress(self, value: MixProgress) -> None:
+        self._deal, self._taken = value, value.consumed
+
+    @property
+    def consumed(self) -> int:
+        """Samples this rank took in the current deal."""
+        return self._taken
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.shard_sizes.sum())
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if epoch != self.epoch:
+            self.progress = self.planner.fresh(int(epoch), self.topology)
+
+    def next_epoch(self) -> None:
+        self.progress = self.planner.next_epoch(self.progress)
+
+    def following(self) -> MixPosition:
+        """A copy standing at the start of the next epoch."""
+        ahead = MixPosition.__new__(MixPosition)
+        ahead.__dict__.update(self.__dict__)
+        ahead._memo = None
+        ahead.progress = self.planner.next_epoch(self.progress)
+        return ahead
+
+    def rank_plan(self) -> RankPlan:
+        """What this rank still reads of this epoch (virtual sample ids)."""
+        key = (self.planner.deal_key(self._deal), self.ctx.rank)
+        if self._memo is None or self._memo[0] != key:
+            whole = replace(self._deal, consumed=0)
+            self._memo = (key, RankPlan(self.planner.rank_plan(whole, self.ctx.rank).samples))
+        samples = self._memo[1].samples
+        if self._taken > len(samples):
+            raise ValueError(
+                f"resume state says each rank consumed {self._taken} samples of this deal but "
+                f"it has only {len(samples)}: the state belongs to another mixture"
+            )
+        return RankPlan(samples[self._taken :])
+
+    def remaining(self) -> np.ndarray:
+        return self.rank_plan().samples
+
+    def advance(self, n: int) -> None:
+        self._taken += n
+
+    def source_of(self, ids: np.ndarray) -> np.ndarray:
+        """The source number of each virtual sample id."""
+        return np.searchsorted(self.planner.offsets, ids, side="right") - 1
+
+    def source_counts(self, samples: int) -> tuple[tuple[str, int], ...]:
+        """Samples per source among the next ``samples`` of the plan (what a batch that the
+        loader checked against its pass order holds), for the statistics."""
+        ids = self.rank_plan().samples[:samples]
+        counts = np.bincount(self.source_of(ids), minlength=len(self.mix.names))
+        return tuple((n, int(c)) for n, c in zip(self.mix.names, counts, strict=True) if c)
+
+    def state_dict(self) -> dict[str, Any]:
+        p, t = self.progress, self.topology
+        counts = self.planner.counts(p)
+        mix = self.mix.mixture
+        return {
+            "version": STATE_VERSION,
+            "kind": "mixture",
+            "dataset": self.dataset_id,
+            "mixture": mix.digest,
+            "sources": [
+                [n, d.manifest.digest]
+                for n, d in zip(self.mix.names, self.mix.datasets, strict=True)
+            ],
+            "seed": self.options.seed,
+            "shuffle": self.options.shuffle,
+            "drop_last": self.options.drop_last,
+            "window": self.options.window,
+            "epoch": p.epoch,
+            "world_size": t.world_size,
+            "ranks_per_node": t.rpn,
+            "samples_consumed": p.start + p.consumed * p.topology.world_size,
+            "epoch_start": p.epoch_start,
+            "deal": {
+                "start": p.start,
+                "world_size": p.topology.world_size,
+                "ranks_per_node": p.topology.rpn,
+                "mixture": p.mixture,
+                "consumed": p.consumed,
+                "counts": [int(c) for c in counts],
+                "cursors": [
+                    [
+                        name,
+                        c.cycle,
+                        [[s.world_size, s.ranks_per_node, s.samples_per_rank] for s in c.segments],
+                    ]
+                    for name, c in p.cursors
+                ],
+            },
+            "changes": list(self.changes),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> PlanOptions:
+        """Restore a position saved by any rank of any world size, under this mixture or one
+        that differs only in weights, schedule, length or added sources."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            found = state.get("version") if isinstance(state, dict) else None
+            raise ValueError(
+                f"not a flashfeed loader state of version {STATE_VERSION} (found version "
+                f"{found!r}): {str(state)[:80]!r}"
+            )
+        if state.get("kind") != "mixture":
+            raise ValueError(
+                f"the state belongs to one dataset ({state.get('dataset')}), this loader reads "
+                f"the mixture {list(self.mix.names)}"
+            )
+        self._check_sources(state.get("sources"))
+        options = PlanOptions(
+            seed=_field(state, "seed", int),
+            shuffle=_field(state, "shuffle", bool),
+            drop_last=_field(state, "drop_last", bool),
+            window=_field(state, "window", int),
+        )
+        if options != self.options:
+            self._plan(options)
+        progress, counts = _progress(state)
+        same_sources = [n for n, _ in progress.cursors] == list(self.mix.names)
+        if (
+            progress.mixture == self.mix.mixture.digest
+            and progress.topology == self.topology
+            and same_sources
+        ):
+            if progress.consumed > len(self.planner.labels(progress)) or not np.array_equal(
+                self.planner.counts(progress), counts
+            ):
+                raise ValueError(
+                    "the state does not fit this mixture's plan (its counts per source differ): "
+                    "it belongs to another mixture"
+                )
+        else:
+            progress = self.planner.settle(progress, counts, self.topology)
+        self.progress = progress
+        self.changes = list(state.get("changes") or [])
+        if progress.mixture != state["deal"]["mixture"]:
+            self.changes.append([progress.epoch, progress.start, progress.mixture])
+        self._memo = None
+        self.rank_plan()
+        return self.options
+
+    def _check_sources(self, raw: Any) -> None:
+        if not isinstance(raw, list):
+            raise ValueError(f"state field 'sources' must be a list, got {raw!r}")
+        mine = {n: d.manifest.digest for n, d in zip(self.mix.names, self.mix.datasets,
+                                                     strict=True)}  # fmt: skip
+        for item in raw:
+            name, digest = item
+            if name not in mine:
+                raise ValueError(
+                    f"the state was saved with source {name!r}, which this mixture "
+                    f"{list(self.mix.names)} lacks: a source may be added at resume, not removed"
+                )
+            if mine[name] != digest:
+                raise ValueError(
+                    f"source {name!r} holds other data than when the state was saved "
+                    f"(dataset {digest}, now {mine[name]})"
+                )
+
+
+def _progress(state: dict[str, Any]) -> tuple[MixProgress, np.ndarray]:
+    deal = state.get("deal")
+    if not isinstance(deal, dict):
+        raise ValueError(f"state field 'deal' must be a mapping, got {deal!r}")
+    try:
+        cursors = tuple(
+            (str(name), Cursor(int(cycle), tuple(_segments(segs))))
+            for name, cycle, segs in deal["cursors"]
+        )
+        topo = Topology(int(deal["world_size"]), int(deal["ranks_per_node"]))
+        progress = MixProgress(
+            epoch=_field(state, "epoch", int),
+            epoch_start=_field(state, "epoch_start", int),
+            start=int(deal["start"]),
+            topology=topo,
+            cursors=cursors,
+            mixture=str(deal["mixture"]),
+            consumed=int(deal["consumed"]),
+        )
+        counts = np.asarray([int(c) for c in deal["counts"]], dtype=np.int64)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"state field 'deal' is malformed: {exc}") from None
+    if len(counts) != len(cursors) or (counts < 0).any():
+        raise ValueError(f"state field 'deal' has bad counts {counts.tolist()}")
+    return progress, counts

@@ -1,0 +1,91 @@
+"""``flashfeed cache warm MIXTURE.json``: exactly the shards of every source a node reads
+first, in the mixture's read order; a warmed node's loader then fetches nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flashfeed.cache import ShardCache
+from flashfeed.cache.nodeshare import NodeShare
+from flashfeed.cache.warmmix import mixture_order, open_sources
+from flashfeed.cli import main
+from flashfeed.loader import TokenLoader
+from flashfeed.mixture import Mixture, Source
+
+from support.loader_helpers import make_token_dataset
+
+
+@pytest.fixture
+def mixture_file(s3_prefix: str, s3_info, tmp_path: Path, monkeypatch) -> Path:
+    for k, v in s3_info.env().items():
+        monkeypatch.setenv(k, v)
+    opts = s3_info.storage_options()
+    urls = {}
+    for name, sizes in (("prose", [30, 30, 30, 30, 30, 30]), ("code", [20, 25, 20, 25])):
+        urls[name] = f"{s3_prefix}/{name}"
+        make_token_dataset(urls[name], sizes, seq_len=8, storage_options=opts)
+    mix = Mixture((Source(urls["prose"], 2, "prose"), Source(urls["code"], 1, "code")))
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(mix.to_dict()))
+    return path
+
+
+def _shards(root: Path) -> set[str]:
+    return {p.name for p in root.glob("*/data/shards/*.arrow")}
+
+
+def test_warm_a_mixture_then_train_without_fetching(mixture_file: Path, tmp_path: Path, capsys):
+    root = tmp_path / "cache"
+    argv = ["cache", "warm", str(mixture_file), "--cache-dir", str(root), "--node-rank", "1",
+            "--num-nodes", "2", "--ranks-per-node", "2", "--seed", "3",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    mix = Mixture.from_file(mixture_file)
+    datasets = open_sources(mix)
+    order = mixture_order(mix, datasets, NodeShare.build(node_rank=1, num_nodes=2,
+                                                         ranks_per_node=2, seed=3))  # fmt: skip
+    assert {s for s, _ in order} == {0, 1}  # shards of both sources
+    assert f"{len(order)} fetched" in out
+    # node 1's ranks (2 and 3 of 4) train from the warmed cache and fetch nothing
+    for rank in (2, 3):
+        loader = TokenLoader(str(mixture_file), batch_size=4, rank=rank, world_size=4,
+                             ranks_per_node=2, seed=3, cache_dir=str(root))  # fmt: skip
+        keys = [k for b in loader for k in b["__key__"]]
+        assert keys and loader.stats()["cache"]["misses"] == 0
+        loader.close()
+    with ShardCache(str(root)) as cache:
+        record = cache.warm_record(datasets[0].url)
+    assert record is not None and record["mixture_digest"] == mix.digest
+    assert record["source"] == "prose" and record["node_rank"] == 1
+
+
+def test_warm_a_mixture_up_to_capacity_takes_the_first_in_read_order(
+    mixture_file: Path, tmp_path: Path, capsys
+):
+    mix = Mixture.from_file(mixture_file)
+    datasets = open_sources(mix)
+    order = mixture_order(mix, datasets, NodeShare.build(num_nodes=1, ranks_per_node=2))
+    first = order[:3]
+    capacity = sum(datasets[s].shards[i].bytes for s, i in first) + 100
+    root = tmp_path / "small"
+    argv = ["cache", "warm", str(mixture_file), "--cache-dir", str(root), "--ranks-per-node",
+            "2", "--capacity", str(capacity), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert "3 fetched" in capsys.readouterr().out
+    got = sorted(str(p.relative_to(root)).split("/data/")[1] for p in
+                 root.glob("*/data/shards/*.arrow"))  # fmt: skip
+    assert got == sorted(datasets[s].shards[i].path for s, i in first)
+    assert {datasets[s].url for s, _ in first} <= {d.url for d in datasets}
+
+
+def test_a_cluster_warm_of_a_mixture_is_refused_clearly(mixture_file: Path, tmp_path: Path, capsys):
+    argv = ["cache", "warm", str(mixture_file), "--cache-dir", str(tmp_path / "c"),
+            "--ray-address", "auto"]  # fmt: skip
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "node by node" in err[0]
+    assert not (tmp_path / "c").exists()  # nothing started
