@@ -226,10 +226,26 @@ def make_token_dataset(prefix: Path, tok: Path, args: argparse.Namespace) -> Non
 
 
 def bench_loader(prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """GB/s at ``--batch-size`` (tokens only, with document outputs, memcpy), in rotated
+    rounds; then with document outputs at each of ``--more-batch-sizes`` beside memcpy."""
+    from flashfeed.loader import TokenLoader
+
+    out = _loader_rates(prefix, args, args.batch_size, with_tokens_only=True)
+    out["by_batch_size"] = {
+        str(b): _loader_rates(prefix, args, b, with_tokens_only=False)
+        for b in args.more_batch_sizes
+        if len(TokenLoader(str(prefix), batch_size=b, device="cpu"))  # a batch to time
+    }
+    return out
+
+
+def _loader_rates(
+    prefix: Path, args: argparse.Namespace, batch_size: int, *, with_tokens_only: bool
+) -> dict[str, Any]:
     from flashfeed.loader import TokenLoader
 
     def epoch(outputs: tuple[str, ...]) -> tuple[float, int]:
-        loader = TokenLoader(str(prefix), batch_size=args.batch_size, outputs=outputs, device="cpu")
+        loader = TokenLoader(str(prefix), batch_size=batch_size, outputs=outputs, device="cpu")
         for _ in loader:  # the first pass maps the pages in
             pass
         before = loader.bytes_delivered
@@ -247,9 +263,11 @@ def bench_loader(prefix: Path, args: argparse.Namespace) -> dict[str, Any]:
         return time.perf_counter() - t0
 
     rows = {"tokens only": (), "with document outputs": KERNEL_OUTPUTS}
+    if not with_tokens_only:
+        del rows["tokens only"]
     rates: dict[str, list[float]] = {n: [] for n in [*rows, "memcpy (same bytes)"]}
     for r in range(args.rounds):
-        for name in list(rows)[r % 2 :] + list(rows)[: r % 2]:
+        for name in list(rows)[r % len(rows) :] + list(rows)[: r % len(rows)]:
             secs, nbytes = epoch(rows[name])
             rates[name].append(nbytes / secs / 1e9)
             if name == "with document outputs":
@@ -272,6 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-size", default="1MB", help="ingest's shard size (text bytes)")
     p.add_argument("--token-rows", type=int, default=8192, help="rows of the loader dataset")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument(
+        "--more-batch-sizes", type=int, nargs="*", default=[256],
+        help="TokenLoader with document outputs at these batch sizes too",
+    )  # fmt: skip
+    p.add_argument(
+        "--only", choices=("all", "loader"), default="all",
+        help="loader: only the TokenLoader table (no tokenizer runs, no Ray)",
+    )  # fmt: skip
     p.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     p.add_argument("--out")
     args = p.parse_args(argv)
@@ -283,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         train_tokenizer(texts[::4], tok, args.vocab)
         result: dict[str, Any] = {"config": vars(args)}
-        result["tokenize"] = bench_tokenize(src, tok, texts, work, args)
-        result["packing"] = bench_packing(texts, tok, args)
+        if args.only == "all":
+            result["tokenize"] = bench_tokenize(src, tok, texts, work, args)
+            result["packing"] = bench_packing(texts, tok, args)
         make_token_dataset(work / "tokens", tok, args)
         result["loader"] = bench_loader(work / "tokens", args)
     finally:
@@ -298,6 +325,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_tables(result: dict[str, Any]) -> None:
+    if "tokenize" in result:
+        print_ingest_tables(result)
+    lo = result["loader"]
+    print("\nTokenLoader, CPU (GB/s of delivered bytes, median)")
+    for name, v in lo["gb_per_s"].items():
+        print(f"  {name:24s} {v:8.2f}")
+    print(f"  with outputs / memcpy   {lo['of_memcpy']:8.2f}")
+    for b, more in lo.get("by_batch_size", {}).items():
+        rates = more["gb_per_s"]
+        print(
+            f"  batch {b:>5s}: with document outputs {rates['with document outputs']:6.2f}, "
+            f"memcpy {rates['memcpy (same bytes)']:6.2f}, of memcpy {more['of_memcpy']:5.2f}"
+        )
+
+
+def print_ingest_tables(result: dict[str, Any]) -> None:
     t = result["tokenize"]
     print(f"\ntokenization, {t['mb']:.1f} MB of text, {t['documents']} documents (MB/s, median)")
     ff = t["median_mb_s"]["flashfeed-ingest"]
@@ -313,11 +356,6 @@ def print_tables(result: dict[str, Any]) -> None:
                 f"{v['truncated_pct']:.1f}%  split {v['split_documents']} "
                 f"(longer than a row: {v['longer_than_row']})"
             )
-    lo = result["loader"]
-    print("\nTokenLoader, CPU (GB/s of delivered bytes, median)")
-    for name, v in lo["gb_per_s"].items():
-        print(f"  {name:24s} {v:8.2f}")
-    print(f"  with outputs / memcpy   {lo['of_memcpy']:8.2f}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pyarrow as pa
 from flashfeed.arrowshard import open_arrow
 from flashfeed.errors import CorruptShardError
 
-__all__ = ["ArrowShardView", "ListView", "gather_lists", "open_arrow_view"]
+__all__ = ["ArrowShardView", "ListView", "gather_lists", "list_index", "open_arrow_view"]
 
 
 @dataclass(frozen=True)
@@ -23,14 +23,21 @@ class ListView:
     values: np.ndarray
 
 
+def list_index(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(counts, index)`` of ``rows`` of a list column with ``offsets``: each row's entry
+    count, and where their entries lie in its values, one row after the other."""
+    begin = offsets[rows].astype(np.int64, copy=False)
+    counts = offsets[rows + 1].astype(np.int64, copy=False) - begin
+    first = np.cumsum(counts) - counts
+    idx = np.repeat(begin - first, counts)
+    idx += np.arange(len(idx), dtype=np.int64)
+    return counts, idx
+
+
 def gather_lists(view: ListView, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(counts, values)`` of ``rows``: each row's entry count, and their entries one row
     after the other (one fancy-index, no per-row Python)."""
-    begin = view.offsets[rows].astype(np.int64)
-    counts = view.offsets[rows + 1].astype(np.int64) - begin
-    total = int(counts.sum())
-    first = np.cumsum(counts) - counts
-    idx = np.arange(total, dtype=np.int64) + np.repeat(begin - first, counts)
+    counts, idx = list_index(view.offsets, rows)
     return counts, view.values[idx]
 
 

@@ -84,6 +84,8 @@ class StreamFeeder:
         self._fill_times: deque[float] = deque(maxlen=16)
         self._cache_at = -1e9
         self._cache_latency: float | None = None
+        self._fill_median: tuple[int, float | None] = (-1, None)  # (fills seen, their median)
+        self._fills = 0
         self.streamed_batches = 0
         self.max_ahead_bytes = 0
         self.target_batches: int | None = None
@@ -155,7 +157,10 @@ class StreamFeeder:
         shards, rows = self.pass_order.shards[sl], self.pass_order.rows[sl]
         streamed = False
         blocked = 0.0
-        for shard in np.unique(shards).tolist():
+        batch_shards = np.unique(shards).tolist()
+        if self._ready.issuperset(batch_shards):  # the common case, once shards are local
+            return 0.0
+        for shard in batch_shards:
             if shard in self._ready:
                 continue
             early, waited = self._wait_rows(shard, rows[shards == shard].tolist())
@@ -219,6 +224,7 @@ class StreamFeeder:
         asked = self._asked.pop(shard, None)
         if asked is not None:
             self._fill_times.append(time.perf_counter() - asked)
+            self._fills += 1
         got = self._partials.pop(shard, None)
         if got is not None:
             got[1].close()
@@ -242,8 +248,10 @@ class StreamFeeder:
             self._cache_latency = seconds / misses if misses and seconds else None
         if self._cache_latency is not None:
             return self._cache_latency
-        slow = [t for t in self._fill_times if t > 0.001]
-        return float(np.median(slow)) if slow else None
+        if self._fill_median[0] != self._fills:  # a median per new fill, not per batch
+            slow = [t for t in self._fill_times if t > 0.001]
+            self._fill_median = (self._fills, float(np.median(slow)) if slow else None)
+        return self._fill_median[1]
 
     def horizon(self) -> int | None:
         """Batches to fetch ahead: the measured fetch time of a shard, twice over, at the

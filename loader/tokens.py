@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,9 +32,10 @@ import pyarrow as pa
 import torch
 
 from flashfeed.dataset import Dataset
+from flashfeed.errors import CorruptShardError
 from flashfeed.mixture import Mixture
 
-from .arrowcols import ArrowShardView, ListView, gather_lists, open_arrow_view
+from .arrowcols import ArrowShardView, list_index, open_arrow_view
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool
 from .fields import KEY
@@ -115,6 +117,7 @@ class TokenLoader(PlannedLoader):
                     f"shard {self.shard_names[shard]} has {view.num_rows} rows, the manifest "
                     f"says {self.dataset.shards[shard].samples}"
                 )
+            _check_shared_offsets(view)
             self._views[shard] = view
             while len(self._views) > self.max_open:
                 self._views.popitem(last=False)
@@ -127,36 +130,45 @@ class TokenLoader(PlannedLoader):
         copy per row group of a shard, no per-row Python work), with their keys as
         ``<shard>/<key>``, read from the same rows."""
         order = np.argsort(shards, kind="stable")
-        groups = np.split(order, np.flatnonzero(np.diff(shards[order])) + 1)
+        in_order = shards[order]
+        cuts = [0, *(np.flatnonzero(in_order[1:] != in_order[:-1]) + 1).tolist(), len(order)]
+        groups = [order[a:b] for a, b in pairwise(cuts)]
         out: dict[str, Any] = {}
         views = [self._view(int(shards[g[0]])) for g in groups]
         keys: list[str] = [""] * len(shards)
         for view, pos in zip(views, groups, strict=True):
             for p, key in zip(pos.tolist(), _row_keys(view, rows[pos]), strict=True):
                 keys[p] = f"{view.name}/{key}"
+        narrow: dict[str, np.ndarray] = {}
         for col in self.columns:
             first = views[0].columns[col][0]
             dtype = np.dtype(self.dtype) if self.dtype else first.dtype
             buf = self._buffer((len(shards), *first.shape[1:]), dtype)
+            # rows are gathered at their stored width, then widened in one contiguous pass
+            rows_at = buf if dtype == first.dtype else np.empty(buf.shape, first.dtype)
             for view, pos in zip(views, groups, strict=True):
                 arrays = view.columns[col]
-                if arrays[0].shape[1:] != first.shape[1:]:
+                if arrays[0].shape[1:] != first.shape[1:] or arrays[0].dtype != first.dtype:
                     raise ValueError(
-                        f"shard {view.name}: column {col!r} has shape {arrays[0].shape[1:]}, "
-                        f"other shards {first.shape[1:]}: sequences must have one length"
+                        f"shard {view.name}: column {col!r} has shape {arrays[0].shape[1:]} "
+                        f"of {arrays[0].dtype}, other shards {first.shape[1:]} of "
+                        f"{first.dtype}: sequences must have one length and type"
                     )
                 if len(arrays) == 1:
-                    buf[pos] = arrays[0][rows[pos]]
+                    rows_at[pos] = arrays[0][rows[pos]]
                     continue
                 chunk, inner = view.locate(rows[pos])
                 for c in np.unique(chunk).tolist():
                     sel = chunk == c
-                    buf[pos[sel]] = arrays[c][inner[sel]]
+                    rows_at[pos[sel]] = arrays[c][inner[sel]]
+            if rows_at is not buf:
+                np.copyto(buf, rows_at, casting="unsafe")
             out[col] = buf
+            narrow[col] = rows_at
         if self.outputs:
             seg = _gather_segments(views, groups, rows)
             where = f"a batch of {', '.join(sorted({v.name for v in views}))}"
-            tokens = out["tokens"]
+            tokens = narrow["tokens"]
             docs = document_outputs(
                 seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where
             )
@@ -252,30 +264,46 @@ def _gather_segments(
     views: list[ArrowShardView], groups: list[np.ndarray], rows: np.ndarray
 ) -> Segments:
     """The segments of ``rows`` in batch order: gathered per shard (and record batch), then
-    put in batch order with one more vectorised gather."""
+    put in batch order with one more vectorised gather. ``doc_lens``, ``doc_ids`` and
+    ``doc_starts`` share their offsets (checked when a shard is opened): one index each."""
     counts, lens, ids, starts, order = [], [], [], [], []
     for view, pos in zip(views, groups, strict=True):
         lists = view.lists or {}
-        lv, iv = lists["doc_lens"], lists["doc_ids"]
+        lv, iv, sv = lists["doc_lens"], lists["doc_ids"], lists.get("doc_starts")
         chunk, inner = view.locate(rows[pos]) if len(lv) > 1 else (None, rows[pos])
         for c in [0] if chunk is None else np.unique(chunk).tolist():
             sel = slice(None) if chunk is None else chunk == c
-            n, v = gather_lists(lv[c], inner[sel])
+            n, idx = list_index(lv[c].offsets, inner[sel])
             counts.append(n)
-            lens.append(v)
-            ids.append(gather_lists(iv[c], inner[sel])[1])
-            if "doc_starts" in lists:
-                starts.append(gather_lists(lists["doc_starts"][c], inner[sel])[1])
+            lens.append(lv[c].values[idx])
+            ids.append(iv[c].values[idx])
+            if sv is not None:
+                starts.append(sv[c].values[idx])
             order.append(pos[sel])
     n_all = np.concatenate(counts)
+    if len(order) == 1:
+        back = np.argsort(order[0], kind="stable")
+        if (back == np.arange(len(back))).all():  # already in batch order
+            return Segments(n_all, lens[0], ids[0], starts[0] if starts else None)
     back = np.argsort(np.concatenate(order), kind="stable")  # batch position -> gathered row
     offsets = np.concatenate([[0], np.cumsum(n_all)])
-    _, seg_lens = gather_lists(ListView(offsets, np.concatenate(lens)), back)
-    _, seg_ids = gather_lists(ListView(offsets, np.concatenate(ids)), back)
-    seg_starts = None
-    if starts:
-        _, seg_starts = gather_lists(ListView(offsets, np.concatenate(starts)), back)
-    return Segments(n_all[back], seg_lens, seg_ids, seg_starts)
+    _, idx = list_index(offsets, back)
+    seg_starts = np.concatenate(starts)[idx] if starts else None
+    return Segments(n_all[back], np.concatenate(lens)[idx], np.concatenate(ids)[idx], seg_starts)
+
+
+def _check_shared_offsets(view: ArrowShardView) -> None:
+    """The document columns of a shard hold one entry per segment each: the same offsets
+    (``_gather_segments`` indexes them all with one index)."""
+    lists = view.lists or {}
+    lens = lists.get("doc_lens", [])
+    for name, other in lists.items():
+        for a, b in zip(lens, other, strict=True):
+            if a.offsets is not b.offsets and not np.array_equal(a.offsets, b.offsets):
+                raise CorruptShardError(
+                    f"shard {view.name}: column {name!r} does not hold one entry per segment "
+                    "of 'doc_lens' (their row lengths differ)"
+                )
 
 
 def _row_keys(view: ArrowShardView, rows: np.ndarray) -> list[str]:

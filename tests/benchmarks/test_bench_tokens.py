@@ -58,3 +58,20 @@ def test_the_suite_runs_it_as_a_stage() -> None:
     assert "tokens" in suite.STAGES
     assert "--mb" in suite.QUICK.tokens_args and "--mb" in suite.FULL.tokens_args
     assert Path(BENCH / "tokenize_bench.py").exists()
+
+
+def test_only_the_loader_table_at_more_batch_sizes(tmp_path: Path) -> None:
+    out = tmp_path / "loader.json"
+    args = "--only loader --mb 0.05 --vocab 400 --rounds 1 --token-rows 64 --seq-len 128"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "tokenize_bench.py"), *args.split(), "--batch-size", "4",
+         "--more-batch-sizes", "16", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert "tokenize" not in result and "packing" not in result
+    assert "TokenLoader, CPU" in proc.stdout and "batch    16:" in proc.stdout
+    more = result["loader"]["by_batch_size"]["16"]
+    assert set(more["gb_per_s"]) == {"with document outputs", "memcpy (same bytes)"}
+    assert all(v > 0 for v in more["gb_per_s"].values()) and more["of_memcpy"] > 0

@@ -220,3 +220,32 @@ def test_document_columns_that_do_not_fit_their_rows_are_refused_naming_the_shar
     loader = TokenLoader(prefix, batch_size=2, shuffle=False, outputs=("position_ids",))
     with pytest.raises(CorruptShardError, match=r"shards/000000\.arrow.*do not fit the rows"):
         next(iter(loader))
+
+
+def test_document_columns_with_different_row_lengths_are_refused_naming_the_shard(
+    tmp_path: Path,
+):
+    import pyarrow as pa
+
+    from flashfeed.errors import CorruptShardError
+    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.shardio import write_arrow_shard
+
+    prefix = str(tmp_path / "bad")
+    tokens = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(8, np.uint16)), 4)
+    table = pa.table({
+        "tokens": tokens,
+        "doc_lens": pa.array([[2, 2], [4]], pa.list_(pa.int32())),
+        "doc_ids": pa.array([[0], [1, 2]], pa.list_(pa.int64())),  # as many ids, other rows
+        "doc_starts": pa.array([[0, 0], [0]], pa.list_(pa.int64())),
+    })  # fmt: skip
+    info = write_arrow_shard(prefix, "shards/000000.arrow", table)
+    schema = {f.name: str(f.type) for f in table.schema}
+    commit_manifest(
+        prefix,
+        Manifest(name="bad", shard_format="arrow", schema=schema, shards=(info,),
+                 requires=("token-documents",)),
+    )  # fmt: skip
+    loader = TokenLoader(prefix, batch_size=2, shuffle=False, outputs=("document_ids",))
+    with pytest.raises(CorruptShardError, match=r"shards/000000\.arrow.*'doc_ids'.*per segment"):
+        next(iter(loader))
