@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
+from flashfeed.manifest import Manifest
 from flashfeed.mixture import Mixture
 
 from .base import Made, PlannedLoader
@@ -20,6 +21,7 @@ from .bucketplan import BucketPlanner, bucket_options
 from .convert import DeviceCopier, HostPool, to_keys, to_torch
 from .dali_runner import DaliRunner, collect_dropped_pipelines, cuda_initialized, py_start_method
 from .fields import KEY, parse_fields
+from .mixposition import MixPosition
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
@@ -142,18 +144,17 @@ class Loader(PlannedLoader):
             frames=self.clips.frames if self.clips else 0,
             stride=self.clips.stride if self.clips else 1,
         )
-        super().__init__(parts, batch_size=batch_size)
-        self.buckets = (
-            BucketPlanner(
-                bucket_options(
-                    buckets, self.dataset.manifest, image_size=image_size, max_crop=max_crop
-                ),
-                self.dataset.manifest,
-                batch_size,
+        manifest = parts.dataset.manifest
+        if buckets is not None and not isinstance(manifest, Manifest):
+            raise ValueError(
+                "buckets= reads one dataset, not a mixture: bucket each source's Loader on "
+                "its own, or read the mixture without buckets"
             )
-            if buckets is not None
-            else None
-        )
+        super().__init__(parts, batch_size=batch_size)
+        self.buckets: BucketPlanner | None = None
+        if buckets is not None and isinstance(manifest, Manifest):
+            options = bucket_options(buckets, manifest, image_size=image_size, max_crop=max_crop)
+            self.buckets = BucketPlanner(options, manifest, batch_size)
         self.user_pipeline = pipeline
         self.num_threads = num_threads
         self.py_workers = py_workers
@@ -221,16 +222,17 @@ class Loader(PlannedLoader):
         )
         if self.clips is None:
             return order
-        p = self._bucket_position()  # where each video clip starts: drawn by the plan
+        p = self._next_position()  # where each video clip starts: drawn by the plan
         return replace(order, draws=clip_draws(p.options.seed, p.epoch, order.ids))
 
-    def _bucket_position(self) -> Position:
+    def _next_position(self) -> Position | MixPosition:
         """The position the next pass starts from (the next epoch's, once this one ended)."""
-        if not self._finished:
-            return self.position
-        ahead = replace(self.position, prior=[], consumed=0, _memo=None)
-        ahead.epoch += 1
-        return ahead
+        return self.position.following() if self._finished else self.position
+
+    def _bucket_position(self) -> Position:
+        """``_next_position`` of a bucketed loader, which reads one dataset (checked when
+        it was made)."""
+        return _single(self._next_position())
 
     def __len__(self) -> int:
         if self.buckets is None:
@@ -242,15 +244,18 @@ class Loader(PlannedLoader):
             return super()._end_epoch()
         self._finished = True
         if self.ledger is not None:  # short tails (drop_last), skipped samples, plan surplus
-            got = self.buckets.order(self.position)
+            got = self.buckets.order(_single(self.position))
             unread = np.concatenate([got.dropped, self.position.rank_plan().dropped])
             if len(unread):
                 self.ledger.record_dropped(self.position.epoch, unread.tolist())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = (replace(self.position, prior=list(self.position.prior)), self._finished)
+        if self.buckets is None:
+            return super().load_state_dict(state)
+        position = _single(self.position)
+        saved = (replace(position, prior=list(position.prior)), self._finished)
         super().load_state_dict(state)
-        if self.buckets is not None and self.position.prior and not self._finished:
+        if _single(self.position).prior and not self._finished:
             self.position, self._finished = saved
             raise ValueError(
                 f"a bucketed Loader resumes mid-epoch only on the topology that saved the "
@@ -264,7 +269,7 @@ class Loader(PlannedLoader):
         and the samples skipped (by reason) or dropped: see ``BucketPlanner.report``."""
         if self.buckets is None:
             raise ValueError("bucket_report() needs a Loader made with buckets=")
-        return self.buckets.report(self.position)
+        return self.buckets.report(_single(self.position))
 
     def _lookahead(self) -> int:
         return self.prefetch + 1  # DALI asks for up to ``prefetch`` batches ahead of a run
@@ -348,8 +353,14 @@ class Loader(PlannedLoader):
     def stats(self) -> dict[str, Any]:
         """``PlannedLoader.stats()``, and ``"missing"``: per optional caption or JSON field,
         the delivered samples that lacked it (None in their batch); with buckets,
-        ``"buckets"``: ``bucket_report()``."""
+        ``"buckets"``: ``bucket_report()``; ``"startup"``: seconds of construction (of which
+        ``manifest_s``: opening the dataset and its source), then on the first pass's path
+        to its first batch: ``pipeline_build_s`` (the DALI graph, the pass file),
+        ``reader_start_s`` (``pipe.build()``: executor and reader processes),
+        ``first_fetch_s`` (the wait left for the first batch's bytes), ``first_decode_s``,
+        and ``first_batch_s`` from ``Loader(...)`` to the first batch in hand."""
         out = super().stats()
+        out["startup"] = dict(self.startup)
         out["missing"] = dict(self.missing)
         if self.buckets is not None:
             out["buckets"] = self.bucket_report()
@@ -362,20 +373,16 @@ class Loader(PlannedLoader):
         o = self.position.options
         return hash((o.seed, self.position.epoch, self.ctx.rank, self.position.consumed))
 
-    def stats(self) -> dict[str, Any]:
-        """``PlannedLoader.stats()`` plus ``"startup"``: seconds of construction (of which
-        ``manifest_s``: opening the dataset and its source), then on the first pass's path
-        to its first batch: ``pipeline_build_s`` (the DALI graph, the pass file),
-        ``reader_start_s`` (``pipe.build()``: executor and reader processes),
-        ``first_fetch_s`` (the wait left for the first batch's bytes), ``first_decode_s``,
-        and ``first_batch_s`` from ``Loader(...)`` to the first batch in hand."""
-        out = super().stats()
-        out["startup"] = dict(self.startup)
-        return out
-
     def close(self) -> None:
         """Stop the DALI pipeline and its reader processes; close the stats log."""
         if self.copier is not None:
             self.copier.flush()
         self.runner.close()
         super().close()
+
+
+def _single(position: Position | MixPosition) -> Position:
+    """The position of a loader that reads one dataset (a bucketed one: see ``__init__``)."""
+    if not isinstance(position, Position):
+        raise TypeError("a bucketed Loader reads one dataset, not a mixture")
+    return position

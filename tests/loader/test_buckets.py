@@ -320,3 +320,18 @@ def test_with_drop_last_every_rank_yields_the_same_batches_count(sized):
     assert counts[0] > 0 and counts == [len(ld) for ld in loaders] == [counts[0]] * 3
     reports = [ld.bucket_report() for ld in loaders]
     assert all(sum(b["samples"] for b in r["buckets"]) == 4 * counts[0] for r in reports)
+
+
+def test_buckets_refuse_a_mixture_at_construction(tmp_path):
+    from flashfeed.mixture import Mixture, Source
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    write_sized(a, [6])
+    write_sized(b, [4, 3])
+    mix = Mixture((Source(a, 1, "a"), Source(b, 1, "b")))
+    with pytest.raises(ValueError, match="buckets= reads one dataset, not a mixture"):
+        Loader(mix, batch_size=2, buckets=list(SHAPES))
+    plain = Loader(mix, batch_size=2, image_size=16)  # the same mixture without buckets reads
+    keys = [k for batch in plain for k in batch["__key__"]]
+    plain.close()
+    assert len(keys) >= 6 and {k.split(":")[0] for k in keys} == {"a", "b"}
