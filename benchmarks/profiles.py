@@ -44,6 +44,8 @@ class Profile:
     worker_variants: bool = True
     #: GETs in flight besides the default 8, in the cache stage (with ``worker_variants``)
     cache_get_variants: tuple[int, ...] = ()
+    #: arguments of the near-duplicate stage (neardup.py)
+    neardup_args: tuple[str, ...] = ("--bases", "300", "--rounds", "1", "--kernel-rounds", "1")
 
 
 QUICK = Profile(
@@ -121,5 +123,6 @@ FULL = Profile(
     s3_objects=8,
     tokens_args=("--mb", "8", "--rounds", "3", "--token-rows", "8192", "--batch-size", "64"),
     crypto_args=("--loader-rounds", "5"),
+    neardup_args=("--bases", "10000", "--rounds", "3"),
     stage_timeout_s=900,
 )

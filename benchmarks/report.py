@@ -207,6 +207,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
                 )
             )
     rows += token_rows(st)
+    rows += neardup_rows(st)
     ev = ((st.get("plan") or {}).get("data") or {}).get("eviction", [])
     for e in ev:
         if e["capacity"] == 0.5:
@@ -247,6 +248,29 @@ def token_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
              "tokens only", spread(plain), ratio(mine, plain), "memcpy of the same bytes",
              max(lo["memcpy (same bytes)"]))
     )  # fmt: skip
+    return rows
+
+
+def neardup_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
+    """The neardup stage: the Ray stage at 2 CPUs beside 1, rensa beside datasketch."""
+    data = (stages.get("neardup") or {}).get("data") or {}
+    if not data:
+        return []
+    runs = {c: [r["docs_per_s"] for r in rs] for c, rs in data["ray"].items()}
+    rows = []
+    if "1" in runs and "2" in runs:
+        rows.append(
+            _row("ingest", "near-dup removal, 2 Ray CPUs", spread(runs["2"]), "docs/s",
+                 "1 Ray CPU", spread(runs["1"]), ratio(runs["2"], runs["1"]))
+        )  # fmt: skip
+    kernels = {k["kernel"]: k.get("rounds") for k in data["kernels"] if k.get("rounds")}
+    mine = kernels.get("flashfeed-rensa")
+    for peer in ("datasketch", "flashfeed-numpy"):
+        if mine and kernels.get(peer):
+            rows.append(
+                _row("ingest", "MinHash LSH, rensa kernel, 1 process", spread(mine), "docs/s",
+                     peer, spread(kernels[peer]), ratio(mine, kernels[peer]))
+            )  # fmt: skip
     return rows
 
 

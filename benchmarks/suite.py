@@ -22,6 +22,8 @@ rounds whose order rotates every round):
   mixture  TokenLoader over 3 sources and Loader over 2 vs one dataset of the same shards,
            share error per source beside its weight                (mixbench.py)
   crypto   sealed vs plain shards                                  (crypto.py)
+  neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
+           near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup.py, .bench-venv)
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench.py)
@@ -73,6 +75,7 @@ STAGES = (
     "plan",
     "mixture",
     "crypto",
+    "neardup",
     "tokens",
 )
 
@@ -282,6 +285,9 @@ def run_stages(
     if "crypto" in stages:
         data = r.run("crypto", "crypto.py", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
+    if "neardup" in stages:
+        data = r.run("neardup", "neardup.py", list(p.neardup_args), python=r.peer_py)
+        out["neardup"] = {"data": data} if data else {}
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
         data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}

@@ -33,6 +33,12 @@ examples:
   flashfeed ingest ./corpus.jsonl s3://flashfeed/tok-v1 --format arrow \\
       --tokenizer ./tokenizer.json --seq-len 2048
 
+  # a JSONL.zst/Parquet text corpus on S3, near-duplicates (Jaccard >= 0.8 of 5-word
+  # shingles) and documents a quality filter drops removed on Ray, then tokenized
+  flashfeed ingest s3://raw/web/ s3://flashfeed/web-v1 --source-format text \\
+      --text-column content --near-dup-threshold 0.8 --quality-filter mypkg.filters:keep \\
+      --format arrow --tokenizer ./tokenizer.json --seq-len 2048
+
   # on an existing Ray cluster, summary as JSON for scripts
   flashfeed ingest s3://raw/imgs s3://flashfeed/imgs-v1 --ray-address 10.0.0.5:6379 --json
 
@@ -101,6 +107,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="drop exact duplicates (content hash) across the whole dataset",
     )
+    _near_dup_arguments(p)
     p.add_argument("--max-image-side", type=int, help="re-encode: shrink images to this side")
     p.add_argument("--jpeg-quality", type=int, help="re-encode: JPEG quality 1-100")
     p.add_argument(
@@ -125,9 +132,10 @@ def register(subparsers: Any) -> None:
     for fmt in FORMATS.values():  # each format's own options: --<format>-<option>
         for opt in fmt.options:
             p.add_argument(
-                f"--{fmt.name}-{opt.name}",
+                f"--{fmt.name}-{opt.name.replace('_', '-')}",
                 dest=_option_dest(fmt.name, opt.name),
-                choices=opt.choices,
+                choices=opt.choices or None,
+                metavar=None if opt.choices else opt.name.upper(),
                 help=opt.help,
             )
     p.add_argument("--tokenizer", help="tokenizer.json (tokenizers library) for token datasets")
@@ -174,6 +182,51 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_main)
 
 
+def _near_dup_arguments(p: Any) -> None:
+    g = p.add_argument_group(
+        "near-duplicates and quality (Ray tasks over the corpus, before sharding)"
+    )
+    g.add_argument(
+        "--near-dup-threshold",
+        type=float,
+        metavar="J",
+        help="drop documents whose shingle Jaccard similarity to another is >= J, in (0, 1), "
+        "keeping the smallest source position of each cluster (MinHash LSH; off by default)",
+    )
+    g.add_argument(
+        "--near-dup-shingle-size",
+        type=int,
+        default=5,
+        metavar="N",
+        help="tokens per shingle (default 5)",
+    )
+    g.add_argument(
+        "--near-dup-shingle-unit",
+        choices=("word", "char"),
+        default="word",
+        help="shingle over words or characters (default word)",
+    )
+    g.add_argument(
+        "--near-dup-num-perm",
+        type=int,
+        default=128,
+        metavar="N",
+        help="MinHash permutations (default 128); LSH bands x rows follow from the threshold",
+    )
+    g.add_argument(
+        "--near-dup-backend",
+        choices=("rensa", "numpy"),
+        default="rensa",
+        help="MinHash kernel (default rensa; numpy gives other hashes, same accuracy)",
+    )
+    g.add_argument(
+        "--quality-filter",
+        metavar="MODULE:FUNCTION",
+        help="a function text -> None (keep) or a reason string (drop); drops are counted "
+        "in the manifest as quality:<reason>",
+    )
+
+
 def build_config(args: argparse.Namespace) -> IngestConfig:
     return IngestConfig(
         source=args.source,
@@ -187,6 +240,12 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         validate=args.validate,
         max_pixels=args.max_pixels,
         dedup=args.dedup,
+        near_dup_threshold=args.near_dup_threshold,
+        near_dup_shingle_size=args.near_dup_shingle_size,
+        near_dup_shingle_unit=args.near_dup_shingle_unit,
+        near_dup_num_perm=args.near_dup_num_perm,
+        near_dup_backend=args.near_dup_backend,
+        quality_filter=args.quality_filter,
         max_image_side=args.max_image_side,
         jpeg_quality=args.jpeg_quality,
         keep_original_size=args.keep_original_size,

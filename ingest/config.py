@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ import xxhash
 from flashfeed.crypto import ENV_KEY, ENV_KEY_FILE, EncryptionKey, load_key
 from flashfeed.units import parse_size
 
+from .neardup import NearDupOptions, QualityFilter, load_quality_filter
 from .packing import PackOptions
 from .sources import FORMATS, check_source_options
 
@@ -63,6 +65,12 @@ class IngestConfig:
     normalize_text: bool = True
     fields: dict[str, str] = field(default_factory=dict)
     source_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    near_dup_threshold: float | None = None
+    near_dup_shingle_size: int = 5
+    near_dup_shingle_unit: str = "word"
+    near_dup_num_perm: int = 128
+    near_dup_backend: str = "rensa"
+    quality_filter: str | Callable[[str], str | None] | None = None
     tokenizer: str | None = None
     seq_len: int | None = None
     eos_token: str | None = None
@@ -116,6 +124,9 @@ class IngestConfig:
                     f"fields must map NAME (letters, digits, '_', '-', '.') to a COLUMN, "
                     f"got {name!r}={column!r}"
                 )
+        self.near_dup_options()  # a bad near-dup option fails here, named
+        if self.quality_filter is not None:
+            self.quality_function()  # so does a quality filter that cannot be loaded
         if (self.tokenizer is None) != (self.seq_len is None):
             raise ValueError("tokenizer and seq_len go together: give both or neither")
         if self.tokenizer is not None:
@@ -146,6 +157,28 @@ class IngestConfig:
     def reencode(self) -> bool:
         return self.max_image_side is not None or self.jpeg_quality is not None
 
+    def near_dup_options(self) -> NearDupOptions | None:
+        """The MinHash LSH options, or None when near-duplicate removal is off (no
+        ``near_dup_threshold``); the seed is the run's."""
+        opts = NearDupOptions(
+            threshold=0.8 if self.near_dup_threshold is None else self.near_dup_threshold,
+            shingle_size=self.near_dup_shingle_size,
+            shingle_unit=self.near_dup_shingle_unit,
+            num_perm=self.near_dup_num_perm,
+            seed=self.seed,
+            backend=self.near_dup_backend,
+        )
+        return None if self.near_dup_threshold is None else opts
+
+    def quality_function(self) -> QualityFilter | None:
+        """The quality filter as a function (a ``"module:function"`` string is imported)."""
+        qf = self.quality_filter
+        if qf is None or callable(qf):
+            return qf
+        if isinstance(qf, str):
+            return load_quality_filter(qf)
+        raise ValueError(f"quality_filter must be a function or 'module:function', got {qf!r}")
+
     def encryption_key(self) -> EncryptionKey | None:
         """The key shards are sealed with (``encrypt=True``), read from ``encrypt_key_file``
         or the environment; None without encryption."""
@@ -163,6 +196,9 @@ class IngestConfig:
         """The options that determine the output bytes: recorded in the manifest and in
         each shard's done-record (a resumed run with other values rebuilds the shard)."""
         d = {k: v for k, v in asdict(self).items() if k not in _RUNTIME_ONLY}
+        qf = self.quality_filter
+        if qf is not None and not isinstance(qf, str):
+            d["quality_filter"] = f"{qf.__module__}:{getattr(qf, '__qualname__', repr(qf))}"
         if self.tokenizer is not None:
             with open(self.tokenizer, "rb") as f:
                 d["tokenizer"] = "xxh3_128:" + xxhash.xxh3_128_hexdigest(f.read())

@@ -26,6 +26,7 @@ from flashfeed.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
 
 from .assign import assign_shards
 from .config import IngestConfig
+from .neardup import screen
 from .progress import Progress
 from .raysetup import ray_map, ray_session
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, arrow_type, run_shard
@@ -170,12 +171,18 @@ def run(config: IngestConfig) -> IngestResult:
             items, dup_rejects = _dedup(scan, ctx)
             rejects += dup_rejects
             t0 = _lap(phases, "dedup", t0)
+        near_dup: dict[str, Any] | None = None
+        if config.near_dup_threshold is not None or config.quality_filter is not None:
+            items, near_dup = _screen(config, scan, items, rejects, ctx, phases)
+            t0 = _lap(phases, "neardup", t0)
         shards = _assign_shards(config, scan, items, ctx)
         t0 = time.monotonic()
         results = _dispatch(shards.spec, shards.jobs, config.progress)
         _lap(phases, "shards", t0)
     t0 = time.monotonic()
-    result = _commit(config, scan, shards.spec, shards.packer, results, rejects, ctx, start)
+    result = _commit(
+        config, scan, shards.spec, shards.packer, results, rejects, ctx, start, near_dup
+    )
     _lap(phases, "commit", t0)
     result.phases = phases
     result.seconds = time.monotonic() - start
@@ -187,6 +194,52 @@ def _lap(phases: dict[str, float], name: str, since: float) -> float:
     now = time.monotonic()
     phases[name] = now - since
     return now
+
+
+def _screen(
+    config: IngestConfig,
+    scan: SourceScan,
+    items: list[Item],
+    rejects: list[RejectInfo],
+    ctx: StorageContext,
+    phases: dict[str, float],
+) -> tuple[list[Item], dict[str, Any]]:
+    """Stage 2b: the quality filter and near-duplicate removal, as Ray tasks
+    (``ingest.neardup``); their rejects join ``rejects``, their steps' times ``phases``;
+    returns the items kept and what the manifest records."""
+    fields = output_fields(scan.fields, _transform_options(config))
+    try:
+        field_name = text_field(fields)
+    except ValueError:
+        raise ValueError(
+            "near-duplicate removal and quality filters work on one text field (txt); the "
+            f"source has {sorted(fields)}: map one with --field txt=COLUMN"
+        ) from None
+    found = screen(
+        items,
+        fmt=scan.format,
+        shared=scan.shared,
+        ctx=ctx,
+        kinds=scan.fields,
+        transform=_transform_options(config),
+        text_field=field_name,
+        near_dup=config.near_dup_options(),
+        quality_filter=config.quality_function(),
+    )
+    rejects += found.rejects
+    phases.update({f"neardup_{k}": v for k, v in found.timings.items()})
+    return found.kept, {"field": field_name, "docs_in": len(items), **found.stats}
+
+
+def _transform_options(config: IngestConfig) -> TransformOptions:
+    return TransformOptions(
+        validate=config.validate,
+        max_pixels=config.max_pixels,
+        max_image_side=config.max_image_side,
+        jpeg_quality=config.jpeg_quality,
+        keep_original_size=config.keep_original_size,
+        normalize_text=config.normalize_text,
+    )
 
 
 def _scan(config: IngestConfig, ctx: StorageContext) -> SourceScan:
@@ -217,14 +270,7 @@ def _assign_shards(
     config: IngestConfig, scan: SourceScan, items: list[Item], ctx: StorageContext
 ) -> _ShardJobs:
     """Stage 3: the output fields, the items of each shard, and each shard's fingerprint."""
-    opts = TransformOptions(
-        validate=config.validate,
-        max_pixels=config.max_pixels,
-        max_image_side=config.max_image_side,
-        jpeg_quality=config.jpeg_quality,
-        keep_original_size=config.keep_original_size,
-        normalize_text=config.normalize_text,
-    )
+    opts = _transform_options(config)
     out_fields = output_fields(scan.fields, opts)
     packer = None
     txt = None
@@ -313,6 +359,7 @@ def _commit(
     scan_rejects: list[RejectInfo],
     ctx: StorageContext,
     start: float,
+    near_dup: dict[str, Any] | None = None,
 ) -> IngestResult:
     """Stage 5: rejects, then the manifest (the commit), then ``_work/`` goes."""
     rejects = [r.to_dict() for r in scan_rejects]
@@ -348,6 +395,8 @@ def _commit(
             "field": spec.text_field,
             **dict(sorted(totals.items())),
         }
+    if near_dup is not None:
+        extra["near_dup"] = near_dup
     if spec.encryption is not None:
         plaintext = {r.info["path"]: r.plaintext for r in results if r.info and r.plaintext}
         extra["encryption"] = encryption_record(spec.encryption, plaintext)

@@ -24,6 +24,7 @@ from .format import Listing, SourceFormat, SourceOption, SourceReader
 from .imagefolder import IMAGEFOLDER
 from .lmdbsrc import LMDB
 from .tables import CSV, JSONL, PARQUET
+from .text import TEXT
 from .tfrecord import TFRECORD
 from .wds import WEBDATASET
 
@@ -47,7 +48,7 @@ __all__ = [
 
 #: Every source format by name, in the order auto-detection tries them.
 FORMATS: dict[str, SourceFormat] = {
-    f.name: f for f in (LMDB, WEBDATASET, TFRECORD, JSONL, CSV, PARQUET, IMAGEFOLDER)
+    f.name: f for f in (LMDB, WEBDATASET, TFRECORD, TEXT, JSONL, CSV, PARQUET, IMAGEFOLDER)
 }
 
 
@@ -83,8 +84,13 @@ def check_source_options(
                     f"source_options: format {name!r} has no option {key!r}"
                     + (f"; its options are {list(known)}" if known else "")
                 )
-            if value not in opt.choices:
+            if opt.choices and value not in opt.choices:
                 raise ValueError(f"{name}_{key} must be one of {opt.choices}, got {value!r}")
+            if opt.check is not None:
+                try:
+                    opt.check(value)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{name}_{key}: {exc}") from None
             if value != opt.default:
                 out.setdefault(name, {})[key] = value
     return dict(sorted(out.items()))

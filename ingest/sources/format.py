@@ -28,12 +28,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SourceOption:
-    """One option of one format: a choice among fixed values."""
+    """One option of one format: a choice among fixed values, or (no ``choices``) any value
+    that ``check`` accepts (it raises ``ValueError`` naming what is wrong)."""
 
     name: str
     choices: tuple[str, ...]
     default: str
     help: str
+    check: Callable[[str], object] | None = None
 
 
 class SourceReader(Protocol):
