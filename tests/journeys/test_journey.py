@@ -11,14 +11,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,27 +24,13 @@ from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.loader.ledger import check_exactly_once, key_hash, read_ledger
 from flashfeed.store import EmbeddedStore
 
-from support import SUPPORT
-from support.cluster import MARKER, Node, SimCluster, bytes_read, free_port, namespaces_available
-
-TRAIN = SUPPORT / "journey_train.py"
+from support.cluster import SimCluster, bytes_read, free_port, namespaces_available
+from support.journey import keys_of, logs, manifest_gets, torchrun, wait_for
 
 pytestmark = pytest.mark.slow
 
 _WHY_NOT = namespaces_available()
 needs_namespaces = pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT))
-
-
-@pytest.fixture
-def cluster(s3_store: EmbeddedStore, tmp_path: Path) -> Iterator[SimCluster]:
-    c = SimCluster(s3_store.info)
-    try:
-        yield c
-    finally:
-        # the processes' logs stay with the test's tmp_path for a post-mortem
-        for log in glob.glob(os.path.join(c.root, "*.log")):
-            shutil.copy(log, tmp_path)
-        c.stop()  # the tests check for survivors themselves, before this
 
 
 _WHOAMI = (
@@ -96,59 +78,6 @@ BATCH, CKPT_EVERY = 4, 3
 # 48 samples of epoch 1 are trained, step 10's 16 are replayed after the restart, and the
 # remaining 48 split evenly over 6 ranks (2 batches each), so nothing is dropped.
 HOLD_AFTER, EPOCHS = 10, 3
-
-
-def _torchrun(
-    cluster: SimCluster, node: Node, *, nnodes: int, port: int, phase: str, args: list[str]
-) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes)]
-    argv += ["--nproc-per-node", "2", "--node-rank", str(node.index)]
-    argv += ["--master-addr", cluster.nodes[0].address, "--master-port", str(port)]
-    argv += [str(TRAIN), *args]
-    log = os.path.join(cluster.root, f"{phase}-node{node.index}.log")
-    marker = f"{cluster.tag}:node{node.index}:{phase}"
-    return cluster.popen(node, argv, log=log, env={MARKER: marker})
-
-
-def _logs(cluster: SimCluster, phase: str) -> str:
-    out = []
-    for name in sorted(os.listdir(cluster.root)):
-        if name.startswith(phase):
-            text = Path(cluster.root, name).read_text(errors="replace")
-            out.append(f"--- {name}\n{text[-4000:]}")
-    return "\n".join(out)
-
-
-def _wait(cond: Callable[[], bool], procs: list[subprocess.Popen[bytes]], what: str) -> None:
-    """Until ``cond()``; fails at once when a process of ``procs`` has ended instead. The
-    deadline only stops a hung run (pytest-timeout would too), it judges nothing."""
-    deadline = time.monotonic() + 300
-    while not cond():
-        ended = [p.args for p in procs if p.poll() is not None]
-        if ended or time.monotonic() > deadline:
-            raise AssertionError(f"{what}: ended early {ended}" if ended else f"{what}: hung")
-        time.sleep(0.3)
-
-
-def _keys(keys_dir: str) -> list[tuple[str, int, int, int, str]]:
-    """(run, node, step, epoch, key) for every sample a rank received."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(keys_dir, "*.log"))):
-        m = re.fullmatch(r"(ws\d+-from\d+)-node(\d+)-rank\d+\.log", os.path.basename(path))
-        assert m, path
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                step, epoch, key = line.split(" ", 2)
-                out.append((m.group(1), int(m.group(2)), int(step), int(epoch), key.strip()))
-    return out
-
-
-def _manifest_gets(requests) -> tuple[int, int]:
-    """GETs of the manifest header and of its shard table among ``requests``."""
-    gets = [r.path for r in requests if r.method == "GET"]
-    headers = sum(p.endswith("/manifest.json") for p in gets)
-    tables = sum("/manifest-" in p and p.endswith(".arrow") for p in gets)
-    return headers, tables
 
 
 def _shard_of(key: str) -> str:
@@ -231,17 +160,17 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     port = free_port(n0.address, cluster.netns)
     args = [*common, "--ledger-dir", str(tmp_path / "ledger1")]
     args += ["--hold-after-step", str(HOLD_AFTER), "--hold-node", "1"]
-    runs = [_torchrun(cluster, n, nnodes=2, port=port, phase="train1", args=args) for n in (n0, n1)]
+    runs = [torchrun(cluster, n, nnodes=2, port=port, phase="train1", args=args) for n in (n0, n1)]
     held = lambda: len(glob.glob(os.path.join(keys, "held-rank*"))) == 4  # noqa: E731
     try:
-        _wait(held, runs, "2 nodes x 2 ranks training to the hold")
+        wait_for(held, runs, "2 nodes x 2 ranks training to the hold")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_logs(cluster, 'train1')}") from None
+        raise AssertionError(f"{exc}\n{logs(cluster, 'train1')}") from None
     train1 = [
         bytes_read(n.proxy.since(m), sizes) for n, m in zip(cluster.nodes, marks, strict=True)
     ]
     pairs = list(zip(cluster.nodes, marks, strict=True))
-    manifests1 = [_manifest_gets(n.proxy.since(m)) for n, m in pairs]
+    manifests1 = [manifest_gets(n.proxy.since(m)) for n, m in pairs]
     lap("train 2x2")
 
     # 4. SIGKILL every rank of node 1; torchrun ends the rest (node 0's ranks fail their barrier)
@@ -266,16 +195,16 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     port = free_port(n0.address, cluster.netns)
     args = [*common, "--ledger-dir", str(tmp_path / "ledger2")]
     runs = [
-        _torchrun(cluster, n, nnodes=3, port=port, phase="train2", args=args) for n in cluster.nodes
+        torchrun(cluster, n, nnodes=3, port=port, phase="train2", args=args) for n in cluster.nodes
     ]
     for proc in runs:
         proc.wait(timeout=300)
-    assert [p.returncode for p in runs] == [0, 0, 0], _logs(cluster, "train2")
+    assert [p.returncode for p in runs] == [0, 0, 0], logs(cluster, "train2")
     train2 = [
         bytes_read(n.proxy.since(m), sizes) for n, m in zip(cluster.nodes, marks, strict=True)
     ]
     pairs = list(zip(cluster.nodes, marks, strict=True))
-    manifests2 = [_manifest_gets(n.proxy.since(m)) for n, m in pairs]
+    manifests2 = [manifest_gets(n.proxy.since(m)) for n, m in pairs]
     left = cluster.wait_gone(":train2", timeout=10)
     assert not left, f"processes of the finished run outlived it: {left}"
     lap("train 3x2")
@@ -289,7 +218,7 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     # delivered after (step 10) is replayed by the restart. Epochs trained whole on one
     # topology drop N mod (ranks x batch) samples with drop_last (0 here); the epoch resumed
     # on a new world size drops fewer than (new ranks x batch) (0 here, by the sizes above).
-    received = _keys(keys)
+    received = keys_of(keys)
     ckpt_step = (HOLD_AFTER // CKPT_EVERY) * CKPT_EVERY
     kept = [r for r in received if r[0] != "ws4-from000000" or r[2] <= ckpt_step]
     assert {r[0] for r in received} == {"ws4-from000000", f"ws6-from{ckpt_step:06d}"}

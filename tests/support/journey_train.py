@@ -1,7 +1,8 @@
 """The training script of the journey test, as a user writes one; torchrun starts it.
 
 A tiny model on pooled images, DDP over gloo, a ``flashfeed.loader.Loader`` reading through
-the node's cache. Every ``--ckpt-every`` steps each rank saves model, optimizer and loader
+the node's cache (``--tokens``: a ``TokenLoader`` of token rows, the dataset a path or URL or
+a mixture file). Every ``--ckpt-every`` steps each rank saves model, optimizer and loader
 state with ``torch.save`` (temp file + rename); at start the latest checkpoint that every
 rank of its run completed is loaded, under whatever world size this run has. Each rank
 appends the ``__key__`` of every sample it receives to ``<keys-dir>/<run>-node<N>-rank<R>.log``
@@ -25,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from flashfeed.loader import Loader
+from flashfeed.loader import Loader, TokenLoader
 
 
 def _args() -> argparse.Namespace:
@@ -42,6 +43,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--hold-after-step", type=int, default=0)
     p.add_argument("--hold-node", type=int, default=-1)
+    p.add_argument("--tokens", action="store_true", help="a TokenLoader over token rows")
     return p.parse_args()
 
 
@@ -67,6 +69,15 @@ def save(ckpt_dir: str, step: int, rank: int, ws: int, state: dict[str, Any]) ->
     os.replace(tmp, os.path.join(d, f"rank{rank}.pt"))
 
 
+def _inputs(batch: dict[str, Any], classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, 3) features and (B,) labels: a pooled image and its label, or a row's first three
+    tokens (scaled) and its fourth as the label."""
+    if "image" in batch:
+        return batch["image"].float().mean(dim=(2, 3)), batch["label"] % classes
+    tokens = batch["tokens"]
+    return tokens[:, :3].float() / 1000.0, tokens[:, 3] % classes
+
+
 def main() -> None:
     a = _args()
     dist.init_process_group("gloo")
@@ -75,14 +86,20 @@ def main() -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(3, a.classes))
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = Loader(
-        a.dataset,
-        batch_size=a.batch_size,
-        image_size=a.image_size,
-        num_threads=1,
-        py_workers=a.py_workers,
-        ledger_dir=a.ledger_dir,
-    )
+    loader: Loader | TokenLoader
+    if a.tokens:
+        loader = TokenLoader(
+            a.dataset, batch_size=a.batch_size, device="cpu", ledger_dir=a.ledger_dir
+        )
+    else:
+        loader = Loader(
+            a.dataset,
+            batch_size=a.batch_size,
+            image_size=a.image_size,
+            num_threads=1,
+            py_workers=a.py_workers,
+            ledger_dir=a.ledger_dir,
+        )
     step = 0
     found = latest_checkpoint(a.ckpt_dir)
     if found is not None:
@@ -106,8 +123,8 @@ def main() -> None:
             break
         for batch in loader:
             step += 1
-            image = batch["image"].float().mean(dim=(2, 3))  # (B, 3): a pooled image
-            loss = torch.nn.functional.cross_entropy(model(image), batch["label"] % a.classes)
+            x, y = _inputs(batch, a.classes)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
             optim.zero_grad()
             loss.backward()
             optim.step()
