@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import signal
 import sys
 import time
 from collections import Counter
@@ -25,7 +24,7 @@ from flashfeed.loader.ledger import check_exactly_once, key_hash, read_ledger
 from flashfeed.store import EmbeddedStore
 
 from support.cluster import SimCluster, bytes_read, free_port, namespaces_available
-from support.journey import keys_of, logs, manifest_gets, torchrun, wait_for
+from support.journey import keys_of, kill_node_run, logs, manifest_gets, torchrun, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -174,15 +173,7 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     lap("train 2x2")
 
     # 4. SIGKILL every rank of node 1; torchrun ends the rest (node 0's ranks fail their barrier)
-    ranks = cluster.children(runs[1].pid)
-    assert len(ranks) == 2, cluster.survivors()
-    for pid in ranks:
-        os.kill(pid, signal.SIGKILL)
-    for proc in runs:
-        proc.wait(timeout=120)
-    assert [p.returncode for p in runs] != [0, 0]
-    left = cluster.wait_gone(":train1", timeout=10)
-    assert not left, f"processes of the killed run outlived it: {left}"
+    kill_node_run(cluster, runs, 1)
     lap("crash")
     s3_store.start()  # the store is back before the new node, whose cache is cold, joins
     lap("store back")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,7 +25,7 @@ from flashfeed.loader.mixledger import SourceCheck
 from flashfeed.store import EmbeddedStore
 
 from support.cluster import SimCluster, bytes_read, free_port, namespaces_available
-from support.journey import keys_of, logs, torchrun, wait_for
+from support.journey import keys_of, kill_node_run, logs, torchrun, wait_for
 from support.token_docs import byte_bpe, mixed_documents
 
 pytestmark = pytest.mark.slow
@@ -174,15 +173,7 @@ def test_mixture_journey_tokenize_warm_train_change_weights_lose_a_node_resume_o
     lap("train 2x2")
 
     # 4. SIGKILL every rank of node 1; torchrun ends the rest
-    ranks = cluster.children(runs[1].pid)
-    assert len(ranks) == 2, cluster.survivors()
-    for pid in ranks:
-        os.kill(pid, signal.SIGKILL)
-    for proc in runs:
-        proc.wait(timeout=120)
-    assert [p.returncode for p in runs] != [0, 0]
-    left = cluster.wait_gone(":train1", timeout=10)
-    assert not left, f"processes of the killed run outlived it: {left}"
+    kill_node_run(cluster, runs, 1)
     lap("crash")
 
     # 5. restart on 3 nodes x 2 ranks from the last checkpoint; finish that epoch and one more

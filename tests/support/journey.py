@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -74,3 +75,17 @@ def manifest_gets(requests) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     headers = sum(p.endswith("/manifest.json") for p in gets)
     tables = sum("/manifest-" in p and p.endswith(".arrow") for p in gets)
     return headers, tables
+
+
+def kill_node_run(cluster: SimCluster, runs: list[subprocess.Popen[bytes]], node: int) -> None:
+    """SIGKILL every rank of ``node``'s torchrun; the other nodes' runs end with it (their
+    ranks fail their next collective), and no process of the killed run may outlive it."""
+    ranks = cluster.children(runs[node].pid)
+    assert len(ranks) == 2, cluster.survivors()
+    for pid in ranks:
+        os.kill(pid, signal.SIGKILL)
+    for proc in runs:
+        proc.wait(timeout=120)
+    assert [p.returncode for p in runs] != [0] * len(runs)
+    left = cluster.wait_gone(":train1", timeout=10)
+    assert not left, f"processes of the killed run outlived it: {left}"
