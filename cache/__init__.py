@@ -12,6 +12,7 @@ from .errors import (
     CacheOverCapacityError,
     CachePermissionError,
 )
+from .figures import NodeCache, read_node_cache
 from .handle import CacheHandle
 from .manifests import node_manifest
 from .needorder import ShardNeed
@@ -31,9 +32,11 @@ __all__ = [
     "CachePermissionError",
     "DatasetView",
     "FillView",
+    "NodeCache",
     "PartialShard",
     "ShardCache",
     "ShardNeed",
     "check_warm_record",
     "node_manifest",
+    "read_node_cache",
 ]

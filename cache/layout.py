@@ -103,7 +103,8 @@ def atomic_write_json(path: str, obj: Any) -> None:
         raise
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (one of another user counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -123,7 +124,7 @@ def sweep_dead_tmp(directory: str) -> int:
     for name in names:
         parts = name.rsplit(".", 3)
         dead = len(parts) == 4 and parts[3] == "tmp" and parts[1].isdigit()
-        if dead and not _pid_alive(int(parts[1])):
+        if dead and not pid_alive(int(parts[1])):
             try:
                 os.unlink(os.path.join(directory, name))
                 removed += 1
