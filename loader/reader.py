@@ -273,8 +273,7 @@ class BatchSource:
                 cols += [list(c) for c in zip(*values, strict=True)] if values else [[], [], []]
             else:
                 cols.append(values)
-        if self.bucketed:  # each sample's bucket (height, width), for the resize and crop
-            assert self._shapes is not None  # checked by _load
+        if self.bucketed and self._shapes is not None:  # each sample's bucket (h, w); _load checks
             cols.append(list(self._shapes[lo:hi]))
         return (*cols, key_col)
 
