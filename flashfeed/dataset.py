@@ -14,7 +14,7 @@ from . import crypto, storage
 from .arrowshard import open_arrow
 from .errors import CorruptShardError
 from .manifest import Manifest, ShardInfo, read_manifest
-from .shardtable import ShardList
+from .shardlist import ShardList
 from .tarshard import Sample, iter_samples
 from .wdsindex import SampleIndex, parse_index
 

@@ -34,9 +34,9 @@ from .manifestheader import (
     parse_json,
     table_ref,
 )
+from .shardlist import ShardList
 from .shardtable import (
     ShardInfo,
-    ShardList,
     ShardTable,
     check_relative_path,
     synthetic_shard_table,

@@ -13,7 +13,6 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import xxhash
@@ -34,13 +33,13 @@ from flashfeed.video import VIDEO_MEDIA_TYPES
 
 from .assign import assign_shards
 from .config import IngestConfig
-from .neardup import screen
 from .progress import Progress
 from .raysetup import ray_map, ray_session
+from .screening import exact_duplicates, screen_text
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, arrow_type, run_shard
-from .sources import Item, Reject, RejectInfo, SourceScan, StorageContext, open_reader, scan_source
+from .sources import Item, RejectInfo, SourceScan, StorageContext, scan_source
 from .tokenize import TOKEN_FEATURE, TokenPacker, text_field
-from .transforms import TransformOptions, content_hash, output_fields
+from .transforms import TransformOptions, output_fields
 
 __all__ = ["IngestResult", "run"]
 
@@ -87,44 +86,6 @@ class IngestResult:
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "phases": {k: round(v, 3) for k, v in self.phases.items()},
         }
-
-
-def _hash_items(
-    items: list[Item], *, fmt: str, shared: dict[str, Any], ctx: StorageContext
-) -> list[str | None]:
-    reader = open_reader(fmt, shared)
-    out: list[str | None] = []
-    try:
-        for item in items:
-            try:
-                out.append(content_hash(reader.read(item, ctx)))
-            except Reject:
-                out.append(None)
-    finally:
-        reader.close()
-    return out
-
-
-def _dedup(scan: SourceScan, ctx: StorageContext) -> tuple[list[Item], list[RejectInfo]]:
-    """Stage 2 (``dedup=True``): exact duplicates across the whole source, decided on the
-    driver: the first occurrence in source order stays, later ones are rejected."""
-    chunks = [scan.items[i : i + 256] for i in range(0, len(scan.items), 256)]
-    fn = partial(_hash_items, fmt=scan.format, shared=scan.shared, ctx=ctx)
-    hashes = [h for chunk in ray_map(fn, chunks) for h in chunk]
-    first: dict[str, Item] = {}
-    kept, rejects = [], []
-    for item, h in zip(scan.items, hashes, strict=True):
-        if h is not None and h in first:
-            rejects.append(
-                RejectInfo(
-                    item.index, item.source, "duplicate", f"same content as {first[h].source}"
-                )
-            )
-            continue
-        if h is not None:
-            first[h] = item
-        kept.append(item)
-    return kept, rejects
 
 
 def _fingerprint(config: IngestConfig, out_fields: dict[str, str], items: list[Item]) -> str:
@@ -179,12 +140,14 @@ def run(config: IngestConfig) -> IngestResult:
         t0 = _lap(phases, "scan", t0)
         items, rejects = scan.items, list(scan.rejects)
         if config.dedup:
-            items, dup_rejects = _dedup(scan, ctx)
+            items, dup_rejects = exact_duplicates(scan, ctx)
             rejects += dup_rejects
             t0 = _lap(phases, "dedup", t0)
         near_dup: dict[str, Any] | None = None
         if config.near_dup_threshold is not None or config.quality_filter is not None:
-            items, near_dup = _screen(config, scan, items, rejects, ctx, phases)
+            items, near_dup = screen_text(
+                config, scan, items, rejects, ctx, phases, _transform_options(config)
+            )
             t0 = _lap(phases, "neardup", t0)
         shards = _assign_shards(config, scan, items, ctx)
         t0 = time.monotonic()
@@ -205,41 +168,6 @@ def _lap(phases: dict[str, float], name: str, since: float) -> float:
     now = time.monotonic()
     phases[name] = now - since
     return now
-
-
-def _screen(
-    config: IngestConfig,
-    scan: SourceScan,
-    items: list[Item],
-    rejects: list[RejectInfo],
-    ctx: StorageContext,
-    phases: dict[str, float],
-) -> tuple[list[Item], dict[str, Any]]:
-    """Stage 2b: the quality filter and near-duplicate removal, as Ray tasks
-    (``ingest.neardup``); their rejects join ``rejects``, their steps' times ``phases``;
-    returns the items kept and what the manifest records."""
-    fields = output_fields(scan.fields, _transform_options(config))
-    try:
-        field_name = text_field(fields)
-    except ValueError:
-        raise ValueError(
-            "near-duplicate removal and quality filters work on one text field (txt); the "
-            f"source has {sorted(fields)}: map one with --field txt=COLUMN"
-        ) from None
-    found = screen(
-        items,
-        fmt=scan.format,
-        shared=scan.shared,
-        ctx=ctx,
-        kinds=scan.fields,
-        transform=_transform_options(config),
-        text_field=field_name,
-        near_dup=config.near_dup_options(),
-        quality_filter=config.quality_function(),
-    )
-    rejects += found.rejects
-    phases.update({f"neardup_{k}": v for k, v in found.timings.items()})
-    return found.kept, {"field": field_name, "docs_in": len(items), **found.stats}
 
 
 def _transform_options(config: IngestConfig) -> TransformOptions:
