@@ -162,6 +162,14 @@ def read(
     return storage.read_bytes(url, start=start, end=end, storage_options=ctx.options(url))
 
 
+def read_listed(url: str, ctx: StorageContext) -> bytes:
+    """A file the scan listed; one that has gone since is a counted ``missing_media`` skip."""
+    try:
+        return read(url, ctx)
+    except FileNotFoundError:
+        raise Reject("missing_media", f"{url} vanished after listing") from None
+
+
 def missing_source(url: str) -> FileNotFoundError:
     return FileNotFoundError(f"source {url} does not exist (or holds no files)")
 

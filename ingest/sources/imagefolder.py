@@ -9,12 +9,11 @@ from .base import (
     Item,
     Mapper,
     Record,
-    Reject,
     SourceScan,
     StorageContext,
     list_sized,
     missing_source,
-    read,
+    read_listed,
     relative_key,
     source_root,
 )
@@ -70,10 +69,7 @@ def scan_imagefolder(url: str, ctx: StorageContext) -> SourceScan:
 
 
 def read_imagefolder_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> Record:
-    try:
-        data = read(item.ref["url"], ctx)
-    except FileNotFoundError:
-        raise Reject("missing_media", f"{item.ref['url']} vanished after listing") from None
+    data = read_listed(item.ref["url"], ctx)
     return {item.ref["field"]: data, "cls": item.ref["label"]}
 
 

@@ -11,12 +11,11 @@ from .base import (
     Item,
     Mapper,
     Record,
-    Reject,
     SourceScan,
     StorageContext,
     list_sized,
     missing_source,
-    read,
+    read_listed,
     relative_key,
     source_root,
 )
@@ -58,10 +57,7 @@ def scan_videofolder(url: str, ctx: StorageContext) -> SourceScan:
 
 
 def read_videofolder_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> Record:
-    try:
-        data = read(item.ref["url"], ctx)
-    except FileNotFoundError:
-        raise Reject("missing_media", f"{item.ref['url']} vanished after listing") from None
+    data = read_listed(item.ref["url"], ctx)
     return {item.ref["field"]: data}
 
 
