@@ -203,7 +203,9 @@ def test_the_store_stopped_mid_warm_then_restarted(tmp_path: Path):
         store.start()
         with ShardCache(
             root, capacity="8MiB", storage_options=opts, part_size="32KiB", concurrency=2,
-            retry=RetryPolicy(attempts=20, base_delay=0.1, max_delay=1.0, deadline=30),
+            # the 30 s deadline bounds the wait, not the attempts: 20 attempts of up to 1 s ran
+            # out after 8 s in a loaded run while SeaweedFS still answered 500 on restart
+            retry=RetryPolicy(attempts=200, base_delay=0.1, max_delay=1.0, deadline=30),
         ) as cache:  # fmt: skip
             cache.get(ds, 9)  # the first connection after the restart
             restarter = threading.Thread(target=store.restart)
