@@ -244,8 +244,9 @@ class Loader(PlannedLoader):
             return super()._end_epoch()
         self._finished = True
         if self.ledger is not None:  # short tails (drop_last), skipped samples, plan surplus
-            got = self.buckets.order(_single(self.position))
-            unread = np.concatenate([got.dropped, self.position.rank_plan().dropped])
+            position = _single(self.position)
+            got = self.buckets.order(position)
+            unread = np.concatenate([got.dropped, self.buckets.surplus(position)])
             if len(unread):
                 self.ledger.record_dropped(self.position.epoch, unread.tolist())
 
@@ -255,14 +256,11 @@ class Loader(PlannedLoader):
         position = _single(self.position)
         saved = (replace(position, prior=list(position.prior)), self._finished)
         super().load_state_dict(state)
-        if _single(self.position).prior and not self._finished:
+        try:  # a state that does not fit the bucketed order is refused here, not mid-pass
+            self.buckets.pass_order(self._bucket_position())
+        except ValueError:
             self.position, self._finished = saved
-            raise ValueError(
-                f"a bucketed Loader resumes mid-epoch only on the topology that saved the "
-                f"state (segments {state.get('segments')}; this job: world size "
-                f"{self.ctx.world_size}, {self.ctx.topology.rpn} ranks per node); resume with "
-                "that world size, or from a state saved at the end of an epoch"
-            )
+            raise
 
     def bucket_report(self) -> dict[str, Any]:
         """Per bucket, this rank's samples, batches and mean crop loss in the current epoch,
