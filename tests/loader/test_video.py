@@ -16,32 +16,9 @@ from flashfeed.loader.video import ClipOptions, UnsupportedCodecError, clip_draw
 from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_tar_shard
 
+from support.videos import FPS, H, W, encode
+
 av = pytest.importorskip("av")
-
-FPS = 10
-W, H = 64, 48
-
-
-def frame_image(i: int, seed: int) -> np.ndarray:
-    """Frame ``i``: a gradient whose level steps by 24 per frame, so frames tell apart."""
-    y, x = np.mgrid[0:H, 0:W]
-    level = (i * 24 + seed * 7) % 160
-    return np.stack([x * 2 + level, y * 2 + level, np.full_like(x, 60 + level)], -1).astype(
-        np.uint8
-    )
-
-
-def encode(frames: int, *, seed: int = 0, codec: str = "libvpx-vp9", fmt: str = "webm") -> bytes:
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=fmt) as c:
-        s = c.add_stream(codec, rate=FPS)
-        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
-        for i in range(frames):
-            for p in s.encode(av.VideoFrame.from_ndarray(frame_image(i, seed), format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    return buf.getvalue()
 
 
 def reference_frames(data: bytes) -> list[np.ndarray]:
