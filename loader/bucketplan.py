@@ -79,19 +79,32 @@ class BucketPlanner:
         self.options = options
         self.manifest = manifest
         self.batch_size = batch_size
-        self._memo: tuple[Any, BucketedOrder] | None = None
+        self._memo: tuple[Any, list[BucketedOrder]] | None = None
         self._left: tuple[Any, np.ndarray] | None = None
 
     def order(self, position: Position) -> BucketedOrder:
         """The bucketed batches of the whole stretch ``position`` is in (from its start)."""
         p = position
-        key = (p.options, p.epoch, tuple(p.prior), p.topology, p.ctx.rank)
+        if p.options.drop_last:  # the fewest full batches of any rank count: every rank's
+            return self._orders(p, every=True)[p.ctx.rank]
+        return self._orders(p, every=False)[0]
+
+    def _orders(self, p: Position, *, every: bool) -> list[BucketedOrder]:
+        """Every rank's bucketed stretch (``every``), or this rank's alone; memoised."""
+        key = (p.options, p.epoch, tuple(p.prior), p.topology, None if every else p.ctx.rank)
         if self._memo is None or self._memo[0] != key:
-            # with drop_last the fewest full batches of any rank count: every rank's plan
-            ranks = range(p.topology.world_size) if p.options.drop_last else [p.ctx.rank]
+            ranks = range(p.topology.world_size) if every else [p.ctx.rank]
             got = self._bucketed([self._share(p, r).samples for r in ranks], p.options.drop_last)
-            self._memo = (key, got[p.ctx.rank if p.options.drop_last else 0])
+            self._memo = (key, got)
         return self._memo[1]
+
+    def dropped_total(self, position: Position) -> int:
+        """Samples the whole job drops from the current stretch: the plan's surplus and, on
+        every rank, short bucket tails (``drop_last``), batches beyond the fewest any rank
+        has, and skipped samples; what the ranks' ledgers record as dropped, together."""
+        got = self._orders(position, every=True)
+        plan = self._share(position, position.ctx.rank).dropped_total
+        return int(plan + sum(len(g.dropped) for g in got))
 
     def surplus(self, position: Position) -> np.ndarray:
         """What the plan's split drops from this rank's stretch (``drop_last``) before any

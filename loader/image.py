@@ -262,6 +262,12 @@ class Loader(PlannedLoader):
             self.position, self._finished = saved
             raise
 
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.buckets is not None:  # what the bucketed order drops, every rank together
+            state["dropped"] = self.buckets.dropped_total(_single(self.position))
+        return state
+
     def bucket_report(self) -> dict[str, Any]:
         """Per bucket, this rank's samples, batches and mean crop loss in the current epoch,
         and the samples skipped (by reason) or dropped: see ``BucketPlanner.report``."""

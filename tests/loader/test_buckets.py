@@ -267,14 +267,15 @@ def test_bucketed_mid_epoch_resume_equals_uninterrupted(sized, tmp_path, stop, d
 
 def _elastic(make, ledger, *, before, after, stop):
     """``before`` ranks take ``stop`` batches of epoch 0 in lock-step, then ``after`` ranks
-    load rank 0's state and finish the epoch: the new ranks' batches (keys, image shape)."""
+    load rank 0's state and finish the epoch: the new ranks' batches (keys, image shape) and
+    their states at the end."""
     states = []
     for r in range(before):
         state, seen = run_epochs(make(r, before, ledger), [0], stop_after=stop)
         assert seen == stop
         states.append(state)
     assert all(s == states[0] for s in states)
-    batches = []
+    batches, finals = [], []
     for r in range(after):
         loader = make(r, after, ledger)
         loader.load_state_dict(states[0])
@@ -282,7 +283,8 @@ def _elastic(make, ledger, *, before, after, stop):
         got = [(b["__key__"], tuple(b["image"].shape)) for b in loader]
         assert len(got) == expected > 0
         batches.append(got)
-    return batches
+        finals.append(loader.state_dict())
+    return batches, finals
 
 
 @pytest.mark.parametrize(
@@ -295,7 +297,7 @@ def test_bucketed_elastic_resume_mid_epoch_delivers_the_rest_once(
     prefix, keys = sized
     ledger = str(tmp_path / "ledger")
     make = _factory(prefix, drop_last=drop_last)
-    batches = _elastic(make, ledger, before=before, after=after, stop=stop)
+    batches, finals = _elastic(make, ledger, before=before, after=after, stop=stop)
     for rank in batches:
         short = []
         for ks, shape in rank:
@@ -309,6 +311,7 @@ def test_bucketed_elastic_resume_mid_epoch_delivers_the_rest_once(
     check = check_exactly_once(ledger, keys, epochs=[0])[0]
     dropped = read_dropped(ledger)[0]
     assert 5 in dropped  # the 100:1 image, skipped and named
+    assert {f["dropped"] for f in finals} == {len(dropped)}  # the state says what is dropped
     if drop_last:
         assert check.ok, str(check)  # delivered or recorded as dropped, each exactly once
         assert check.delivered + check.dropped == 120
