@@ -323,6 +323,56 @@ def test_bucketed_elastic_resume_mid_epoch_delivers_the_rest_once(
         assert sum(n - 1 for n in check.duplicates.values()) < after
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_bucketed_resplits_across_nodes_take_every_sample_once(tmp_path, drop_last):
+    """The plan alone, on more samples and several nodes: 4 ranks (2 a node) take 5 batches,
+    6 ranks (3 a node) take 3, then 3 ranks (one node) read the rest; lock-step ranks
+    deliver one-bucket batches, and what is delivered and dropped is the epoch, once."""
+    from flashfeed.loader.bucketplan import BucketPlanner
+    from flashfeed.loader.distributed import DistContext
+    from flashfeed.loader.position import Position
+    from flashfeed.plan import PlanOptions, Segment
+
+    prefix = str(tmp_path / "ds")
+    write_sized(prefix, [230, 170, 200], extreme=(7, 300))
+    manifest = Dataset.open(prefix).manifest
+    planner = BucketPlanner(BucketOptions(SHAPES), manifest, 8)
+    options = PlanOptions(seed=3, drop_last=drop_last)
+    delivered: list[int] = []
+    dropped: list[int] = []
+    prior: list[Segment] = []
+    for world, rpn, batches in [(4, 2, 5), (6, 3, 3), (3, 3, None)]:
+        taken = set()
+        for rank in range(world):
+            p = Position(
+                manifest.shard_samples, DistContext(rank, world, rpn), options, prior=list(prior)
+            )
+            order = planner.pass_order(p)
+            k = order.num_batches if batches is None else batches
+            assert k <= order.num_batches
+            for b in range(k):
+                ids = order.ids[order.batch_slice(b)]
+                assert len({_bucket_of(int(i)) for i in ids}) == 1
+                assert len(ids) == 8 or (batches is None and not drop_last)
+                delivered += ids.tolist()
+            taken.add(order.bounds[k])
+            if batches is None:
+                dropped += planner.order(p).dropped.tolist() + planner.surplus(p).tolist()
+        if batches is not None:
+            assert taken == {8 * batches}  # every rank took as many samples
+            prior.append(Segment(world, rpn, 8 * batches))
+    assert set(delivered).isdisjoint(dropped)
+    assert sorted(dropped) == sorted(set(dropped))
+    assert 7 in dropped and 300 in dropped  # the 100:1 images, skipped
+    everything = sorted(set(delivered) | set(dropped))
+    assert everything == list(range(600))
+    if drop_last:
+        assert len(delivered) == len(set(delivered))  # once each
+    else:
+        assert sorted(dropped) == [7, 300]  # only the skipped; short ranks repeat a few
+        assert len(delivered) - len(set(delivered)) < 3
+
+
 def test_bucketed_elastic_resume_inside_the_short_batches_is_refused(sized, tmp_path):
     prefix, _ = sized
     make = _factory(prefix, drop_last=False)
