@@ -9,7 +9,8 @@ import sys
 import threading
 from typing import Any
 
-from .report import plot_stalls, read_stats_log, source_totals, summarize
+from .report import Records, plot_stalls, source_totals, summarize
+from .runlog import read_stats_log
 
 __all__ = ["register"]
 
@@ -106,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     return _plot(records, args)
 
 
-def _print_sources(records: list[dict[str, Any]], prefix: str = "") -> None:
+def _print_sources(records: Records, prefix: str = "") -> None:
     """A mixture's log: one line of samples, share and storage wait per source."""
     per = source_totals(records)
     if per:
@@ -131,7 +132,7 @@ def _print_summary(s: dict[str, float], prefix: str = "") -> None:
     )
 
 
-def _plot(records: list[dict[str, Any]], args: argparse.Namespace) -> int:
+def _plot(records: Records, args: argparse.Namespace) -> int:
     if args.out:
         try:
             plot_stalls(records, args.out, bin_s=args.bin or 1.0)
@@ -143,7 +144,8 @@ def _plot(records: list[dict[str, Any]], args: argparse.Namespace) -> int:
 
 
 def _run_dir(args: argparse.Namespace) -> int:
-    from .htmlreport import read_run, write_html_report
+    from .htmlreport import write_html_report
+    from .runlog import read_run
 
     if not os.path.isdir(args.log):
         raise ValueError(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flashfeed.cli import main as cli_main
-from flashfeed.loader.stats import WAIT_KINDS
+from flashfeed.telemetry import WAIT_KINDS
 
 from support.monitor_helpers import running_ranks, wait_for
 
