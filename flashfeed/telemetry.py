@@ -44,8 +44,8 @@ WAIT_KINDS = ("storage", "decode", "h2d")
 
 @dataclass(frozen=True)
 class StatsRecord:
-    """One delivered batch as its stats-log line: when (``t``, the loader's clock in
-    seconds), the rank's position, the consumer's waits by cause and its step time; a
+    """One delivered batch as its stats-log line: when (``t``, ``time.time()`` at delivery),
+    the rank's position, the consumer's waits by cause and its step time; a
     mixture's samples per source; the cache fills this process had started so far (on the
     lines where the loader read the cache's counters)."""
 

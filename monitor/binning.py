@@ -29,7 +29,7 @@ MAX_POINTS_PER_CHART = 2000
 
 @dataclass(frozen=True)
 class Bins:
-    """``n`` time steps of ``bin_s`` seconds from ``t0`` (the loader's clock)."""
+    """``n`` time steps of ``bin_s`` seconds from ``t0`` (``time.time()`` seconds)."""
 
     t0: float
     bin_s: float
