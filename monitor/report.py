@@ -10,9 +10,16 @@ from typing import Any
 from flashfeed.telemetry import WAIT_KINDS, StatsRecord
 
 from .binning import stall_series
-from .runlog import as_records
+from .runlog import as_records, read_stats_log
 
-__all__ = ["plot_stalls", "rank_summary", "source_totals", "summarize", "totals"]
+__all__ = [
+    "plot_stalls",
+    "rank_summary",
+    "read_stats_log",
+    "source_totals",
+    "summarize",
+    "totals",
+]
 
 PLOT_HINT = "flashfeed report needs the optional package matplotlib (pip install matplotlib)"
 
