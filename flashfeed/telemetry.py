@@ -69,8 +69,8 @@ class StatsRecord:
 
     @property
     def start(self) -> float:
-        """When the consumer began waiting for this batch."""
-        return self.t - sum(self.wait(k) for k in WAIT_KINDS)
+        """When the consumer began waiting for this batch (its waits: ``WAIT_KINDS``)."""
+        return self.t - (self.storage + self.decode + self.h2d)
 
     def to_json(self) -> dict[str, Any]:
         """The log line's object: optional fields only when they hold something."""
@@ -89,9 +89,12 @@ RECORD_FIELDS = tuple(f.name for f in fields(StatsRecord))
 RECORD_REQUIRED = ("t", "samples")
 #: keys a loader writes only when they apply (a mixture's sources, a node cache's fills)
 RECORD_OPTIONAL = ("sources", "cache_fills", "cache_fetched_bytes")
+_WRITTEN = tuple(k for k in RECORD_FIELDS if k not in RECORD_OPTIONAL)
 
 
 def _count(value: Any, key: str) -> int:
+    if type(value) is int and value >= 0:  # what a loader writes: the common case, fast
+        return value
     n = float(value)
     if not n.is_integer() or n < 0:
         raise ValueError(f"{key!r} must be a whole count, got {value!r}")
@@ -102,34 +105,34 @@ def parse_record(obj: Any, *, strict: bool = False) -> StatsRecord:
     """A stats record from a log line's object. ``t`` and ``samples`` are required, the rest
     default to 0 (older and hand-written logs); ``strict`` asks for exactly the keys a loader
     writes. A bad record is a ``ValueError`` naming the key."""
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):
         raise ValueError(f"a stats record is a JSON object, got {type(obj).__name__}")
-    wanted = [k for k in RECORD_FIELDS if k not in RECORD_OPTIONAL] if strict else RECORD_REQUIRED
-    missing = [k for k in wanted if k not in obj]
-    if missing:
-        raise ValueError(f"missing key {missing[0]!r}")
+    for k in _WRITTEN if strict else RECORD_REQUIRED:
+        if k not in obj:
+            raise ValueError(f"missing key {k!r}")
     unknown = sorted(set(obj) - set(RECORD_FIELDS)) if strict else []
     if unknown:
         raise ValueError(f"unknown key {unknown[0]!r}")
+    get = obj.get
     try:
-        sources = obj.get("sources") or {}
-        if not isinstance(sources, Mapping):
+        sources = get("sources") or {}
+        if type(sources) is not dict and not isinstance(sources, Mapping):
             raise ValueError(f"'sources' must be an object, got {sources!r}")
-        fills, fetched = obj.get("cache_fills"), obj.get("cache_fetched_bytes")
+        fills, fetched = get("cache_fills"), get("cache_fetched_bytes")
         return StatsRecord(
-            t=float(obj["t"]),
-            rank=int(obj.get("rank", 0)),
-            epoch=int(obj.get("epoch", 0)),
-            batch=int(obj.get("batch", 0)),
-            samples=_count(obj["samples"], "samples"),
-            storage=float(obj.get("storage", 0.0)),
-            decode=float(obj.get("decode", 0.0)),
-            h2d=float(obj.get("h2d", 0.0)),
-            step=float(obj.get("step", 0.0)),
-            sources={str(k): _count(v, f"sources.{k}") for k, v in sources.items()},
-            waited_on_storage=bool(obj.get("waited_on_storage", False)),
-            cache_fills=None if fills is None else _count(fills, "cache_fills"),
-            cache_fetched_bytes=None if fetched is None else _count(fetched, "cache_fetched_bytes"),
+            float(obj["t"]),
+            int(get("rank", 0)),
+            int(get("epoch", 0)),
+            int(get("batch", 0)),
+            _count(obj["samples"], "samples"),
+            float(get("storage", 0.0)),
+            float(get("decode", 0.0)),
+            float(get("h2d", 0.0)),
+            float(get("step", 0.0)),
+            {str(k): _count(v, "sources") for k, v in sources.items()} if sources else {},
+            bool(get("waited_on_storage", False)),
+            None if fills is None else _count(fills, "cache_fills"),
+            None if fetched is None else _count(fetched, "cache_fetched_bytes"),
         )
     except (TypeError, OverflowError) as exc:
         raise ValueError(str(exc)) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,7 @@ def bin_records(records: Sequence[StatsRecord], bins: Bins, *, ranks: int = 1) -
     samples = np.bincount(idx, weights=[float(r.samples) for r in records], minlength=n)
     fractions = {
         k: np.minimum(
-            np.bincount(idx, weights=[r.wait(k) for r in records], minlength=n)
+            np.bincount(idx, weights=list(map(attrgetter(k), records)), minlength=n)
             / (bin_s * max(ranks, 1)),
             1.0,
         )

@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from .report import Records, plot_stalls, source_totals, summarize
-from .runlog import read_stats_log
+from .runlog import read_records
 
 __all__ = ["register"]
 
@@ -101,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--gpu-hour-price goes with --html (the price of lost GPU time)")
     if args.html or os.path.isdir(args.log):
         return _run_dir(args)
-    records = read_stats_log(args.log)
+    records = read_records(args.log)
     _print_summary(summarize(records))
     _print_sources(records)
     return _plot(records, args)

@@ -5,6 +5,7 @@ and the PNG of its stalls over time (the records come from ``runlog``, the time 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from flashfeed.telemetry import WAIT_KINDS, StatsRecord
@@ -51,7 +52,7 @@ def summarize(records: Records) -> dict[str, float]:
     elapsed = _elapsed(recs)
     out = totals(recs, elapsed)
     for k in WAIT_KINDS:
-        out[f"{k}_fraction"] = sum(r.wait(k) for r in recs) / (elapsed * ranks)
+        out[f"{k}_fraction"] = sum(map(attrgetter(k), recs)) / (elapsed * ranks)
     return out
 
 
@@ -61,7 +62,7 @@ def rank_summary(records: Records) -> dict[str, float]:
     elapsed = _elapsed(recs)
     out = totals(recs, elapsed)
     for k in WAIT_KINDS:
-        out[f"{k}_s"] = float(sum(r.wait(k) for r in recs))
+        out[f"{k}_s"] = float(sum(map(attrgetter(k), recs)))
     out["lost_s"] = sum(out[f"{k}_s"] for k in WAIT_KINDS)
     out["lost_fraction"] = min(out["lost_s"] / elapsed, 1.0)
     return out

@@ -19,7 +19,16 @@ from typing import Any
 from flashfeed.errors import FlashfeedError
 from flashfeed.telemetry import StatsRecord, parse_record
 
-__all__ = ["LogLine", "Run", "RunError", "as_records", "read_run", "read_stats_log"]
+__all__ = [
+    "LogLine",
+    "Run",
+    "RunError",
+    "as_records",
+    "log_lines",
+    "read_records",
+    "read_run",
+    "read_stats_log",
+]
 
 
 class RunError(FlashfeedError, ValueError):
@@ -52,22 +61,27 @@ def log_lines(data: bytes) -> Iterator[LogLine]:
 
 def as_records(records: Iterable[StatsRecord | Mapping[str, Any]]) -> list[StatsRecord]:
     """Records as read, or their JSON objects (a benchmark's saved records), as records."""
-    return [r if isinstance(r, StatsRecord) else parse_record(r) for r in records]
+    return [r if type(r) is StatsRecord else parse_record(r) for r in records]
 
 
-def read_stats_log(path: str) -> list[dict[str, Any]]:
-    """The per-batch records of one stats log, in the file's order, as JSON objects checked
-    against the schema; a malformed line is a ``ValueError`` naming it."""
+def read_records(path: str) -> list[StatsRecord]:
+    """The per-batch records of one stats log, in the file's order; a malformed line is a
+    ``ValueError`` naming it."""
     with open(path, "rb") as f:
         data = f.read()
     out = []
     for line in log_lines(data):
         if line.record is None:
             raise ValueError(f"{path}:{line.lineno}: not a loader stats record ({line.error})")
-        out.append(line.record.to_json())
+        out.append(line.record)
     if not out:
         raise ValueError(f"{path}: no batches recorded")
     return out
+
+
+def read_stats_log(path: str) -> list[dict[str, Any]]:
+    """``read_records`` as JSON objects (the schema's keys), for scripts that keep them."""
+    return [r.to_json() for r in read_records(path)]
 
 
 @dataclass
