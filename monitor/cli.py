@@ -9,6 +9,8 @@ import sys
 import threading
 from typing import Any
 
+from flashfeed.telemetry import WAIT_KINDS
+
 from .report import Records, plot_stalls, source_totals, summarize
 from .runlog import read_records
 
@@ -127,8 +129,7 @@ def _print_summary(s: dict[str, float], prefix: str = "") -> None:
         f"{s['elapsed_s']:.1f} s: {s['samples_per_s']:.0f} samples/s"
     )
     print(
-        f"{prefix}waiting: "
-        + ", ".join(f"{k} {100 * s[f'{k}_fraction']:.1f}%" for k in ("storage", "decode", "h2d"))
+        f"{prefix}waiting: " + ", ".join(f"{k} {100 * s[f'{k}_fraction']:.1f}%" for k in WAIT_KINDS)
     )
 
 
