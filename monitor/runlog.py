@@ -14,7 +14,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from flashfeed.errors import FlashfeedError
 from flashfeed.telemetry import StatsRecord, parse_record
@@ -35,8 +35,7 @@ class RunError(FlashfeedError, ValueError):
     """A run directory that holds nothing to report (the command exits 1, naming why)."""
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(NamedTuple):
     """One non-blank line of a log: its record, or why it is not one; ``last`` when it is
     the final line and no newline follows it (written mid-record)."""
 
