@@ -168,20 +168,38 @@ class RankState:
     cache: Mapping[str, int | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "epoch_samples": self.epoch_samples,
-            "batches": self.batches,
-            "samples": self.samples,
-            "elapsed_s": self.elapsed_s,
-            "wait_s": dict(self.wait_s),
-            "batches_waited_on_storage": self.batches_waited_on_storage,
-        }
-        if self.sources:
-            out["sources"] = {k: dict(v) for k, v in self.sources.items()}
-        out["cache"] = dict(self.cache)
+        """The status file's body: every field in order, ``sources`` only for a mixture."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "sources":
+                if not value:
+                    continue
+                value = {k: dict(v) for k, v in value.items()}
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
         return out
+
+
+def _float_map(value: Any) -> dict[str, float]:
+    return {str(k): float(v or 0.0) for k, v in value.items()}
+
+
+#: how each ``RankState`` field is read back from a status file (a missing or null key
+#: keeps the field's default)
+_STATE_READERS: dict[str, Any] = {
+    "epoch": int,
+    "batch": int,
+    "epoch_samples": int,
+    "batches": int,
+    "samples": int,
+    "elapsed_s": float,
+    "wait_s": _float_map,
+    "batches_waited_on_storage": int,
+    "sources": lambda v: {str(name): _float_map(per) for name, per in v.items()},
+    "cache": lambda v: {str(k): None if n is None else int(n) for k, n in v.items()},
+}
 
 
 @dataclass(frozen=True)
@@ -218,22 +236,12 @@ def parse_status(data: Any, path: str) -> RankStatus:
     fields default. Anything else is a ``ValueError``, ``KeyError`` or ``TypeError``."""
     if not isinstance(data, Mapping):
         raise TypeError(f"a status file holds a JSON object, got {type(data).__name__}")
-    waits = data.get("wait_s") or {}
-    cache = data.get("cache") or {}
     state = RankState(
-        epoch=int(data.get("epoch", 0) or 0),
-        batch=int(data.get("batch", 0) or 0),
-        epoch_samples=int(data.get("epoch_samples", 0) or 0),
-        batches=int(data.get("batches", 0) or 0),
-        samples=int(data.get("samples", 0) or 0),
-        elapsed_s=float(data.get("elapsed_s", 0.0) or 0.0),
-        wait_s={str(k): float(v or 0.0) for k, v in waits.items()},
-        batches_waited_on_storage=int(data.get("batches_waited_on_storage", 0) or 0),
-        sources={
-            str(name): {k: float(v or 0.0) for k, v in per.items()}
-            for name, per in (data.get("sources") or {}).items()
-        },
-        cache={str(k): None if v is None else int(v) for k, v in cache.items()},
+        **{
+            name: read(data[name])
+            for name, read in _STATE_READERS.items()
+            if data.get(name) is not None
+        }
     )
     return RankStatus(
         path=path,

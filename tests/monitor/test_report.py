@@ -25,6 +25,7 @@ from flashfeed.telemetry import (
     RankState,
     parse_record,
     parse_status,
+    status_object,
 )
 
 from support.loader_helpers import make_image_dataset
@@ -164,6 +165,23 @@ def test_a_real_loaders_status_file_is_exactly_the_schema(tmp_path, monkeypatch)
         assert read_statuses(runtime) == []
     finally:
         loader.close()
+
+
+def test_every_state_field_survives_the_status_file():
+    state = RankState(
+        epoch=3, batch=7, epoch_samples=56, batches=40, samples=320, elapsed_s=2.5,
+        wait_s={"storage": 0.25, "decode": 0.5, "h2d": 0.125}, batches_waited_on_storage=2,
+        sources={"x": {"samples": 200.0, "storage_s": 0.1}, "y": {"samples": 120.0,
+                 "storage_s": 0.15}},
+        cache={"used_bytes": 10**9, "capacity": None},
+    )  # fmt: skip
+    assert all(getattr(state, f.name) != f.default for f in fields(RankState))  # none default
+    obj = json.loads(json.dumps(status_object(
+        rank=1, pid=42, node="n", dataset="d", updated=5.0, state=state.to_json()
+    )))  # fmt: skip
+    st = parse_status(obj, "p")
+    assert st.state == state
+    assert (st.rank, st.pid, st.node, st.dataset, st.updated) == (1, 42, "n", "d", 5.0)
 
 
 _NO_FRAMEWORKS = """
