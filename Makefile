@@ -55,13 +55,13 @@ test: $(STAMP) system-tools
 	$(PY) -m pytest -q -ra tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check flashfeed ingest cache loader benchmarks examples tests
-	$(VENV)/bin/ruff format --check flashfeed ingest cache loader benchmarks examples tests
+	$(VENV)/bin/ruff check flashfeed ingest cache loader monitor benchmarks examples tests
+	$(VENV)/bin/ruff format --check flashfeed ingest cache loader monitor benchmarks examples tests
 	$(VENV)/bin/mypy
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format flashfeed ingest cache loader benchmarks examples tests
-	$(VENV)/bin/ruff check --fix flashfeed ingest cache loader benchmarks examples tests
+	$(VENV)/bin/ruff format flashfeed ingest cache loader monitor benchmarks examples tests
+	$(VENV)/bin/ruff check --fix flashfeed ingest cache loader monitor benchmarks examples tests
 
 $(BENCH_STAMP): benchmarks/requirements.txt $(STAMP)
 	@test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)

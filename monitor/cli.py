@@ -9,7 +9,10 @@ import sys
 import threading
 from typing import Any
 
-from .report import plot_stalls, read_stats_log, source_totals, summarize
+from flashfeed.telemetry import WAIT_KINDS
+
+from .report import Records, plot_stalls, source_totals, summarize
+from .runlog import read_records
 
 __all__ = ["register"]
 
@@ -100,13 +103,13 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--gpu-hour-price goes with --html (the price of lost GPU time)")
     if args.html or os.path.isdir(args.log):
         return _run_dir(args)
-    records = read_stats_log(args.log)
+    records = read_records(args.log)
     _print_summary(summarize(records))
     _print_sources(records)
     return _plot(records, args)
 
 
-def _print_sources(records: list[dict[str, Any]], prefix: str = "") -> None:
+def _print_sources(records: Records, prefix: str = "") -> None:
     """A mixture's log: one line of samples, share and storage wait per source."""
     per = source_totals(records)
     if per:
@@ -126,12 +129,11 @@ def _print_summary(s: dict[str, float], prefix: str = "") -> None:
         f"{s['elapsed_s']:.1f} s: {s['samples_per_s']:.0f} samples/s"
     )
     print(
-        f"{prefix}waiting: "
-        + ", ".join(f"{k} {100 * s[f'{k}_fraction']:.1f}%" for k in ("storage", "decode", "h2d"))
+        f"{prefix}waiting: " + ", ".join(f"{k} {100 * s[f'{k}_fraction']:.1f}%" for k in WAIT_KINDS)
     )
 
 
-def _plot(records: list[dict[str, Any]], args: argparse.Namespace) -> int:
+def _plot(records: Records, args: argparse.Namespace) -> int:
     if args.out:
         try:
             plot_stalls(records, args.out, bin_s=args.bin or 1.0)
@@ -143,7 +145,8 @@ def _plot(records: list[dict[str, Any]], args: argparse.Namespace) -> int:
 
 
 def _run_dir(args: argparse.Namespace) -> int:
-    from .htmlreport import read_run, write_html_report
+    from .htmlreport import write_html_report
+    from .runlog import read_run
 
     if not os.path.isdir(args.log):
         raise ValueError(

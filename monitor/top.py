@@ -21,7 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
-from .stats import WAIT_KINDS
+from flashfeed.telemetry import WAIT_KINDS
+
 from .status import (
     NodeCache,
     RankStatus,
@@ -71,7 +72,7 @@ def _pct(x: float) -> str:
 
 def _source_line(st: RankStatus) -> list[str]:
     """A mixture's rank: its sources' shares of the samples and storage waits so far."""
-    per = st.data.get("sources") or {}
+    per = st.state.sources
     total = sum(float(v.get("samples", 0)) for v in per.values()) or 1.0
     if not per:
         return []
@@ -104,9 +105,9 @@ class TopView:
             statuses += read_statuses(self.local_root)
             statuses.sort(key=lambda s: (s.rank, s.pid))
         used = None
-        fresh = [s for s in statuses if "used_bytes" in (s.data.get("cache") or {})]
+        fresh = [s for s in statuses if s.state.cache.get("used_bytes") is not None]
         if fresh:
-            used = int(max(fresh, key=lambda s: s.updated).data["cache"]["used_bytes"])
+            used = max(fresh, key=lambda s: s.updated).state.cache["used_bytes"]
         if used is None and now - self._scanned_at < SCAN_EVERY_S:
             used = self._scanned  # no loader measured it: a scan here, now and then
         try:
@@ -147,7 +148,8 @@ class TopView:
         return lines
 
     def _rank_row(self, st: RankStatus, now: float) -> str:
-        values = {"samples": st.total("samples"), "elapsed": st.total("elapsed_s")}
+        state = st.state
+        values = {"samples": float(state.samples), "elapsed": state.elapsed_s}
         values.update({k: st.wait(k) for k in WAIT_KINDS})
         old = self._ranks.setdefault(st.path, _History()).add(st.updated, values)
         idle = now - st.updated
@@ -160,13 +162,13 @@ class TopView:
         span = values["elapsed"] - base["elapsed"]
         rate = (values["samples"] - base["samples"]) / wall if wall > 0 else 0.0
         fractions = [(values[k] - base[k]) / span if span > 0 else 0.0 for k in WAIT_KINDS]
-        position = f"batch {int(st.total('batch')) + 1} ({int(st.total('epoch_samples'))} samples)"
+        position = f"batch {state.batch + 1} ({state.epoch_samples} samples)"
         if idle > 2.0:
             position += f"  no batch for {idle:.0f} s"
         return (
             f"{st.rank:>4} {st.pid:>7} {rate:>10.1f} "
             + " ".join(f"{_pct(f):>7}" for f in fractions)
-            + f" {int(st.total('batches_waited_on_storage')):>7} {int(st.total('epoch')):>5}  "
+            + f" {state.batches_waited_on_storage:>7} {state.epoch:>5}  "
             + position
         )
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from flashfeed.cli import main as cli_main
-from flashfeed.loader.status import StatusWriter, read_statuses, status_dir
-from flashfeed.loader.top import TopView
+from flashfeed.loader.status import StatusWriter
+from flashfeed.monitor.status import read_statuses, status_dir
+from flashfeed.monitor.top import TopView
 
 from support.monitor_helpers import running_ranks, wait_for
 

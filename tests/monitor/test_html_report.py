@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from flashfeed.cli import main as cli_main
-from flashfeed.loader.stats import WAIT_KINDS
+from flashfeed.telemetry import WAIT_KINDS, parse_record
 
 from support.monitor_helpers import running_ranks, wait_for
 
@@ -79,6 +79,15 @@ def test_the_page_is_self_contained_and_gives_the_time_lost(copy, tmp_path, caps
     ]
     assert max(fills) > 0  # the ranks fetched shards into the node cache...
     assert '<rect class="bar"' in page  # ...drawn as bars against the storage stalls
+
+
+def test_the_ranks_logs_with_cache_fills_are_exactly_the_schema(copy):
+    objs = [json.loads(line) for p in copy.glob("*.jsonl") for line in p.read_text().splitlines()]
+    assert len(objs) >= 80
+    for obj in objs:
+        assert parse_record(obj, strict=True).to_json() == obj
+    with_fills = [o for o in objs if "cache_fills" in o]
+    assert with_fills and all("cache_fetched_bytes" in o for o in with_fills)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
