@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from flashfeed.loader import Loader
-    from flashfeed.loader.report import read_stats_log, summarize
+    from flashfeed.monitor.report import read_stats_log, summarize
     from flashfeed.store import EmbeddedStore
 
     files = sorted(Path(args.corpus).glob("class_*/*.jpg"))[: args.images]
