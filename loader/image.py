@@ -148,8 +148,12 @@ class Loader(PlannedLoader):
         manifest = parts.dataset.manifest
         if buckets is not None and not isinstance(manifest, Manifest):
             raise ValueError(
-                "buckets= reads one dataset, not a mixture: bucket each source's Loader on "
-                "its own, or read the mixture without buckets"
+                "buckets= reads one dataset, not a mixture: a bucketed batch waits for its "
+                "bucket to fill, so it takes samples out of the mixture's deal order, while a "
+                "mixture's resume state is each source's count read as a prefix of that order "
+                "(and a bucket may be all one source); bucket each source's Loader on its own "
+                "and interleave their batches by weight, or read the mixture without buckets "
+                "(docs/MIXTURES.md, 'Buckets')"
             )
         if per_video > 1 and not isinstance(manifest, Manifest):
             raise ValueError(
