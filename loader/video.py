@@ -6,9 +6,9 @@ so shuffling, ranks, resume and the ledger treat clips as samples. Where clip ``
 drawn from (seed, epoch, video id, j) (``clip_draws``) or spaced evenly (``"uniform"``), so a
 resumed epoch reads the very same clips; the reader turns that into a start frame once it
 knows the video's frame count (probed with PyAV from the member's container, without
-decoding). DALI decodes VP8, VP9 and MJPEG on the
-CPU; other codecs (H.264, HEVC, AV1, MPEG-4) only with NVDEC on a GPU, so on a CPU decode
-they stop the pass with ``UnsupportedCodecError`` naming the codec and what decodes it.
+decoding). DALI decodes VP8, VP9 and MJPEG on the CPU; other codecs (H.264, HEVC, AV1,
+MPEG-4) only with NVDEC on a GPU, so on a CPU decode they stop the pass with
+``UnsupportedCodecError`` naming the codec and what decodes it.
 """
 
 from __future__ import annotations
