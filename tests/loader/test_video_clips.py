@@ -221,3 +221,12 @@ def test_clip_options_and_states_of_another_count_are_refused(videos, tmp_path):
     with pytest.raises(ValueError, match=r"saved reading 3 clip\(s\) per video, this loader "
                        r"reads 1"):  # fmt: skip
         Loader(prefix, **kw).load_state_dict(state)
+
+
+def test_unshuffled_clips_come_video_by_video_clip_by_clip(videos):
+    """Plan id i is clip i % K of video i // K: in dataset order, a video's clips in a row."""
+    prefix, _ = videos
+    loader = Loader(prefix, batch_size=4, fields={"video": "webm"}, frames=2, image_size=16,
+                    clips_per_video=2, clip="uniform", shuffle=False, drop_last=False,
+                    py_workers=0)  # fmt: skip
+    assert [k for k, _ in delivered(loader)] == clip_keys(2)
