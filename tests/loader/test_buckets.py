@@ -444,7 +444,13 @@ def test_buckets_refuse_a_mixture_at_construction(tmp_path):
     write_sized(a, [6])
     write_sized(b, [4, 3])
     mix = Mixture((Source(a, 1, "a"), Source(b, 1, "b")))
-    with pytest.raises(ValueError, match="buckets= reads one dataset, not a mixture"):
+    why = (
+        r"buckets= reads one dataset, not a mixture: a bucketed batch waits for its bucket to "
+        r"fill, .* a mixture's resume state is each source's count read as a prefix of that "
+        r"order .* bucket each source's Loader on its own and interleave their batches by "
+        r"weight, or read the mixture without buckets"
+    )
+    with pytest.raises(ValueError, match=why):
         Loader(mix, batch_size=2, buckets=list(SHAPES))
     plain = Loader(mix, batch_size=2, image_size=16)  # the same mixture without buckets reads
     keys = [k for batch in plain for k in batch["__key__"]]
