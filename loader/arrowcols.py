@@ -4,6 +4,7 @@ variable-length integer list columns as (offsets, values) views with a vectorise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +44,9 @@ def gather_lists(view: ListView, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 @dataclass
 class ArrowShardView:
-    """One shard: per column, one 2-D ``(rows, length)`` (or 1-D) view per record batch."""
+    """One shard: per column, one 2-D ``(rows, length)`` (or 1-D) view per record batch.
+    ``arriving``: set while the shard's fill is under way (``arrowstream.ArrowArrival``):
+    the batches not landed yet are empty placeholders until ``catch_up`` adds them."""
 
     name: str
     num_rows: int
@@ -51,6 +54,22 @@ class ArrowShardView:
     columns: dict[str, list[np.ndarray]]
     keys: pa.ChunkedArray | None
     lists: dict[str, list[ListView]] | None = None
+    arriving: Any = None
+
+    def catch_up(self) -> int:
+        """Add the record batches landed since (a shard still arriving); how many."""
+        arrival = self.arriving
+        if arrival is None:
+            return 0
+        added = int(arrival.catch_up(self))
+        if not arrival.pending:
+            self.arriving = None
+        return added
+
+    @property
+    def stale(self) -> bool:
+        """Its fill ended without some of its record batches: open the shard again."""
+        return self.arriving is not None and bool(self.arriving.stale)
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows -> (record batch, row inside it)."""
