@@ -10,13 +10,15 @@ With ``outputs`` (names from ``DOC_OUTPUTS``) a batch also holds what attention 
 for packed documents (``position_ids``, ``document_ids``, ``cu_seqlens``, ``max_seqlen``,
 ``labels``), computed from the rows' recorded segments (``segments.py``), never from EOS.
 
-The first epoch streams as ``Loader``'s does, with one difference. The pass's
-``StreamFeeder`` starts the fill of a shard only when a batch within reach needs it, fetches
-further ahead as measured, and waits for a needed shard's bytes only, never for the rest of
-the pass. But an Arrow shard is served once it is whole, not while it arrives: an Arrow IPC
-file says where its record batches lie only in its footer, at the very end, and the shards
-carry no sample index, so the cache has no partial view of them (``ShardSource.partial``
-is None) and no row can be located before the last bytes have landed.
+The first epoch streams as ``Loader``'s does. The pass's ``StreamFeeder`` starts the fill of
+a shard only when a batch within reach needs it, fetches further ahead as measured, and
+waits for a needed row's bytes only, never for the rest of the pass. flashfeed writes Arrow
+shards in record batches of about 4 MiB whose byte and row ranges the schema message (the
+file's first bytes) records (``flashfeed.arrowlayout``): a shard still arriving is viewed
+record batch by record batch from the cache's part file (``arrowstream.py``), each one read
+as soon as its bytes have landed, and the gather takes its rows from the view exactly as
+from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
+is served once whole, as its footer at the very end is what locates its record batches.
 """
 
 from __future__ import annotations

@@ -18,10 +18,11 @@ from flashfeed.arrowshard import open_arrow, write_arrow
 from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
-from flashfeed.loader import TokenLoader
+from flashfeed.loader import DOC_OUTPUTS, TokenLoader
 from flashfeed.retry import RetryPolicy
 
 from support.loader_helpers import make_token_dataset
+from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents
 
 SIZES = [600, 520, 560]  # rows of 64 int32 tokens: 256 bytes a row, 64 rows a record batch
 SEQ = 64
@@ -36,13 +37,13 @@ def _both(s3_prefix: str, tmp_path) -> str:
     return local
 
 
-def _cold(prefix, proxy, tmp_path, *, name="cache", delay=0.05, retry=None):
+def _cold(prefix, proxy, tmp_path, *, name="cache", delay=0.05, retry=None, part="16KiB"):
     proxy.delay = delay
     ds = Dataset.open(prefix, storage_options={"endpoint_url": proxy.endpoint})
     retry = retry or RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, deadline=10)
     # one 16 KiB part at a time: a shard of ~150 KiB takes ten delayed GETs to land
     cache = ShardCache(
-        str(tmp_path / name), capacity=1 << 30, retry=retry, part_size="16KiB", concurrency=1
+        str(tmp_path / name), capacity=1 << 30, retry=retry, part_size=part, concurrency=1
     )
     return ds, cache
 
@@ -157,5 +158,43 @@ def test_a_shard_truncated_on_the_store_fails_in_one_line_and_leaves_no_entry(
     assert not cache.contains(ds, 0) and cache.progress(ds, 0) is None
     left = [f for _, _, files in os.walk(tmp_path / "cache") for f in files if "000000" in f]
     assert left == [], left  # no partial entry, no part file
+    loader.close()
+    cache.close()
+
+
+def test_a_dataset_without_a_layout_still_loads_cold_whole(s3_prefix, proxy, tmp_path):
+    local = str(tmp_path / "local")
+    for prefix in (s3_prefix, local):  # one record batch a shard, nothing recorded: as before
+        make_token_dataset(prefix, SIZES, seq_len=SEQ, batch_bytes=None)
+    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.02)
+    loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
+    keys, rows = _rows(list(loader))
+    local_keys, local_rows = _rows(list(TokenLoader(local, batch_size=8, shuffle=False)))
+    assert keys == local_keys and np.array_equal(rows, local_rows)
+    assert loader.stats()["readahead"]["batches_served_while_arriving"] == 0  # served whole
+    loader.close()
+    cache.close()
+
+
+def test_cold_document_outputs_equal_the_local_ones(s3_prefix, proxy, tmp_path):
+    docs = mixed_documents(120, seed=3)
+    tok = byte_bpe(tmp_path / "tok.json", docs)
+    local = str(tmp_path / "local")
+    for prefix in (s3_prefix, local):  # record batches of 7 rows, a few KiB each
+        make_doc_token_dataset(prefix, docs, tok, seq_len=SEQ, docs_per_shard=60, chunk_rows=7)
+    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.05, part="4KiB")
+    loader = TokenLoader(ds, batch_size=4, cache=cache, shuffle=False, outputs=DOC_OUTPUTS)
+    cold = list(loader)
+    hot = list(TokenLoader(local, batch_size=4, shuffle=False, outputs=DOC_OUTPUTS))
+    assert len(cold) == len(hot) > 0
+    for a, b in zip(cold, hot, strict=True):
+        assert a.keys() == b.keys()
+        for name, value in a.items():
+            other = b[name]
+            if hasattr(value, "numpy"):
+                assert np.array_equal(value.numpy(), other.numpy()), name
+            else:
+                assert value == other, name
+    assert loader.stats()["readahead"]["batches_served_while_arriving"] >= 1
     loader.close()
     cache.close()
