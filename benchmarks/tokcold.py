@@ -10,6 +10,10 @@ interleaved, the order rotating each round:
   cold-stream    first epoch from S3, record batch layout (streams)
   cold-whole     first epoch from S3, no layout (each shard waits until whole)
   local          first epoch from local disk (the layout dataset, read in place)
+  ceiling        the local epoch while a plain download of the same shards from the same
+                 server runs beside it (limits.download: the cache's GET shape, no checksum,
+                 no progress marks): what any cold loader with a disk cache pays at least on
+                 the same CPUs
 
 A run is a whole epoch: bytes of token rows delivered / seconds from creating the loader to
 its last batch; ``--step-ms`` adds a training step per batch (sleep: the CPU is free meanwhile,
@@ -29,6 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +45,10 @@ from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard
 from flashfeed.store import EmbeddedStore
 
-ROWS = ("cold-stream", "cold-whole", "local")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from limits import download
+
+ROWS = ("cold-stream", "cold-whole", "local", "ceiling")
 
 
 def write_dataset(prefix: str, args: argparse.Namespace, *, batch_bytes: int | None) -> int:
@@ -74,12 +82,20 @@ def upload(local: Path, url: str) -> None:
     fs.put_file(str(local / "manifest.json"), f"{path}/manifest.json")
 
 
-def epoch(url: str, args: argparse.Namespace, cache_dir: str | None) -> dict[str, float]:
+def epoch(
+    url: str, args: argparse.Namespace, cache_dir: str | None, beside: Path | None = None
+) -> dict[str, float]:
     """One whole epoch: GB/s of token rows, seconds to the first batch, batches served
-    while their shard arrived."""
+    while their shard arrived. ``beside``: (the url's dataset is local) download the
+    store's copy of the streaming dataset into that folder meanwhile; the epoch ends when
+    both have."""
     from flashfeed.loader import TokenLoader
 
     t0 = time.perf_counter()
+    landed = None
+    if beside is not None:
+        bg = ThreadPoolExecutor(1, thread_name_prefix="download")
+        landed = bg.submit(download, args.stream_url, beside)
     loader = TokenLoader(
         url, batch_size=args.batch, dtype=None, device="cpu", cache_dir=cache_dir, seed=args.seed
     )
@@ -89,6 +105,9 @@ def epoch(url: str, args: argparse.Namespace, cache_dir: str | None) -> dict[str
             first = time.perf_counter() - t0
         if args.step_ms:
             time.sleep(args.step_ms / 1000)
+    if landed is not None:
+        landed.result()
+        bg.shutdown()
     seconds = time.perf_counter() - t0
     stats = loader.stats()
     loader.close()
@@ -126,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         bucket = store.make_bucket("flashfeed")
         os.environ.update(store.info.env())
         urls = {"cold-stream": f"{bucket}/tok-stream", "cold-whole": f"{bucket}/tok-whole"}
+        args.stream_url = urls["cold-stream"]
         upload(stream, urls["cold-stream"])
         upload(whole, urls["cold-whole"])
         for r in range(args.rounds):
@@ -135,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(cache, ignore_errors=True)
                 if name == "local":
                     got = epoch(str(stream), args, None)
+                elif name == "ceiling":
+                    shutil.rmtree(scratch / "download", ignore_errors=True)
+                    got = epoch(str(stream), args, None, beside=scratch / "download")
                 else:
                     got = epoch(urls[name], args, str(cache))
                 runs[name].append(got)
@@ -150,16 +173,20 @@ def main(argv: list[str] | None = None) -> int:
         f"record batches {args.batch_mib:g} MiB, batch {args.batch} x {args.seq_len} uint16, "
         f"step {args.step_ms:g} ms, whole epochs, median of {args.rounds} rounds"
     )
-    print(f"{'run':<12} {'GB/s':>8} {'of local':>9} {'first batch s':>14} {'streamed':>9}")
+    ceiling = med["ceiling"]["gbps"]
+    print(f"{'run':<12} {'GB/s':>8} {'of local':>9} {'of ceiling':>11} {'first batch s':>14} "
+          f"{'streamed':>9}")  # fmt: skip
     for n in ROWS:
         m = med[n]
-        print(f"{n:<12} {m['gbps']:>8.3f} {m['gbps'] / local:>8.2f}x {m['first_batch_s']:>14.3f} "
-              f"{m['streamed_batches']:>5.0f}/{m['batches']:.0f}")  # fmt: skip
+        ratios = f"{m['gbps'] / local:>8.2f}x {m['gbps'] / ceiling:>10.2f}x"
+        streamed = f"{m['streamed_batches']:>5.0f}/{m['batches']:.0f}"
+        print(f"{n:<12} {m['gbps']:>8.3f} {ratios} {m['first_batch_s']:>14.3f} {streamed}")
     out: dict[str, Any] = {
         "config": vars(args),
         "bytes": total,
         "median": med,
         "of_local": {n: med[n]["gbps"] / local for n in ROWS},
+        "of_ceiling": {n: med[n]["gbps"] / ceiling for n in ROWS},
         "rounds": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

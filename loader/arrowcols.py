@@ -52,7 +52,7 @@ class ArrowShardView:
     num_rows: int
     starts: np.ndarray  # first row of each record batch
     columns: dict[str, list[np.ndarray]]
-    keys: pa.ChunkedArray | None
+    keys: pa.Array | pa.ChunkedArray | None  # one array: a take over many chunks costs more
     lists: dict[str, list[ListView]] | None = None
     arriving: Any = None
 
@@ -127,6 +127,11 @@ def _list_views(col: pa.ChunkedArray, name: str, shard: str) -> list[ListView]:
     return views
 
 
+def _one_array(col: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """The keys of a shard as one array (a copy of the keys only, once per shard opened)."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
 def open_arrow_view(
     path: str, columns: tuple[str, ...], *, name: str, lists: tuple[str, ...] = ()
 ) -> ArrowShardView:
@@ -143,6 +148,6 @@ def open_arrow_view(
         num_rows=table.num_rows,
         starts=starts,
         columns={c: _column_views(table.column(c), c, name) for c in columns},
-        keys=table.column("__key__") if "__key__" in table.column_names else None,
+        keys=_one_array(table.column("__key__")) if "__key__" in table.column_names else None,
         lists={c: _list_views(table.column(c), c, name) for c in lists} if lists else None,
     )

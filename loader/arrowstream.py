@@ -77,7 +77,8 @@ class ArrowArrival:
             added += 1
         self.pending = still
         if added and view.keys is not None:
-            view.keys = pa.chunked_array(self._keys, type=self._keys[0].type)
+            keys = pa.chunked_array(self._keys, type=self._keys[0].type)
+            view.keys = keys.combine_chunks() if not still else keys
         if not still:
             self.progress.close()
         elif self.progress.ended():
