@@ -2,10 +2,10 @@
 same epoch from local disk, TokenLoader, CPU.
 
 The dataset: ``--shards`` Arrow shards of ``--shard-mib`` MiB of random uint16 tokens, rows
-of ``--seq-len``, written twice: in record batches of ``--batch-mib`` whose ranges the schema
-records (rows stream as their record batch lands), and as before (one record batch per
-8,192 rows, no layout: a shard is served once whole). Each round empties the cache and runs,
-interleaved, the order rotating each round:
+of ``--seq-len``, in record batches of ``--batch-mib``, written twice: with the layout the
+schema records (rows stream as their record batch lands), and without it (the very same
+record batches: a shard is served once whole, as every Arrow shard was before). Each round
+empties the cache and runs, interleaved, the order rotating each round:
 
   cold-stream    first epoch from S3, record batch layout (streams)
   cold-whole     first epoch from S3, no layout (each shard waits until whole)
@@ -41,7 +41,8 @@ import numpy as np
 import pyarrow as pa
 
 from flashfeed import storage
-from flashfeed.manifest import Manifest, commit_manifest
+from flashfeed.arrowshard import write_arrow
+from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard
 from flashfeed.store import EmbeddedStore
 
@@ -51,8 +52,11 @@ from limits import download
 ROWS = ("cold-stream", "cold-whole", "local", "ceiling")
 
 
-def write_dataset(prefix: str, args: argparse.Namespace, *, batch_bytes: int | None) -> int:
-    """The token dataset at ``prefix`` (same rows whatever the layout); its bytes."""
+def write_dataset(
+    prefix: str, args: argparse.Namespace, *, batch_bytes: int, layout: bool = True
+) -> int:
+    """The token dataset at ``prefix``, record batches of about ``batch_bytes`` (the same
+    rows and batches with or without the ``layout`` recorded); its bytes."""
     rng = np.random.default_rng(args.seed)
     rows = max(1, (args.shard_mib << 20) // (args.seq_len * 2))
     infos, n = [], 0
@@ -64,9 +68,14 @@ def write_dataset(prefix: str, args: argparse.Namespace, *, batch_bytes: int | N
                 "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), args.seq_len),
             }
         )
-        infos.append(
-            write_arrow_shard(prefix, shard_name(i, "arrow"), table, batch_bytes=batch_bytes)
-        )
+        path = shard_name(i, "arrow")
+        if layout:
+            infos.append(write_arrow_shard(prefix, path, table, batch_bytes=batch_bytes))
+        else:
+            per_batch = max(1, batch_bytes // max(1, table.nbytes // table.num_rows))
+            data = write_arrow(table, max_chunksize=min(per_batch, 8192), batch_bytes=None)
+            storage.write_bytes(storage.join(prefix, path), data)
+            infos.append(ShardInfo(path, table.num_rows, len(data), storage.checksum(data)))
         n += rows
     schema = {"__key__": "string", "tokens": f"fixed_size_list<uint16>[{args.seq_len}]"}
     manifest = Manifest(name="tokcold", shard_format="arrow", schema=schema, shards=tuple(infos))
@@ -139,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {r: [] for r in ROWS}
     try:
         stream, whole = scratch / "stream", scratch / "whole"
-        total = write_dataset(str(stream), args, batch_bytes=int(args.batch_mib * (1 << 20)))
-        write_dataset(str(whole), args, batch_bytes=None)
+        size = int(args.batch_mib * (1 << 20))
+        total = write_dataset(str(stream), args, batch_bytes=size)
+        write_dataset(str(whole), args, batch_bytes=size, layout=False)
         store.start()
         bucket = store.make_bucket("flashfeed")
         os.environ.update(store.info.env())
