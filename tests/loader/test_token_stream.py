@@ -7,6 +7,7 @@ The store sits behind ``slowproxy.SlowProxy``, which delays each request; nothin
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -196,5 +197,70 @@ def test_cold_document_outputs_equal_the_local_ones(s3_prefix, proxy, tmp_path):
             else:
                 assert value == other, name
     assert loader.stats()["readahead"]["batches_served_while_arriving"] >= 1
+    loader.close()
+    cache.close()
+
+
+def _table(rows: int):
+    import pyarrow as pa
+
+    tokens = np.arange(rows * SEQ, dtype=np.int32)
+    return pa.table({"tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), SEQ)})
+
+
+@pytest.mark.parametrize(
+    ("doc", "why"),
+    [
+        (b'{"offsets": [0, 10], "rows": [0]}', "does not fit"),  # lengths differ
+        (b'{"offsets": [0, 99999999], "rows": [0, 5]}', "does not fit"),  # past the end
+        (b'{"offsets": [0, 0], "rows": [0, 5]}', "does not fit"),  # not increasing
+        (b'{"offsets": [5, 10], "rows": [0, 5]}', "does not fit"),  # not from the schema's end
+        (b"not json", "unreadable record batch layout"),
+        (b'{"rows": [0, 5]}', "unreadable record batch layout"),
+    ],
+)
+def test_a_layout_that_cannot_be_right_is_one_clear_error(doc, why):
+    import pyarrow as pa
+
+    from flashfeed.arrowlayout import LAYOUT_KEY
+    from flashfeed.errors import CorruptShardError
+
+    table = _table(40)
+    table = table.replace_schema_metadata({LAYOUT_KEY: doc})
+    data = write_arrow(table, batch_bytes=None)  # the metadata as given, nothing recorded
+    with pytest.raises(CorruptShardError, match=why) as err:
+        read_layout(data[: head_size(data[:16], name="bad")], name="bad", size=len(data))
+    assert "shard bad" in str(err.value) and "\n" not in str(err.value)
+    assert pa.ipc.open_file(pa.py_buffer(data)).read_all().num_rows == 40  # the file is fine
+
+
+def test_a_layout_whose_rows_disagree_with_a_batch_fails_naming_it(s3_prefix, proxy, tmp_path):
+    """A lying layout (its bytes are record batches, its row counts are not) fails the cold
+    epoch naming the shard and the batch instead of serving other rows."""
+    import pyarrow as pa
+
+    from flashfeed.arrowlayout import LAYOUT_KEY
+    from flashfeed.errors import CorruptShardError
+    from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
+
+    table = _table(40).append_column("__key__", pa.array([f"k{i}" for i in range(40)]))
+    good = write_arrow(table, batch_bytes=20 * (SEQ * 4 + 8))  # record batches of 20 rows
+    layout = read_layout(good[: head_size(good[:16], name="s")], name="s", size=len(good))
+    assert layout is not None and layout.rows.tolist() == [0, 20, 40]
+    rel = (layout.offsets - layout.offsets[0]).tolist()
+    lie = json.dumps({"offsets": rel, "rows": [0, 15, 40]}).encode()
+    data = write_arrow(  # the same batches; the metadata as given
+        table.replace_schema_metadata({LAYOUT_KEY: lie}), max_chunksize=20, batch_bytes=None
+    )
+    path = "shards/000000.arrow"
+    storage.write_bytes(storage.join(s3_prefix, path), data)
+    info = ShardInfo(path, 40, len(data), storage.checksum(data))
+    schema = {"tokens": f"fixed_size_list<int32>[{SEQ}]", "__key__": "string"}
+    manifest = Manifest(name="lie", shard_format="arrow", schema=schema, shards=(info,))
+    commit_manifest(s3_prefix, manifest)
+    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.05, part="4KiB")
+    loader = TokenLoader(ds, batch_size=4, cache=cache, shuffle=False)
+    with pytest.raises(CorruptShardError, match="record batch 0 holds 20 rows, its layout says 15"):
+        list(loader)
     loader.close()
     cache.close()
