@@ -63,7 +63,11 @@ class ArrowArrival:
         self.pending = list(range(self.layout.num_batches))
         #: the fill ended without some of the batches (it failed): open the shard again
         self.stale = False
-        self._keys: list[pa.Array] = []
+        #: the ``__key__`` column per record batch: nulls until the batch lands
+        self.keys: list[pa.Array] = []
+        if layout.schema.get_field_index("__key__") >= 0:
+            key_type = layout.schema.field("__key__").type
+            self.keys = [pa.nulls(int(n), key_type) for n in np.diff(layout.rows)]
 
     def catch_up(self, view: ArrowShardView) -> int:
         """Add the batches landed since the last call to ``view``; how many were added."""
@@ -77,7 +81,7 @@ class ArrowArrival:
             added += 1
         self.pending = still
         if added and view.keys is not None:
-            keys = pa.chunked_array(self._keys, type=self._keys[0].type)
+            keys = pa.chunked_array(self.keys, type=self.keys[0].type)
             view.keys = keys.combine_chunks() if not still else keys
         if not still:
             self.progress.close()
@@ -114,7 +118,7 @@ class ArrowArrival:
         for c in self.lists:
             held_lists[c][b] = _list_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
         if view.keys is not None:
-            self._keys[b] = batch.column("__key__")
+            self.keys[b] = batch.column("__key__")
 
 
 def open_arriving_view(
@@ -131,22 +135,17 @@ def open_arriving_view(
         raise CorruptShardError(f"shard {name}: no column {missing} (it has {schema.names})")
     arrival = ArrowArrival(partial, layout, columns, lists, name)
     n = layout.num_batches
-    sizes = np.diff(layout.rows)
     blank = {
         c: _column_views(pa.chunked_array([pa.array([], type=schema.field(c).type)]), c, name)[0]
         for c in columns
     }
-    has_keys = schema.get_field_index("__key__") >= 0
-    if has_keys:
-        key_type = schema.field("__key__").type
-        arrival._keys = [pa.nulls(int(s), key_type) for s in sizes]
     no_list = ListView(np.zeros(0, np.int64), np.zeros(0, np.int64))
     view = ArrowShardView(
         name=name,
         num_rows=layout.num_rows,
         starts=layout.rows[:-1].copy(),
         columns={c: [blank[c]] * n for c in columns},
-        keys=pa.chunked_array(arrival._keys, type=key_type) if has_keys else None,
+        keys=pa.chunked_array(arrival.keys, type=arrival.keys[0].type) if arrival.keys else None,
         lists={c: [no_list] * n for c in lists} if lists else None,
         arriving=arrival,
     )
