@@ -10,13 +10,15 @@ With ``outputs`` (names from ``DOC_OUTPUTS``) a batch also holds what attention 
 for packed documents (``position_ids``, ``document_ids``, ``cu_seqlens``, ``max_seqlen``,
 ``labels``), computed from the rows' recorded segments (``segments.py``), never from EOS.
 
-The first epoch streams as ``Loader``'s does, with one difference. The pass's
-``StreamFeeder`` starts the fill of a shard only when a batch within reach needs it, fetches
-further ahead as measured, and waits for a needed shard's bytes only, never for the rest of
-the pass. But an Arrow shard is served once it is whole, not while it arrives: an Arrow IPC
-file says where its record batches lie only in its footer, at the very end, and the shards
-carry no sample index, so the cache has no partial view of them (``ShardSource.partial``
-is None) and no row can be located before the last bytes have landed.
+The first epoch streams as ``Loader``'s does. The pass's ``StreamFeeder`` starts the fill of
+a shard only when a batch within reach needs it, fetches further ahead as measured, and
+waits for a needed row's bytes only, never for the rest of the pass. flashfeed writes Arrow
+shards in record batches of about 4 MiB whose byte and row ranges the schema message (the
+file's first bytes) records (``flashfeed.arrowlayout``): a shard still arriving is viewed
+record batch by record batch from the cache's part file (``arrowstream.py``), each one read
+as soon as its bytes have landed, and the gather takes its rows from the view exactly as
+from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
+is served once whole, as its footer at the very end is what locates its record batches.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from flashfeed.errors import CorruptShardError
 from flashfeed.mixture import Mixture
 
 from .arrowcols import ArrowShardView, list_index, open_arrow_view
+from .arrowstream import open_arriving_view
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool
 from .fields import KEY
@@ -106,12 +109,14 @@ class TokenLoader(PlannedLoader):
 
     def _view(self, shard: int) -> ArrowShardView:
         view = self._views.get(shard)
+        if view is not None and view.arriving is not None:
+            if view.catch_up():  # record batches landed since: check them as a whole shard's
+                _check_shared_offsets(view)
+            if view.stale:  # its fill ended without them (failed): the cache's next word
+                del self._views[shard]
+                view = None
         if view is None:
-            path = self.source.local_path(shard)
-            lists: tuple[str, ...] = ("doc_lens", "doc_ids") if self.outputs else ()
-            if "document_offsets" in self.outputs:
-                lists += ("doc_starts",)
-            view = open_arrow_view(path, self.columns, name=self.shard_names[shard], lists=lists)
+            view = self._open_view(shard)
             if view.num_rows != self.dataset.shards[shard].samples:
                 raise ValueError(
                     f"shard {self.shard_names[shard]} has {view.num_rows} rows, the manifest "
@@ -124,6 +129,23 @@ class TokenLoader(PlannedLoader):
         else:
             self._views.move_to_end(shard)
         return view
+
+    def _open_view(self, shard: int) -> ArrowShardView:
+        """The shard's view: read batch by batch while its fill is under way (its schema
+        records where its record batches lie), else mapped whole from local storage."""
+        name = self.shard_names[shard]
+        lists: tuple[str, ...] = ("doc_lens", "doc_ids") if self.outputs else ()
+        if "document_offsets" in self.outputs:
+            lists += ("doc_starts",)
+        partial = self.source.partial(shard)
+        if partial is not None and partial.layout is not None:
+            try:
+                return open_arriving_view(partial, self.columns, name=name, lists=lists)
+            except FileNotFoundError:  # renamed into place meanwhile
+                partial.progress.close()
+        elif partial is not None:
+            partial.progress.close()
+        return open_arrow_view(self.source.local_path(shard), self.columns, name=name, lists=lists)
 
     def _gather(self, shards: np.ndarray, rows: np.ndarray) -> tuple[dict[str, Any], list[str]]:
         """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards (one
