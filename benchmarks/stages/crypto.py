@@ -9,7 +9,7 @@ loader img/s for the same images stored plain and sealed (private SeaweedFS serv
 
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/crypto.py --shards 8 --per-shard 256 --out .bench/crypto.json
+    python -m benchmarks.stages.crypto --shards 8 --per-shard 256 --out .bench/crypto.json
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ all its threads; the server is another process and is not counted) per GB moved 
 
 Prints a table (``--json PATH`` also writes the rounds). The target: fill <= 1.3x raw.
 
-    python benchmarks/fillcpu.py --shards 4 --shard-size 64MiB --rounds 3
+    python -m benchmarks.stages.fillcpu --shards 4 --shard-size 64MiB --rounds 3
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.stages.cachebench import start_store  # one way to start the benchmark's SeaweedFS
 from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.directget import SignedObject, reader_for
@@ -53,9 +54,6 @@ from flashfeed.cache.fill import CHUNK
 from flashfeed.cache.ranged import split_ranges
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.units import format_size, parse_size
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cache import start_store  # one way to start the benchmark's SeaweedFS
 
 METHODS = (
     "fill",

@@ -9,7 +9,7 @@ rounds; each round times ``--requests`` signatures with ``time.process_time``. P
 microseconds a request (median of the rounds) and the ratio to ours; ``--json`` writes the
 rounds. No server is needed: signing is pure CPU.
 
-    python benchmarks/signcost.py --requests 20000 --rounds 5
+    python -m benchmarks.stages.signcost --requests 20000 --rounds 5
 """
 
 from __future__ import annotations

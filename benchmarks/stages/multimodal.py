@@ -23,7 +23,7 @@ Rounds rotate the order; each figure is the median img/s or clips/s (constructio
 first batch after ``--min-seconds``). Ratios: text / wds+pil (target >= 1.3), text / image
 (>= 0.95), bucket / image (>= 0.9); video / pyav (reported).
 
-    python benchmarks/multimodal.py --images 512 --rounds 1 --min-seconds 2 --out m.json
+    python -m benchmarks.stages.multimodal --images 512 --rounds 1 --min-seconds 2 --out m.json
 """
 
 from __future__ import annotations
@@ -39,14 +39,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from benchmath import fmt, ratio  # noqa: E402
-from loader_peers import MEAN, STD, pil_transform  # noqa: E402
-
-import loader as loader_bench  # noqa: E402
-from loader import BATCH, image_corpus, rotated, timed  # noqa: E402
+from benchmarks.benchmath import fmt, ratio
+from benchmarks.stages import loaderbench as loader_bench
+from benchmarks.stages.loader_peers import MEAN, STD, pil_transform
+from benchmarks.stages.loaderbench import BATCH, image_corpus, rotated, timed
 
 WORDS = [
     "a",

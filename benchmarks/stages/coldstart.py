@@ -1,6 +1,6 @@
 """Cold-start benchmark: the first epoch from S3 against local disk and the peers.
 
-Same corpus and work as benchmarks/loader.py (photo JPEGs, decode + random-resized crop to
+Same corpus and work as loaderbench.py (photo JPEGs, decode + random-resized crop to
 224 + flip + normalize, batch 64, 2 threads/workers). Each round restarts the embedded
 SeaweedFS server and empties the cache, then runs, interleaved:
 
@@ -19,7 +19,7 @@ for every row (flashfeed's timers include ``Loader(...)`` too; a second epoch is
 the end of the first). The order of the runs rotates each round.
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/coldstart.py --out .bench/coldstart.json
+    python -m benchmarks.stages.coldstart --out .bench/coldstart.json
 """
 
 from __future__ import annotations
@@ -36,12 +36,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader_peers import dali_webdataset_reader, optional_peers, webdataset_loader
-
+from benchmarks.stages.loader_peers import dali_webdataset_reader, optional_peers, webdataset_loader
+from benchmarks.stages.loaderbench import BATCH, image_corpus, write_dataset
 from flashfeed import storage
 from flashfeed.store import EmbeddedStore
-from loader import BATCH, image_corpus, write_dataset
 
 
 def epoch_rate(make: Callable[[], Iterable[Any]], images: int) -> float:

@@ -20,7 +20,7 @@ plus the token loader's GB/s against a plain memory copy and a random-row gather
 bytes, and shuffle quality (label entropy per batch / ideal) on a class-sorted layout.
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/loader.py --images 5000 --out .bench/loader.json
+    python -m benchmarks.stages.loaderbench --images 5000 --out .bench/loader.json
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader_peers import (
+from benchmarks.stages.loader_peers import (
     DaliReaderEpochs,
     dali_decode_ceiling,
     dali_webdataset_reader,
@@ -49,7 +48,6 @@ from loader_peers import (
     webdataset_dali,
     webdataset_loader,
 )
-
 from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
@@ -59,12 +57,12 @@ BATCH = 64
 def image_corpus(
     root: Path, images: int, seed: int, existing: str | None = None
 ) -> list[tuple[Path, int]]:
-    """``(file, label)`` of the realistic corpus (benchmarks/corpus.py), else synthetic."""
+    """``(file, label)`` of the realistic corpus (benchmarks/harness/corpus.py), else synthetic."""
     folder = Path(existing) if existing else root / "corpus"
     try:
         if existing:
             raise ImportError(f"using the existing corpus {existing}")
-        from corpus import build_image_corpus, find_photos
+        from benchmarks.harness.corpus import build_image_corpus, find_photos
 
         if len(find_photos()) < 8:
             raise ImportError("no photos installed")
@@ -72,7 +70,7 @@ def image_corpus(
             folder, size=int(images * 120e3), classes=50, seed=seed,
             workers=min(8, os.cpu_count() or 2),
         )  # fmt: skip
-        kind = "photos (benchmarks/corpus.py)"
+        kind = "photos (benchmarks/harness/corpus.py)"
     except (ImportError, SystemExit) as exc:
         kind = f"existing ImageFolder {existing}"
         if not existing:

@@ -4,7 +4,7 @@ its open files, resident memory, threads and child processes after every epoch.
 Prints a table of first-vs-last (after ``--warmup`` epochs) per process and whether
 anything grew; writes JSON; exits 1 on growth beyond the tolerances or on any error.
 
-    python benchmarks/soak.py --processes 4 --epochs 40 --out .bench/soak.json
+    python -m benchmarks.stages.soak --processes 4 --epochs 40 --out .bench/soak.json
 
 Without ``--dataset`` it starts a private SeaweedFS server and writes a small JPEG dataset
 to it, so the cache fills from a real S3 endpoint.
@@ -26,6 +26,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from benchmarks.harness.child import REPO, module_command
 
 __all__ = ["main"]
 
@@ -229,14 +231,18 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.update(store.info.env())
             args.dataset = "s3://soak/ds"
             make_dataset(args.dataset, shards=args.shards, per_shard=args.per_shard, side=args.side)
+        elif "://" not in args.dataset:  # the children run from the repository root
+            args.dataset = os.path.abspath(args.dataset)
         cache_dir = args.cache_dir or os.path.join(tmp, "cache")
-        base = [sys.executable, os.path.abspath(__file__), "--child", "--cache-dir", cache_dir]
+        base = module_command(
+            "benchmarks.stages.soak", "--child", "--cache-dir", os.path.abspath(cache_dir)
+        )
         for name in ("processes", "epochs", "dataset", "image_size", "batch_size", "py_workers",
                      "capacity"):  # fmt: skip
             base += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         t0 = time.monotonic()
         procs = [
-            subprocess.Popen([*base, "--rank", str(r)], stdout=subprocess.PIPE, text=True)
+            subprocess.Popen([*base, "--rank", str(r)], stdout=subprocess.PIPE, text=True, cwd=REPO)
             for r in range(args.processes)
         ]
         lines: list[dict[str, Any]] = []

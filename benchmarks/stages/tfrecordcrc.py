@@ -11,7 +11,7 @@ the first ``--python-mb`` of the file (it is about a thousand times slower). Pri
 each backend's ratio to the pure-Python loop, and which backend ingest uses here;
 ``--out PATH`` also writes the rounds as JSON.
 
-    python benchmarks/tfrecordcrc.py --size 64MiB --record-size 100KiB --rounds 5
+    python -m benchmarks.stages.tfrecordcrc --size 64MiB --record-size 100KiB --rounds 5
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ Every peer's timer starts before its dataset/loader is constructed. Targets: fir
 from S3 >= 0.95 of the first epoch from local disk; >= 1.2x the best cold peer; hot epoch
 >= 0.95 of the ceiling; start-up <= 0.5 s. Runs in .bench-venv (the peers live there).
 
-    .bench-venv/bin/python benchmarks/targets.py --corpus .bench/corpus --mb 256
+    .bench-venv/bin/python -m benchmarks.stages.targets --corpus .bench/corpus --mb 256
 """
 
 from __future__ import annotations
@@ -51,14 +51,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from coldstart import upload
-from limits import download
-from loader_peers import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
-from machine import cpu_steal
-from startup import run_child
-
-from loader import BATCH, batch_len, rotated, tree_cpu_seconds
+from benchmarks.harness.child import REPO, module_command
+from benchmarks.machine import cpu_steal
+from benchmarks.stages.coldstart import upload
+from benchmarks.stages.limits import download
+from benchmarks.stages.loader_peers import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
+from benchmarks.stages.loaderbench import BATCH, batch_len, rotated, tree_cpu_seconds
+from benchmarks.stages.startup import run_child
 
 #: the targets: measure -> (reference, bound); "min" ratios must reach it, "max" stay below
 TARGETS = {
@@ -107,7 +106,8 @@ def litdata_s3(url: str, cache: Path, opts: dict[str, Any], workers: int) -> Ite
     plain-http endpoint (this SeaweedFS), so it is switched off as if not installed."""
     import litdata.streaming.downloader as downloader
     from litdata import StreamingDataLoader, StreamingDataset
-    from peers import DecodeBatch
+
+    from benchmarks.stages.peers import DecodeBatch
 
     downloader._OBSTORE_AVAILABLE = False  # type: ignore[attr-defined]
 
@@ -116,10 +116,11 @@ def litdata_s3(url: str, cache: Path, opts: dict[str, Any], workers: int) -> Ite
 
 
 def mosaic_s3(url: str, local: Path, workers: int) -> Iterable[Any]:
-    from peers import DecodeBatch
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
     from torch.utils.data import DataLoader
+
+    from benchmarks.stages.peers import DecodeBatch
 
     clean_stale_shared_memory()
     ds = StreamingDataset(remote=url, local=str(local), shuffle=True, batch_size=BATCH)
@@ -133,9 +134,9 @@ def mosaic_s3_child(url: str, local: Path, workers: int) -> float:
     served bytes that were not images yet. Its imports come before the timer, as
     flashfeed's do."""
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--mosaic-child", url, str(local),
-         str(workers)],
-        capture_output=True, text=True, timeout=900, check=False,
+        module_command("benchmarks.stages.targets", "--mosaic-child", url,
+                       str(local.resolve()), str(workers)),
+        capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"mosaic run failed: {proc.stderr[-600:]}")
@@ -155,7 +156,7 @@ def convert_peers(
     files: list[tuple[Path, int]], work: Path, workers: int
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """Each peer's own conversion of the files (local), or why it is unavailable."""
-    from peers import convert_litdata, convert_mosaic
+    from benchmarks.stages.peers import convert_litdata, convert_mosaic
 
     out, missing = {}, {}
     for name, conv in (

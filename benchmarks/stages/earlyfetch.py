@@ -15,7 +15,7 @@ the CPU, here torch filling tensors with random numbers), so the download compet
 Printed per row: seconds from the start-up's end to the first batch, the epoch's storage
 wait, and the seconds from ``Loader(...)`` to the last batch; medians over the rounds.
 
-    python benchmarks/earlyfetch.py --corpus .bench/corpus --mb 256 --rounds 3
+    python -m benchmarks.stages.earlyfetch --corpus .bench/corpus --mb 256 --rounds 3
 """
 
 from __future__ import annotations
@@ -31,11 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from coldstart import upload
-from targets import pick_files, shardwriter_layout
-
-from loader import BATCH, rotated
+from benchmarks.stages.coldstart import upload
+from benchmarks.stages.loaderbench import BATCH, rotated
+from benchmarks.stages.targets import pick_files, shardwriter_layout
 
 ROWS = ("at-iter", "early")
 

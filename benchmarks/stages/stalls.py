@@ -4,7 +4,7 @@ server through an empty node cache for two epochs, logging every batch (``stats_
 The first epoch fetches shards as it goes (storage waits), the second reads the cache
 (decode-bound on CPU). Prints the summary per epoch and writes JSON plus the raw log.
 
-    python benchmarks/stalls.py --corpus .bench/corpus --images 2000 --out .bench/stalls.json
+    python -m benchmarks.stages.stalls --corpus .bench/corpus --images 2000 --out .bench/stalls.json
 """
 
 from __future__ import annotations

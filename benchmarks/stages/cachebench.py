@@ -12,7 +12,7 @@
 
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/cache.py --shards 12 --shard-size 32MiB --out .bench/cache.json
+    python -m benchmarks.stages.cachebench --shards 12 --shard-size 32MiB --out .bench/cache.json
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.stages.limits import ranged_get  # the GETs of a fill, bytes dropped
 from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.options import CacheOptions
@@ -43,9 +44,6 @@ from flashfeed.plan import PlanOptions, Topology, node_shard_order
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.store import EmbeddedStore, StoreError
 from flashfeed.units import parse_size
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from limits import ranged_get  # the GETs of a fill, bytes dropped
 
 
 def start_store(parent: str) -> EmbeddedStore:

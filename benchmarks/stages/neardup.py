@@ -18,7 +18,7 @@ one threshold:
 
 Prints tables and writes JSON. Not a timed test: run it by hand or through suite.py.
 
-    python benchmarks/neardup.py --bases 10000 --rounds 3 --out .bench/neardup.json
+    python -m benchmarks.stages.neardup --bases 10000 --rounds 3 --out .bench/neardup.json
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness.child import REPO, module_command
 from flashfeed.ingest.minhash import band_keys, jaccard, lsh_params, shingle_hashes, shingles
 from flashfeed.ingest.minhash import signatures as minhash_signatures
 from flashfeed.ingest.neardup import _edges, clusters
@@ -197,10 +198,18 @@ def ray_run(src: str, dest: str, cpus: int, threshold: float) -> dict[str, Any]:
 
 def _child(src: str, dest: str, cpus: int, threshold: float) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", src, dest, str(cpus), str(threshold)],
+        module_command(
+            "benchmarks.stages.neardup",
+            "--child",
+            os.path.abspath(src),
+            os.path.abspath(dest),
+            str(cpus),
+            str(threshold),
+        ),
         capture_output=True,
         text=True,
         check=True,
+        cwd=REPO,
     ).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 

@@ -13,7 +13,7 @@ Rounds alternate the two sides, the order rotating every round; medians are repo
 the ratio mixture / single. Local datasets: the mixture's own cost, no storage in the way.
 Prints a table and writes JSON.
 
-    python benchmarks/mixbench.py --rows 16384 --images 512 --rounds 3 --out .bench/mix.json
+    python -m benchmarks.stages.mixbench --rows 16384 --images 512 --rounds 3 --out .bench/mix.json
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ one document per file or changelog entry (long files cut at 256 KiB), and a byte
 trained on it.
 Prints tables and writes JSON. Not a timed test.
 
-    python benchmarks/tokenize_bench.py --mb 8 --rounds 3 --out .bench/tokenize.json
+    python -m benchmarks.stages.tokenize_bench --mb 8 --rounds 3 --out .bench/tokenize.json
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ A restart is a new process, so each figure is taken in a fresh Python process (m
 
 Imports are timed apart (torch, flashfeed.loader, nvidia.dali): every job pays them.
 
-    python benchmarks/startup.py --repeats 5 [--dataset DIR] [--json out.json]
+    python -m benchmarks.stages.startup --repeats 5 [--dataset DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from benchmarks.harness.child import REPO
+
 BATCH = 64
 
 _CHILD = r"""
@@ -46,9 +47,8 @@ if mode != "flashfeed+import":
     import nvidia.dali.plugin.pytorch  # noqa: F401
     out["import_dali"] = time.perf_counter() - t
 if mode == "dali-floor":
-    sys.path.insert(0, sys.argv[3])
-    from loader_peers import dali_decode_ceiling
-    from startup import read_jpegs
+    from benchmarks.stages.loader_peers import dali_decode_ceiling
+    from benchmarks.stages.startup import read_jpegs
     jpegs, labels = read_jpegs(root, 256)
     t = time.perf_counter()
     it = iter(dali_decode_ceiling(jpegs, labels, batch_size=batch, threads=2, device="cpu"))
@@ -131,11 +131,12 @@ def _warm_page_cache(root: Path) -> None:
 
 def run_child(mode: str, root: Path) -> dict[str, float]:
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode, str(root), str(HERE), str(BATCH)],
+        [sys.executable, "-c", _CHILD, mode, str(root.resolve()), "-", str(BATCH)],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        cwd=REPO,  # the child imports benchmarks from here
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} start-up run failed:\n{proc.stderr[-2000:]}")

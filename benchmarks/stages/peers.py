@@ -3,13 +3,13 @@ flashfeed's Loader and webdataset + PIL on the same images, rounds interleaved i
 
 Each peer first converts the corpus with its own writer (``litdata.optimize``, mosaic's
 ``MDSWriter``; the seconds are reported), then every loader does the same work per image as
-in benchmarks/loader.py: decode, random-resized crop to 224, flip, normalize, NCHW float32,
+in loaderbench.py: decode, random-resized crop to 224, flip, normalize, NCHW float32,
 batch 64, 2 DataLoader workers / DALI threads. A peer that does not import here is reported
 as ``unavailable: <reason>``; the others still run.
 
 The peers live in .bench-venv (``make bench-venv``), not in the product's environment.
 
-    .bench-venv/bin/python benchmarks/peers.py --corpus .bench/corpus --images 2000
+    .bench-venv/bin/python -m benchmarks.stages.peers --corpus .bench/corpus --images 2000
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import random
 import shutil
 import statistics
@@ -29,10 +28,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader_peers import pil_transform, webdataset_loader
-
-from loader import BATCH, image_corpus, rotated, timed, write_dataset
+from benchmarks.stages.loader_peers import pil_transform, webdataset_loader
+from benchmarks.stages.loaderbench import BATCH, image_corpus, rotated, timed, write_dataset
 
 __all__ = ["litdata_loader", "mosaic_loader", "peer_loaders"]
 

@@ -12,11 +12,11 @@
                   checksum), in the cache's own shape: its default part size and GETs in
                   flight (``CacheOptions``), several rounds
 
-The decode ceiling (the Loader's DALI pipeline fed from RAM) comes from benchmarks/loader.py
-in the same run; the PUT limit of ingest from benchmarks/ingest.py (same server as the run).
+The decode ceiling (the Loader's DALI pipeline fed from RAM) comes from loaderbench.py
+in the same run; the PUT limit of ingest from ingestbench.py (same server as the run).
 Prints a table and writes JSON.
 
-    python benchmarks/limits.py --files .bench/corpus --read-mb 256 --out .bench/limits.json
+    python -m benchmarks.stages.limits --files .bench/corpus --read-mb 256 --out .bench/limits.json
 """
 
 from __future__ import annotations

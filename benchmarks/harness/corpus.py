@@ -9,8 +9,8 @@ to a short side of 300-500 px, with luma grain (sigma 9-16: the wallpapers are s
 real camera images) and saved at JPEG quality 85-95, in an ImageFolder layout of N classes.
 The same arguments give the same files.
 
-    python benchmarks/corpus.py images .bench/corpus --size 2GB --classes 50
-    python benchmarks/corpus.py text .bench/text.jsonl --rows 20000
+    python -m benchmarks.harness.corpus images .bench/corpus --size 2GB --classes 50
+    python -m benchmarks.harness.corpus text .bench/text.jsonl --rows 20000
 """
 
 from __future__ import annotations

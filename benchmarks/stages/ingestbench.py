@@ -21,8 +21,8 @@ ingest's own shape: shard-sized objects, one PUT each, as many in flight as Ray 
 rounds);
 writes everything as JSON. Not a timed test: run it by hand.
 
-    python benchmarks/corpus.py images .bench/corpus --size 2GB
-    python benchmarks/ingest.py .bench/corpus --rounds 1 --out .bench/ingest.json
+    python -m benchmarks.harness.corpus images .bench/corpus --size 2GB
+    python -m benchmarks.stages.ingestbench .bench/corpus --rounds 1 --out .bench/ingest.json
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("corpus", help="ImageFolder corpus (benchmarks/corpus.py images)")
+    p.add_argument("corpus", help="ImageFolder corpus (benchmarks/harness/corpus.py images)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--shard-size", default="64MiB")
     p.add_argument("--num-cpus", type=int, default=2)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     corpus = Path(args.corpus)
     files = _files(corpus)
     if not files:
-        raise SystemExit(f"no corpus at {corpus}: build one with benchmarks/corpus.py images")
+        raise SystemExit(f"no corpus at {corpus}: build one with benchmarks.harness.corpus images")
     corpus_bytes = sum(p.stat().st_size for p, _ in files)
     shard_size = parse_size(args.shard_size)
     rows_per_file = max(1, round(shard_size / (corpus_bytes / len(files))))
