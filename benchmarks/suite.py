@@ -46,17 +46,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import plots, report
-from benchmarks.harness.child import REPO
-from benchmarks.page import benchmarks_page, fillcpu_section
+from benchmarks import report
+from benchmarks.harness.results import RESULTS, result_stem, write_run
+from benchmarks.page import benchmarks_page
 from benchmarks.profiles import FULL, QUICK, Profile
 from benchmarks.stagerun import Runner, ensure_corpus, peer_status, shards_for, subset_corpus
 from flashfeed.units import parse_size
@@ -325,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset")
     ap.add_argument("--corpus", default=".bench/corpus")
     ap.add_argument("--work", default=".bench/suite")
-    ap.add_argument("--results", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--results", default=str(RESULTS))
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--threads", type=int, default=2, help="loader workers/threads")
     ap.add_argument(
@@ -371,19 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     result["limit_errors"] = report.limit_errors(result)
     for why in result["limit_errors"]:  # a result above its limit: a measurement error
         print(f"[suite] LIMIT ERROR: {why}", file=sys.stderr)
-    suffix = "" if p.name == "full" else f"-{p.name}"
-    suffix += "" if args.device == "cpu" else f"-{args.device}"
-    stem = f"{started:%Y-%m-%d}-{platform.node()}{suffix}"
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    json_path = results / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=1) + "\n")
-    pngs = plots.write_all(result, results, stem)
-    table = report.markdown(result)
-    fill = fillcpu_section(result)
-    (results / f"{stem}.md").write_text(
-        report.machine_markdown(result) + "\n" + table + ("\n" + fill if fill else "")
-    )
+    stem = result_stem(started, p.name, args.device)
+    written = write_run(result, args.results, stem)
+    json_path, pngs = written.json, written.pngs
     if args.markdown and p.name == "full" and args.device == "cpu":
         base = Path(args.markdown).resolve().parent
         rel = [os.path.relpath(x.resolve(), base) for x in pngs]
@@ -391,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = ((result.get("stages") or {}).get("plan") or {}).get("data")
         page = benchmarks_page(result, rel_json, rel, (plan, rel_json, None) if plan else None)
         Path(args.markdown).write_text(page)
-    print(table)
+    print(written.table)
     print(f"wrote {json_path}, {', '.join(str(x) for x in pngs)}", file=sys.stderr)
     # a full run with a result above its limit fails; the quick profile's windows are too
     # short to bound anything, so there it is only listed

@@ -25,8 +25,6 @@ Prints a table and writes JSON. Not a timed test: run it by hand.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
 import sys
@@ -36,10 +34,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stages.loader_peers import dali_webdataset_reader, optional_peers, webdataset_loader
-from benchmarks.stages.loaderbench import BATCH, image_corpus, write_dataset
+from benchmarks.harness.corpus import image_corpus
+from benchmarks.harness.datasets import image_dataset
+from benchmarks.harness.peerloaders import dali_webdataset_reader, optional_peers, webdataset_loader
+from benchmarks.harness.results import write_json
+from benchmarks.harness.store import start_store
+from benchmarks.harness.timing import BATCH
 from flashfeed import storage
-from flashfeed.store import EmbeddedStore
 
 
 def epoch_rate(make: Callable[[], Iterable[Any]], images: int) -> float:
@@ -80,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     local = root / "wds"
     if not (local / "manifest.json").exists():
         files = image_corpus(root, args.images, args.seed, args.corpus)
-        write_dataset(local, files, args.shards, args.seed)
+        image_dataset(local, files, args.shards, seed=args.seed, overwrite=True)
     local2x = root / f"wds{args.shards_2x}"  # the same images in more, smaller shards
     if not (local2x / "manifest.json").exists():
         files = image_corpus(root, args.images, args.seed, args.corpus)
-        write_dataset(local2x, files, args.shards_2x, args.seed)
+        image_dataset(local2x, files, args.shards_2x, seed=args.seed, overwrite=True)
     from flashfeed import Dataset
 
     m = Dataset.open(str(local)).manifest
@@ -92,14 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     images, total = int(m.num_samples), int(m.num_bytes)
     batches = images // BATCH
     scratch = Path(tempfile.mkdtemp(prefix="ffcold-", dir="/tmp"))
-    store = EmbeddedStore(scratch / "store")
+    bs = start_store(scratch, bucket="flashfeed", export_env=True)
     rates: dict[str, list[float]] = {}
     extra: dict[str, list[Any]] = {"first_epoch_storage_waits": [], "2x_capacity_epochs": []}
     thr = args.threads
     try:
-        store.start()
-        bucket = store.make_bucket("flashfeed")
-        os.environ.update(store.info.env())
+        bucket = bs.bucket
         url = f"{bucket}/coldstart"
         upload(local, url)
         upload(local2x, url + "-2x")
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             "ff-2x": ff_2x,
         }  # fmt: skip
         for r in range(args.rounds):
-            store.restart()
+            bs.restart()
             time.sleep(2.0)  # let the restarted server settle before the first run is timed
             row: dict[str, float] = {}
             names = list(runs)
@@ -188,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r}: " + ", ".join(f"{k2} {v:.0f}" for k2, v in row.items()),
                   file=sys.stderr, flush=True)  # fmt: skip
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     local_rate, peers = med["ff-local"], max(med["dali-s3"], med["wds-http"])
@@ -203,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:20s} {why}")
     result = {"config": vars(args), "img_per_s": med, "rounds": rates, **extra,
               "optional_peers": optional_peers()}  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"\nwrote {args.out}")
     return 0
 

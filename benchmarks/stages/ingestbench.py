@@ -28,7 +28,6 @@ writes everything as JSON. Not a timed test: run it by hand.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -38,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.results import write_json
+from benchmarks.harness.store import start_store
 from flashfeed import storage
 from flashfeed.units import format_size, parse_size
 
@@ -234,7 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from flashfeed.ingest.raysetup import ray_session
-    from flashfeed.store import EmbeddedStore
 
     work = transform_options(args.validate, args.jpeg_quality)
     corpus = Path(args.corpus)
@@ -252,12 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     root = tempfile.mkdtemp(prefix="ffbs-", dir="/tmp")
-    store = EmbeddedStore(root)
+    bs = start_store(root, bucket="bench")
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     try:
-        store.start()
-        store.make_bucket("bench")
-        opts = store.info.storage_options()
+        opts = bs.opts
         limits = ceilings(
             corpus,
             opts,
@@ -288,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                     )
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(root, ignore_errors=True)
     med = {m: statistics.median(x["mb_s"] for x in runs[m]) for m in METHODS}
     lines = [f"{'writer':<12} {'MB/s':>8} {'seconds':>8} {'shards':>7} {'vs flashfeed':>13}"]
@@ -335,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             "vs_shardwriter": med["flashfeed"] / med["shardwriter"],
         },
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     return 0
 
 

@@ -40,9 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.benchmath import fmt, ratio
-from benchmarks.stages import loaderbench as loader_bench
-from benchmarks.stages.loader_peers import MEAN, STD, pil_transform
-from benchmarks.stages.loaderbench import BATCH, image_corpus, rotated, timed
+from benchmarks.harness import timing
+from benchmarks.harness.corpus import image_corpus
+from benchmarks.harness.peerloaders import MEAN, STD, pil_transform
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.timing import BATCH, timed
 
 WORDS = [
     "a",
@@ -217,7 +220,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     prefix = str(root / "pairs")
     thr, dev = args.threads, args.device
     batch = args.batch
-    loader_bench.BATCH = batch  # what its timer counts for a batch without keys
+    timing.BATCH = batch  # what its timer counts for a batch without keys
     common: dict[str, Any] = dict(batch_size=batch, num_threads=thr, device=dev)
     loaders: dict[str, Callable[[], Iterable[Any]]] = {
         "flashfeed-text": lambda: Loader(
@@ -302,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args, Path(args.work or tmp))
     print(table(result))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_json(args.out, result)
     return 0
 
 

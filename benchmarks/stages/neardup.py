@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.results import write_json
 from flashfeed.ingest.minhash import band_keys, jaccard, lsh_params, shingle_hashes, shingles
 from flashfeed.ingest.minhash import signatures as minhash_signatures
 from flashfeed.ingest.neardup import _edges, clusters
@@ -291,9 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_count": os.cpu_count(),
             "load_average": os.getloadavg(),
         }
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
         print(f"\nwrote {args.out}")
     finally:
         if not args.work:

@@ -15,7 +15,6 @@ The peers live in .bench-venv (``make bench-venv``), not in the product's enviro
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import random
 import shutil
@@ -28,8 +27,12 @@ from typing import Any
 
 import torch
 
-from benchmarks.stages.loader_peers import pil_transform, webdataset_loader
-from benchmarks.stages.loaderbench import BATCH, image_corpus, rotated, timed, write_dataset
+from benchmarks.harness.corpus import image_corpus
+from benchmarks.harness.datasets import image_dataset
+from benchmarks.harness.peerloaders import pil_transform, webdataset_loader
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.timing import BATCH, timed
 
 __all__ = ["litdata_loader", "mosaic_loader", "peer_loaders"]
 
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     files = image_corpus(work, args.images, 0, args.corpus)
-    shards = write_dataset(work / "wds", files, args.shards, 0)
+    shards = image_dataset(work / "wds", files, args.shards, seed=0, overwrite=True)
     makers, convert, missing = peer_loaders(files, work, batch_size=BATCH, workers=args.threads)
     loaders: dict[str, Callable[[], Iterable[Any]]] = {
         "flashfeed": lambda: Loader(
@@ -189,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "convert_s": convert,
         "unavailable": missing,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
     return 0
 
 

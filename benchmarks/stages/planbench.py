@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.results import write_json
 
 __all__ = ["eviction_curve", "mixture_scale", "plan_cost"]
 
@@ -344,18 +345,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['capacity']:8.0%} {r['lru']:6.1%} {r['plan_aware']:10.1%} {r['optimum']:8.1%}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     scaling_plot(costs, Path(args.out).with_suffix(".png"))
-    Path(args.out).write_text(
-        json.dumps(
-            {
-                "plan_cost": costs,
-                "scale": design,
-                "mixture": mixture,
-                "loader_start": start,
-                "eviction": curve,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_json(
+        args.out,
+        {
+            "plan_cost": costs,
+            "scale": design,
+            "mixture": mixture,
+            "loader_start": start,
+            "eviction": curve,
+        },
     )
     return 0
 

@@ -19,7 +19,6 @@ Imports are timed apart (torch, flashfeed.loader, nvidia.dali): every job pays t
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import subprocess
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.child import REPO
+from benchmarks.harness.datasets import noise_jpeg_dataset
+from benchmarks.harness.results import write_json
 
 BATCH = 64
 
@@ -47,7 +48,7 @@ if mode != "flashfeed+import":
     import nvidia.dali.plugin.pytorch  # noqa: F401
     out["import_dali"] = time.perf_counter() - t
 if mode == "dali-floor":
-    from benchmarks.stages.loader_peers import dali_decode_ceiling
+    from benchmarks.harness.peerloaders import dali_decode_ceiling
     from benchmarks.stages.startup import read_jpegs
     jpegs, labels = read_jpegs(root, 256)
     t = time.perf_counter()
@@ -73,35 +74,6 @@ else:
     again.close()
 print(json.dumps(out))
 """
-
-
-def make_dataset(root: Path, *, shards: int = 4, per_shard: int = 256) -> Path:
-    """A local webdataset dataset of noisy 400x300 JPEGs (decode cost of real photos)."""
-    import numpy as np
-    from PIL import Image
-
-    from flashfeed.manifest import Manifest, commit_manifest
-    from flashfeed.shardio import shard_name, write_tar_shard
-
-    rng = np.random.default_rng(0)
-    infos, n = [], 0
-    for i in range(shards):
-        samples = []
-        for _ in range(per_shard):
-            base = rng.integers(0, 255, (1, 1, 3)) + rng.normal(0, 40, (300, 400, 3))
-            buf = io.BytesIO()
-            Image.fromarray(base.clip(0, 255).astype("uint8")).save(buf, "JPEG", quality=90)
-            samples.append((f"s{n:06d}", {"jpg": buf.getvalue(), "cls": str(n % 10).encode()}))
-            n += 1
-        infos.append(write_tar_shard(str(root), shard_name(i, "tar"), samples))
-    manifest = Manifest(
-        name="startup",
-        shard_format="webdataset",
-        schema={"jpg": "image/jpeg", "cls": "label"},
-        shards=tuple(infos),
-    )
-    commit_manifest(str(root), manifest)
-    return root
 
 
 def read_jpegs(root: str, n: int) -> tuple[list[bytes], list[int]]:
@@ -152,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
     with tempfile.TemporaryDirectory(prefix="ff-startup-") as tmp:
-        root = Path(args.dataset) if args.dataset else make_dataset(Path(tmp) / "ds")
+        root = Path(args.dataset) if args.dataset else Path(
+            noise_jpeg_dataset(Path(tmp) / "ds", shards=4, per_shard=256, height=300, width=400,
+                               quality=90, tinted=True)
+        )  # fmt: skip
         _warm_page_cache(root)
         modes = ["flashfeed", "flashfeed+import", "dali-floor"]
         runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
@@ -177,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         " nvidia.dali {import_dali:.2f}".format(**med["flashfeed"])
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"medians": med, "repeats": args.repeats}, indent=1))
+        write_json(args.json, {"medians": med, "repeats": args.repeats})
     return 0
 
 

@@ -52,11 +52,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.peerloaders import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store
+from benchmarks.harness.timing import BATCH, batch_len, tree_cpu_seconds
 from benchmarks.machine import cpu_steal
 from benchmarks.stages.coldstart import upload
 from benchmarks.stages.limits import download
-from benchmarks.stages.loader_peers import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
-from benchmarks.stages.loaderbench import BATCH, batch_len, rotated, tree_cpu_seconds
 from benchmarks.stages.startup import run_child
 
 #: the targets: measure -> (reference, bound); "min" ratios must reach it, "max" stay below
@@ -187,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=".bench/targets.json")
     args = p.parse_args(argv)
     from flashfeed.loader import Loader
-    from flashfeed.store import EmbeddedStore
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -202,15 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     jpegs, labels = [f.read_bytes() for f, _ in files], [c for _, c in files]
     thr = args.threads
     scratch = Path(tempfile.mkdtemp(prefix="fftarget-", dir="/tmp"))
-    store = EmbeddedStore(scratch / "store")
+    bs = start_store(scratch, bucket="flashfeed", export_env=True)
     rounds: dict[str, list[float]] = {}
     waits: dict[str, list[dict[str, Any]]] = {}
     steal: dict[str, list[float]] = {}  # share of CPU time the host took, per run
     try:
-        store.start()
-        bucket = store.make_bucket("flashfeed")
-        env = store.info.env()
-        os.environ.update(env)
+        bucket = bs.bucket
+        env = bs.env
         os.environ["S3_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"]  # mosaic's variable
         for s in sizes:
             upload(layouts[s], f"{bucket}/wds-{s}")
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mosaic-s3": mosaic_s3_child(f"{bucket}/mosaicml-streaming", fresh("mds"), thr)
             }
         for r in range(args.rounds):
-            store.restart()
+            bs.restart()
             time.sleep(2.0)  # let the restarted server settle before the first run is timed
             for name in rotated(list(runs), r):
                 before = cpu_steal()
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r}: {k} {v:.2f} (steal {share:.0%})", file=sys.stderr,
                           flush=True)  # fmt: skip
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     result = {
         "config": vars(args),
@@ -366,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for k, v in result["median"].items():
         print(f"{k:24s} {v:9.2f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     return 0
 
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness.results import write_json
+
 SOURCES = ("/usr/share/doc/*/*", "/usr/lib/python3*/**/*.py")
 CHUNK = 256 << 10
 KERNEL_OUTPUTS = ("position_ids", "document_ids", "cu_seqlens", "max_seqlen", "labels")
@@ -319,8 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print_tables(result)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
     return 0
 
 

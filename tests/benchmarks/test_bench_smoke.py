@@ -289,7 +289,7 @@ def test_the_mixture_benchmark_runs_tiny_and_prints_its_keys(tmp_path: Path) -> 
 def test_the_dali_reader_peer_reads_whole_epochs(tmp_path: Path) -> None:
     from support.loader_helpers import make_image_dataset
 
-    peers = _load("stages.loader_peers")
+    peers = _load("harness.peerloaders")
     make_image_dataset(str(tmp_path / "ds"), [20, 20], size=32)
     tars = sorted(str(p) for p in (tmp_path / "ds").rglob("*.tar"))
     assert len(tars) == 2 and all(Path(t + ".idx").exists() for t in tars)
