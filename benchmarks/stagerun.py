@@ -15,6 +15,7 @@ from typing import Any
 
 from benchmarks import report
 from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.corpus import pick_images
 from benchmarks.profiles import Profile
 
 __all__ = ["Runner", "ensure_corpus", "peer_status", "shards_for", "subset_corpus"]
@@ -82,14 +83,10 @@ def subset_corpus(corpus: Path, dest: Path, nbytes: int) -> Path:
         return dest
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    total = 0
-    for f in sorted(corpus.glob("class_*/*.jpg")):
+    for f, _ in pick_images(corpus, nbytes):
         target = tmp / f.parent.name / f.name
         target.parent.mkdir(parents=True, exist_ok=True)
         os.link(f, target)
-        total += f.stat().st_size
-        if total >= nbytes:
-            break
     tmp.rename(dest)
     return dest
 

@@ -34,6 +34,7 @@ __all__ = [
     "build_text_corpus",
     "find_photos",
     "image_corpus",
+    "pick_images",
     "synthetic_images",
 ]
 
@@ -190,6 +191,17 @@ def image_corpus(
         raise SystemExit(f"the corpus has {len(files)} images, {images} asked")
     print(f"corpus: {len(files)} images, {kind}", file=sys.stderr)
     return [(f, int(f.parent.name.split("_")[1])) for f in files]
+
+
+def pick_images(corpus: str | os.PathLike[str], nbytes: int) -> list[tuple[Path, int]]:
+    """``(file, label)`` of an ImageFolder corpus's first images (sorted) up to ``nbytes``."""
+    files, total = [], 0
+    for f in sorted(Path(corpus).glob("class_*/*.jpg")):
+        files.append((f, int(f.parent.name.split("_")[1])))
+        total += f.stat().st_size
+        if total >= nbytes:
+            break
+    return files
 
 
 def synthetic_images(folder: Path, images: int, seed: int) -> None:

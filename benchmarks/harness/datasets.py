@@ -1,11 +1,15 @@
 """The datasets the stages read, written with flashfeed's own shard writers and committed:
 photos scattered over tar shards as ingest does, random bytes (transfer only), small noisy
-JPEGs (decode only) and random token rows. Seeded: the same arguments give the same bytes."""
+JPEGs (decode only) and random token rows; and photos in webdataset ``ShardWriter`` tars
+adopted with ``flashfeed index``. Seeded: the same arguments give the same bytes."""
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,13 @@ from flashfeed import Dataset
 from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
-__all__ = ["image_dataset", "noise_jpeg_dataset", "random_dataset", "token_dataset"]
+__all__ = [
+    "image_dataset",
+    "noise_jpeg_dataset",
+    "random_dataset",
+    "shardwriter_dataset",
+    "token_dataset",
+]
 
 Prefix = str | os.PathLike[str]
 
@@ -137,3 +147,21 @@ def token_dataset(prefix: Prefix, *, rows: int, seq_len: int, shards: int = 8) -
     m = Manifest(name="tok", shard_format="arrow", schema={"tokens": "int32"}, shards=tuple(infos))
     commit_manifest(base, m, overwrite=True)
     return base
+
+
+def shardwriter_dataset(files: Sequence[tuple[Path, int]], out: Path, shard_mib: int) -> int:
+    """``files`` in webdataset ``ShardWriter`` tars of ``shard_mib`` MiB, adopted with
+    ``flashfeed index``; the number of shards (kept when already there)."""
+    import webdataset as wds
+
+    _check(shard_mib=shard_mib)
+    if (out / "manifest.json").exists():
+        return len(list(out.glob("*.tar")))
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with wds.ShardWriter(str(out / "%06d.tar"), maxsize=shard_mib << 20, verbose=0) as sink:
+        for i, (path, label) in enumerate(files):
+            sink.write({"__key__": f"img{i:07d}", "jpg": path.read_bytes(), "cls": str(label)})
+    cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
+    subprocess.run(cli, check=True)
+    return len(list(out.glob("*.tar")))

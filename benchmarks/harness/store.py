@@ -11,7 +11,7 @@ from typing import Any
 
 from flashfeed.store import EmbeddedStore, StoreError
 
-__all__ = ["BenchStore", "start_store"]
+__all__ = ["BenchStore", "start_store", "upload_tree"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +81,16 @@ def start_store(
             os.environ.update(store.info.env())
         return BenchStore(store, made, saved)
     raise SystemExit(f"could not start SeaweedFS under {root} in {attempts} attempts")
+
+
+def upload_tree(local: str | os.PathLike[str], url: str) -> None:
+    """Every file under ``local`` to ``url``, a ``manifest.json`` last: a dataset is visible
+    on the store only once all its shards are."""
+    from flashfeed import storage
+
+    root = Path(local)
+    fs, path = storage.filesystem(url)
+    files = sorted(f for f in root.rglob("*") if f.is_file())
+    files.sort(key=lambda f: f == root / "manifest.json")  # stable: the rest keep their order
+    for f in files:
+        fs.put_file(str(f), f"{path}/{f.relative_to(root)}")

@@ -38,7 +38,8 @@ from benchmarks.harness.corpus import image_corpus
 from benchmarks.harness.datasets import image_dataset
 from benchmarks.harness.peerloaders import dali_webdataset_reader, optional_peers, webdataset_loader
 from benchmarks.harness.results import write_json
-from benchmarks.harness.store import start_store
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store, upload_tree
 from benchmarks.harness.timing import BATCH
 from flashfeed import storage
 
@@ -51,14 +52,6 @@ def epoch_rate(make: Callable[[], Iterable[Any]], images: int) -> float:
         if n >= images:
             break
     return n / (time.perf_counter() - t0)
-
-
-def upload(local: Path, url: str) -> None:
-    fs, path = storage.filesystem(url)
-    for f in sorted(local.rglob("*")):
-        if f.is_file() and f.name != "manifest.json":
-            fs.put_file(str(f), f"{path}/{f.relative_to(local)}")
-    fs.put_file(str(local / "manifest.json"), f"{path}/manifest.json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bucket = bs.bucket
         url = f"{bucket}/coldstart"
-        upload(local, url)
-        upload(local2x, url + "-2x")
+        upload_tree(local, url)
+        upload_tree(local2x, url + "-2x")
         fs, path = storage.filesystem(url)
         shard_paths = [f"{url}/{rel}" for rel in shard_rel]
         from flashfeed.cache import ShardCache
@@ -178,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             bs.restart()
             time.sleep(2.0)  # let the restarted server settle before the first run is timed
             row: dict[str, float] = {}
-            names = list(runs)
-            k = r % len(names)
-            for name in names[k:] + names[:k]:  # the order rotates each round
+            for name in rotated(list(runs), r):  # the order rotates each round
                 row.update(runs[name]())
             for k2, v in row.items():
                 rates.setdefault(k2, []).append(v)

@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.corpus import pick_images
+from benchmarks.harness.datasets import shardwriter_dataset
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
-from benchmarks.harness.store import start_store
+from benchmarks.harness.store import start_store, upload_tree
 from benchmarks.harness.timing import BATCH
-from benchmarks.stages.coldstart import upload
-from benchmarks.stages.targets import pick_files, shardwriter_layout
 
 ROWS = ("at-iter", "early")
 
@@ -93,14 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     layout = work / f"wds-{args.shard_mib}MiB"
     work.mkdir(parents=True, exist_ok=True)
-    shardwriter_layout(pick_files(Path(args.corpus), args.mb << 20), layout, args.shard_mib)
+    shardwriter_dataset(pick_images(Path(args.corpus), args.mb << 20), layout, args.shard_mib)
     scratch = Path(tempfile.mkdtemp(prefix="ffearly-", dir="/tmp"))
     bs = start_store(scratch, bucket="flashfeed", export_env=True)
     rounds: dict[str, list[dict[str, Any]]] = {r: [] for r in ROWS}
     try:
         bucket = bs.bucket
         url = f"{bucket}/wds"
-        upload(layout, url)
+        upload_tree(layout, url)
         for r in range(args.rounds):
             for row in rotated(list(ROWS), r):
                 bs.restart()

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store
 from flashfeed import storage
 from flashfeed.units import format_size, parse_size
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             ray_start = time.perf_counter() - t0
             print(f"Ray {'joined' if reused else 'started'} in {ray_start:.2f} s", file=sys.stderr)
             for r in range(args.rounds):
-                order = METHODS[r % 3 :] + METHODS[: r % 3]
+                order = rotated(METHODS, r)
                 for method in order:
                     dest = f"s3://bench/{method}-{r}"
                     if method == "flashfeed":

@@ -40,6 +40,7 @@ import numpy as np
 
 from benchmarks.harness.child import REPO, module_command
 from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
 from flashfeed.ingest.minhash import band_keys, jaccard, lsh_params, shingle_hashes, shingles
 from flashfeed.ingest.minhash import signatures as minhash_signatures
 from flashfeed.ingest.neardup import _edges, clusters
@@ -150,7 +151,7 @@ def kernel_rounds(
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
     missing: dict[str, str] = {}
     for i in range(rounds):
-        for k in names[i % len(names) :] + names[: i % len(names)]:
+        for k in rotated(names, i):
             if k in missing:
                 continue
             try:

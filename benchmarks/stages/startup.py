@@ -30,6 +30,7 @@ from typing import Any
 from benchmarks.harness.child import REPO
 from benchmarks.harness.datasets import noise_jpeg_dataset
 from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
 
 BATCH = 64
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         modes = ["flashfeed", "flashfeed+import", "dali-floor"]
         runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
         for r in range(args.repeats):  # interleaved, the order rotated each round
-            for m in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            for m in rotated(modes, r):
                 runs[m].append(run_child(m, root))
     med: dict[str, Any] = {
         m: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for m, rs in runs.items()

@@ -52,13 +52,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.corpus import pick_images
+from benchmarks.harness.datasets import shardwriter_dataset
 from benchmarks.harness.peerloaders import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
-from benchmarks.harness.store import start_store
+from benchmarks.harness.store import start_store, upload_tree
 from benchmarks.harness.timing import BATCH, batch_len, tree_cpu_seconds
 from benchmarks.machine import cpu_steal
-from benchmarks.stages.coldstart import upload
 from benchmarks.stages.limits import download
 from benchmarks.stages.startup import run_child
 
@@ -69,32 +70,6 @@ TARGETS = {
     "hot_vs_ceiling": 0.95,
     "startup_s": 0.5,
 }
-
-
-def pick_files(corpus: Path, nbytes: int) -> list[tuple[Path, int]]:
-    files, total = [], 0
-    for f in sorted(corpus.glob("class_*/*.jpg")):
-        files.append((f, int(f.parent.name.split("_")[1])))
-        total += f.stat().st_size
-        if total >= nbytes:
-            break
-    return files
-
-
-def shardwriter_layout(files: list[tuple[Path, int]], out: Path, shard_mib: int) -> int:
-    """``ShardWriter`` tars of ``shard_mib`` MiB, adopted with ``flashfeed index``."""
-    import webdataset as wds
-
-    if (out / "manifest.json").exists():
-        return len(list(out.glob("*.tar")))
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    with wds.ShardWriter(str(out / "%06d.tar"), maxsize=shard_mib << 20, verbose=0) as sink:
-        for i, (path, label) in enumerate(files):
-            sink.write({"__key__": f"img{i:07d}", "jpg": path.read_bytes(), "cls": str(label)})
-    cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
-    subprocess.run(cli, check=True)
-    return len(list(out.glob("*.tar")))
 
 
 def epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, int]:
@@ -193,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    files = pick_files(Path(args.corpus), args.mb << 20)
+    files = pick_images(Path(args.corpus), args.mb << 20)
     sizes = [int(s) for s in args.shard_mib.split(",") if s]
     layouts = {s: work / f"wds-{s}MiB" for s in sizes}
-    shard_counts = {s: shardwriter_layout(files, layouts[s], s) for s in sizes}
+    shard_counts = {s: shardwriter_dataset(files, layouts[s], s) for s in sizes}
     peer_dirs, missing = convert_peers(files, work / "peers", args.threads)
     images = len(files)
     # the ceiling decodes the very images the epochs decode (all of them, from RAM): a
@@ -213,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         env = bs.env
         os.environ["S3_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"]  # mosaic's variable
         for s in sizes:
-            upload(layouts[s], f"{bucket}/wds-{s}")
+            upload_tree(layouts[s], f"{bucket}/wds-{s}")
         for name, d in peer_dirs.items():
             upload_tree(d, f"{bucket}/{name}")
         from flashfeed import storage
@@ -368,16 +343,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:24s} {v:9.2f}")
     write_json(args.out, result)
     return 0
-
-
-def upload_tree(local: Path, url: str) -> None:
-    """Every file under ``local`` to ``url`` (a peer's own layout, index files included)."""
-    from flashfeed import storage
-
-    fs, path = storage.filesystem(url)
-    for f in sorted(local.rglob("*")):
-        if f.is_file():
-            fs.put_file(str(f), f"{path}/{f.relative_to(local)}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
 
 SOURCES = ("/usr/share/doc/*/*", "/usr/lib/python3*/**/*.py")
 CHUNK = 256 << 10
@@ -163,7 +164,7 @@ def bench_tokenize(
     with ray_session(num_cpus=args.num_cpus):
         run_flashfeed(src, tok, work, args)  # warm-up: Ray's workers start and import once
         for r in range(args.rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
+            order = rotated(names, r)
             for name in order:
                 secs = peers[name]()
                 if secs is not None:
@@ -269,7 +270,7 @@ def _loader_rates(
         del rows["tokens only"]
     rates: dict[str, list[float]] = {n: [] for n in [*rows, "memcpy (same bytes)"]}
     for r in range(args.rounds):
-        for name in list(rows)[r % len(rows) :] + list(rows)[: r % len(rows)]:
+        for name in rotated(list(rows), r):
             secs, nbytes = epoch(rows[name])
             rates[name].append(nbytes / secs / 1e9)
             if name == "with document outputs":

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.harness.corpus import image_corpus
+from benchmarks.harness.corpus import image_corpus, pick_images
 from benchmarks.harness.datasets import (
     image_dataset,
     noise_jpeg_dataset,
@@ -20,7 +20,7 @@ from benchmarks.harness.datasets import (
 )
 from benchmarks.harness.results import result_stem, write_json
 from benchmarks.harness.rounds import best_median, rotated, run_rounds
-from benchmarks.harness.store import start_store
+from benchmarks.harness.store import start_store, upload_tree
 from flashfeed import Dataset, storage
 
 
@@ -74,6 +74,11 @@ def test_the_store_serves_its_bucket_and_puts_the_environment_back(tmp_path: Pat
         bs.restart()  # same data, same port
         assert storage.read_bytes("s3://harness/x", storage_options=bs.opts) == b"abc"
         pid = bs.store.info.pid
+        files = image_corpus(tmp_path, 6, seed=0)
+        image_dataset(tmp_path / "local", files, 2)
+        upload_tree(tmp_path / "local", "s3://harness/ds")
+        remote = Dataset.open("s3://harness/ds", storage_options=bs.opts)
+        assert remote.manifest.num_samples == 6
     assert os.environ.get("AWS_ENDPOINT_URL") == before
     assert pid is not None and not bs.store.pid_alive()
 
@@ -85,6 +90,8 @@ def test_the_image_corpus_falls_back_to_synthetic_jpegs_and_shards_read_back(
     assert len(files) == 12 and all(f.read_bytes()[:2] == b"\xff\xd8" for f, _ in files)
     again = image_corpus(tmp_path, 12, seed=0, existing=str(tmp_path / "corpus"))
     assert again == files
+    first = pick_images(tmp_path / "corpus", files[0][0].stat().st_size + 1)
+    assert [f for f, _ in first] == sorted(f for f, _ in files)[:2]
     paths = image_dataset(tmp_path / "ds", files, 3, seed=0)
     assert len(paths) == 3 and all(Path(p).is_file() for p in paths)
     ds = Dataset.open(str(tmp_path / "ds"))
