@@ -20,7 +20,7 @@ MODULES = sorted(
     if p.name != "__init__.py" and "results" not in p.parts
 )
 STAGES = [m for m in MODULES if m.startswith("benchmarks.stages.")]
-# a list, a slice or an insert/append on sys.path, or a PYTHONPATH set from Python
+# an insert, append or extend on sys.path, or an assignment to it or to a slice of it
 _PATH_EDIT = re.compile(r"sys\.path\s*(\.\s*(insert|append|extend)|\[[^\]]*\]\s*=|\+=)")
 
 
