@@ -9,15 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import REPO
-
 
 def test_tokcold_prints_every_row_and_writes_its_rounds(tmp_path: Path) -> None:
     out = tmp_path / "tokcold.json"
     args = ["--shards", "2", "--shard-mib", "1", "--batch-mib", "0.25", "--seq-len", "512",
             "--rounds", "1"]  # fmt: skip
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "tokcold.py"), *args, "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.stages.tokcold", *args, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -20,14 +20,12 @@ its last batch; ``--step-ms`` adds a training step per batch (sleep: the CPU is 
 as while a GPU computes), which is what a training job overlaps the download with. Prints a
 table of medians and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/tokcold.py --out .bench/tokcold.json
+    python -m benchmarks.stages.tokcold --out .bench/tokcold.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
 import sys
@@ -40,14 +38,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store, upload_tree
+from benchmarks.stages.limits import download
 from flashfeed import storage
 from flashfeed.arrowshard import write_arrow
 from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard
-from flashfeed.store import EmbeddedStore
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from limits import download
 
 ROWS = ("cold-stream", "cold-whole", "local", "ceiling")
 
@@ -81,14 +79,6 @@ def write_dataset(
     manifest = Manifest(name="tokcold", shard_format="arrow", schema=schema, shards=tuple(infos))
     commit_manifest(prefix, manifest)
     return sum(s.bytes for s in infos)
-
-
-def upload(local: Path, url: str) -> None:
-    fs, path = storage.filesystem(url)
-    for f in sorted(local.rglob("*")):
-        if f.is_file() and f.name != "manifest.json":
-            fs.put_file(str(f), f"{path}/{f.relative_to(local)}")
-    fs.put_file(str(local / "manifest.json"), f"{path}/manifest.json")
 
 
 def epoch(
@@ -144,23 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=".bench/tokcold.json")
     args = p.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="fftokcold-", dir="/tmp"))
-    store = EmbeddedStore(scratch / "store")
     runs: dict[str, list[dict[str, float]]] = {r: [] for r in ROWS}
+    store = start_store(scratch, export_env=True)
+    bucket = store.bucket
     try:
         stream, whole = scratch / "stream", scratch / "whole"
         size = int(args.batch_mib * (1 << 20))
         total = write_dataset(str(stream), args, batch_bytes=size)
         write_dataset(str(whole), args, batch_bytes=size, layout=False)
-        store.start()
-        bucket = store.make_bucket("flashfeed")
-        os.environ.update(store.info.env())
         urls = {"cold-stream": f"{bucket}/tok-stream", "cold-whole": f"{bucket}/tok-whole"}
         args.stream_url = urls["cold-stream"]
-        upload(stream, urls["cold-stream"])
-        upload(whole, urls["cold-whole"])
+        upload_tree(stream, urls["cold-stream"])
+        upload_tree(whole, urls["cold-whole"])
         for r in range(args.rounds):
-            k = r % len(ROWS)
-            for name in ROWS[k:] + ROWS[:k]:  # the order rotates each round
+            for name in rotated(ROWS, r):
                 cache = scratch / "cache"
                 shutil.rmtree(cache, ignore_errors=True)
                 if name == "local":
@@ -199,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         "of_ceiling": {n: med[n]["gbps"] / ceiling for n in ROWS},
         "rounds": runs,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
     return 0
 
 

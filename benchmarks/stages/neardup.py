@@ -18,7 +18,7 @@ one threshold:
 
 Prints tables and writes JSON. Not a timed test: run it by hand or through suite.py.
 
-    python benchmarks/neardup.py --bases 10000 --rounds 3 --out .bench/neardup.json
+    python -m benchmarks.stages.neardup --bases 10000 --rounds 3 --out .bench/neardup.json
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
 from flashfeed.ingest.minhash import band_keys, jaccard, lsh_params, shingle_hashes, shingles
 from flashfeed.ingest.minhash import signatures as minhash_signatures
 from flashfeed.ingest.neardup import _edges, clusters
@@ -148,7 +151,7 @@ def kernel_rounds(
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
     missing: dict[str, str] = {}
     for i in range(rounds):
-        for k in names[i % len(names) :] + names[: i % len(names)]:
+        for k in rotated(names, i):
             if k in missing:
                 continue
             try:
@@ -197,10 +200,18 @@ def ray_run(src: str, dest: str, cpus: int, threshold: float) -> dict[str, Any]:
 
 def _child(src: str, dest: str, cpus: int, threshold: float) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", src, dest, str(cpus), str(threshold)],
+        module_command(
+            "benchmarks.stages.neardup",
+            "--child",
+            os.path.abspath(src),
+            os.path.abspath(dest),
+            str(cpus),
+            str(threshold),
+        ),
         capture_output=True,
         text=True,
         check=True,
+        cwd=REPO,
     ).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -282,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_count": os.cpu_count(),
             "load_average": os.getloadavg(),
         }
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
         print(f"\nwrote {args.out}")
     finally:
         if not args.work:

@@ -16,7 +16,7 @@ one document per file or changelog entry (long files cut at 256 KiB), and a byte
 trained on it.
 Prints tables and writes JSON. Not a timed test.
 
-    python benchmarks/tokenize_bench.py --mb 8 --rounds 3 --out .bench/tokenize.json
+    python -m benchmarks.stages.tokenize_bench --mb 8 --rounds 3 --out .bench/tokenize.json
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
 
 SOURCES = ("/usr/share/doc/*/*", "/usr/lib/python3*/**/*.py")
 CHUNK = 256 << 10
@@ -161,7 +164,7 @@ def bench_tokenize(
     with ray_session(num_cpus=args.num_cpus):
         run_flashfeed(src, tok, work, args)  # warm-up: Ray's workers start and import once
         for r in range(args.rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
+            order = rotated(names, r)
             for name in order:
                 secs = peers[name]()
                 if secs is not None:
@@ -267,7 +270,7 @@ def _loader_rates(
         del rows["tokens only"]
     rates: dict[str, list[float]] = {n: [] for n in [*rows, "memcpy (same bytes)"]}
     for r in range(args.rounds):
-        for name in list(rows)[r % len(rows) :] + list(rows)[: r % len(rows)]:
+        for name in rotated(list(rows), r):
             secs, nbytes = epoch(rows[name])
             rates[name].append(nbytes / secs / 1e9)
             if name == "with document outputs":
@@ -319,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print_tables(result)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
     return 0
 
 
