@@ -43,7 +43,8 @@ from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from flashfeed.ingest.minhash import band_keys, jaccard, lsh_params, shingle_hashes, shingles
 from flashfeed.ingest.minhash import signatures as minhash_signatures
-from flashfeed.ingest.neardup import _edges, clusters
+from flashfeed.ingest.neardup import clusters
+from flashfeed.ingest.nearpairs import candidate_pairs, check_pairs
 from flashfeed.ingest.plantedcorpus import PlantedCorpus, make_planted_corpus, write_jsonl
 
 __all__ = ["KERNELS", "kernel_rounds", "kernel_run", "main", "quality", "ray_run"]
@@ -53,7 +54,8 @@ SIZE, PERM = 5, 128
 
 
 def _lsh_roots(sigs: np.ndarray, threshold: float) -> dict[int, int]:
-    """Bands of the signatures -> star edges per bucket -> union-find (flashfeed's path)."""
+    """Bands of the signatures -> candidate pairs checked against their signatures ->
+    union-find (flashfeed's path)."""
     bands, rows = lsh_params(threshold, PERM)
     keys = band_keys(sigs, bands=bands, rows=rows)
     n = len(sigs)
@@ -61,7 +63,8 @@ def _lsh_roots(sigs: np.ndarray, threshold: float) -> dict[int, int]:
     table["key"] = keys.ravel()
     table["band"] = np.tile(np.arange(bands, dtype=np.int32), n)
     table["doc"] = np.repeat(np.arange(n, dtype=np.int64), bands)
-    return clusters(_edges(bands, table))
+    ids = np.arange(n, dtype=np.int64)
+    return clusters(check_pairs(threshold, candidate_pairs(bands, table), (ids, sigs)))
 
 
 def _signatures(kernel: str, docs: list[str]) -> np.ndarray:
