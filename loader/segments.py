@@ -87,8 +87,11 @@ def document_outputs(
     """``outputs`` (names from ``DOC_OUTPUTS``) of a batch whose rows are ``tokens``;
     ``alloc(shape, dtype)`` gives each output's buffer."""
     B, L = len(seg.counts), seq_len
-    row_of = np.repeat(np.arange(B), seg.counts)
-    used = np.bincount(row_of, weights=seg.lengths, minlength=B).astype(np.int64)
+    # tokens each row's segments use: differences of the running total at row ends
+    total = np.zeros(len(seg.lengths) + 1, dtype=np.int64)
+    np.cumsum(seg.lengths, out=total[1:])
+    row_end = np.cumsum(seg.counts)
+    used = total[row_end] - total[row_end - seg.counts]
     pad = L - used
     if (pad < 0).any() or (seg.lengths <= 0).any():
         raise CorruptShardError(

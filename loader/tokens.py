@@ -318,16 +318,16 @@ def _keys(
     rows: np.ndarray,
 ) -> list[str]:  # fmt: skip
     """``<shard>/<key>`` of each row: the shard's ``__key__`` column, else the row number."""
-    names = {s: o.view.name for s, o in opened.items()}
+    names = {s: o.view.name + "/" for s, o in opened.items()}
     if all(o.view.keys is None for o in opened.values()):
-        return [f"{names[s]}/{r}" for s, r in zip(shards, rows.tolist(), strict=True)]
+        return [names[s] + str(r) for s, r in zip(shards, rows.tolist(), strict=True)]
     where: dict[int, list[int]] = {}
     for p, s in enumerate(shards):
         where.setdefault(s, []).append(p)
     keys = [""] * len(shards)
     for s, pos in where.items():
         for p, key in zip(pos, _row_keys(opened[s].view, rows[pos]), strict=True):
-            keys[p] = f"{names[s]}/{key}"
+            keys[p] = names[s] + str(key)
     return keys
 
 
