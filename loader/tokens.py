@@ -166,8 +166,9 @@ class TokenLoader(PlannedLoader):
             seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
             tokens = narrow["tokens"]
             where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
+            new_ok = self.copier is None and not self.pin_memory
             docs = document_outputs(
-                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where
+                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where, new_ok=new_ok
             )
             out.update(docs)  # type: ignore[arg-type]
         return out, keys
