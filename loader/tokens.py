@@ -104,6 +104,8 @@ class TokenLoader(PlannedLoader):
         self.max_open = max_open
         self._views: OrderedDict[int, _OpenShard] = OrderedDict()
         self._scratch: dict[str, np.ndarray] = {}
+        #: column -> row shape, type and the shard that set them (``_check_row_types``)
+        self._row_types: dict[str, tuple[tuple[int, ...], np.dtype, str]] = {}
         self.bytes_delivered = 0
 
     def _open(self, shard: int) -> _OpenShard:
@@ -123,10 +125,26 @@ class TokenLoader(PlannedLoader):
                 f"says {self.dataset.shards[shard].samples}"
             )
         _check_shared_offsets(view)
+        self._check_row_types(view)
         got = self._views[shard] = _OpenShard(view)
         while len(self._views) > self.max_open:
             self._views.popitem(last=False)
         return got
+
+    def _check_row_types(self, view: ArrowShardView) -> None:
+        """Every record batch of every shard holds each column at one row shape and type
+        (those of the first shard opened), checked once per open, not per batch."""
+        for col in self.columns:
+            for arr in view.columns[col]:
+                shape, dtype, name = self._row_types.setdefault(
+                    col, (arr.shape[1:], arr.dtype, view.name)
+                )
+                if arr.shape[1:] != shape or arr.dtype != dtype:
+                    raise ValueError(
+                        f"shard {view.name}: column {col!r} has shape {arr.shape[1:]} of "
+                        f"{arr.dtype}, shard {name} {shape} of {dtype}: sequences must have "
+                        "one length and type"
+                    )
 
     def _gather(self, shards: np.ndarray, rows: np.ndarray) -> tuple[dict[str, Any], list[str]]:
         """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards
@@ -143,15 +161,7 @@ class TokenLoader(PlannedLoader):
         narrow: dict[str, np.ndarray] = {}
         for col in self.columns:
             arrays = {s: o.view.columns[col] for s, o in opened.items()}
-            first = next(iter(arrays.values()))[0]
-            for s, chunks in arrays.items():
-                if chunks[0].shape[1:] != first.shape[1:] or chunks[0].dtype != first.dtype:
-                    raise ValueError(
-                        f"shard {opened[s].view.name}: column {col!r} has shape "
-                        f"{chunks[0].shape[1:]} of {chunks[0].dtype}, other shards "
-                        f"{first.shape[1:]} of {first.dtype}: sequences must have one length "
-                        "and type"
-                    )
+            first = next(iter(arrays.values()))[0]  # all alike (_check_row_types)
             dtype = np.dtype(self.dtype) if self.dtype else first.dtype
             buf = self._buffer((len(sl), *first.shape[1:]), dtype)
             # rows are gathered at their stored width, then widened in one contiguous pass
