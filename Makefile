@@ -55,13 +55,13 @@ test: $(STAMP) system-tools
 	$(PY) -m pytest -q -ra tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check flashfeed ingest cache loader benchmarks examples tests
-	$(VENV)/bin/ruff format --check flashfeed ingest cache loader benchmarks examples tests
+	$(VENV)/bin/ruff check flashfeed ingest cache loader monitor benchmarks examples tests
+	$(VENV)/bin/ruff format --check flashfeed ingest cache loader monitor benchmarks examples tests
 	$(VENV)/bin/mypy
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format flashfeed ingest cache loader benchmarks examples tests
-	$(VENV)/bin/ruff check --fix flashfeed ingest cache loader benchmarks examples tests
+	$(VENV)/bin/ruff format flashfeed ingest cache loader monitor benchmarks examples tests
+	$(VENV)/bin/ruff check --fix flashfeed ingest cache loader monitor benchmarks examples tests
 
 $(BENCH_STAMP): benchmarks/requirements.txt $(STAMP)
 	@test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
@@ -73,10 +73,10 @@ $(BENCH_STAMP): benchmarks/requirements.txt $(STAMP)
 bench-venv: $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
-	$(PY) benchmarks/suite.py --peer-python $(BENCH_PY)
+	$(PY) -m benchmarks.suite --peer-python $(BENCH_PY)
 
 bench-quick: $(BENCH_STAMP)
-	$(PY) benchmarks/suite.py --quick --peer-python $(BENCH_PY)
+	$(PY) -m benchmarks.suite --quick --peer-python $(BENCH_PY)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

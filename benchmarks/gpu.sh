@@ -12,12 +12,14 @@
 # that fails or runs out of time loses only itself (see benchmarks/gpu_bench.py):
 #   env, corpus (synthetic JPEGs: numpy + Pillow or torchvision), ceiling (DALI mixed decode
 #   fed from RAM), loader (Loader img/s vs the ceiling, stall split), tokens (TokenLoader
-#   host-to-device GB/s vs pinned cudaMemcpy), exactly_once (2 epochs, ledger by __key__).
+#   host-to-device GB/s vs pinned cudaMemcpy), exactly_once (2 epochs, ledger by __key__),
+#   nvdec (H.264 clips/s, Loader NVDEC decode vs DALI's decoder from RAM; needs PyAV, `av`,
+#   in the wheelhouse; skipped with one line without a GPU).
 #
 # A wheelhouse for a Python 3.12 machine with a CUDA 13 torch, made where there is network:
 #   pip download -d wheels --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-#       nvidia-dali-cuda130 numpy pyarrow fsspec xxhash tqdm filelock pillow
+#       nvidia-dali-cuda130 numpy pyarrow fsspec xxhash tqdm filelock pillow av
 # Only the wheels whose distribution the machine lacks are installed (no index, no
 # dependency resolution) into <work>/site, put first on PYTHONPATH; a checkout whose flashfeed
 # is not installed is made importable through <work>/pkg.
@@ -40,14 +42,14 @@ while [ $# -gt 0 ]; do
         --results) RESULTS=$2; shift 2 ;;
         --quick) QUICK=--quick; shift ;;
         --cpu) CPU=--cpu; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "gpu.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 RESULTS=${RESULTS:-benchmarks/results/gpu-$(date -u +%Y-%m-%d-%H%M)-$(hostname -s 2>/dev/null || echo host)}
 mkdir -p "$WORK" "$RESULTS"
 WORK=$(cd "$WORK" && pwd)
-BENCH="$PY benchmarks/gpu_bench.py"
+BENCH="$PY -m benchmarks.gpu_bench"
 START=$(date +%s)
 
 if [ -n "$WHEELHOUSE" ]; then
@@ -77,6 +79,7 @@ stage ceiling 35
 stage loader 50
 stage tokens 35
 stage exactly_once 45
+stage nvdec 45
 
 echo "== done in $(( $(date +%s) - START ))s; results in $RESULTS"
 $BENCH summary --results "$RESULTS"

@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = ["STAGES", "headline", "render_summary", "write_result"]
 
-STAGES = ("env", "corpus", "ceiling", "loader", "tokens", "exactly_once")
+STAGES = ("env", "corpus", "ceiling", "loader", "tokens", "exactly_once", "nvdec")
 
 
 def write_result(results: str | Path, stage: str, data: dict[str, Any]) -> Path:
@@ -31,6 +31,8 @@ def headline(stage: str, r: dict[str, Any]) -> str:
 
 
 def _figures(stage: str, r: dict[str, Any]) -> str:
+    if r.get("status") == "skipped":
+        return f"skipped: {r.get('reason', '')}"
     if r.get("status") != "ok":
         return f"{r.get('status', '?')}: {r.get('error', '')}".strip()
     if stage == "env":
@@ -56,6 +58,12 @@ def _figures(stage: str, r: dict[str, Any]) -> str:
         )
     if stage == "exactly_once":
         return f"ok={r['ok']} over epochs {r['epochs']}, reader builds {r['builds']}"
+    if stage == "nvdec":
+        return (
+            f"{r['codec']} clips of {r['clip']['frames']}: Loader {r['loader_clips_per_s']:,.1f} "
+            f"clips/s, DALI decoder from RAM {r['ceiling_clips_per_s']:,.1f} "
+            f"({r['vs_ceiling']:.2f})"
+        )
     return ""
 
 

@@ -72,7 +72,7 @@ def loader_bars(result: dict[str, Any], out: Path) -> Path | None:
 
 def stalls_plot(result: dict[str, Any], out: Path) -> Path | None:
     """Wait fraction by kind over time from the stalls stage's loader stats log."""
-    from flashfeed.loader.report import plot_stalls
+    from flashfeed.monitor.report import plot_stalls
 
     data = (result.get("stages", {}).get("stalls") or {}).get("data") or {}
     records = data.get("records")

@@ -2,7 +2,8 @@
 DALI-backed loader that keeps GPUs fed.
 
 The dataset contract lives here: ``Dataset``, ``Manifest``, the shard formats and storage.
-Components: ``flashfeed.ingest``, ``flashfeed.cache``, ``flashfeed.loader``.
+Components: ``flashfeed.ingest``, ``flashfeed.cache``, ``flashfeed.loader``, and
+``flashfeed.monitor`` (``flashfeed top`` and ``report``, over ``flashfeed.telemetry``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ _COMMAND_MODULES = (
     "flashfeed.cli_dataset",
     "flashfeed.ingest.cli",
     "flashfeed.cache.cli",
-    "flashfeed.loader.cli",
+    "flashfeed.monitor.cli",
 )
 
 EPILOG = """\

@@ -21,6 +21,7 @@ from .manifest import Manifest, ShardInfo, commit_manifest, manifest_url
 from .media import IMAGE_MEDIA_TYPES, LOADER_IMAGE_EXTS, member_image_sizes
 from .shardtable import ShardTable
 from .tarshard import scan_index
+from .video import VIDEO_EXTS, member_videos
 from .wdsindex import SampleIndex, format_index
 
 __all__ = [
@@ -72,6 +73,8 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 #: one shard's image widths and heights, one entry per sample (None: no image members)
 _Sizes = tuple[list[int], list[int]] | None
+#: one shard's video probes, one entry per sample (None: no video members)
+_Videos = list[dict[str, Any] | None] | None
 
 
 class CompressedShardError(FlashfeedError, ValueError):
@@ -134,24 +137,26 @@ def index_dataset(
             "sub-folders, which are searched too)"
         )
 
-    def one(path: str) -> tuple[str, ShardInfo | None, set[str], _Sizes]:
-        info, exts, sizes = _index_one(prefix, path, storage_options)
+    def one(path: str) -> tuple[str, ShardInfo | None, set[str], _Sizes, _Videos]:
+        info, exts, sizes, videos = _index_one(prefix, path, storage_options)
         if info is not None and on_shard is not None:
             on_shard(info)
-        return path, info, exts, sizes
+        return path, info, exts, sizes, videos
 
     with ThreadPoolExecutor(max_workers=min(workers, len(tars))) as pool:
         results = list(pool.map(one, tars))
-    kept = [(info, sizes) for _, info, _, sizes in results if info is not None]
-    empty = tuple(path for path, info, _, _ in results if info is None)
+    kept = [(info, sizes, videos) for _, info, _, sizes, videos in results if info is not None]
+    empty = tuple(path for path, info, _, _, _ in results if info is None)
     if not kept:
         raise NoShardsError(f"every tar under {prefix} is empty: {', '.join(empty)}")
-    exts = set().union(*(e for _, _, e, _ in results))
-    table = ShardTable.from_infos(info for info, _ in kept)
-    if any(s is not None for _, s in kept):  # some image members: record their sizes
+    exts = set().union(*(e for _, _, e, _, _ in results))
+    table = ShardTable.from_infos(info for info, _, _ in kept)
+    if any(s is not None for _, s, _ in kept):  # some image members: record their sizes
         table = table.with_image_sizes(
-            [s[0] if s else None for _, s in kept], [s[1] if s else None for _, s in kept]
+            [s[0] if s else None for _, s, _ in kept], [s[1] if s else None for _, s, _ in kept]
         )
+    if any(v is not None for _, _, v in kept):  # some video members: record their probes
+        table = table.with_videos([v for _, _, v in kept])
     manifest = Manifest(
         name=name or posixpath.basename(prefix) or "dataset",
         shard_format="webdataset",
@@ -190,7 +195,7 @@ def _relative_files(prefix: str, storage_options: dict[str, Any] | None) -> list
 
 def _index_one(
     prefix: str, path: str, storage_options: dict[str, Any] | None
-) -> tuple[ShardInfo | None, set[str], _Sizes]:
+) -> tuple[ShardInfo | None, set[str], _Sizes, _Videos]:
     url = storage.join(prefix, path)
     data = storage.read_bytes(url, storage_options=storage_options)
     if data[:2] == _GZIP_MAGIC:
@@ -201,7 +206,7 @@ def _index_one(
     samples = scan_index(io.BytesIO(data), source=url)
     _check_unique_keys(samples, url)
     if not samples:
-        return None, set(), None
+        return None, set(), None, None
     index_path = path + ".idx"
     storage.write_bytes(
         storage.join(prefix, index_path),
@@ -216,7 +221,7 @@ def _index_one(
         checksum=storage.checksum(data),
         index=index_path,
     )
-    return info, exts, _image_sizes(samples, data, exts)
+    return info, exts, _image_sizes(samples, data, exts), _videos(samples, data, exts)
 
 
 def _image_sizes(samples: Sequence[SampleIndex], data: bytes, exts: set[str]) -> _Sizes:
@@ -227,6 +232,20 @@ def _image_sizes(samples: Sequence[SampleIndex], data: bytes, exts: set[str]) ->
     view = memoryview(data)
     members = [{c.ext: view[c.offset : c.offset + c.size] for c in s.components} for s in samples]
     return member_image_sizes(members)
+
+
+def _videos(samples: Sequence[SampleIndex], data: bytes, exts: set[str]) -> _Videos:
+    """Each sample's video probe (PyAV, demuxing only; None where unreadable), or None when
+    the shard holds no video member. Without PyAV nothing is recorded."""
+    if not exts & set(VIDEO_EXTS):
+        return None
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return None
+    view = memoryview(data)
+    members = [{c.ext: view[c.offset : c.offset + c.size] for c in s.components} for s in samples]
+    return member_videos(members)
 
 
 def _check_unique_keys(samples: Sequence[SampleIndex], url: str) -> None:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .planstreams import _Epoch
+from .planstreams import _Epoch, _Level
 from .plantypes import EpochPlan, PlanOptions, RankPlan, Segment, Topology, check_int
 
 __all__ = [
@@ -47,6 +47,8 @@ __all__ = [
     "RankPlan",
     "Segment",
     "Topology",
+    "deal",
+    "epoch_sequence",
     "locate",
     "node_samples",
     "node_shard_order",
@@ -153,6 +155,43 @@ def node_samples(
     target = rest.current.per_rank(options.drop_last)
     # round-robin dealing: the first target * rpn samples are what the node's ranks read
     return part[skip * rpn : target * rpn]
+
+
+def epoch_sequence(
+    shard_sizes: Sequence[int] | np.ndarray,
+    *,
+    options: PlanOptions,
+    epoch: int,
+    topology: Topology,
+) -> np.ndarray:
+    """The whole of ``epoch`` as one sequence: the node parts of ``topology`` end to end,
+    each in its node's order (``deal`` cuts it back into the same rank plans). It costs the
+    whole epoch: for a resume whose remainder is not a prefix of every node's stream
+    (aspect-ratio buckets deliver out of plan order), not for a training rank's own plan."""
+    rest, _ = _epoch(shard_sizes, options, epoch, topology, ())
+    return rest.resolve(0, rest.current.length)
+
+
+def deal(sequence: np.ndarray, *, topology: Topology, rank: int, drop_last: bool) -> RankPlan:
+    """``rank``'s share of ``sequence`` (what remains of an epoch, in order), cut the way the
+    plan cuts what remains: equal contiguous parts per node, dealt round-robin to its ranks,
+    cut or padded so every rank reads as many samples (``drop_last``).
+
+    >>> seq = epoch_sequence([3, 3, 4], options=PlanOptions(), epoch=0, topology=Topology(2))
+    >>> p = rank_plan([3, 3, 4], options=PlanOptions(), epoch=0, topology=Topology(2), rank=1)
+    >>> bool(np.array_equal(deal(seq, topology=Topology(2), rank=1, drop_last=True).samples,
+    ...                     p.samples))
+    True
+    """
+    topology.check_rank(rank)
+    level = _Level(topology, len(sequence))
+    cuts, rpn = level.cuts, topology.rpn
+    node = rank // rpn
+    part = np.asarray(sequence, np.int64)[int(cuts[node]) : int(cuts[node + 1])]
+    target = level.per_rank(drop_last)
+    samples, dropped, repeated = _equalise(part[rank % rpn :: rpn], target)
+    dropped_total = int(level.length - target * topology.world_size) if drop_last else 0
+    return RankPlan(samples, dropped, repeated, dropped_total)
 
 
 def plan_epoch(

@@ -9,7 +9,8 @@ Two optional columns, ``widths`` and ``heights`` (a list of int32 per shard, one
 sample; 0 where a sample holds no readable image), record image sizes at ingest and
 ``flashfeed index`` time for the loader's aspect-ratio buckets. Tables without them (older
 manifests) read as before; they are not part of the table's digest (they follow from the
-shard bytes, which the checksums cover).
+shard bytes, which the checksums cover). The optional ``videos`` column (``videocolumns.py``)
+records each video member's probe the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from .shardcolumns import (
     list_values_at,
     string_parts,
 )
+from .videocolumns import VIDEO_COLUMN, VIDEO_TYPE, check_videos, video_column, videos_at
 
 __all__ = [
     "COLUMNS",
@@ -131,6 +133,7 @@ class ShardTable:
     def __init__(
         self, path: pa.Array, samples: np.ndarray, sizes: np.ndarray, checksum: pa.Array,
         index: pa.Array, image_sizes: tuple[pa.Array, pa.Array] | None = None,
+        videos: pa.Array | None = None,
     ) -> None:  # fmt: skip
         self._path = path
         self._checksum = checksum
@@ -138,13 +141,14 @@ class ShardTable:
         self._samples = _readonly(samples)
         self._sizes = _readonly(sizes)
         self._image_sizes = image_sizes
+        self._videos = videos
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled as its columns; unpickling makes the number arrays read-only again
         return (
             ShardTable,
             (self._path, self._samples, self._sizes, self._checksum, self._index,
-             self._image_sizes),
+             self._image_sizes, self._videos),
         )  # fmt: skip
 
     def with_image_sizes(
@@ -156,6 +160,27 @@ class ShardTable:
         table = table.append_column("widths", pa.array(list(widths), _SIZE_TYPE))
         table = table.append_column("heights", pa.array(list(heights), _SIZE_TYPE))
         return ShardTable.from_arrow(table, source="shard table")
+
+    def with_videos(self, rows: Sequence[Sequence[dict[str, Any] | None] | None]) -> ShardTable:
+        """This table with per-sample video probes (one list per shard, None for a shard
+        without videos; per sample a dict of ``VIDEO_FIELDS`` or None), checked like a file."""
+        table = self.to_arrow()
+        if VIDEO_COLUMN in table.column_names:
+            table = table.drop_columns([VIDEO_COLUMN])
+        table = table.append_column(pa.field(VIDEO_COLUMN, VIDEO_TYPE), video_column(rows))
+        return ShardTable.from_arrow(table, source="shard table")
+
+    @property
+    def has_videos(self) -> bool:
+        """Whether the table records video probes."""
+        return self._videos is not None
+
+    def videos(self, shards: np.ndarray, rows: np.ndarray) -> list[dict[str, Any] | None]:
+        """Per sample given by shard and row: its video's probe (codec, frames, fps,
+        duration, width, height, bytes), None where unknown or not a video."""
+        if self._videos is None:
+            return [None] * len(shards)
+        return videos_at(self._videos, shards, rows)
 
     @property
     def has_image_sizes(self) -> bool:
@@ -263,6 +288,7 @@ class ShardTable:
         return cls(
             cols["path"], numbers["samples"], numbers["bytes"], cols["checksum"], cols["index"],
             check_image_sizes(table, numbers["samples"], source),
+            check_videos(table, numbers["samples"], source),
         )  # fmt: skip
 
     @classmethod
@@ -289,6 +315,8 @@ class ShardTable:
         if self._image_sizes is not None:
             for name, arr in zip(SIZE_COLUMNS, self._image_sizes, strict=True):
                 table = table.append_column(pa.field(name, _SIZE_TYPE), arr)
+        if self._videos is not None:
+            table = table.append_column(pa.field(VIDEO_COLUMN, VIDEO_TYPE), self._videos)
         return table
 
     def to_ipc(self) -> pa.Buffer:

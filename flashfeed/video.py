@@ -8,12 +8,21 @@ count frames and decoding nothing.
 from __future__ import annotations
 
 import io
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["VIDEO_EXTS", "VIDEO_MEDIA_TYPES", "VideoProbe", "probe_video", "require_pyav"]
+__all__ = [
+    "VIDEO_EXTS",
+    "VIDEO_MEDIA_TYPES",
+    "VideoProbe",
+    "member_videos",
+    "probe_video",
+    "require_pyav",
+]
 
 #: a video member's media type by its extension
 VIDEO_MEDIA_TYPES = {
@@ -79,3 +88,34 @@ def probe_video(data: bytes | memoryview | np.ndarray) -> VideoProbe:
             )
     except (av.FFmpegError, OSError) as exc:
         raise ValueError(f"not a readable video ({exc})") from None
+
+
+def member_videos(
+    members: Sequence[Mapping[str, bytes | memoryview | str]], *, probed: bool = False
+) -> list[dict[str, Any] | None]:
+    """Each sample's video entry for the shard table's ``videos`` column: the probe of its
+    first video member (in ``VIDEO_EXTS`` order) and its byte size; None without a video or
+    when PyAV cannot read it. ``probed``: the members were written by ingest, whose
+    ``<ext>.json`` beside each video holds this very probe (read instead of probing again)."""
+    out: list[dict[str, Any] | None] = []
+    for m in members:
+        ext = next((e for e in VIDEO_EXTS if e in m), None)
+        if ext is None:
+            out.append(None)
+            continue
+        data = m[ext]
+        size = len(data.encode() if isinstance(data, str) else data)
+        meta = m.get(f"{ext}.json") if probed else None
+        try:
+            if meta is not None:
+                found = json.loads(meta if isinstance(meta, str) else bytes(meta))
+                probe = VideoProbe(
+                    *(found[k] for k in ("codec", "frames", "fps", "width", "height"))
+                )
+            else:
+                probe = probe_video(data if not isinstance(data, str) else data.encode())
+        except (ValueError, KeyError, TypeError):
+            out.append(None)
+            continue
+        out.append({**probe.to_dict(), "bytes": size})
+    return out

@@ -313,6 +313,10 @@ def _commit(
         shards = ShardTable.from_infos(infos).with_image_sizes(
             [s[0] if s else None for s in sized], [s[1] if s else None for s in sized]
         )
+    videos = [r.videos for r in results if r.info is not None]
+    if any(v is not None for v in videos):  # each video's probe, for plans and reports
+        shards = shards if isinstance(shards, ShardTable) else ShardTable.from_infos(infos)
+        shards = shards.with_videos(videos)
     if not shards:
         reasons = ", ".join(f"{k}: {v}" for k, v in skipped.items()) or "no samples"
         raise ValueError(

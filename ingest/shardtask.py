@@ -18,6 +18,7 @@ from flashfeed.crypto import EncryptionKey, seal_shard
 from flashfeed.manifest import ShardInfo
 from flashfeed.media import LOADER_IMAGE_EXTS, member_image_sizes
 from flashfeed.shardio import shard_name, tar_shard_bytes
+from flashfeed.video import VIDEO_EXTS, member_videos
 
 from .sources import Item, Reject, StorageContext, open_reader
 from .tokenize import TokenPacker
@@ -81,6 +82,8 @@ class ShardResult:
     plaintext: dict[str, Any] | None = None
     #: the shard's image widths and heights, one per sample (tar shards with images)
     image_sizes: list[list[int]] | None = None
+    #: the shard's video probes, one per sample (None: no video there; tar shards)
+    videos: list[dict[str, Any] | None] | None = None
 
     def shard_info(self) -> ShardInfo | None:
         return ShardInfo(**self.info) if self.info else None
@@ -267,6 +270,8 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
         info = _upload(spec, result, t0, shard_name(job.number, "tar"), data, n, index)
         if any(ext in m for _, m in members for ext in LOADER_IMAGE_EXTS):
             result.image_sizes = list(member_image_sizes([m for _, m in members]))
+        if any(ext in m for _, m in members for ext in VIDEO_EXTS):
+            result.videos = member_videos([m for _, m in members], probed=True)
     result.info = asdict(info) if info is not None else None
     record = {"fingerprint": job.fingerprint, "result": asdict(result)}
     url = done_url(spec.dest, job.number)

@@ -36,9 +36,14 @@ class PlannedLoader:
     otherwise. ``state_dict()`` after batch k makes a new loader continue with batch k+1.
     """
 
-    def __init__(self, parts: LoaderParts, *, batch_size: int) -> None:
+    def __init__(self, parts: LoaderParts, *, batch_size: int, per_sample: int = 1) -> None:
+        """``per_sample``: plan entries per stored sample (a video's clips per epoch): the
+        plan counts ``per_sample`` times each shard's samples, entry ``i`` standing for
+        part ``i % per_sample`` of sample ``i // per_sample``; one dataset only."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (an integer), got {batch_size!r}")
+        if per_sample != 1 and isinstance(parts.dataset, MixtureDataset):
+            raise ValueError("several plan entries per sample need one dataset, not a mixture")
         self.parts = parts
         self.dataset = dataset = parts.dataset
         self.ctx = ctx = parts.ctx
@@ -49,7 +54,10 @@ class PlannedLoader:
             MixPosition(dataset, ctx, parts.options)
             if isinstance(dataset, MixtureDataset)
             else Position(
-                _shard_samples(dataset), ctx, parts.options, dataset_id=_dataset_id(dataset)
+                _shard_samples(dataset) * per_sample,
+                ctx,
+                parts.options,
+                dataset_id=_dataset_id(dataset),
             )
         )
         telemetry = parts.telemetry

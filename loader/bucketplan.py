@@ -3,9 +3,12 @@ one-bucket batches by ``buckets.bucket_order``, from the image sizes of the shar
 
 The resume position counts samples delivered in that order: the stretch of the epoch under
 the current topology is bucketed as a whole, and a pass continues after the samples already
-delivered, so a resume on the same topology is exact. A new world size mid-epoch would need
-every earlier rank's bucketed order to know what remains, so it is refused with one clear
-error; at an epoch boundary any world size resumes.
+delivered, so a resume on the same topology is exact. A resume on another topology mid-epoch
+(elastic) replays each earlier stretch: every rank of it dealt and bucketed the same way, the
+batches its ranks took in lock-step removed, and what is left (undelivered samples, in plan
+order, node after node) dealt to the new ranks and bucketed again. Each sample of the epoch
+is then delivered once or, with ``drop_last``, dropped and named in the ledger. The replay
+costs the whole epoch's sizes once per stretch, what ``drop_last`` already reads.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.manifest import Manifest
-from flashfeed.plan import locate
+from flashfeed.plan import RankPlan, Segment, deal, epoch_sequence, locate
 
 from .buckets import (
     BucketedOrder,
@@ -76,43 +79,101 @@ class BucketPlanner:
         self.options = options
         self.manifest = manifest
         self.batch_size = batch_size
-        self._memo: tuple[Any, BucketedOrder] | None = None
+        self._memo: tuple[Any, list[BucketedOrder]] | None = None
+        self._left: tuple[Any, np.ndarray] | None = None
 
     def order(self, position: Position) -> BucketedOrder:
         """The bucketed batches of the whole stretch ``position`` is in (from its start)."""
         p = position
-        key = (p.options, p.epoch, tuple(p.prior), p.topology, p.ctx.rank)
+        if p.options.drop_last:  # the fewest full batches of any rank count: every rank's
+            return self._orders(p, every=True)[p.ctx.rank]
+        return self._orders(p, every=False)[0]
+
+    def _orders(self, p: Position, *, every: bool) -> list[BucketedOrder]:
+        """Every rank's bucketed stretch (``every``), or this rank's alone; memoised."""
+        key = (p.options, p.epoch, tuple(p.prior), p.topology, None if every else p.ctx.rank)
         if self._memo is None or self._memo[0] != key:
-            whole, (bucket, lost, reason) = self._assigned(p, p.ctx.rank)
-            got = bucket_order(
-                whole, bucket, lost, reason,
-                batch_size=self.batch_size, drop_last=p.options.drop_last,
-            )  # fmt: skip
-            if p.options.drop_last and p.topology.world_size > 1:
-                got = got.first(self._common_batches(p))
+            ranks = range(p.topology.world_size) if every else [p.ctx.rank]
+            got = self._bucketed([self._share(p, r).samples for r in ranks], p.options.drop_last)
             self._memo = (key, got)
         return self._memo[1]
 
-    def _assigned(
-        self, p: Position, rank: int
-    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Rank ``rank``'s whole stretch in plan order, and its buckets (``assign_buckets``)."""
-        ctx = replace(p.ctx, rank=rank)
-        whole = replace(p, ctx=ctx, consumed=0, _memo=None).remaining()
-        shards, rows = locate(p.shard_sizes, whole)
-        return whole, assign_buckets(self.manifest.table.image_sizes(shards, rows), self.options)
+    def dropped_total(self, position: Position) -> int:
+        """Samples the whole job drops from the current stretch: the plan's surplus and, on
+        every rank, short bucket tails (``drop_last``), batches beyond the fewest any rank
+        has, and skipped samples; what the ranks' ledgers record as dropped, together."""
+        got = self._orders(position, every=True)
+        plan = self._share(position, position.ctx.rank).dropped_total
+        return int(plan + sum(len(g.dropped) for g in got))
 
-    def _common_batches(self, p: Position) -> int:
-        """The full batches every rank has (the fewest of any rank): ranks step together, so
-        each delivers that many and drops the rest. Reads every rank's plan: the cost of
-        the whole epoch's sizes, once per stretch."""
-        fewest = None
-        for rank in range(p.topology.world_size):
-            _, (bucket, _, _) = self._assigned(p, rank)
-            counts = np.bincount(bucket[bucket >= 0], minlength=len(self.options.shapes))
-            full = int((counts // self.batch_size).sum())
-            fewest = full if fewest is None else min(fewest, full)
-        return int(fewest or 0)
+    def surplus(self, position: Position) -> np.ndarray:
+        """What the plan's split drops from this rank's stretch (``drop_last``) before any
+        bucketing: it goes to the ledger as dropped with the bucket tails."""
+        return self._share(position, position.ctx.rank).dropped
+
+    def _share(self, p: Position, rank: int) -> RankPlan:
+        """Rank ``rank``'s whole stretch in plan order: the plan's own split when the epoch
+        started on this topology, else a deal of what the earlier stretches left."""
+        if not p.prior:
+            ctx = replace(p.ctx, rank=rank)
+            return replace(p, ctx=ctx, consumed=0, _memo=None).rank_plan()
+        left = self._left_after(p)
+        return deal(left, topology=p.topology, rank=rank, drop_last=p.options.drop_last)
+
+    def _bucketed(self, shares: list[np.ndarray], drop_last: bool) -> list[BucketedOrder]:
+        """Every rank's stretch (``shares``, in plan order) cut into one-bucket batches; with
+        ``drop_last`` each keeps the fewest full batches of any rank: ranks step together,
+        so each delivers that many and drops the rest."""
+        got = []
+        for whole in shares:
+            shards, rows = locate(self.manifest.shard_samples, whole)
+            bucket, lost, reason = assign_buckets(
+                self.manifest.table.image_sizes(shards, rows), self.options
+            )
+            got.append(
+                bucket_order(
+                    whole, bucket, lost, reason, batch_size=self.batch_size, drop_last=drop_last
+                )
+            )
+        if drop_last and len(got) > 1:
+            fewest = min(len(g.bounds) - 1 for g in got)
+            got = [g.first(fewest) for g in got]
+        return got
+
+    def _left_after(self, p: Position) -> np.ndarray:
+        """What the stretches of ``p.prior`` left of the epoch, in plan order, node after
+        node: each stretch's batches taken in lock-step by every rank removed in turn."""
+        key = (p.options, p.epoch, tuple(p.prior))
+        if self._left is None or self._left[0] != key:
+            first = p.prior[0].topology
+            left = epoch_sequence(
+                p.shard_sizes, options=p.options, epoch=p.epoch, topology=first
+            )  # fmt: skip
+            for seg in p.prior:
+                left = left[~np.isin(left, self._taken(left, seg, p.options.drop_last))]
+            self._left = (key, left)
+        return self._left[1]
+
+    def _taken(self, left: np.ndarray, seg: Segment, drop_last: bool) -> np.ndarray:
+        """The samples the ranks of ``seg`` delivered out of ``left``: the same number of
+        full batches each (a state saved inside the short last batches of the buckets names
+        no such number, and is refused)."""
+        t, n = seg.topology, seg.samples_per_rank
+        shares = [
+            deal(left, topology=t, rank=r, drop_last=drop_last).samples for r in range(t.world_size)
+        ]
+        got = self._bucketed(shares, drop_last)
+        k = n // self.batch_size
+        full = [int((np.diff(g.bounds) == self.batch_size).sum()) for g in got]
+        if n % self.batch_size or k > min(full):
+            raise ValueError(
+                f"the state says each of {t.world_size} ranks delivered {n} samples, which is "
+                f"not a whole number of full batches of {self.batch_size} on every rank of the "
+                "bucketed order: it was saved with another batch size or other buckets, or "
+                "inside the short last batches of the buckets; resume it on the topology that "
+                "saved it"
+            )
+        return np.concatenate([g.ids[: int(g.bounds[k])] for g in got])
 
     def pass_order(self, position: Position) -> PassOrder:
         """What a pass reads from ``position`` on: the batches after those delivered."""

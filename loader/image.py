@@ -29,7 +29,7 @@ from .position import Position
 from .reader import BatchSource, ShardReader
 from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
 from .text import TextEncoder, collate_json, collate_text, load_tokenizer
-from .video import ClipOptions, clip_draws, require_pyav
+from .video import check_clip_state, clip_draws, clip_options, require_pyav
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -67,9 +67,12 @@ class Loader(PlannedLoader):
     (``bucket_report()``).
 
     A video field (``{"video": "webm;mp4"}``) needs ``frames`` (per clip) and takes
-    ``stride`` and ``clip`` (``"random"``: a start drawn from the seed, epoch and sample;
-    ``"center"``): it comes out as ``(batch, frames, 3, image_size, image_size)`` float32 and
-    ``<field>_start``, each clip's start in seconds (``loader/video.py``).
+    ``stride``, ``clips_per_video`` (K clips of each video per epoch, each its own sample of
+    the plan, keyed ``<key>#<j>`` when K > 1) and ``clip`` (``"random"``: each clip's start
+    drawn from the seed, epoch, video and clip; ``"uniform"``: the K clips evenly spaced;
+    ``"center"``: one clip, the middle): it comes out as ``(batch, frames, 3, image_size,
+    image_size)`` float32 and ``<field>_start``, each clip's start in seconds
+    (``loader/video.py``).
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP
@@ -95,6 +98,7 @@ class Loader(PlannedLoader):
         frames: int | None = None,
         stride: int = 1,
         clip: str = "random",
+        clips_per_video: int = 1,
         num_threads: int = 2,
         py_workers: int = 1,
         reader_start: str = "auto",
@@ -116,16 +120,13 @@ class Loader(PlannedLoader):
                 f"{[s.name for s in self.specs]}"
             )
         videos = [s.name for s in self.specs if s.is_video]
-        if videos and frames is None:
-            raise ValueError(f"video field(s) {videos} need frames= (frames per clip)")
+        self.clips = clip_options(
+            frames, stride=stride, clip=clip, clips_per_video=clips_per_video,
+            fields=[s.name for s in self.specs], videos=videos, buckets=buckets is not None,
+        )  # fmt: skip
         if videos:
             require_pyav()
-        self.clips = ClipOptions(frames, stride, clip) if frames is not None else None
-        if self.clips is not None and not videos:
-            raise ValueError(
-                f"frames= needs a video field (mp4/webm... members); fields= has "
-                f"{[s.name for s in self.specs]}"
-            )
+        per_video = self.clips.clips_per_video if self.clips is not None else 1
         parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
         opened = time.perf_counter()
         self.device_kind = decode_device(device)
@@ -147,10 +148,19 @@ class Loader(PlannedLoader):
         manifest = parts.dataset.manifest
         if buckets is not None and not isinstance(manifest, Manifest):
             raise ValueError(
-                "buckets= reads one dataset, not a mixture: bucket each source's Loader on "
-                "its own, or read the mixture without buckets"
+                "buckets= reads one dataset, not a mixture: a bucketed batch waits for its "
+                "bucket to fill, so it takes samples out of the mixture's deal order, while a "
+                "mixture's resume state is each source's count read as a prefix of that order "
+                "(and a bucket may be all one source); bucket each source's Loader on its own "
+                "and interleave their batches by weight, or read the mixture without buckets "
+                "(docs/MIXTURES.md, 'Buckets')"
             )
-        super().__init__(parts, batch_size=batch_size)
+        if per_video > 1 and not isinstance(manifest, Manifest):
+            raise ValueError(
+                f"clips_per_video={per_video} plans the clips of one dataset, not a mixture: "
+                "read the mixture with one clip per video, or each source on its own"
+            )
+        super().__init__(parts, batch_size=batch_size, per_sample=per_video)
         self.buckets: BucketPlanner | None = None
         if buckets is not None and isinstance(manifest, Manifest):
             options = bucket_options(buckets, manifest, image_size=image_size, max_crop=max_crop)
@@ -223,7 +233,9 @@ class Loader(PlannedLoader):
         if self.clips is None:
             return order
         p = self._next_position()  # where each video clip starts: drawn by the plan
-        return replace(order, draws=clip_draws(p.options.seed, p.epoch, order.ids))
+        per = self.clips.clips_per_video
+        ids = np.asarray(order.ids, np.int64)
+        return replace(order, draws=clip_draws(p.options.seed, p.epoch, ids // per, ids % per))
 
     def _next_position(self) -> Position | MixPosition:
         """The position the next pass starts from (the next epoch's, once this one ended)."""
@@ -244,25 +256,32 @@ class Loader(PlannedLoader):
             return super()._end_epoch()
         self._finished = True
         if self.ledger is not None:  # short tails (drop_last), skipped samples, plan surplus
-            got = self.buckets.order(_single(self.position))
-            unread = np.concatenate([got.dropped, self.position.rank_plan().dropped])
+            position = _single(self.position)
+            got = self.buckets.order(position)
+            unread = np.concatenate([got.dropped, self.buckets.surplus(position)])
             if len(unread):
                 self.ledger.record_dropped(self.position.epoch, unread.tolist())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_clip_state(state, self.clips)
         if self.buckets is None:
             return super().load_state_dict(state)
         position = _single(self.position)
         saved = (replace(position, prior=list(position.prior)), self._finished)
         super().load_state_dict(state)
-        if _single(self.position).prior and not self._finished:
+        try:  # a state that does not fit the bucketed order is refused here, not mid-pass
+            self.buckets.pass_order(self._bucket_position())
+        except ValueError:
             self.position, self._finished = saved
-            raise ValueError(
-                f"a bucketed Loader resumes mid-epoch only on the topology that saved the "
-                f"state (segments {state.get('segments')}; this job: world size "
-                f"{self.ctx.world_size}, {self.ctx.topology.rpn} ranks per node); resume with "
-                "that world size, or from a state saved at the end of an epoch"
-            )
+            raise
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.clips is not None and self.clips.clips_per_video > 1:
+            state["clips_per_video"] = self.clips.clips_per_video
+        if self.buckets is not None:  # what the bucketed order drops, every rank together
+            state["dropped"] = self.buckets.dropped_total(_single(self.position))
+        return state
 
     def bucket_report(self) -> dict[str, Any]:
         """Per bucket, this rank's samples, batches and mean crop loss in the current epoch,

@@ -26,7 +26,7 @@ from .labels import parse_label
 from .passorder import PassOrder
 from .sources import ShardSource
 from .text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
-from .video import ClipOptions, clip_start, probe_at
+from .video import ClipOptions, clip_key, clip_start, probe_at
 
 if TYPE_CHECKING:
     from flashfeed.cache import FillView
@@ -249,14 +249,18 @@ class BatchSource:
             hi = min(lo + self.batch_size, len(self._shards))
         per_field: list[list[Any]] = [[] for _ in self.specs]
         key_col: list[np.ndarray] = []
+        per = self.clips.clips_per_video if self.clips is not None else 1
         for shard, row in zip(
             self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist(), strict=True
         ):
-            key, picked = self.reader.picked(shard, row, self.specs)
+            # with several clips per video, plan row r is clip r % per of the sample r // per
+            key, picked = self.reader.picked(shard, row // per, self.specs)
+            key = clip_key(key, row % per, per)
             name = self.reader.name(shard)
             for spec, got, col in zip(self.specs, picked, per_field, strict=True):
                 if spec.is_video:
-                    col.append(self._clip(spec, got, shard, key, lo + len(key_col)))
+                    at = lo + len(key_col)
+                    col.append(self._clip(spec, got, shard, key, at, row % per))
                     continue
                 col.append(self._value(spec, got, shard, key))
             key_col.append(key_bytes(name, key))
@@ -278,15 +282,23 @@ class BatchSource:
         return (*cols, key_col)
 
     def _clip(
-        self, spec: FieldSpec, got: tuple[str, np.ndarray] | None, shard: int, key: str, at: int
+        self,
+        spec: FieldSpec,
+        got: tuple[str, np.ndarray] | None,
+        shard: int,
+        key: str,
+        at: int,
+        index: int,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A video field of one sample: its bytes, its clip's first frame (placed by the
-        pass's draw for this sample) and that frame's time in seconds."""
+        """A video field of one sample: its bytes, the first frame of its clip ``index``
+        (placed by the pass's draw for this position) and that frame's time in seconds."""
         where = f"shard {self.reader.shard_names[shard]} sample {key!r} field {spec.name!r}"
         if got is None or self.clips is None or self._draws is None:
             raise CorruptShardError(f"{where}: a video field needs its member and frames=")
         probe = probe_at(got[1], where=where)
-        start = clip_start(probe, float(self._draws[at]), self.clips, where=where, gpu=self.gpu)
+        start = clip_start(
+            probe, float(self._draws[at]), self.clips, where=where, gpu=self.gpu, index=index
+        )
         seconds = start / probe.fps if probe.fps else 0.0
         return got[1], np.array(start, np.int32), np.array(seconds, np.float32)
 

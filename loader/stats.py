@@ -14,14 +14,15 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import IO, Any
+
+from flashfeed.telemetry import WAIT_KINDS, RankState, StatsRecord
 
 from .status import StatusWriter
 
 __all__ = ["STORAGE_WAIT_THRESHOLD", "WAIT_KINDS", "BatchTiming", "StatsRecorder"]
 
-WAIT_KINDS = ("storage", "decode", "h2d")
 STORAGE_WAIT_THRESHOLD = 0.001
 PER_BATCH_KEPT = 10_000
 #: how often the status file, exporter and log pick up the cache's counters (seconds)
@@ -130,16 +131,29 @@ class StatsRecorder:
             self.exporter.observe(timing)
         cache = self._publish()
         if self._log is not None:
-            line = {**asdict(timing), "waited_on_storage": timing.waited_on_storage}
-            if timing.sources:
-                line["sources"] = dict(timing.sources)
-            else:
-                del line["sources"]
-            if cache is not None and "misses" in cache:  # fills so far, for the HTML report
-                line["cache_fills"] = cache["misses"]
-                line["cache_fetched_bytes"] = cache.get("bytes_fetched", 0)
-            self._log.write(json.dumps(line) + "\n")
+            self._log.write(json.dumps(self._record(timing, cache).to_json()) + "\n")
             self._log.flush()
+
+    @staticmethod
+    def _record(timing: BatchTiming, cache: dict[str, Any] | None) -> StatsRecord:
+        """The batch's stats-log line (``flashfeed.telemetry``: the one schema readers use)."""
+        # fills so far, for the HTML report: on the lines where the counters were read
+        counters = cache if cache is not None and "misses" in cache else None
+        return StatsRecord(
+            t=timing.t,
+            rank=timing.rank,
+            epoch=timing.epoch,
+            batch=timing.batch,
+            samples=timing.samples,
+            storage=timing.storage,
+            decode=timing.decode,
+            h2d=timing.h2d,
+            step=timing.step,
+            sources=dict(timing.sources),
+            waited_on_storage=timing.waited_on_storage,
+            cache_fills=None if counters is None else counters["misses"],
+            cache_fetched_bytes=None if counters is None else counters.get("bytes_fetched", 0),
+        )
 
     def _publish(self) -> dict[str, Any] | None:
         """Refresh the status file (every ``status_interval`` at most) and, every
@@ -168,20 +182,20 @@ class StatsRecorder:
     def status(self, cache: dict[str, Any] | None = None) -> dict[str, Any]:
         """What ``flashfeed top`` shows of this rank: running totals and the position."""
         elapsed = (self.last_t - self.first_t) if self.last_t and self.first_t else 0.0
-        return {
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "epoch_samples": self.epoch_samples,
-            "batches": self.batches,
-            "samples": self.samples,
-            "elapsed_s": elapsed,
-            "wait_s": dict(self.waits),
-            "batches_waited_on_storage": self.waited_on_storage,
-            **({"sources": {k: dict(v) for k, v in self.sources.items()}} if self.sources else {}),
-            "cache": {
+        return RankState(
+            epoch=self.epoch,
+            batch=self.batch,
+            epoch_samples=self.epoch_samples,
+            batches=self.batches,
+            samples=self.samples,
+            elapsed_s=elapsed,
+            wait_s=dict(self.waits),
+            batches_waited_on_storage=self.waited_on_storage,
+            sources={k: dict(v) for k, v in self.sources.items()},
+            cache={
                 k: (cache or {}).get(k) for k in ("used_bytes", "capacity") if k in (cache or {})
             },
-        }
+        ).to_json()
 
     def source_summary(self) -> dict[str, dict[str, float]]:
         """A mixture's sources: samples, samples/s, share of the samples and storage wait (a

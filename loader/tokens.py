@@ -10,13 +10,15 @@ With ``outputs`` (names from ``DOC_OUTPUTS``) a batch also holds what attention 
 for packed documents (``position_ids``, ``document_ids``, ``cu_seqlens``, ``max_seqlen``,
 ``labels``), computed from the rows' recorded segments (``segments.py``), never from EOS.
 
-The first epoch streams as ``Loader``'s does, with one difference. The pass's
-``StreamFeeder`` starts the fill of a shard only when a batch within reach needs it, fetches
-further ahead as measured, and waits for a needed shard's bytes only, never for the rest of
-the pass. But an Arrow shard is served once it is whole, not while it arrives: an Arrow IPC
-file says where its record batches lie only in its footer, at the very end, and the shards
-carry no sample index, so the cache has no partial view of them (``ShardSource.partial``
-is None) and no row can be located before the last bytes have landed.
+The first epoch streams as ``Loader``'s does. The pass's ``StreamFeeder`` starts the fill of
+a shard only when a batch within reach needs it, fetches further ahead as measured, and
+waits for a needed row's bytes only, never for the rest of the pass. flashfeed writes Arrow
+shards in record batches of about 4 MiB whose byte and row ranges the schema message (the
+file's first bytes) records (``flashfeed.arrowlayout``): a shard still arriving is viewed
+record batch by record batch from the cache's part file (``arrowstream.py``), each one read
+as soon as its bytes have landed, and the gather takes its rows from the view exactly as
+from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
+is served once whole, as its footer at the very end is what locates its record batches.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from flashfeed.errors import CorruptShardError
 from flashfeed.mixture import Mixture
 
 from .arrowcols import ArrowShardView, open_arrow_view
+from .arrowstream import open_arriving_view
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool
 from .fields import KEY
@@ -109,16 +112,21 @@ class TokenLoader(PlannedLoader):
         self.bytes_delivered = 0
 
     def _open(self, shard: int) -> _OpenShard:
-        """Shard ``shard`` mapped and checked (the ``max_open`` most recent are kept)."""
+        """Shard ``shard`` viewed and checked (the ``max_open`` most recent are kept); a
+        shard still arriving takes in the record batches landed since it was last asked."""
         got = self._views.get(shard)
+        if got is not None and got.view.arriving is not None:
+            if got.view.catch_up():  # record batches landed since: check them as a whole's
+                _check_shared_offsets(got.view)
+                self._check_row_types(got.view)
+                got.landed()
+            if got.view.stale:  # its fill ended without them (failed): the cache's next word
+                del self._views[shard]
+                got = None
         if got is not None:
             self._views.move_to_end(shard)
             return got
-        path = self.source.local_path(shard)
-        lists: tuple[str, ...] = ("doc_lens", "doc_ids") if self.outputs else ()
-        if "document_offsets" in self.outputs:
-            lists += ("doc_starts",)
-        view = open_arrow_view(path, self.columns, name=self.shard_names[shard], lists=lists)
+        view = self._open_view(shard)
         if view.num_rows != self.dataset.shards[shard].samples:
             raise ValueError(
                 f"shard {self.shard_names[shard]} has {view.num_rows} rows, the manifest "
@@ -131,11 +139,31 @@ class TokenLoader(PlannedLoader):
             self._views.popitem(last=False)
         return got
 
+    def _open_view(self, shard: int) -> ArrowShardView:
+        """The shard's view: read batch by batch while its fill is under way (its schema
+        records where its record batches lie), else mapped whole from local storage."""
+        name = self.shard_names[shard]
+        lists: tuple[str, ...] = ("doc_lens", "doc_ids") if self.outputs else ()
+        if "document_offsets" in self.outputs:
+            lists += ("doc_starts",)
+        partial = self.source.partial(shard)
+        if partial is not None and partial.layout is not None:
+            try:
+                return open_arriving_view(partial, self.columns, name=name, lists=lists)
+            except FileNotFoundError:  # renamed into place meanwhile
+                partial.progress.close()
+        elif partial is not None:
+            partial.progress.close()
+        return open_arrow_view(self.source.local_path(shard), self.columns, name=name, lists=lists)
+
     def _check_row_types(self, view: ArrowShardView) -> None:
         """Every record batch of every shard holds each column at one row shape and type
-        (those of the first shard opened), checked once per open, not per batch."""
+        (those of the first shard opened), checked once per open (and per arrival of record
+        batches), not per batch. A record batch not landed yet holds no rows to check."""
         for col in self.columns:
             for arr in view.columns[col]:
+                if not len(arr):
+                    continue
                 shape, dtype, name = self._row_types.setdefault(
                     col, (arr.shape[1:], arr.dtype, view.name)
                 )
@@ -277,15 +305,16 @@ def _check_outputs(
 
 
 class _OpenShard:
-    """A mapped shard and what the gather looks up in it row by row, made once per open:
+    """A viewed shard and what the gather looks up in it row by row, made once per open:
     where its record batches start, and its document columns as one table per record
-    batch."""
+    batch (made when first needed, and again for record batches that land later)."""
 
     def __init__(self, view: ArrowShardView) -> None:
         self.view = view
         #: first row of each record batch, when there are several (else every row is in 0)
         self.starts: list[int] | None = view.starts.tolist() if len(view.starts) > 1 else None
         self._segs: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self._made_from: list[object] = []  # the doc_lens view each table was made from
 
     def locate(self, row: int) -> tuple[int, int]:
         """Row -> (record batch, row inside it)."""
@@ -299,14 +328,28 @@ class _OpenShard:
         k)`` int64 table of ``doc_lens``, ``doc_ids`` (and ``doc_starts`` when read), so a
         row's segments are one slice of one table."""
         if self._segs is None:
-            lists = self.view.lists or {}
-            names = [n for n in ("doc_lens", "doc_ids", "doc_starts") if n in lists]
-            self._segs = []
-            for chunks in zip(*(lists[n] for n in names), strict=True):
-                end = int(chunks[0].offsets[-1]) if len(chunks[0].offsets) else 0
-                table = np.stack([c.values[:end] for c in chunks], axis=1).astype(np.int64)
-                self._segs.append((chunks[0].offsets, table))
+            n = len((self.view.lists or {}).get("doc_lens", []))
+            self._segs = [self._table(c) for c in range(n)]
         return self._segs
+
+    def landed(self) -> None:
+        """Record batches landed in the view (a shard still arriving): tables for them."""
+        if self._segs is None:
+            return
+        for c, lens in enumerate((self.view.lists or {}).get("doc_lens", [])):
+            if lens is not self._made_from[c]:
+                self._segs[c] = self._table(c)
+
+    def _table(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        lists = self.view.lists or {}
+        chunks = [lists[n][c] for n in ("doc_lens", "doc_ids", "doc_starts") if n in lists]
+        end = int(chunks[0].offsets[-1]) if len(chunks[0].offsets) else 0
+        table = np.stack([v.values[:end] for v in chunks], axis=1).astype(np.int64)
+        if c < len(self._made_from):
+            self._made_from[c] = chunks[0]
+        else:
+            self._made_from.append(chunks[0])
+        return chunks[0].offsets, table
 
 
 def _gather_segments(

@@ -12,7 +12,8 @@ for blocked in ("webdataset", "filelock"):
     sys.modules[blocked] = None  # any import of it now raises ImportError
 import flashfeed
 names = []
-for pkg in ("flashfeed", "flashfeed.ingest", "flashfeed.cache", "flashfeed.loader"):
+for pkg in ("flashfeed", "flashfeed.ingest", "flashfeed.cache", "flashfeed.loader",
+            "flashfeed.monitor"):
     mod = importlib.import_module(pkg)
     for info in pkgutil.walk_packages(mod.__path__, pkg + "."):
         names.append(info.name)

@@ -15,6 +15,8 @@ from flashfeed.plan import (
     PlanOptions,
     Segment,
     Topology,
+    deal,
+    epoch_sequence,
     locate,
     node_samples,
     node_shard_order,
@@ -375,3 +377,20 @@ def test_node_shard_order_is_the_first_need_of_each_shard(sizes, topo, opts, epo
             sizes, options=opts, epochs=range(epochs), topology=topo, node_rank=node
         )
         assert got == expect
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("world,rpn", [(1, 1), (3, 3), (4, 2), (6, 3), (5, 1)])
+def test_dealing_the_epoch_sequence_gives_every_rank_its_plan(world, rpn, drop_last):
+    sizes = [37, 50, 29, 44, 61, 23]
+    options = PlanOptions(seed=4, drop_last=drop_last)
+    topo = Topology(world, rpn)
+    seq = epoch_sequence(sizes, options=options, epoch=2, topology=topo)
+    assert sorted(seq.tolist()) == list(range(sum(sizes)))  # the whole epoch, each once
+    for rank in range(world):
+        want = rank_plan(sizes, options=options, epoch=2, topology=topo, rank=rank)
+        got = deal(seq, topology=topo, rank=rank, drop_last=drop_last)
+        assert np.array_equal(got.samples, want.samples)
+        assert np.array_equal(got.dropped, want.dropped)
+        assert np.array_equal(got.repeated, want.repeated)
+        assert got.dropped_total == want.dropped_total

@@ -30,7 +30,7 @@ from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.shardtable import ShardTable
 
-from support.loader_helpers import image_keys, resume_scenario
+from support.loader_helpers import image_keys, resume_scenario, run_epochs
 
 SHAPES = ((16, 32), (32, 16), (24, 24))  # wide, tall, square
 #: (width, height) of the test images: wide, tall, square, a bit off each, and extremes
@@ -265,26 +265,141 @@ def test_bucketed_mid_epoch_resume_equals_uninterrupted(sized, tmp_path, stop, d
     assert 5 in dropped[0] and 5 in dropped[1]  # the 100:1 image, named in the ledger
 
 
-def test_bucketed_resume_on_a_new_world_size_mid_epoch_is_refused_at_an_end_allowed(sized):
+def _elastic(make, ledger, *, before, after, stop):
+    """``before`` ranks take ``stop`` batches of epoch 0 in lock-step, then ``after`` ranks
+    load rank 0's state and finish the epoch: the new ranks' batches (keys, image shape) and
+    their states at the end."""
+    states = []
+    for r in range(before):
+        state, seen = run_epochs(make(r, before, ledger), [0], stop_after=stop)
+        assert seen == stop
+        states.append(state)
+    assert all(s == states[0] for s in states)
+    batches, finals = [], []
+    for r in range(after):
+        loader = make(r, after, ledger)
+        loader.load_state_dict(states[0])
+        expected = len(loader)
+        got = [(b["__key__"], tuple(b["image"].shape)) for b in loader]
+        assert len(got) == expected > 0
+        batches.append(got)
+        finals.append(loader.state_dict())
+    return batches, finals
+
+
+@pytest.mark.parametrize(
+    "before,after,stop,drop_last",
+    [(2, 3, 3, True), (2, 3, 7, True), (3, 2, 4, True), (2, 3, 5, False), (3, 1, 2, False)],
+)
+def test_bucketed_elastic_resume_mid_epoch_delivers_the_rest_once(
+    sized, tmp_path, before, after, stop, drop_last
+):
+    prefix, keys = sized
+    ledger = str(tmp_path / "ledger")
+    make = _factory(prefix, drop_last=drop_last)
+    batches, finals = _elastic(make, ledger, before=before, after=after, stop=stop)
+    for rank in batches:
+        short = []
+        for ks, shape in rank:
+            ns = [int(k.rsplit("-", 1)[1]) for k in ks]
+            (b,) = {_bucket_of(n) for n in ns}  # one bucket per batch, at its shape
+            assert shape == (len(ns), 3, *SHAPES[b])
+            if len(ns) < 4:
+                short.append(b)
+        # drop_last: only full batches; else at most one short batch per bucket, at the end
+        assert short == [] if drop_last else len(short) == len(set(short))
+    check = check_exactly_once(ledger, keys, epochs=[0])[0]
+    dropped = read_dropped(ledger)[0]
+    assert 5 in dropped  # the 100:1 image, skipped and named
+    assert {f["dropped"] for f in finals} == {len(dropped)}  # the state says what is dropped
+    if drop_last:
+        assert check.ok, str(check)  # delivered or recorded as dropped, each exactly once
+        assert check.delivered + check.dropped == 120
+        assert len({len(rank) for rank in batches}) == 1  # ranks step together
+        assert check.dropped < 3 * 4 * after + after  # a short tail per bucket and rank
+    else:
+        # nothing lost, nothing dropped but the skipped image; a short rank repeats a few
+        assert check.missing == [] and check.unknown == 0 and dropped == [5]
+        assert sum(n - 1 for n in check.duplicates.values()) < after
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_bucketed_resplits_across_nodes_take_every_sample_once(tmp_path, drop_last):
+    """The plan alone, on more samples and several nodes: 4 ranks (2 a node) take 5 batches,
+    6 ranks (3 a node) take 3, then 3 ranks (one node) read the rest; lock-step ranks
+    deliver one-bucket batches, and what is delivered and dropped is the epoch, once."""
+    from flashfeed.loader.bucketplan import BucketPlanner
+    from flashfeed.loader.distributed import DistContext
+    from flashfeed.loader.position import Position
+    from flashfeed.plan import PlanOptions, Segment
+
+    prefix = str(tmp_path / "ds")
+    write_sized(prefix, [230, 170, 200], extreme=(7, 300))
+    manifest = Dataset.open(prefix).manifest
+    planner = BucketPlanner(BucketOptions(SHAPES), manifest, 8)
+    options = PlanOptions(seed=3, drop_last=drop_last)
+    delivered: list[int] = []
+    dropped: list[int] = []
+    prior: list[Segment] = []
+    for world, rpn, batches in [(4, 2, 5), (6, 3, 3), (3, 3, None)]:
+        taken = set()
+        for rank in range(world):
+            p = Position(
+                manifest.shard_samples, DistContext(rank, world, rpn), options, prior=list(prior)
+            )
+            order = planner.pass_order(p)
+            k = order.num_batches if batches is None else batches
+            assert k <= order.num_batches
+            for b in range(k):
+                ids = order.ids[order.batch_slice(b)]
+                assert len({_bucket_of(int(i)) for i in ids}) == 1
+                assert len(ids) == 8 or (batches is None and not drop_last)
+                delivered += ids.tolist()
+            taken.add(order.bounds[k])
+            if batches is None:
+                dropped += planner.order(p).dropped.tolist() + planner.surplus(p).tolist()
+        if batches is not None:
+            assert taken == {8 * batches}  # every rank took as many samples
+            prior.append(Segment(world, rpn, 8 * batches))
+    assert set(delivered).isdisjoint(dropped)
+    assert sorted(dropped) == sorted(set(dropped))
+    assert 7 in dropped and 300 in dropped  # the 100:1 images, skipped
+    everything = sorted(set(delivered) | set(dropped))
+    assert everything == list(range(600))
+    if drop_last:
+        assert len(delivered) == len(set(delivered))  # once each
+    else:
+        assert sorted(dropped) == [7, 300]  # only the skipped; short ranks repeat a few
+        assert len(delivered) - len(set(delivered)) < 3
+
+
+def test_bucketed_elastic_resume_inside_the_short_batches_is_refused(sized, tmp_path):
     prefix, _ = sized
-    make = _factory(prefix)
-    a = make(0, 2, None)
-    it = iter(a)
-    next(it)
-    state = a.state_dict()
-    it.close()
+    make = _factory(prefix, drop_last=False)
+    a = make(1, 2, None)  # rank 1 holds the skipped 100:1 image: 59 samples, short batches
+    batches = list(a)
+    full = sum(1 for b in batches if len(b["__key__"]) == 4)
+    assert full < len(batches)
+    state, _ = run_epochs(make(1, 2, None), [0], stop_after=full + 1)  # one short batch
+    assert state["segments"][-1][2] % 4 != 0 and not state["finished"]
     b = make(0, 3, None)
-    with pytest.raises(ValueError, match=r"resumes mid-epoch only on the topology that saved"):
+    with pytest.raises(ValueError, match=r"short last batches of the buckets"):
         b.load_state_dict(state)
-    assert len(list(b)) == len(b) > 0  # the refused state left the loader as it was
-    for _ in it:
-        pass
+    expected = len(b)
+    assert len(list(b)) == expected > 0  # the refused state left the loader as it was
+    c = make(1, 2, None)  # the topology that saved it resumes it
+    c.load_state_dict(state)
+    assert len(list(c)) == len(batches) - full - 1
+
+
+def test_bucketed_resume_at_the_end_of_an_epoch_takes_any_world_size(sized):
+    prefix, _ = sized
+    a = _factory(prefix)(0, 2, None)
     for _ in a:
         pass
-    done = a.state_dict()
-    c = make(1, 3, None)
-    c.load_state_dict(done)
-    assert len(list(c)) > 0  # the next epoch, on three ranks
+    c = _factory(prefix)(1, 3, None)
+    c.load_state_dict(a.state_dict())
+    assert len(list(c)) > 0 and c.epoch == 1  # the next epoch, on three ranks
 
 
 def test_a_dataset_without_recorded_sizes_names_the_fix(tmp_path):
@@ -329,7 +444,13 @@ def test_buckets_refuse_a_mixture_at_construction(tmp_path):
     write_sized(a, [6])
     write_sized(b, [4, 3])
     mix = Mixture((Source(a, 1, "a"), Source(b, 1, "b")))
-    with pytest.raises(ValueError, match="buckets= reads one dataset, not a mixture"):
+    why = (
+        r"buckets= reads one dataset, not a mixture: a bucketed batch waits for its bucket to "
+        r"fill, .* a mixture's resume state is each source's count read as a prefix of that "
+        r"order .* bucket each source's Loader on its own and interleave their batches by "
+        r"weight, or read the mixture without buckets"
+    )
+    with pytest.raises(ValueError, match=why):
         Loader(mix, batch_size=2, buckets=list(SHAPES))
     plain = Loader(mix, batch_size=2, image_size=16)  # the same mixture without buckets reads
     keys = [k for batch in plain for k in batch["__key__"]]

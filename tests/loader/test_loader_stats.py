@@ -1,4 +1,5 @@
-"""Stall accounting, its log and report, the optional exporter, and the shuffle measure."""
+"""Stall accounting, the optional exporter, and the shuffle measure (the stats log and its
+report: tests/monitor/test_report.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from flashfeed.cli import main as cli_main
 from flashfeed.loader import Loader, TokenLoader
-from flashfeed.loader.report import read_stats_log, stall_series, summarize
 from flashfeed.loader.shuffle_quality import (
     batch_entropy,
     buffer_shuffle_order,
@@ -20,58 +19,6 @@ from flashfeed.loader.shuffle_quality import (
 )
 
 from support.loader_helpers import make_image_dataset
-
-
-@pytest.fixture(scope="module")
-def stats_log(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("stats")
-    prefix = str(d / "ds")
-    make_image_dataset(prefix, [40, 40, 40], size=16)
-    log = str(d / "stats.jsonl")
-    loader = Loader(prefix, batch_size=8, image_size=16, stats_log=log, py_workers=0)
-    for _ in range(2):
-        for _ in loader:
-            pass
-    loader.close()
-    return log
-
-
-def test_the_log_summarizes_to_what_stats_said(stats_log):
-    records = read_stats_log(stats_log)
-    assert len(records) == 30 and {r["epoch"] for r in records} == {0, 1}
-    s = summarize(records)
-    assert s["samples"] == 240 and s["samples_per_s"] > 0
-    assert 0 < s["decode_fraction"] <= 1
-    series = stall_series(records, bin_s=0.05)
-    assert series.samples_per_s.sum() * 0.05 == pytest.approx(240)
-    assert all((f >= 0).all() and (f <= 1).all() for f in series.fractions.values())
-
-
-def test_report_command_prints_a_summary(stats_log, capsys):
-    assert cli_main(["report", stats_log]) == 0
-    out = capsys.readouterr().out
-    assert "30 batches, 240 samples" in out and "decode" in out
-
-
-def test_report_without_matplotlib_says_what_to_install(stats_log, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert cli_main(["report", stats_log, "--out", str(tmp_path / "s.png")]) == 1
-    assert "pip install matplotlib" in capsys.readouterr().err
-    assert not (tmp_path / "s.png").exists()
-
-
-def test_report_draws_a_png_with_matplotlib(stats_log, tmp_path):
-    pytest.importorskip("matplotlib")
-    out = tmp_path / "stalls.png"
-    assert cli_main(["report", stats_log, "--out", str(out), "--bin", "0.05"]) == 0
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_a_bad_log_line_is_named(tmp_path):
-    log = tmp_path / "bad.jsonl"
-    log.write_text('{"t": 1, "samples": 4}\nnot json\n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
-        read_stats_log(str(log))
 
 
 def test_prometheus_without_the_package_is_a_clear_error(tmp_path, monkeypatch):

@@ -258,10 +258,10 @@ def test_token_mixture_from_the_object_store(s3_prefix, s3_info, tmp_path, capsy
     assert len(recorded) == len(keys)
     assert loader.stats()["cache"]["sources"]["x"]["kind"] == "cache"
     # flashfeed top sees the mixture's rank in the node cache it reads through
-    from flashfeed.loader.status import read_statuses
+    from flashfeed.monitor.status import read_statuses
 
     assert len(read_statuses(str(tmp_path / "cache"))) == 1
-    from flashfeed.loader.top import TopView
+    from flashfeed.monitor.top import TopView
 
     frame = TopView(str(tmp_path / "cache")).frame()
     assert any(line.strip().startswith("sources: x ") and "y " in line for line in frame)

@@ -4,8 +4,6 @@ clips; resume reads the rest), and bad videos are named."""
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import torch
@@ -13,48 +11,10 @@ import torch
 from flashfeed.errors import CorruptShardError
 from flashfeed.loader import Loader
 from flashfeed.loader.video import ClipOptions, UnsupportedCodecError, clip_draws
-from flashfeed.manifest import Manifest, commit_manifest
-from flashfeed.shardio import shard_name, write_tar_shard
+
+from support.videos import FPS, H, W, clip_errors, encode, reference_frames, write_videos
 
 av = pytest.importorskip("av")
-
-FPS = 10
-W, H = 64, 48
-
-
-def frame_image(i: int, seed: int) -> np.ndarray:
-    """Frame ``i``: a gradient whose level steps by 24 per frame, so frames tell apart."""
-    y, x = np.mgrid[0:H, 0:W]
-    level = (i * 24 + seed * 7) % 160
-    return np.stack([x * 2 + level, y * 2 + level, np.full_like(x, 60 + level)], -1).astype(
-        np.uint8
-    )
-
-
-def encode(frames: int, *, seed: int = 0, codec: str = "libvpx-vp9", fmt: str = "webm") -> bytes:
-    buf = io.BytesIO()
-    with av.open(buf, "w", format=fmt) as c:
-        s = c.add_stream(codec, rate=FPS)
-        s.width, s.height, s.pix_fmt = W, H, "yuv420p"
-        for i in range(frames):
-            for p in s.encode(av.VideoFrame.from_ndarray(frame_image(i, seed), format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
-    return buf.getvalue()
-
-
-def reference_frames(data: bytes) -> list[np.ndarray]:
-    with av.open(io.BytesIO(data)) as c:
-        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
-
-
-def write_videos(prefix: str, members: list[bytes], ext: str = "webm") -> None:
-    samples = [(f"v{i:03d}", {ext: m}) for i, m in enumerate(members)]
-    info = write_tar_shard(prefix, shard_name(0, "tar"), samples)
-    commit_manifest(
-        prefix, Manifest(name="v", shard_format="webdataset", schema={}, shards=(info,))
-    )
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +23,6 @@ def videos(tmp_path_factory) -> tuple[str, dict[str, bytes]]:
     members = [encode(14 + 3 * i, seed=i) for i in range(8)]
     write_videos(prefix, members)
     return prefix, {f"shards/000000.tar/v{i:03d}": m for i, m in enumerate(members)}
-
-
-def _denorm(clip: torch.Tensor) -> np.ndarray:
-    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
-    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
-    return (clip * std + mean).permute(0, 2, 3, 1).numpy()
 
 
 @pytest.mark.parametrize("py_workers", [0, 1])
@@ -86,13 +40,7 @@ def test_clip_frames_equal_a_pyav_decode_of_the_same_frames(videos, py_workers):
             ref = reference_frames(members[key])
             start = round(float(start_s) * FPS)
             assert start >= 0 and start + 4 < len(ref)
-            got = _denorm(clip)
-            left = (W - H) // 2  # the centre crop of the shorter side
-            for k in range(3):
-                errors = [
-                    np.abs(got[k] - ref[j][:, left : left + H].astype(np.float32)).mean()
-                    for j in range(len(ref))
-                ]
+            for k, errors in enumerate(clip_errors(clip, ref, 3)):  # centre crops
                 # within 3 levels of PyAV's decode (colour conversion), and nearest to the
                 # very frame asked for: the clip holds the frames start, start+2, start+4
                 assert errors[start + 2 * k] < 3.0, (key, k, errors[start + 2 * k])
@@ -189,7 +137,9 @@ def test_bad_video_options_are_clear_errors(videos):
         Loader(prefix, batch_size=2, fields={"image": "jpg"}, frames=4)
     with pytest.raises(ValueError, match=r"stride must be an integer >= 1, got 0"):
         ClipOptions(4, 0)
-    with pytest.raises(ValueError, match=r"clip must be 'random' or 'center'"):
+    with pytest.raises(
+        ValueError, match=r"clip must be 'random', 'uniform' or 'center', got 'middle'"
+    ):
         Loader(prefix, batch_size=2, fields={"video": "webm"}, frames=2, clip="middle")
 
 

@@ -1,0 +1,351 @@
+"""Cold start on real shard sizes: the targets of issue #18, measured in one run.
+
+The same photos are written twice by webdataset's ``ShardWriter`` (64 MiB and 128 MiB shards,
+as a new user would) and adopted with ``flashfeed index``; litdata (``optimize``) and
+mosaicml-streaming (``MDSWriter``) convert them with their own writers. Everything is
+uploaded to one private SeaweedFS server. Each round restarts the server and runs, in an
+order that rotates every round:
+
+  ff-s3-<S>        flashfeed Loader from S3 with an empty cache: the first epoch (timer from
+                   ``Loader(...)`` to the last batch) and the next ones (hot: from the cache;
+                   whole epochs, at least --min-seconds)
+  ff-local-<S>     flashfeed Loader on the same shards on local disk: the first epoch, timer
+                   from ``Loader(...)`` to the last batch, then hot epochs (whole ones, at
+                   least --min-seconds) with their CPU ms per image
+  dali-reader-<S>  what a user writes with DALI alone: ``fn.readers.webdataset`` on the same
+                   local tars with their index files, same operators (ROI crop decode,
+                   resize, flip, normalise to float CHW); first epoch from the pipeline's
+                   construction, then hot epochs, as ff-local-<S>
+  ceiling-cold-<S> the cold epoch's ceiling: ff-local-<S> while a plain download of the same
+                   shards from the same server (limits.download: the fill's reader in the
+                   cache's shape, landed in files, nothing else) runs beside it from the
+                   start; timer from ``Loader(...)`` to whichever ends last. Any cold loader
+                   with a disk cache pays at least that download on the same CPUs
+  startup-<S>      ``Loader(...)`` to the first batch, local disk, warm page cache
+  wds-http-<S>     webdataset + PIL over presigned HTTP URLs of the same shards (cold)
+  litdata-s3       litdata's StreamingDataset from S3 (its boto3 client), empty cache dir
+  mosaic-s3        mosaic's StreamingDataset from S3 (its boto3 client), empty local dir, in
+                   a process of its own (as a training job runs it)
+  ceiling          the Loader's own DALI pipeline fed from RAM, an epoch after warm-up
+
+Every peer's timer starts before its dataset/loader is constructed. Targets: first epoch
+from S3 >= 0.95 of the first epoch from local disk; >= 1.2x the best cold peer; hot epoch
+>= 0.95 of the ceiling; start-up <= 0.5 s. Runs in .bench-venv (the peers live there).
+
+    .bench-venv/bin/python -m benchmarks.stages.targets --corpus .bench/corpus --mb 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.corpus import pick_images
+from benchmarks.harness.datasets import shardwriter_dataset
+from benchmarks.harness.peerloaders import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store, upload_tree
+from benchmarks.harness.timing import BATCH, batch_len, tree_cpu_seconds
+from benchmarks.machine import cpu_steal
+from benchmarks.stages.limits import download
+from benchmarks.stages.startup import run_child
+
+#: the targets: measure -> (reference, bound); "min" ratios must reach it, "max" stay below
+TARGETS = {
+    "cold_vs_local": 0.95,
+    "cold_vs_best_peer": 1.2,
+    "hot_vs_ceiling": 0.95,
+    "startup_s": 0.5,
+}
+
+
+def epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, int]:
+    """(images/s, images) of one whole epoch, the timer starting before ``make()``."""
+    t0 = time.perf_counter()
+    n = sum(batch_len(b) for b in make())
+    return n / (time.perf_counter() - t0), n
+
+
+def litdata_s3(url: str, cache: Path, opts: dict[str, Any], workers: int) -> Iterable[Any]:
+    """litdata from S3 through its boto3 client: its optional obstore client refuses a
+    plain-http endpoint (this SeaweedFS), so it is switched off as if not installed."""
+    import litdata.streaming.downloader as downloader
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    from benchmarks.stages.peers import DecodeBatch
+
+    downloader._OBSTORE_AVAILABLE = False  # type: ignore[attr-defined]
+
+    ds = StreamingDataset(url, cache_dir=str(cache), shuffle=True, storage_options=opts)
+    return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=DecodeBatch())
+
+
+def mosaic_s3(url: str, local: Path, workers: int) -> Iterable[Any]:
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+    from torch.utils.data import DataLoader
+
+    from benchmarks.stages.peers import DecodeBatch
+
+    clean_stale_shared_memory()
+    ds = StreamingDataset(remote=url, local=str(local), shuffle=True, batch_size=BATCH)
+    return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=DecodeBatch())
+
+
+def mosaic_s3_child(url: str, local: Path, workers: int) -> float:
+    """images/s of one cold epoch of mosaic's StreamingDataset in a process of its own, as a
+    training job runs it: a second StreamingDataset in one process shares the first one's
+    shared-memory state (its downloaded-shard flags among them), and after a few rounds
+    served bytes that were not images yet. Its imports come before the timer, as
+    flashfeed's do."""
+    proc = subprocess.run(
+        module_command("benchmarks.stages.targets", "--mosaic-child", url,
+                       str(local.resolve()), str(workers)),
+        capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"mosaic run failed: {proc.stderr[-600:]}")
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["rate"])
+
+
+def _mosaic_child(url: str, local: str, workers: str) -> int:
+    import streaming  # noqa: F401  (imported before the timer)
+    import torch.utils.data  # noqa: F401
+
+    rate, _ = epoch(lambda: mosaic_s3(url, Path(local), int(workers)))
+    print(json.dumps({"rate": rate}))
+    return 0
+
+
+def convert_peers(
+    files: list[tuple[Path, int]], work: Path, workers: int
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """Each peer's own conversion of the files (local), or why it is unavailable."""
+    from benchmarks.stages.peers import convert_litdata, convert_mosaic
+
+    out, missing = {}, {}
+    for name, conv in (
+        ("litdata", lambda p: convert_litdata(files, p, workers)),
+        ("mosaicml-streaming", lambda p: convert_mosaic(files, p)),
+    ):
+        path = work / name
+        try:
+            conv(path)
+            out[name] = path
+        except Exception as exc:
+            missing[name] = f"unavailable: {type(exc).__name__}: {str(exc)[:160]}"
+    return out, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--corpus", default=".bench/corpus")
+    p.add_argument("--mb", type=int, default=256, help="dataset size in MiB")
+    p.add_argument("--shard-mib", default="64,128", help="shard sizes, MiB")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--startup-repeats", type=int, default=2, help="start-ups per round")
+    p.add_argument("--min-seconds", type=float, default=5.0, help="least timed ceiling window")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--work", default=".bench/targets")
+    p.add_argument("--out", default=".bench/targets.json")
+    args = p.parse_args(argv)
+    from flashfeed.loader import Loader
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    files = pick_images(Path(args.corpus), args.mb << 20)
+    sizes = [int(s) for s in args.shard_mib.split(",") if s]
+    layouts = {s: work / f"wds-{s}MiB" for s in sizes}
+    shard_counts = {s: shardwriter_dataset(files, layouts[s], s) for s in sizes}
+    peer_dirs, missing = convert_peers(files, work / "peers", args.threads)
+    images = len(files)
+    # the ceiling decodes the very images the epochs decode (all of them, from RAM): a
+    # subset of other sizes made a hot epoch on 128 MiB shards read 102% of it
+    jpegs, labels = [f.read_bytes() for f, _ in files], [c for _, c in files]
+    thr = args.threads
+    scratch = Path(tempfile.mkdtemp(prefix="fftarget-", dir="/tmp"))
+    bs = start_store(scratch, bucket="flashfeed", export_env=True)
+    rounds: dict[str, list[float]] = {}
+    waits: dict[str, list[dict[str, Any]]] = {}
+    steal: dict[str, list[float]] = {}  # share of CPU time the host took, per run
+    try:
+        bucket = bs.bucket
+        env = bs.env
+        os.environ["S3_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"]  # mosaic's variable
+        for s in sizes:
+            upload_tree(layouts[s], f"{bucket}/wds-{s}")
+        for name, d in peer_dirs.items():
+            upload_tree(d, f"{bucket}/{name}")
+        from flashfeed import storage
+
+        boto = {
+            "endpoint_url": env["AWS_ENDPOINT_URL"],
+            "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        }
+
+        def fresh(name: str) -> Path:
+            d = scratch / "cache" / name
+            shutil.rmtree(d, ignore_errors=True)
+            return d
+
+        def ff_s3(s: int) -> dict[str, float]:
+            url = f"{bucket}/wds-{s}"
+            t0 = time.perf_counter()
+            ff = Loader(url, batch_size=BATCH, num_threads=thr, cache_dir=str(fresh("ff")))
+            n = sum(BATCH for _ in ff)
+            first = n / (time.perf_counter() - t0)
+            st = ff.stats()
+            waits.setdefault(f"ff-s3-{s}", []).append(
+                {"storage_s": st["wait_s"]["storage"], "batches_waited":
+                 st["batches_waited_on_storage"], "of": st["batches"]}
+            )  # fmt: skip
+            t0, n = time.perf_counter(), 0  # hot epochs: whole ones, at least min_seconds
+            while not n or time.perf_counter() - t0 < args.min_seconds:
+                n += sum(BATCH for _ in ff)
+            hot = n / (time.perf_counter() - t0)
+            ff.close()
+            return {f"ff-s3-first-{s}": first, f"ff-hot-{s}": hot}
+
+        def first_then_hot(name: str, make: Callable[[], Any]) -> dict[str, float]:
+            # the first epoch from construction, then whole hot epochs of the same loader
+            t0 = time.perf_counter()
+            loader = make()
+            n = sum(batch_len(b) for b in loader)
+            first = n / (time.perf_counter() - t0)
+            c0, t0, n = tree_cpu_seconds(), time.perf_counter(), 0
+            while not n or time.perf_counter() - t0 < args.min_seconds:
+                n += sum(batch_len(b) for b in loader)
+            hot, cpu = n / (time.perf_counter() - t0), tree_cpu_seconds() - c0
+            loader.close()
+            return {f"{name}-first": first, f"{name}-hot": hot, f"{name}-hot-cpu-ms": 1e3 * cpu / n}
+
+        def ff_local(s: int) -> dict[str, float]:
+            got = first_then_hot(
+                f"ff-local-{s}", lambda: Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr)
+            )
+            got[f"ff-local-first-{s}"] = got.pop(f"ff-local-{s}-first")
+            return got
+
+        def dali_reader(s: int) -> dict[str, float]:
+            tars = [str(t) for t in sorted(layouts[s].glob("*.tar"))]
+            return first_then_hot(
+                f"dali-reader-{s}",
+                lambda: DaliReaderEpochs(tars, batch_size=BATCH, threads=thr, device="cpu"),
+            )
+
+        def ceiling_cold(s: int) -> dict[str, float]:
+            # the local epoch, paying for one plain download of the shards beside it
+            dest = fresh("download")
+            with ThreadPoolExecutor(1, thread_name_prefix="download") as bg:
+                t0 = time.perf_counter()
+                landed = bg.submit(download, f"{bucket}/wds-{s}", dest)
+                local = Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr)
+                n = sum(batch_len(b) for b in local)
+                landed.result()
+                secs = time.perf_counter() - t0
+            local.close()
+            return {f"ceiling-cold-{s}": n / secs}
+
+        def startup(s: int) -> dict[str, float]:
+            # a restart is a new process: each start-up runs in a fresh one (startup.py),
+            # DALI imported before the timer, the pass iterator kept so leaving it is untimed
+            got = [
+                run_child("flashfeed", layouts[s])["first_batch"]
+                for _ in range(args.startup_repeats)
+            ]
+            return {f"startup-{s}": statistics.median(got)}
+
+        def wds_http(s: int) -> dict[str, float]:
+            fs, path = storage.filesystem(f"{bucket}/wds-{s}")
+            urls = [fs.url(str(u), expires=3600) for u in sorted(fs.glob(f"{path}/*.tar"))]
+            rate, _ = epoch(lambda: webdataset_loader(urls, batch_size=BATCH, workers=thr))
+            return {f"wds-http-{s}": rate}
+
+        def ceiling() -> dict[str, float]:
+            it = iter(dali_decode_ceiling(jpegs, labels, batch_size=BATCH, threads=thr,
+                                          device="cpu"))  # fmt: skip
+            for _ in range(5):  # construction, start-up, the reader's prefetch
+                next(it)
+            t0, n = time.perf_counter(), 0  # an epoch's batches, and at least min_seconds
+            while n < images - BATCH + 1 or time.perf_counter() - t0 < args.min_seconds:
+                next(it)
+                n += BATCH
+            return {"ceiling": n / (time.perf_counter() - t0)}
+
+        runs: dict[str, Callable[[], dict[str, float]]] = {"ceiling": ceiling}
+        for s in sizes:
+            runs[f"ff-s3-{s}"] = lambda s=s: ff_s3(s)  # type: ignore[misc]
+            runs[f"ff-local-{s}"] = lambda s=s: ff_local(s)  # type: ignore[misc]
+            runs[f"dali-reader-{s}"] = lambda s=s: dali_reader(s)  # type: ignore[misc]
+            runs[f"ceiling-cold-{s}"] = lambda s=s: ceiling_cold(s)  # type: ignore[misc]
+            runs[f"startup-{s}"] = lambda s=s: startup(s)  # type: ignore[misc]
+            runs[f"wds-http-{s}"] = lambda s=s: wds_http(s)  # type: ignore[misc]
+        if "litdata" in peer_dirs:
+            runs["litdata-s3"] = lambda: {
+                "litdata-s3": epoch(
+                    lambda: litdata_s3(f"{bucket}/litdata", fresh("lit"), boto, thr)
+                )[0]
+            }
+        if "mosaicml-streaming" in peer_dirs:
+            runs["mosaic-s3"] = lambda: {
+                "mosaic-s3": mosaic_s3_child(f"{bucket}/mosaicml-streaming", fresh("mds"), thr)
+            }
+        for r in range(args.rounds):
+            bs.restart()
+            time.sleep(2.0)  # let the restarted server settle before the first run is timed
+            for name in rotated(list(runs), r):
+                before = cpu_steal()
+                try:
+                    got = runs[name]()
+                except Exception as exc:  # a peer that fails says why; the rest still run
+                    missing[name] = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+                    print(f"round {r}: {name} {missing[name]}", file=sys.stderr, flush=True)
+                    continue
+                after = cpu_steal()
+                share = (after[0] - before[0]) / max(after[1] - before[1], 1e-9)
+                steal.setdefault(name, []).append(share)
+                for k, v in got.items():
+                    rounds.setdefault(k, []).append(v)
+                    print(f"round {r}: {k} {v:.2f} (steal {share:.0%})", file=sys.stderr,
+                          flush=True)  # fmt: skip
+    finally:
+        bs.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = {
+        "config": vars(args),
+        "images": images,
+        "bytes": sum(f.stat().st_size for f, _ in files),
+        "shards": {str(s): shard_counts[s] for s in sizes},
+        "rounds": rounds,
+        "median": {k: statistics.median(v) for k, v in rounds.items()},
+        "first_epoch_waits": waits,
+        "cpu_steal": steal,
+        "targets": TARGETS,
+        "unavailable": missing,
+    }
+    for k, v in result["median"].items():
+        print(f"{k:24s} {v:9.2f}")
+    write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--mosaic-child"]:
+        sys.exit(_mosaic_child(*sys.argv[2:5]))
+    sys.exit(main())
