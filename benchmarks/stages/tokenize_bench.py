@@ -300,12 +300,17 @@ def _gather_ceiling(prefix: Path, batches: list[list[str]], arrays: int) -> floa
     from flashfeed.loader.arrowcols import open_arrow_view
 
     ds = Dataset.open(str(prefix))
-    cols = {
-        s.path: open_arrow_view(ds.shard_url(i), ("tokens",), name=s.path).columns["tokens"][0]
-        for i, s in enumerate(ds.shards)
-    }
-    plan = [[(cols[k.rsplit("/", 1)[0]], int(k.rsplit("/", 1)[1])) for k in b] for b in batches]
-    first = next(iter(cols.values()))
+    views = {s.path: open_arrow_view(ds.shard_url(i), ("tokens",), name=s.path)
+             for i, s in enumerate(ds.shards)}  # fmt: skip
+
+    def where(key: str) -> tuple[np.ndarray, int]:  # the row's record batch, row in it
+        shard, row = key.rsplit("/", 1)
+        view = views[shard]
+        chunk, inner = view.locate(np.array([int(row)]))
+        return view.columns["tokens"][int(chunk[0])], int(inner[0])
+
+    plan = [[where(k) for k in b] for b in batches]
+    first = plan[0][0][0]
     bufs: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
     for b in plan:  # buffers made and faulted in before the clock starts
         n = len(b)
