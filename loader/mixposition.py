@@ -31,6 +31,7 @@ class MixPosition:
 
     _deal: MixProgress  # the deal, with the samples taken when it was last set
     _taken: int  # samples each rank took of the deal: advancing moves only this
+    _sources: np.ndarray | None  # the source of each sample of this rank's share of the deal
 
     def __init__(self, dataset: MixtureDataset, ctx: DistContext, options: PlanOptions) -> None:
         self.mix = dataset
@@ -64,6 +65,7 @@ class MixPosition:
     @progress.setter
     def progress(self, value: MixProgress) -> None:
         self._deal, self._taken = value, value.consumed
+        self._sources = None  # another deal: ``source_counts`` remakes it
 
     @property
     def consumed(self) -> int:
@@ -118,9 +120,14 @@ class MixPosition:
     def source_counts(self, samples: int) -> tuple[tuple[str, int], ...]:
         """Samples per source among the next ``samples`` of the plan (what a batch that the
         loader checked against its pass order holds), for the statistics."""
-        ids = self.rank_plan().samples[:samples]
-        counts = np.bincount(self.source_of(ids), minlength=len(self.mix.names))
-        return tuple((n, int(c)) for n, c in zip(self.mix.names, counts, strict=True) if c)
+        if self._sources is None:  # once per deal (the progress setter drops it), not per batch
+            self.rank_plan()  # memoizes the whole share (``_memo``), checked
+            assert self._memo is not None
+            small = np.uint8 if len(self.mix.names) <= 255 else np.int32
+            self._sources = self.source_of(self._memo[1].samples).astype(small)
+        at = self._sources[self._taken : self._taken + samples]
+        counts = np.bincount(at, minlength=len(self.mix.names)).tolist()
+        return tuple((n, c) for n, c in zip(self.mix.names, counts, strict=True) if c)
 
     def state_dict(self) -> dict[str, Any]:
         p, t = self.progress, self.topology
