@@ -160,10 +160,9 @@ class StreamFeeder:
         shards, rows = self.pass_order.shards[sl], self.pass_order.rows[sl]
         streamed = False
         blocked = 0.0
-        batch_shards = np.unique(shards).tolist()
-        if self._ready.issuperset(batch_shards):  # the common case, once shards are local
+        if self._ready.issuperset(shards.tolist()):  # the common case, once shards are local
             return 0.0
-        for shard in batch_shards:
+        for shard in np.unique(shards).tolist():
             if shard in self._ready:
                 continue
             early, waited = self._wait_rows(shard, rows[shards == shard].tolist())
