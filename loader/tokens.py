@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -134,10 +133,23 @@ class TokenLoader(PlannedLoader):
             )
         _check_shared_offsets(view)
         self._check_row_types(view)
-        got = self._views[shard] = _OpenShard(view)
+        got = self._views[shard] = _OpenShard(shard, view)
         while len(self._views) > self.max_open:
             self._views.popitem(last=False)
         return got
+
+    def _open_all(self, shards: dict[int, None]) -> dict[int, _OpenShard]:
+        """``_open`` of each shard, a shard already open and whole taken at once (no call
+        per shard: a mixture's batch spans many shards)."""
+        views, opened = self._views, {}
+        for s in shards:
+            got = views.get(s)
+            if got is None or got.view.arriving is not None:
+                got = self._open(s)
+            else:
+                views.move_to_end(s)
+            opened[s] = got
+        return opened
 
     def _open_view(self, shard: int) -> ArrowShardView:
         """The shard's view: read batch by batch while its fill is under way (its schema
@@ -180,11 +192,12 @@ class TokenLoader(PlannedLoader):
         copy, a cost per row but none per shard, so a batch over many shards, as a
         mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``."""
         sl = shards.tolist()
-        opened = {s: self._open(s) for s in dict.fromkeys(sl)}
-        if all(o.starts is None for o in opened.values()):
+        opened = self._open_all(dict.fromkeys(sl))
+        if not any(o.several for o in opened.values()):
             at = list(zip(sl, itertools.repeat(0), rows.tolist()))
         else:  # some shard holds several record batches: (shard, record batch, row in it)
-            at = [(s, *opened[s].locate(r)) for s, r in zip(sl, rows.tolist(), strict=True)]
+            chunks, inner = _locate(opened, shards, rows)
+            at = list(zip(sl, chunks.tolist(), inner.tolist()))
         out: dict[str, Any] = {}
         narrow: dict[str, np.ndarray] = {}
         for col in self.columns:
@@ -309,19 +322,16 @@ class _OpenShard:
     where its record batches start, and its document columns as one table per record
     batch (made when first needed, and again for record batches that land later)."""
 
-    def __init__(self, view: ArrowShardView) -> None:
+    def __init__(self, shard: int, view: ArrowShardView) -> None:
         self.view = view
-        #: first row of each record batch, when there are several (else every row is in 0)
-        self.starts: list[int] | None = view.starts.tolist() if len(view.starts) > 1 else None
+        #: several record batches (else every row is in record batch 0 at its own number)
+        self.several = len(view.starts) > 1
+        #: ``(shard << 32) + first row`` of each record batch, and its number (``_locate``)
+        firsts = np.asarray(view.starts if len(view.starts) else [0], np.int64)
+        self.firsts = (np.int64(shard) << 32) + firsts
+        self.numbers = np.arange(len(firsts), dtype=np.int64)
         self._segs: list[tuple[np.ndarray, np.ndarray]] | None = None
         self._made_from: list[object] = []  # the doc_lens view each table was made from
-
-    def locate(self, row: int) -> tuple[int, int]:
-        """Row -> (record batch, row inside it)."""
-        if self.starts is None:
-            return 0, row
-        c = bisect_right(self.starts, row) - 1
-        return c, row - self.starts[c]
 
     def segments(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per record batch: the shared offsets of the document columns, and a ``(segments,
@@ -350,6 +360,19 @@ class _OpenShard:
         else:
             self._made_from.append(chunks[0])
         return chunks[0].offsets, table
+
+
+def _locate(
+    opened: dict[int, _OpenShard], shards: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's record batch and row in it: one ``np.searchsorted`` of ``(shard << 32) +
+    row`` in the first rows of the record batches of the batch's shards, in shard order."""
+    order = sorted(opened)
+    firsts = np.concatenate([opened[s].firsts for s in order])
+    numbers = np.concatenate([opened[s].numbers for s in order])
+    at = (shards.astype(np.int64) << 32) + rows
+    i = np.searchsorted(firsts, at, side="right") - 1
+    return numbers[i], at - firsts[i]
 
 
 def _gather_segments(
