@@ -51,7 +51,7 @@ from .segments import DOC_OUTPUTS, Segments, document_outputs
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["DOC_OUTPUTS", "Batch", "TokenLoader"]
+__all__ = ["DOC_OUTPUTS", "Batch", "TokenLoader", "default_max_open"]
 
 _DTYPES = {"int64", "int32", "int16", "uint16", "uint32", "int8", "uint8"}
 
@@ -65,7 +65,8 @@ class TokenLoader(PlannedLoader):
     """Batches ``{column: (batch, seq_len) tensor, "__key__": [<shard>/<key>, ...]}`` of an
     Arrow token dataset. ``device``: ``"auto"`` (this rank's GPU when torch sees CUDA),
     ``"cpu"`` or ``"gpu"``. ``outputs``: any of ``DOC_OUTPUTS`` (a dataset written with
-    document columns, format version 3), e.g. ``outputs=DOC_OUTPUTS``. Every loader's
+    document columns, format version 3), e.g. ``outputs=DOC_OUTPUTS``. ``max_open``:
+    shards kept mapped (None: ``default_max_open``, what the plan reads at once). Every loader's
     keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
 
     >>> loader = TokenLoader("s3://b/tokens", batch_size=8, cache_dir="/nvme/ff")  # doctest: +SKIP
@@ -82,7 +83,7 @@ class TokenLoader(PlannedLoader):
         dtype: str | None = "int64",
         device: str = "auto",
         pin_memory: bool | None = None,
-        max_open: int = 16,
+        max_open: int | None = None,
         outputs: Sequence[str] = (),
         **shared: Unpack[SharedKeywords],
     ) -> None:
@@ -91,6 +92,12 @@ class TokenLoader(PlannedLoader):
         if dtype is not None and dtype not in _DTYPES:
             raise ValueError(f"dtype must be None (stored width) or one of {sorted(_DTYPES)}")
         check_device(device)
+        if max_open is not None and (
+            isinstance(max_open, bool) or not isinstance(max_open, int) or max_open < 1
+        ):
+            raise ValueError(
+                f"max_open must be None (from the plan) or an int >= 1, got {max_open!r}"
+            )
         parts = loader_parts("TokenLoader", dataset, shard_format="arrow", keywords=shared)
         super().__init__(parts, batch_size=batch_size)
         self.columns = tuple(columns)
@@ -103,7 +110,8 @@ class TokenLoader(PlannedLoader):
         self.copier = (
             DeviceCopier(self.device) if self.device is not None and self.pin_memory else None
         )
-        self.max_open = max_open
+        sources = len(self.dataset.names) if isinstance(self.dataset, MixtureDataset) else 1
+        self.max_open = max_open or default_max_open(sources, parts.options.window)
         self._views: OrderedDict[int, _OpenShard] = OrderedDict()
         self._scratch: dict[str, np.ndarray] = {}
         #: column -> row shape, type and the shard that set them (``_check_row_types``)
@@ -197,7 +205,7 @@ class TokenLoader(PlannedLoader):
             at = list(zip(sl, itertools.repeat(0), rows.tolist()))
         else:  # some shard holds several record batches: (shard, record batch, row in it)
             chunks, inner = _locate(opened, shards, rows)
-            at = list(zip(sl, chunks.tolist(), inner.tolist()))
+            at = list(zip(sl, chunks.tolist(), inner.tolist(), strict=True))
         out: dict[str, Any] = {}
         narrow: dict[str, np.ndarray] = {}
         for col in self.columns:
@@ -293,6 +301,13 @@ class TokenLoader(PlannedLoader):
         out["bytes"] = self.bytes_delivered
         out["gb_per_s"] = self.bytes_delivered / elapsed / 1e9 if elapsed > 0 else 0.0
         return out
+
+
+def default_max_open(sources: int, window: int) -> int:
+    """Shards kept open by default: every source reads a window of ``window`` shards at a
+    time, and two windows meet at a boundary, so fewer than ``2 * sources * window`` would
+    close shards still being read (a mixture's batches would reopen them over and over)."""
+    return max(16, 2 * sources * window)
 
 
 def _check_outputs(

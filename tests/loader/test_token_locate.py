@@ -5,6 +5,7 @@ batches span many shards, through a resume; per-source statistics count what was
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from flashfeed.loader import TokenLoader
 from flashfeed.mixture import Mixture, Source
@@ -66,3 +67,33 @@ def test_resumed_mixture_rows_and_source_counts_follow_the_new_deal(tmp_path):
     per = rest.stats()["sources"]
     for name in SIZES:
         assert per[name]["samples"] == sum(k.startswith(name + ":") for k in tail) > 0
+
+
+class _Counting(TokenLoader):
+    """Counts the shards it maps (each open of a shard's file)."""
+
+    opens = 0
+
+    def _open_view(self, shard):
+        self.opens += 1
+        return super()._open_view(shard)
+
+
+def test_a_many_source_mixture_maps_each_shard_about_once_an_epoch(tmp_path):
+    srcs = []
+    for k in range(6):  # 6 sources x 12 shards, read in windows of 4 shards a source
+        prefix = str(tmp_path / f"s{k}")
+        make_token_dataset(prefix, [20 + k] * 12, seq_len=SEQ)
+        srcs.append(Source(prefix, 1.0, f"s{k}"))
+    mix = Mixture(tuple(srcs), length=1440)
+    loader = _Counting(mix, batch_size=32, seed=2, window=4)
+    assert loader.max_open == 48  # 6 sources, two windows of 4 shards each at a boundary
+    for _ in range(2):
+        loader.opens = 0
+        assert len(_check(loader)) == 1440
+        assert loader.opens <= 72, loader.opens  # no shard mapped twice in an epoch
+    few = _Counting(mix, batch_size=32, seed=2, window=4, max_open=16)  # the old default
+    assert len(_check(few)) == 1440  # the same rows, at a cost: shards mapped again and again
+    assert few.opens > 2 * 72, few.opens
+    with pytest.raises(ValueError, match=r"max_open must be None .* got 0"):
+        TokenLoader(mix, batch_size=32, max_open=0)
