@@ -33,15 +33,14 @@ class PlanOptions:
     make ranks unequal (else short ranks repeat samples); ``arrival_slices``: the first epoch's
     first window is served front to back in this many slices of each shard piece, shuffled
     inside each slice, so its first batches need only the first bytes of each shard to arrive
-    from storage (1, the default: the plain window shuffle, and the order of states saved
-    before this option).
+    from storage (1 = the plain window shuffle, the order of states saved before this option).
     """
 
     seed: int = 0
     shuffle: bool = True
     window: int = 4
     drop_last: bool = True
-    arrival_slices: int = 1
+    arrival_slices: int = 8
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", check_int("seed", self.seed, low=0))

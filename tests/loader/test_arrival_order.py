@@ -1,7 +1,9 @@
 """``PlanOptions(arrival_slices=n)``: the first epoch's first window read front to back in
 ``n`` slices of its shard pieces, so its first batches need only the front of every shard.
 The order is a pure function of the plan inputs (resume stays exact) and keeps the window's
-class mixing."""
+class mixing; from an empty cache the first batch comes while the window's shards arrive.
+
+The cold test reads the real S3 server behind ``slowproxy.SlowProxy``; nothing is faked."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from flashfeed.cache import ShardCache
+from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.loader.position import Position
 from flashfeed.loader.shuffle_quality import shuffle_quality
 from flashfeed.plan import PlanOptions, Topology, plan_epoch, rank_plan
+from flashfeed.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
 
@@ -81,13 +86,13 @@ def test_arrival_slices_is_checked_and_saved_and_old_states_keep_their_order(tmp
     make_image_dataset(str(tmp_path / "ds"), [40, 40, 40], size=16)
     loader = Loader(str(tmp_path / "ds"), batch_size=8, image_size=16, py_workers=1)
     state = loader.state_dict()
-    assert state["arrival_slices"] == 1  # the default: the plain window shuffle
+    assert state["arrival_slices"] == 8  # the default
     position = loader.position
     assert isinstance(position, Position)
-    sliced = {**state, "arrival_slices": 8, "segments": [[1, 1, 8]]}  # 8 samples consumed
-    assert position.load_state_dict(sliced).arrival_slices == 8
-    options = dataclasses.replace(position.options, arrival_slices=8)
     top = Topology(1)
+    sliced = {**state, "segments": [[1, 1, 8]]}  # 8 samples consumed
+    assert position.load_state_dict(sliced).arrival_slices == 8
+    options = position.options
     expect = rank_plan(position.shard_sizes, options=options, epoch=0, topology=top, rank=0)
     assert np.array_equal(position.remaining(), expect.samples[8:])
     old = {k: v for k, v in sliced.items() if k != "arrival_slices"}  # saved before the option
@@ -102,3 +107,57 @@ def test_arrival_slices_is_checked_and_saved_and_old_states_keep_their_order(tmp
     with pytest.raises(ValueError, match="'arrival_slices' must be an integer"):
         position.load_state_dict({**state, "arrival_slices": "8"})
     loader.close()
+
+
+def _fetched(proxy, ds) -> dict[int, int]:
+    """Bytes of each shard object the store was asked for (whole GETs count in full)."""
+    got = {}
+    for i, info in enumerate(ds.shards):
+        reqs = [
+            r for r in proxy.log(_object(ds, i)) if r.method == "GET" and r.path.endswith(".tar")
+        ]
+        got[i] = sum((r.range[1] - r.range[0]) if r.range else info.bytes for r in reqs)
+    return got
+
+
+def _object(ds, shard: int) -> str:
+    """The shard's object path as the proxy sees it (bucket/prefix/name)."""
+    return ds.shard_url(shard).split("://", 1)[1]
+
+
+def _cold_first_batch(prefix, proxy, tmp, slices):
+    """Bytes of each shard requested from the store when the first batch is in hand, the
+    shards' sizes, and whether any shard was whole in the cache by then; then the epoch."""
+    ds = Dataset.open(prefix, storage_options={"endpoint_url": proxy.endpoint})
+    retry = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, deadline=10)
+    cache = ShardCache(str(tmp), capacity=1 << 30, retry=retry, part_size="16KiB", concurrency=1)
+    before = {i: len(proxy.log(_object(ds, i))) for i in range(len(ds.shards))}
+    loader = Loader(ds, batch_size=16, image_size=16, cache=cache, seed=2, py_workers=1)
+    if slices != loader.state_dict()["arrival_slices"]:
+        loader.load_state_dict({**loader.state_dict(), "arrival_slices": slices})
+    it = iter(loader)
+    batch = next(it)
+    landed = _fetched(proxy, ds)
+    whole = any(cache.contains(ds, i) for i in range(len(ds.shards)))
+    n = len(batch["label"]) + sum(len(b["label"]) for b in it)
+    assert n == 384 and all(len(proxy.log(_object(ds, i))) > b for i, b in before.items())
+    loader.close()
+    cache.close()
+    return landed, {i: s.bytes for i, s in enumerate(ds.shards)}, whole
+
+
+def test_cold_first_batch_comes_before_the_window_has_landed(s3_store, proxy, tmp_path):
+    """Bytes observed at the store, not the plan: with the arrival order the first batch is
+    in hand when the front of each shard of the window has been fetched; with the plain
+    window shuffle its random samples need parts from all over the window first."""
+    proxy.delay = 0.02  # each request; one 16 KiB part in flight at a time
+    got = {}
+    for slices in (8, 1):  # the same dataset, a fresh store prefix and empty cache for each
+        prefix = f"s3://flashfeed/arrival-{slices}-{tmp_path.name}"
+        make_image_dataset(prefix, [96] * 4, size=64)
+        got[slices] = _cold_first_batch(prefix, proxy, tmp_path / f"cache{slices}", slices)
+    landed, size, whole = got[8]
+    assert not whole  # no shard of the window (all four) had landed whole
+    assert all(landed[i] < size[i] for i in size), (landed, size)
+    assert sum(landed.values()) < sum(size.values()) / 3, (landed, size)
+    assert sum(landed.values()) < sum(got[1][0].values()), (got[8], got[1])
