@@ -73,10 +73,10 @@ $(BENCH_STAMP): benchmarks/requirements.txt $(STAMP)
 bench-venv: $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
-	$(PY) benchmarks/suite.py --peer-python $(BENCH_PY)
+	$(PY) -m benchmarks.suite --peer-python $(BENCH_PY)
 
 bench-quick: $(BENCH_STAMP)
-	$(PY) benchmarks/suite.py --quick --peer-python $(BENCH_PY)
+	$(PY) -m benchmarks.suite --quick --peer-python $(BENCH_PY)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -49,7 +49,7 @@ done
 RESULTS=${RESULTS:-benchmarks/results/gpu-$(date -u +%Y-%m-%d-%H%M)-$(hostname -s 2>/dev/null || echo host)}
 mkdir -p "$WORK" "$RESULTS"
 WORK=$(cd "$WORK" && pwd)
-BENCH="$PY benchmarks/gpu_bench.py"
+BENCH="$PY -m benchmarks.gpu_bench"
 START=$(date +%s)
 
 if [ -n "$WHEELHOUSE" ]; then

@@ -22,10 +22,10 @@ Only the standard library is imported at module level, here and in its siblings
 ``gpu_setup`` (wheelhouse, import shim), ``gpu_results`` (result files, summary) and
 ``gpu_corpus`` (the JPEGs): ``install`` and ``shim`` run before numpy or flashfeed import.
 
-    python benchmarks/gpu_bench.py install --wheelhouse DIR --target DIR
-    python benchmarks/gpu_bench.py shim --target DIR
-    python benchmarks/gpu_bench.py run STAGE --results DIR --work DIR [--quick] [--cpu]
-    python benchmarks/gpu_bench.py summary --results DIR
+    python -m benchmarks.gpu_bench install --wheelhouse DIR --target DIR
+    python -m benchmarks.gpu_bench shim --target DIR
+    python -m benchmarks.gpu_bench run STAGE --results DIR --work DIR [--quick] [--cpu]
+    python -m benchmarks.gpu_bench summary --results DIR
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_corpus import build_jpeg_corpus, read_jpegs
-from gpu_results import STAGES, headline, render_summary, write_result
-from gpu_setup import install_wheels, make_shim, merge_nvidia_namespace, missing_wheels
-from gpu_video import stage_nvdec
+from benchmarks.gpu_corpus import build_jpeg_corpus, read_jpegs
+from benchmarks.gpu_results import STAGES, headline, render_summary, write_result
+from benchmarks.gpu_setup import install_wheels, make_shim, merge_nvidia_namespace, missing_wheels
+from benchmarks.gpu_video import stage_nvdec
 
 __all__ = ["STAGES", "Run", "main", "run_stage"]
 

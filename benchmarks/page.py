@@ -2,7 +2,7 @@
 peers and what was not measured. ``make bench`` writes it; to rebuild it (and the plots) from
 a results file:
 
-    python benchmarks/page.py benchmarks/results/2026-11-29-host.json --out BENCHMARKS.md
+    python -m benchmarks.page benchmarks/results/2026-11-29-host.json --out BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import machine_markdown, markdown, targets_markdown
+from benchmarks.report import machine_markdown, markdown, targets_markdown
 
 __all__ = ["benchmarks_page", "fillcpu_section", "targets_section"]
 
@@ -29,7 +28,7 @@ make bench-quick    # the same stages at smoke-check sizes (5-10 minutes; number
 bash benchmarks/gpu.sh   # one GPU, no network (--wheelhouse DIR): nvJPEG ceiling, loader, h2d
 ```
 
-Each stage is also a script of its own (`benchmarks/<stage>.py --help`). The suite runs them
+Each stage also runs alone (`python -m benchmarks.stages.<name> --help`). The suite runs them
 as child processes, one at a time, each starting and stopping its own SeaweedFS server (and
 Ray, for ingest); comparisons inside a stage run side by side in interleaved rounds. Ratios
 are ratios of medians with the min-max of the per-round ratios; "of limit" is the median
@@ -47,7 +46,7 @@ HOW_MEASURED = """\
   (epochs repeat until then); cold-start rows time whole epochs from construction to the last
   batch, for flashfeed as for the peers; a hot epoch is timed from the end of the first
   epoch. Start-up is `Loader(...)` to the first batch in a fresh process (a restart is
-  one), DALI already imported, median of several; `benchmarks/startup.py` also times it with
+  one), DALI already imported, median of several; `benchmarks/stages/startup.py` also times it with
   the import and beside the same DALI pipeline's own start on bytes in RAM.
 - Limits are measured in the same run with the product's own shapes: the decode ceiling is
   the Loader's own DALI pipeline (`build_pipeline`: exec_dynamic, the same operators,
@@ -96,7 +95,7 @@ NOTES = """\
 
 
 def fillcpu_section(result: dict[str, Any]) -> str:
-    """Client CPU per GB of a cache fill vs raw ranged GETs (benchmarks/fillcpu.py)."""
+    """Client CPU per GB of a cache fill vs raw ranged GETs (benchmarks/stages/fillcpu.py)."""
     data = ((result.get("stages") or {}).get("fillcpu") or {}).get("data") or {}
     rounds = data.get("rounds") or []
     if not rounds:
@@ -110,7 +109,8 @@ def fillcpu_section(result: dict[str, Any]) -> str:
     lines = [
         "## Cache fill: client CPU per GB",
         "",
-        f"`benchmarks/fillcpu.py`: {a.get('shards', '?')} shards x {a.get('shard_size', '?')}, "
+        f"`benchmarks/stages/fillcpu.py`: {a.get('shards', '?')} shards x "
+        f"{a.get('shard_size', '?')}, "
         f"part {a.get('part_size', '?')}, {a.get('concurrency', '?')} GETs in flight, "
         f"{len(rounds)} interleaved rounds; CPU seconds of the client process only. Target: "
         "fill <= 1.3x raw ranged GETs.",
@@ -134,7 +134,8 @@ def targets_section(result: dict[str, Any]) -> str:
     sizes = " and ".join(str(k) for k in data.get("shards", {}))
     return (
         f"## Cold start on {sizes} MiB shards: targets\n\n"
-        "`benchmarks/targets.py`, run in `.bench-venv` beside litdata and mosaicml-streaming "
+        "`benchmarks/stages/targets.py`, run in `.bench-venv` beside litdata and "
+        "mosaicml-streaming "
         "reading from the same SeaweedFS (which shares the 2 cores). Ratios are of medians, "
         "with the min-max of per-round ratios; the best cold peer is the fastest cold peer "
         "of the run.\n\n"
@@ -178,11 +179,12 @@ PLAN_TARGETS = {
 
 
 def plan_section(plan: dict[str, Any], json_path: str, png: str | None = None) -> str:
-    """Planning at scale, from a ``benchmarks/planbench.py`` results file."""
+    """Planning at scale, from a ``benchmarks/stages/planbench.py`` results file."""
     lines = [
         "## Planning at scale",
         "",
-        f"`python benchmarks/planbench.py` ([`{json_path}`]({json_path}), run apart from the "
+        f"`python -m benchmarks.stages.planbench` ([`{json_path}`]({json_path}), run apart "
+        "from the "
         "suite above, on the same machine): synthetic manifests (no shard bytes) of 1,000 "
         "samples per shard, 8,192 ranks, 8 per node. A rank plans its node's share only; the "
         "whole-epoch plan (every rank's sequence, what each rank computed before planning "
@@ -301,11 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.results)
     result = json.loads(path.read_text())
     if args.plots:
-        from plots import write_all
+        from benchmarks.plots import write_all
 
         write_all(result, path.parent, path.stem)
     base = Path(args.out).resolve().parent
-    from plots import PLOTS
+    from benchmarks.plots import PLOTS
 
     pngs = [x for x in (path.parent / f"{path.stem}-{n}.png" for n in PLOTS) if x.exists()]
     rel = [os.path.relpath(x.resolve(), base) for x in pngs]

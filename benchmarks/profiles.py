@@ -41,7 +41,7 @@ class Profile:
     crypto_args: tuple[str, ...]
     tokens_args: tuple[str, ...]
     stage_timeout_s: int
-    #: image-text pairs and buckets (benchmarks/multimodal.py)
+    #: image-text pairs and buckets (benchmarks/stages/multimodal.py)
     multimodal_args: tuple[str, ...] = ("--images", "2048", "--rounds", "5")
     worker_variants: bool = True
     #: GETs in flight besides the default 8, in the cache stage (with ``worker_variants``)

@@ -4,7 +4,7 @@ ratios with the min-max of per-round ratios, fraction of the physical limit) and
 Pure functions of the merged result JSON (benchmarks/suite.py), so BENCHMARKS.md can be
 rebuilt from any results file:
 
-    python benchmarks/report.py benchmarks/results/2026-11-29-host.json > table.md
+    python -m benchmarks.report benchmarks/results/2026-11-29-host.json > table.md
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmath import OverLimitError, check_limit, fmt, ratio, spread
-from machine import PACKAGES, machine_info, package_versions
-from targets_report import targets_markdown, targets_rows
+from benchmarks.benchmath import OverLimitError, check_limit, fmt, ratio, spread
+from benchmarks.machine import PACKAGES, machine_info, package_versions
+from benchmarks.targets_report import targets_markdown, targets_rows
 
 _fmt = fmt
 
@@ -433,7 +433,7 @@ def machine_markdown(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        raise SystemExit("usage: python benchmarks/report.py RESULTS.json")
+        raise SystemExit("usage: python -m benchmarks.report RESULTS.json")
     with open(args[0]) as f:
         result = json.load(f)
     sys.stdout.write(machine_markdown(result) + "\n" + markdown(result))

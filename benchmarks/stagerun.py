@@ -1,4 +1,4 @@
-"""How the suite runs its stages: each stage script as a child process with a timeout
+"""How the suite runs its stages: each stage module as a child process with a timeout
 (``Runner``), the corpus subsets they read, and what the peers' environment has installed.
 """
 
@@ -13,16 +13,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import report
-from profiles import Profile
+from benchmarks import report
+from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.corpus import pick_images
+from benchmarks.profiles import Profile
 
 __all__ = ["Runner", "ensure_corpus", "peer_status", "shards_for", "subset_corpus"]
 
-HERE = Path(__file__).resolve().parent
-
 
 class Runner:
-    """Runs stage scripts as children, each with a timeout; collects their JSON or error."""
+    """Runs stage modules (``benchmarks.stages.<module>``) as children from the repository root,
+    each with a timeout; collects their JSON or error. Paths in their arguments are absolute."""
 
     def __init__(self, work: Path, profile: Profile, product_py: str, peer_py: str) -> None:
         self.work, self.profile = work, profile
@@ -33,7 +34,7 @@ class Runner:
     def run(
         self,
         name: str,
-        script: str,
+        module: str,
         args: list[str],
         *,
         python: str | None = None,
@@ -43,11 +44,14 @@ class Runner:
         out = self.work / f"{name}.json"
         out.unlink(missing_ok=True)
         log = self.work / f"{name}.log"
-        cmd = [python or self.product_py, str(HERE / script), *args, out_flag, str(out)]
+        cmd = module_command(
+            f"benchmarks.stages.{module}", *args, out_flag, str(out),
+            python=python or self.product_py,
+        )  # fmt: skip
         # the peers' environment finds the product's tools (SeaweedFS's weed) on PATH
         env = {**os.environ}
         env["PATH"] = os.pathsep.join([str(Path(self.product_py).parent), env.get("PATH", "")])
-        print(f"[suite] {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+        print(f"[suite] {name}: {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
             with open(log, "w") as f:
@@ -58,6 +62,7 @@ class Runner:
                     check=False,
                     timeout=timeout or self.profile.stage_timeout_s,
                     env=env,
+                    cwd=REPO,
                 ).returncode
         except subprocess.TimeoutExpired:
             rc = -1
@@ -78,14 +83,10 @@ def subset_corpus(corpus: Path, dest: Path, nbytes: int) -> Path:
         return dest
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    total = 0
-    for f in sorted(corpus.glob("class_*/*.jpg")):
+    for f, _ in pick_images(corpus, nbytes):
         target = tmp / f.parent.name / f.name
         target.parent.mkdir(parents=True, exist_ok=True)
         os.link(f, target)
-        total += f.stat().st_size
-        if total >= nbytes:
-            break
     tmp.rename(dest)
     return dest
 
@@ -94,9 +95,10 @@ def ensure_corpus(corpus: Path, need_bytes: int, py: str) -> None:
     have = sum(f.stat().st_size for f in corpus.glob("class_*/*.jpg")) if corpus.exists() else 0
     if have < need_bytes:
         size = str(int(need_bytes * 1.05))
-        subprocess.run(
-            [py, str(HERE / "corpus.py"), "images", str(corpus), "--size", size], check=True
+        cmd = module_command(
+            "benchmarks.harness.corpus", "images", str(corpus.resolve()), python=py
         )
+        subprocess.run([*cmd, "--size", size], check=True, cwd=REPO)
 
 
 def shards_for(images: int) -> int:
@@ -107,17 +109,17 @@ def shards_for(images: int) -> int:
 def peer_status(stages: dict[str, Any], peer_py: str) -> tuple[dict[str, str], dict[str, str]]:
     """(package versions as the peer environment sees them, peer -> why it did not run)."""
     code = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]); import report; "
-        "print(json.dumps(report.package_versions()))"
+        "import json; from benchmarks import report; print(json.dumps(report.package_versions()))"
     )
     try:
         versions = json.loads(
             subprocess.run(
-                [peer_py, "-c", code, str(HERE)],
+                [peer_py, "-c", code],
                 capture_output=True,
                 text=True,
                 check=True,
                 timeout=120,
+                cwd=REPO,
             ).stdout
         )
     except (subprocess.SubprocessError, json.JSONDecodeError, OSError):

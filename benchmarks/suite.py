@@ -1,36 +1,38 @@
 """The benchmark suite: every benchmark on the realistic photo corpus, one process tree, one
 result file, plots and BENCHMARKS.md.
 
-Stages (each a script of this folder run as a child process, each starting and stopping its
-own SeaweedFS server where it needs one; comparisons inside a stage run in interleaved
-rounds whose order rotates every round):
+Stages (each a module of ``benchmarks.stages`` run as a child process, each starting and
+stopping its own SeaweedFS server through the harness where it needs one; comparisons inside
+a stage run in interleaved rounds whose order rotates every round):
 
   limits   memcpy, read hot/cold (whole files), parallel S3 GET in the cache's shape
   ingest   flashfeed vs Ray Data's writer vs ShardWriter, 1x/4x data, 1 and 2 Ray CPUs;
            the PUT limit in ingest's shape
   cache    cold warm-up vs raw GET, hit path, 1x/4x data, 8 GETs in flight (and the
            profile's ``cache_get_variants``)
-  fillcpu  client CPU s/GB of a cache fill vs raw ranged GETs   (fillcpu.py)
+  fillcpu  client CPU s/GB of a cache fill vs raw ranged GETs   (fillcpu)
   loader   flashfeed vs plain DALI vs wds+PIL vs wds+DALI vs ImageFolder vs the decode
-           ceiling (the Loader's pipeline fed from RAM), tokens   (loader.py)
+           ceiling (the Loader's pipeline fed from RAM), tokens   (loaderbench)
   coldstart first epoch from S3 vs local disk and cold peers, the suite's small shards
   targets  issue #18's targets on 64/128 MiB ShardWriter shards, litdata and mosaic cold
-           from S3                                                (targets.py, .bench-venv)
-  peers    litdata and mosaicml-streaming beside flashfeed       (peers.py, .bench-venv)
-  stalls   stall fractions over time, cold cache from S3          (stalls.py)
-  plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench.py)
+           from S3                                                (targets, .bench-venv)
+  peers    litdata and mosaicml-streaming beside flashfeed       (peers, .bench-venv)
+  stalls   stall fractions over time, cold cache from S3          (stalls)
+  plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench)
   mixture  TokenLoader over 3 sources and Loader over 2 vs one dataset of the same shards,
-           share error per source beside its weight                (mixbench.py)
-  crypto   sealed vs plain shards                                  (crypto.py)
+           share error per source beside its weight                (mixbench)
+  crypto   sealed vs plain shards                                  (crypto)
   neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
-           near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup.py, .bench-venv)
+           near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup, .bench-venv)
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
-                                                                   (tokenize_bench.py)
+                                                                   (tokenize_bench)
+  tokcold  a token dataset's first epoch from S3 (record batches streaming, and whole) vs
+           local disk and the download ceiling                     (tokcold)
   multimodal image-text pairs vs webdataset + PIL, vs the single-image Loader; buckets vs
-           square                                                  (multimodal.py)
-  crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc.py)
-  sign     CPU us to sign one ranged GET: our SigV4 vs botocore's S3SigV4Auth (signcost.py)
+           square                                                  (multimodal)
+  crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc)
+  sign     CPU us to sign one ranged GET: our SigV4 vs botocore's S3SigV4Auth (signcost)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -38,31 +40,26 @@ A result above the limit that bounds it is a measurement error: the run lists it
 Writes ``benchmarks/results/<date>-<host>[-quick].json``, PNG plots beside it, and
 BENCHMARKS.md (full runs; ``--quick`` writes its Markdown next to its JSON).
 
-    python benchmarks/suite.py --quick          # smoke check, a few minutes
-    python benchmarks/suite.py                  # the published numbers (~30 minutes)
+    python -m benchmarks.suite --quick          # smoke check, a few minutes
+    python -m benchmarks.suite                  # the published numbers (~30 minutes)
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import plots  # noqa: E402
-import report  # noqa: E402
-from page import benchmarks_page, fillcpu_section  # noqa: E402
-from profiles import FULL, QUICK, Profile  # noqa: E402
-from stagerun import Runner, ensure_corpus, peer_status, shards_for, subset_corpus  # noqa: E402
-
-from flashfeed.units import parse_size  # noqa: E402
+from benchmarks import report
+from benchmarks.harness.results import RESULTS, result_stem, write_run
+from benchmarks.page import benchmarks_page
+from benchmarks.profiles import FULL, QUICK, Profile
+from benchmarks.stagerun import Runner, ensure_corpus, peer_status, shards_for, subset_corpus
+from flashfeed.units import parse_size
 
 __all__ = ["FULL", "QUICK", "Profile", "main"]
 
@@ -81,6 +78,7 @@ STAGES = (
     "crypto",
     "neardup",
     "tokens",
+    "tokcold",
     "multimodal",
     "crc",
     "sign",
@@ -114,7 +112,7 @@ def run_stages(
     if "limits" in stages:
         data = r.run(
             "limits",
-            "limits.py",
+            "limits",
             [
                 "--files",
                 str(corpus),
@@ -137,7 +135,7 @@ def run_stages(
             name = f"ingest-{f}x-{cpus}cpu"
             data = r.run(
                 name,
-                "ingest.py",
+                "ingestbench",
                 [str(sub), *rounds, "--shard-size", p.ingest_shard, "--num-cpus", str(cpus)],
             )
             runs.append(variant(f"{f}x ({mb} MB), {cpus} Ray CPUs", f, cpus, data, cpus == 2))
@@ -148,7 +146,7 @@ def run_stages(
             n = p.cache_base_shards * f
             data = r.run(
                 f"cache-{f}x-c{conc}",
-                "cache.py",
+                "cachebench",
                 [
                     "--shards",
                     str(n),
@@ -166,7 +164,7 @@ def run_stages(
     if "fillcpu" in stages:
         data = r.run(
             "fillcpu",
-            "fillcpu.py",
+            "fillcpu",
             ["--shards", str(p.fillcpu_shards), "--shard-size", p.fillcpu_shard,
              "--rounds", str(max(3, p.rounds))],
             out_flag="--json",
@@ -180,7 +178,7 @@ def run_stages(
             n = p.loader_base_images * f
             data = r.run(
                 f"loader-{f}x-t{t}",
-                "loader.py",
+                "loaderbench",
                 [
                     "--images",
                     str(n),
@@ -207,7 +205,7 @@ def run_stages(
         n = p.coldstart_images
         data = r.run(
             "coldstart",
-            "coldstart.py",
+            "coldstart",
             [
                 "--images",
                 str(n),
@@ -226,7 +224,7 @@ def run_stages(
     if "targets" in stages:
         data = r.run(
             "targets",
-            "targets.py",
+            "targets",
             [
                 "--corpus",
                 str(corpus),
@@ -249,7 +247,7 @@ def run_stages(
     if "peers" in stages:
         data = r.run(
             "peers",
-            "peers.py",
+            "peers",
             [
                 "--corpus",
                 str(corpus),
@@ -271,7 +269,7 @@ def run_stages(
     if "stalls" in stages:
         data = r.run(
             "stalls",
-            "stalls.py",
+            "stalls",
             [
                 "--corpus",
                 str(corpus),
@@ -283,33 +281,37 @@ def run_stages(
         )
         out["stalls"] = {"data": data} if data else {}
     if "plan" in stages:
-        data = r.run("plan", "planbench.py", ["--shards", "10000,100000,1000000"])
+        data = r.run("plan", "planbench", ["--shards", "10000,100000,1000000"])
         out["plan"] = {"data": data} if data else {}
     if "mixture" in stages:
         args = ["--rows", str(p.token_rows), "--images", str(p.loader_base_images)]
-        data = r.run("mixture", "mixbench.py", [*args, "--rounds", str(max(2, p.rounds))])
+        data = r.run("mixture", "mixbench", [*args, "--rounds", str(max(2, p.rounds))])
         out["mixture"] = {"data": data} if data else {}
     if "crypto" in stages:
-        data = r.run("crypto", "crypto.py", list(p.crypto_args))
+        data = r.run("crypto", "crypto", list(p.crypto_args))
         out["crypto"] = {"data": data} if data else {}
     if "neardup" in stages:
-        data = r.run("neardup", "neardup.py", list(p.neardup_args), python=r.peer_py)
+        data = r.run("neardup", "neardup", list(p.neardup_args), python=r.peer_py)
         out["neardup"] = {"data": data} if data else {}
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
-        data = r.run("tokens", "tokenize_bench.py", list(p.tokens_args), python=r.peer_py)
+        data = r.run("tokens", "tokenize_bench", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}
+    if "tokcold" in stages:
+        size = ["--shards", "4", "--shard-mib", "8"] if p.rounds < 3 else ["--shards", "8"]
+        data = r.run("tokcold", "tokcold", [*size, "--rounds", str(max(2, p.rounds))])
+        out["tokcold"] = {"data": data} if data else {}
     if "multimodal" in stages:
         extra = ["--corpus", str(corpus), "--device", device, "--threads", str(threads)]
-        data = r.run("multimodal", "multimodal.py", [*p.multimodal_args, *extra])
+        data = r.run("multimodal", "multimodal", [*p.multimodal_args, *extra])
         out["multimodal"] = {"data": data} if data else {}
     if "crc" in stages:
         size = "8MiB" if p.rounds < 3 else "64MiB"
-        data = r.run("crc", "tfrecordcrc.py", ["--size", size, "--rounds", str(max(3, p.rounds))])
+        data = r.run("crc", "tfrecordcrc", ["--size", size, "--rounds", str(max(3, p.rounds))])
         out["crc"] = {"data": data} if data else {}
     if "sign" in stages:
         requests = "2000" if p.rounds < 3 else "20000"
         data = r.run(
-            "sign", "signcost.py", ["--requests", requests, "--rounds", str(max(3, p.rounds))],
+            "sign", "signcost", ["--requests", requests, "--rounds", str(max(3, p.rounds))],
             out_flag="--json",
         )  # fmt: skip
         out["sign"] = {"data": data} if data else {}
@@ -328,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset")
     ap.add_argument("--corpus", default=".bench/corpus")
     ap.add_argument("--work", default=".bench/suite")
-    ap.add_argument("--results", default=str(HERE / "results"))
+    ap.add_argument("--results", default=str(RESULTS))
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--threads", type=int, default=2, help="loader workers/threads")
     ap.add_argument(
@@ -345,9 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(stages) - set(STAGES):
         raise SystemExit(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGES)}")
     peer_py = args.peer_python if os.access(args.peer_python, os.X_OK) else sys.executable
-    work = Path(args.work) / p.name
+    work = Path(args.work).resolve() / p.name  # absolute: stages run from the repository root
     work.mkdir(parents=True, exist_ok=True)
-    corpus = Path(args.corpus)
+    corpus = Path(args.corpus).resolve()
     need = max(
         p.ingest_base_mb * max(p.scales) << 20,
         int(p.loader_base_images * max(p.loader_scales) * 110e3),
@@ -374,19 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     result["limit_errors"] = report.limit_errors(result)
     for why in result["limit_errors"]:  # a result above its limit: a measurement error
         print(f"[suite] LIMIT ERROR: {why}", file=sys.stderr)
-    suffix = "" if p.name == "full" else f"-{p.name}"
-    suffix += "" if args.device == "cpu" else f"-{args.device}"
-    stem = f"{started:%Y-%m-%d}-{platform.node()}{suffix}"
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    json_path = results / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=1) + "\n")
-    pngs = plots.write_all(result, results, stem)
-    table = report.markdown(result)
-    fill = fillcpu_section(result)
-    (results / f"{stem}.md").write_text(
-        report.machine_markdown(result) + "\n" + table + ("\n" + fill if fill else "")
-    )
+    stem = result_stem(started, p.name, args.device)
+    written = write_run(result, args.results, stem)
+    json_path, pngs = written.json, written.pngs
     if args.markdown and p.name == "full" and args.device == "cpu":
         base = Path(args.markdown).resolve().parent
         rel = [os.path.relpath(x.resolve(), base) for x in pngs]
@@ -394,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = ((result.get("stages") or {}).get("plan") or {}).get("data")
         page = benchmarks_page(result, rel_json, rel, (plan, rel_json, None) if plan else None)
         Path(args.markdown).write_text(page)
-    print(table)
+    print(written.table)
     print(f"wrote {json_path}, {', '.join(str(x) for x in pngs)}", file=sys.stderr)
     # a full run with a result above its limit fails; the quick profile's windows are too
     # short to bound anything, so there it is only listed

@@ -1,4 +1,4 @@
-"""The cold-start targets table (benchmarks/targets.py's result): per shard size, each ratio
+"""The cold-start targets table (benchmarks/stages/targets.py's result): per shard size, each ratio
 with its per-round min-max, its target and whether it was met. Two rows have a ceiling
 measured in the same run, and a result above it is refused as a measurement error: the hot
 epoch (the decode ceiling) and the cold epoch (the local epoch with a plain download of the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from benchmath import OverLimitError, check_limit, fmt, ratio, spread
+from benchmarks.benchmath import OverLimitError, check_limit, fmt, ratio, spread
 
 __all__ = ["COLD_PEERS", "TARGETS", "targets_markdown", "targets_rows"]
 
@@ -28,7 +28,7 @@ TARGETS = {
     ),
 }
 
-#: what bounds the cold epoch (benchmarks/targets.py's ``ceiling-cold-<S>``)
+#: what bounds the cold epoch (benchmarks/stages/targets.py's ``ceiling-cold-<S>``)
 COLD_CEILING = "local epoch + a plain download of the shards"
 
 COLD_PEERS = {"litdata-s3": "litdata from S3", "mosaic-s3": "mosaicml-streaming from S3"}

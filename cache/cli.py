@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, TextIO
 
-from flashfeed.mixture import is_mixture_file, load_mixture
+from flashfeed.mixture import Mixture, is_mixture_file, load_mixture
 from flashfeed.plan import PlanOptions
 from flashfeed.units import parse_size
 
@@ -34,6 +34,8 @@ examples:
   # every node of a Ray cluster at once, node ranks in the launcher's order:
   flashfeed cache warm s3://flashfeed/photos-v1 --cache-dir /nvme/ff-cache \\
       --ranks-per-node 8 --ray-address auto --hostfile hosts.txt
+  # a mixture: every source's share of each node, on every node of the cluster
+  flashfeed cache warm mix.json --ranks-per-node 8 --ray-address auto --hostfile hosts.txt
   # under SLURM: scontrol's order is SLURM_NODEID's
   flashfeed cache warm s3://flashfeed/photos-v1 --ranks-per-node 8 --ray-address auto \\
       --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)"
@@ -286,16 +288,15 @@ def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, 
     """``cache warm MIXTURE.json``: every source's shards this node reads first."""
     from .warmmix import warm_mixture
 
-    if args.ray_address is not None:
-        raise ValueError(
-            "a mixture is warmed node by node: run `flashfeed cache warm MIXTURE --node-rank N` "
-            "on each node (--ray-address takes one dataset)"
-        )
     mixture = load_mixture(args.dataset)
-    root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
-    with ShardCache(root, **kwargs) as cache:
-        result = warm_mixture(cache, mixture, share, progress=not args.no_progress)
-    results = [{**result.to_dict(), "cache_dir": root, "mixture": args.dataset}]
+    if args.ray_address is not None:
+        results = _warm_cluster(args, share, kwargs, mixture)
+    else:
+        root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
+        with ShardCache(root, **kwargs) as cache:
+            result = warm_mixture(cache, mixture, share, progress=not args.no_progress)
+        results = [{**result.to_dict(), "cache_dir": root}]
+    results = [{**r, "mixture": args.dataset} for r in results]
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -306,7 +307,10 @@ def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, 
 
 
 def _warm_cluster(
-    args: argparse.Namespace, share: NodeShare, kwargs: dict[str, Any]
+    args: argparse.Namespace,
+    share: NodeShare,
+    kwargs: dict[str, Any],
+    mixture: Mixture | None = None,
 ) -> list[dict[str, Any]]:
     from .cluster import parse_hostfile, parse_hosts, warm_cluster
 
@@ -322,7 +326,7 @@ def _warm_cluster(
         hosts = parse_hostfile(args.hostfile)
     given = args.num_nodes if args.world_size is None else share.num_nodes
     return warm_cluster(
-        args.dataset,
+        args.dataset if mixture is None else mixture,
         args.cache_dir,  # None: each node's own FLASHFEED_CACHE_DIR
         address=args.ray_address,
         options=share.options,

@@ -1,4 +1,5 @@
-"""Warm every node of a Ray cluster: one task per node, pinned to it, each warming its share.
+"""Warm every node of a Ray cluster: one task per node, pinned to it, each warming its share
+(of one dataset, or of every source of a mixture).
 
 Which node is which comes from the training launcher, not from Ray: the caller gives the
 hosts in node-rank order (``--hosts`` / ``--hostfile``), and each entry is matched against
@@ -18,6 +19,7 @@ from typing import Any
 
 from flashfeed import storage
 from flashfeed.errors import FlashfeedError
+from flashfeed.mixture import Mixture
 from flashfeed.plan import PlanOptions, Topology
 
 from .nodeshare import NodeShare
@@ -163,17 +165,23 @@ def _driver_storage_options(given: dict[str, Any] | None) -> dict[str, Any] | No
 
 
 def warm_node(
-    url: str, cache_dir: str | None, share: NodeShare, cache_kwargs: dict[str, Any]
+    url: str | Mixture, cache_dir: str | None, share: NodeShare, cache_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    """Warm this machine's cache with ``share``; ``cache_dir`` None reads this node's
-    ``FLASHFEED_CACHE_DIR``. A setup failure comes back as ``"error"``, one line."""
+    """Warm this machine's cache with ``share`` of the dataset at ``url`` or of every source
+    of a mixture; ``cache_dir`` None reads this node's ``FLASHFEED_CACHE_DIR``. A setup
+    failure comes back as ``"error"``, one line."""
     root = cache_dir or os.environ.get(CACHE_DIR_ENV)
     try:
         if not root:
             raise ValueError(f"no --cache-dir given and {CACHE_DIR_ENV} is not set on this node")
         with ShardCache(root, **cache_kwargs) as cache:
-            dataset = cache.open_dataset(url)  # the manifest is kept for offline runs
-            out = warm_share(cache, dataset, share, progress=False).to_dict()
+            if isinstance(url, Mixture):
+                from .warmmix import warm_mixture
+
+                out = warm_mixture(cache, url, share, progress=False).to_dict()
+            else:
+                dataset = cache.open_dataset(url)  # the manifest is kept for offline runs
+                out = warm_share(cache, dataset, share, progress=False).to_dict()
     except (FlashfeedError, ValueError, OSError) as exc:
         out = WarmResult(node_rank=share.node_rank, shards=0).to_dict()
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -183,7 +191,7 @@ def warm_node(
 
 
 def warm_cluster(
-    url: str,
+    url: str | Mixture,
     cache_dir: str | None,
     *,
     address: str | None,
@@ -195,7 +203,8 @@ def warm_cluster(
     cache_kwargs: dict[str, Any],
     warn: Callable[[str], None] = log.warning,
 ) -> list[dict[str, Any]]:
-    """One Ray task per node of the run (hard node affinity), each warming its share.
+    """One Ray task per node of the run (hard node affinity), each warming its share (of
+    every source, for a ``Mixture``: the nodes' shares of the mixture's plan).
 
     A node's rank is its position in ``hosts``, or without ``hosts`` its place among the
     alive Ray nodes sorted by id. ``num_nodes``, when given, must be that number of nodes.

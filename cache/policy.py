@@ -10,7 +10,14 @@ import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Candidate", "FutureOrder", "belady_hits", "eviction_order", "lru_hits"]
+__all__ = [
+    "Candidate",
+    "FutureOrder",
+    "MixtureFuture",
+    "belady_hits",
+    "eviction_order",
+    "lru_hits",
+]
 
 
 class FutureOrder:
@@ -66,6 +73,66 @@ class FutureOrder:
                 if len(out) >= limit:
                     break
         return out
+
+
+class MixtureFuture:
+    """The upcoming read order of several datasets read as one mixture: one clock for all.
+
+    ``order`` lists ``(dataset key, shard)`` in the merged read order. Each source keeps its
+    own ``FutureOrder`` over its part of it: a read moves that source on, and its shards
+    among its own last ``active`` reads count as in use (a source reads a window of its own
+    shards at once, at its own pace). Any other shard's next use is counted on the merged
+    order, from the furthest read so far, so shards of different sources compare.
+    """
+
+    def __init__(
+        self,
+        order: Sequence[tuple[str, int]],
+        *,
+        keys: Sequence[str] = (),
+        lookahead: int = 64,
+        active: int = 4,
+    ) -> None:
+        self.order = [(k, int(s)) for k, s in order]
+        self.position = 0
+        # a source's sub-order -> its merged positions (``keys``: sources it may not read)
+        self._merged: dict[str, list[int]] = {k: [] for k in keys}
+        for pos, (key, _) in enumerate(self.order):
+            self._merged.setdefault(key, []).append(pos)
+        self.sources = {
+            key: FutureOrder(
+                [self.order[p][1] for p in positions], lookahead=lookahead, active=active
+            )
+            for key, positions in self._merged.items()
+        }
+
+    def next_use(self, key: str, shard: int) -> float:
+        """Merged positions until ``shard`` of ``key`` is read again (0 if being read, at
+        least 1 for one its source has not read yet), ``inf`` if never."""
+        source = self.sources.get(key)
+        if source is None:
+            return math.inf
+        own = source.next_use(shard)
+        if own == 0.0 or own == math.inf:
+            return own
+        at = self._merged[key][source.position + int(own) - 1]
+        return float(max(1, at - self.position + 1))
+
+    def advance(self, key: str, shard: int) -> None:
+        """A read of ``shard`` of ``key``: its source moves on, and the merged clock to just
+        past that read when it is the furthest yet."""
+        source = self.sources.get(key)
+        if source is None:
+            return
+        before = source.position
+        source.advance(shard)
+        if source.position != before:
+            self.position = max(self.position, self._merged[key][source.position - 1] + 1)
+
+    def shards(self, key: str) -> list[int]:
+        """``key``'s part of the merged order."""
+        source = self.sources.get(key)
+        return list(source.order) if source is not None else []
 
 
 @dataclass(frozen=True)

@@ -304,6 +304,22 @@ class ShardCache:
         """
         self.hints.set_future(self._register(dataset), shards_in_order, active=active)
 
+    def set_mixture_future(
+        self,
+        datasets: Sequence[Dataset],
+        order: Sequence[tuple[int, int]],
+        *,
+        active: int = 4,
+    ) -> None:
+        """The upcoming read order of a mixture of ``datasets``: ``(source number, shard)``
+        pairs in the merged order, so eviction compares shards of all sources on one clock
+        (``set_future`` per source cannot: each source's positions count its own reads).
+        ``get`` advances it; each source's last ``active`` reads count as still being read.
+        """
+        dirs = [self._register(d) for d in datasets]
+        pairs = [(int(s), int(i)) for s, i in order]
+        self.hints.set_mixture_future(dirs, pairs, active=active)
+
     def record_warm(self, record: dict[str, Any]) -> None:
         """Remember for which node share ``record["url"]`` was warmed (``cache warm``)."""
         write_warm_record(self.root, record)

@@ -3,7 +3,8 @@
 A loader's reader processes and ``DataLoader`` workers hold a view (it pickles): a shard
 the cache already holds is opened directly, and a shard still arriving is read from its
 part file as its bytes land, without a ``ShardCache`` in that process. Only a shard the
-cache lacks needs one (``CacheHandle.open``).
+cache lacks needs one (``CacheHandle.open``). A tar shard is located by its ``.idx``; an
+Arrow shard by the record batch layout its schema message records (``flashfeed.arrowlayout``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from flashfeed.arrowlayout import PREFIX, BatchLayout, head_size, read_layout
 from flashfeed.wdsindex import SampleIndex, parse_index
 
 from .progress import FillView, live_path
@@ -26,11 +28,13 @@ __all__ = ["DatasetView", "PartialShard"]
 @dataclass(frozen=True)
 class PartialShard:
     """A fill running now: its part file (full size, filled as parts arrive), the shard's
-    index and the fill's progress (close it when done with it)."""
+    index (tar) or record batch layout (Arrow, ``index`` empty) and the fill's progress
+    (close it when done with it)."""
 
     part: str
     index: list[SampleIndex]
     progress: FillView
+    layout: BatchLayout | None = None
 
 
 class DatasetView:
@@ -68,6 +72,8 @@ class DatasetView:
         if view is None:
             return None
         if view.index_part is None:
+            if self.dataset.manifest.shard_format == "arrow":
+                return _arrow_partial(view, self.dataset.shards[shard].path)
             view.close()
             return None
         while not view.index_ready():  # the index is one small GET beside the first parts
@@ -83,3 +89,31 @@ class DatasetView:
                 continue
         view.close()
         return None
+
+
+def _arrow_partial(view: FillView, name: str) -> PartialShard | None:
+    """An Arrow shard's fill, once its schema message (the first bytes) has landed and
+    records where the record batches lie; None when it records nothing (the shard is read
+    whole), or the fill ends (or the shard is renamed into place) first."""
+    size: int | None = None
+    try:
+        while not view.ended():
+            if size is None and view.done(0, PREFIX):
+                size = head_size(_pread(view.part, PREFIX), name=name)
+                if size is None:
+                    break
+            if size is not None and view.done(0, size):
+                layout = read_layout(_pread(view.part, size), name=name, size=view.size)
+                if layout is None:
+                    break
+                return PartialShard(view.part, [], view, layout)
+            time.sleep(0.002)
+    except FileNotFoundError:  # renamed into place meanwhile: the whole shard is there
+        pass
+    view.close()
+    return None
+
+
+def _pread(path: str, size: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(size)

@@ -97,8 +97,7 @@ def warm_mixture(
         if room < 0:
             break
         wanted.append((s, i))
-    for s, d in enumerate(datasets):  # eviction looks ahead at each source's read order
-        cache.set_future(d, [i for t, i in order if t == s])
+    cache.set_mixture_future(datasets, order)  # eviction looks ahead at the merged order
     result = WarmResult(node_rank=share.node_rank, shards=len(wanted),
                         over_capacity=len(order) - len(wanted))  # fmt: skip
     present = {(s, i) for s, i in wanted if cache.contains(datasets[s], i)}

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import storage
-from .arrowshard import write_arrow
+from .arrowshard import BATCH_BYTES, write_arrow
 from .manifest import ShardInfo
 from .tarshard import Sample, TarShardWriter
 
@@ -63,9 +63,11 @@ def write_arrow_shard(
     table: pa.Table,
     *,
     storage_options: dict[str, Any] | None = None,
+    batch_bytes: int | None = BATCH_BYTES,
 ) -> ShardInfo:
-    """Write ``<prefix>/<path>`` as an Arrow IPC file; return the manifest entry."""
-    data = write_arrow(table)
+    """Write ``<prefix>/<path>`` as an Arrow IPC file (record batches of about
+    ``batch_bytes``, ``write_arrow``); return the manifest entry."""
+    data = write_arrow(table, batch_bytes=batch_bytes)
     storage.write_bytes(storage.join(prefix, path), data, storage_options=storage_options)
     return ShardInfo(
         path=path, samples=table.num_rows, bytes=len(data), checksum=storage.checksum(data)

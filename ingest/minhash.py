@@ -3,7 +3,7 @@
 A document's shingles (``size`` consecutive words or characters) are hashed to 64-bit
 integers in bulk; a batch of documents becomes one ``(docs, num_perm)`` signature matrix
 (``rensa``'s Rust kernel by default, or an own numpy kernel: both are measured in
-``benchmarks/neardup.py``); ``band_keys`` folds each band of ``rows`` signature values into
+``benchmarks/stages/neardup.py``); ``band_keys`` folds each band of ``rows`` signature values into
 one 64-bit bucket key. Two documents share a band key with probability ``s**rows`` per band
 for Jaccard similarity ``s``; ``lsh_params`` picks ``bands x rows`` whose S-curve turns at
 the threshold.

@@ -4,9 +4,12 @@
    the user's quality filter, shingle, MinHash, and cut each signature into LSH band keys;
    plus one exact key per document (a hash of its text). The keys leave the task already
    split into ``buckets`` parts by key, so no process ever holds every signature.
-2. One *bucket* task per bucket: sort its ``(band, key, doc)`` rows and link every document
-   of a group to the group's smallest document id (the candidate pairs, as a star).
-3. On the driver, a union-find over that edge list: each connected cluster keeps its
+2. One *bucket* task per bucket: sort its ``(band, key, doc)`` rows; the documents of a
+   group are candidate pairs (all pairs of a group, up to ``GROUP_PAIRS`` per document).
+3. One *check* task per chunk with candidates: each pair's signatures (the sign tasks' own
+   objects, fetched by the task) estimate its Jaccard similarity; a pair below the
+   threshold is no link (an LSH collision, which would chain unrelated clusters).
+4. On the driver, a union-find over the checked pairs: each connected cluster keeps its
    smallest document id (so the kept set depends only on the corpus and the options), the
    rest are skipped as ``duplicate`` (an identical text came first) or ``near_duplicate``.
 """
@@ -23,6 +26,7 @@ import numpy as np
 import xxhash
 
 from .minhash import BACKENDS, UNITS, band_keys, lsh_params, shingle_hashes, signatures
+from .nearpairs import candidate_pairs, checked_pairs
 from .sources import Item, Reject, RejectInfo, StorageContext, open_reader
 from .transforms import TransformOptions, transform_record
 
@@ -151,7 +155,8 @@ def _quality(fn: QualityFilter, text: str, item: Item) -> str | None:
 
 
 def _sign(spec: _SignSpec, items: list[Item]) -> tuple[Any, ...]:
-    """One chunk: ``(dropped, bucket_0, ..., bucket_{n-1})`` (see the module docstring)."""
+    """One chunk: ``(dropped, (doc ids, signatures), bucket_0, ..., bucket_{n-1})`` (see the
+    module docstring)."""
     reader = open_reader(spec.fmt, spec.shared)
     dropped: list[tuple[int, str, str, str]] = []
     docs: list[int] = []
@@ -176,16 +181,19 @@ def _sign(spec: _SignSpec, items: list[Item]) -> tuple[Any, ...]:
         reader.close()
     empty = np.empty(0, dtype=_ROW)
     if spec.near_dup is None:
-        return (dropped, *[empty] * spec.buckets)
-    rows = _rows(spec.near_dup, docs, texts)
+        return (dropped, None, *[empty] * spec.buckets)
+    rows, signed = _rows(spec.near_dup, docs, texts)
     part = (rows["key"] % np.uint64(spec.buckets)).astype(np.int64)
-    return (dropped, *[rows[part == b] for b in range(spec.buckets)])
+    return (dropped, signed, *[rows[part == b] for b in range(spec.buckets)])
 
 
-def _rows(opts: NearDupOptions, docs: list[int], texts: list[str]) -> np.ndarray:
+def _rows(
+    opts: NearDupOptions, docs: list[int], texts: list[str]
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Every ``(key, band, doc)`` of a chunk: ``bands`` LSH keys per document with at least
     one shingle, and band ``bands`` holding the exact-text key of every document with text
-    (samples without text are never duplicates of each other)."""
+    (samples without text are never duplicates of each other); and those documents' ids
+    with their signatures."""
     bands, rows_per_band = opts.bands_rows
     hashes = [shingle_hashes(t, size=opts.shingle_size, unit=opts.shingle_unit) for t in texts]
     has = [i for i, h in enumerate(hashes) if len(h)]
@@ -207,28 +215,7 @@ def _rows(opts: NearDupOptions, docs: list[int], texts: list[str]) -> np.ndarray
     )
     exact["band"] = bands
     exact["doc"] = doc_ids[with_text]
-    return np.concatenate([lsh, exact])
-
-
-def _edges(exact_band: int, *parts: np.ndarray) -> np.ndarray:
-    """``(n, 3)`` int64 edges ``(smallest doc of the group, doc, exact)`` of one bucket."""
-    rows = np.concatenate(parts) if parts else np.empty(0, dtype=_ROW)
-    if len(rows) == 0:
-        return np.empty((0, 3), dtype=np.int64)
-    rows = rows[np.lexsort((rows["doc"], rows["key"], rows["band"]))]
-    start = np.ones(len(rows), dtype=bool)
-    start[1:] = (rows["key"][1:] != rows["key"][:-1]) | (rows["band"][1:] != rows["band"][:-1])
-    head = np.maximum.accumulate(np.where(start, np.arange(len(rows)), 0))
-    link = ~start & (rows["doc"] != rows["doc"][head])
-    out = np.stack(
-        [
-            rows["doc"][head][link],
-            rows["doc"][link],
-            (rows["band"][link] == exact_band).astype(np.int64),
-        ],
-        axis=1,
-    )
-    return np.unique(out, axis=0)
+    return np.concatenate([lsh, exact]), (doc_ids[has], sigs)
 
 
 def clusters(edges: np.ndarray) -> dict[int, int]:
@@ -280,7 +267,7 @@ def screen(
     from flashfeed.errors import StorageError
 
     retry: Any = {"max_retries": 3, "retry_exceptions": [StorageError]}
-    sign = ray.remote(num_returns=buckets + 1, **retry)(_sign)
+    sign = ray.remote(num_returns=buckets + 2, **retry)(_sign)
     outs: list[Any] = [sign.remote(spec_ref, c) for c in chunks]
     by_index = {it.index: it for it in items}
     try:
@@ -299,11 +286,14 @@ def screen(
     roots: dict[int, int] = {}
     if near_dup is not None:
         bands, rows = near_dup.bands_rows
-        edge_task = ray.remote(max_retries=3)(_edges)
-        edge_refs = [edge_task.remote(bands, *[o[b + 1] for o in outs]) for b in range(buckets)]
-        found = [e for e in ray.get(edge_refs) if len(e)]
-        edges = np.concatenate(found) if found else np.empty((0, 3), dtype=np.int64)
+        pair_task = ray.remote(max_retries=3)(candidate_pairs)
+        pair_refs = [pair_task.remote(bands, *[o[b + 2] for o in outs]) for b in range(buckets)]
+        found = [e for e in ray.get(pair_refs) if len(e)]
+        candidates = np.concatenate(found) if found else np.empty((0, 3), dtype=np.int64)
+        candidates = np.unique(candidates, axis=0)  # a pair may share keys in two buckets
         timings["buckets"] = (t2 := time.perf_counter()) - t1
+        edges = checked_pairs(candidates, near_dup.threshold, chunks, [o[1] for o in outs])
+        timings["check"] = (t3 := time.perf_counter()) - t2
         exact = set(edges[edges[:, 2] == 1, 1].tolist())
         roots = clusters(edges)
         for doc, root in sorted(roots.items()):
@@ -324,10 +314,12 @@ def screen(
             shingle=f"{near_dup.shingle_size} {near_dup.shingle_unit}s",
             backend=near_dup.backend,
             buckets=buckets,
+            candidate_pairs=len(candidates),
+            checked_below=len(candidates) - len(edges),
             candidate_edges=len(edges),
             clusters=len({r for d, r in roots.items() if d != r}),
         )
-        timings["union_find"] = time.perf_counter() - t2
+        timings["union_find"] = time.perf_counter() - t3
     dropped_ids = {r.index for r in rejects} | set(removed)
     kept = [it for it in items if it.index not in dropped_ids]
     all_rejects = sorted([*rejects, *removed.values()], key=lambda r: (r.index, r.source))

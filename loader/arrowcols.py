@@ -4,6 +4,7 @@ variable-length integer list columns as (offsets, values) views with a vectorise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -43,14 +44,32 @@ def gather_lists(view: ListView, rows: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 @dataclass
 class ArrowShardView:
-    """One shard: per column, one 2-D ``(rows, length)`` (or 1-D) view per record batch."""
+    """One shard: per column, one 2-D ``(rows, length)`` (or 1-D) view per record batch.
+    ``arriving``: set while the shard's fill is under way (``arrowstream.ArrowArrival``):
+    the batches not landed yet are empty placeholders until ``catch_up`` adds them."""
 
     name: str
     num_rows: int
     starts: np.ndarray  # first row of each record batch
     columns: dict[str, list[np.ndarray]]
-    keys: pa.ChunkedArray | None
+    keys: pa.Array | pa.ChunkedArray | None  # one array: a take over many chunks costs more
     lists: dict[str, list[ListView]] | None = None
+    arriving: Any = None
+
+    def catch_up(self) -> int:
+        """Add the record batches landed since (a shard still arriving); how many."""
+        arrival = self.arriving
+        if arrival is None:
+            return 0
+        added = int(arrival.catch_up(self))
+        if not arrival.pending:
+            self.arriving = None
+        return added
+
+    @property
+    def stale(self) -> bool:
+        """Its fill ended without some of its record batches: open the shard again."""
+        return self.arriving is not None and bool(self.arriving.stale)
 
     def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows -> (record batch, row inside it)."""
@@ -108,6 +127,11 @@ def _list_views(col: pa.ChunkedArray, name: str, shard: str) -> list[ListView]:
     return views
 
 
+def _one_array(col: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """The keys of a shard as one array (a copy of the keys only, once per shard opened)."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
 def open_arrow_view(
     path: str, columns: tuple[str, ...], *, name: str, lists: tuple[str, ...] = ()
 ) -> ArrowShardView:
@@ -124,6 +148,6 @@ def open_arrow_view(
         num_rows=table.num_rows,
         starts=starts,
         columns={c: _column_views(table.column(c), c, name) for c in columns},
-        keys=table.column("__key__") if "__key__" in table.column_names else None,
+        keys=_one_array(table.column("__key__")) if "__key__" in table.column_names else None,
         lists={c: _list_views(table.column(c), c, name) for c in lists} if lists else None,
     )

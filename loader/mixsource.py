@@ -210,9 +210,25 @@ class MixtureShardSource:
         src.need(local, rows, batches)
 
     def set_future(self, shards: Sequence[int]) -> None:
+        """The pass's read order: the sources on one node cache get it merged (one clock for
+        all, so eviction compares their shards); any other source its own part."""
+        by_cache: dict[int, tuple[Any, list[int]]] = {}
+        for s, src in enumerate(self.sources):
+            if isinstance(src, CacheShardSource):
+                cache = src._cache()
+                by_cache.setdefault(id(cache), (cache, []))[1].append(s)
         split = self._split(shards)
         for s, src in enumerate(self.sources):
-            src.set_future(split.get(s, []))
+            if not isinstance(src, CacheShardSource):
+                src.set_future(split.get(s, []))
+        for cache, members in by_cache.values():
+            number = {s: j for j, s in enumerate(members)}
+            pairs = []
+            for v in shards:
+                s, local = self.dataset.locate_shard(int(v))
+                if s in number:
+                    pairs.append((number[s], local))
+            cache.set_mixture_future([self.dataset.datasets[s] for s in members], pairs)
 
     def partial(self, shard: int) -> PartialShard | None:
         _, local, src = self._where(shard)

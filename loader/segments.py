@@ -71,8 +71,9 @@ def _ramp(n: int) -> np.ndarray:
 def _fill_padding(out: np.ndarray, pad: np.ndarray, value: int) -> None:
     """``value`` over the last ``pad[r]`` tokens of each row ``r``."""
     L = out.shape[1]
-    for r in np.flatnonzero(pad).tolist():
-        out[r, L - pad[r] :] = value
+    padded = np.flatnonzero(pad)
+    for r, n in zip(padded.tolist(), pad[padded].tolist(), strict=True):
+        out[r, L - n :] = value
 
 
 def document_outputs(
@@ -83,12 +84,18 @@ def document_outputs(
     alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray],
     *,
     where: str = "batch",
+    new_ok: bool = False,
 ) -> dict[str, np.ndarray | int]:
     """``outputs`` (names from ``DOC_OUTPUTS``) of a batch whose rows are ``tokens``;
-    ``alloc(shape, dtype)`` gives each output's buffer."""
+    ``alloc(shape, dtype)`` gives each output's buffer. ``new_ok``: an output computed
+    into a new array may be returned as it is rather than copied into ``alloc``'s buffer
+    (one pass over the batch fewer; for buffers that need not be pinned)."""
     B, L = len(seg.counts), seq_len
-    row_of = np.repeat(np.arange(B), seg.counts)
-    used = np.bincount(row_of, weights=seg.lengths, minlength=B).astype(np.int64)
+    # tokens each row's segments use: differences of the running total at row ends
+    total = np.zeros(len(seg.lengths) + 1, dtype=np.int64)
+    np.cumsum(seg.lengths, out=total[1:])
+    row_end = np.cumsum(seg.counts)
+    used = total[row_end] - total[row_end - seg.counts]
     pad = L - used
     if (pad < 0).any() or (seg.lengths <= 0).any():
         raise CorruptShardError(
@@ -114,17 +121,22 @@ def document_outputs(
         out["max_seqlen"] = int(lengths.max()) if len(lengths) else 0
     pos = None
     if "position_ids" in outputs or "document_offsets" in outputs:
-        # a ramp 0..B*L-1 minus each token's segment start
+        # each segment's positions are the start of one ramp 0..L-1 (cache-resident):
+        # joined straight into the buffer, one write pass and no batch-sized temporary
         pos = alloc((B, L), np.dtype(np.int64))
-        np.subtract(_ramp(B * L), np.repeat(starts, lengths), out=pos.reshape(-1))
+        ramp = _ramp(L)
+        np.concatenate([ramp[:n] for n in lengths.tolist()], out=pos.reshape(-1))
         if "position_ids" in outputs:
             out["position_ids"] = pos
     if "document_ids" in outputs:
         ids = np.full(len(lengths), -1, dtype=np.int64)
         ids[~is_pad] = seg.ids
-        doc = alloc((B, L), np.dtype(np.int64))
-        np.copyto(doc.reshape(-1), np.repeat(ids, lengths))
-        out["document_ids"] = doc
+        made = np.repeat(ids, lengths).reshape(B, L)
+        if new_ok:
+            out["document_ids"] = made
+        else:
+            out["document_ids"] = doc = alloc((B, L), np.dtype(np.int64))
+            np.copyto(doc, made)
     if "labels" in outputs:
         labels = alloc((B, L), np.dtype(np.int64))
         np.copyto(labels, tokens, casting="unsafe")
@@ -135,8 +147,9 @@ def document_outputs(
     if "document_offsets" in outputs and pos is not None:
         first = np.zeros(len(lengths), dtype=np.int64)
         first[~is_pad] = seg.starts if seg.starts is not None else 0
-        offs = alloc((B, L), np.dtype(np.int64))
-        np.add(pos.reshape(-1), np.repeat(first, lengths), out=offs.reshape(-1))
+        made = np.repeat(first, lengths).reshape(B, L)
+        offs = made if new_ok else alloc((B, L), np.dtype(np.int64))
+        np.add(pos, made, out=offs)
         _fill_padding(offs, pad, -1)
         out["document_offsets"] = offs
     return out

@@ -10,21 +10,24 @@ With ``outputs`` (names from ``DOC_OUTPUTS``) a batch also holds what attention 
 for packed documents (``position_ids``, ``document_ids``, ``cu_seqlens``, ``max_seqlen``,
 ``labels``), computed from the rows' recorded segments (``segments.py``), never from EOS.
 
-The first epoch streams as ``Loader``'s does, with one difference. The pass's
-``StreamFeeder`` starts the fill of a shard only when a batch within reach needs it, fetches
-further ahead as measured, and waits for a needed shard's bytes only, never for the rest of
-the pass. But an Arrow shard is served once it is whole, not while it arrives: an Arrow IPC
-file says where its record batches lie only in its footer, at the very end, and the shards
-carry no sample index, so the cache has no partial view of them (``ShardSource.partial``
-is None) and no row can be located before the last bytes have landed.
+The first epoch streams as ``Loader``'s does. The pass's ``StreamFeeder`` starts the fill of
+a shard only when a batch within reach needs it, fetches further ahead as measured, and
+waits for a needed row's bytes only, never for the rest of the pass. flashfeed writes Arrow
+shards in record batches of about 4 MiB whose byte and row ranges the schema message (the
+file's first bytes) records (``flashfeed.arrowlayout``): a shard still arriving is viewed
+record batch by record batch from the cache's part file (``arrowstream.py``), each one read
+as soon as its bytes have landed, and the gather takes its rows from the view exactly as
+from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
+is served once whole, as its footer at the very end is what locates its record batches.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,7 +38,8 @@ from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
 from flashfeed.mixture import Mixture
 
-from .arrowcols import ArrowShardView, list_index, open_arrow_view
+from .arrowcols import ArrowShardView, open_arrow_view
+from .arrowstream import open_arriving_view
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool
 from .fields import KEY
@@ -101,79 +105,119 @@ class TokenLoader(PlannedLoader):
             DeviceCopier(self.device) if self.device is not None and self.pin_memory else None
         )
         self.max_open = max_open
-        self._views: OrderedDict[int, ArrowShardView] = OrderedDict()
+        self._views: OrderedDict[int, _OpenShard] = OrderedDict()
+        self._scratch: dict[str, np.ndarray] = {}
+        #: column -> row shape, type and the shard that set them (``_check_row_types``)
+        self._row_types: dict[str, tuple[tuple[int, ...], np.dtype, str]] = {}
         self.bytes_delivered = 0
 
-    def _view(self, shard: int) -> ArrowShardView:
-        view = self._views.get(shard)
-        if view is None:
-            path = self.source.local_path(shard)
-            lists: tuple[str, ...] = ("doc_lens", "doc_ids") if self.outputs else ()
-            if "document_offsets" in self.outputs:
-                lists += ("doc_starts",)
-            view = open_arrow_view(path, self.columns, name=self.shard_names[shard], lists=lists)
-            if view.num_rows != self.dataset.shards[shard].samples:
-                raise ValueError(
-                    f"shard {self.shard_names[shard]} has {view.num_rows} rows, the manifest "
-                    f"says {self.dataset.shards[shard].samples}"
-                )
-            _check_shared_offsets(view)
-            self._views[shard] = view
-            while len(self._views) > self.max_open:
-                self._views.popitem(last=False)
-        else:
+    def _open(self, shard: int) -> _OpenShard:
+        """Shard ``shard`` viewed and checked (the ``max_open`` most recent are kept); a
+        shard still arriving takes in the record batches landed since it was last asked."""
+        got = self._views.get(shard)
+        if got is not None and got.view.arriving is not None:
+            if got.view.catch_up():  # record batches landed since: check them as a whole's
+                _check_shared_offsets(got.view)
+                self._check_row_types(got.view)
+                got.landed()
+            if got.view.stale:  # its fill ended without them (failed): the cache's next word
+                del self._views[shard]
+                got = None
+        if got is not None:
             self._views.move_to_end(shard)
-        return view
+            return got
+        view = self._open_view(shard)
+        if view.num_rows != self.dataset.shards[shard].samples:
+            raise ValueError(
+                f"shard {self.shard_names[shard]} has {view.num_rows} rows, the manifest "
+                f"says {self.dataset.shards[shard].samples}"
+            )
+        _check_shared_offsets(view)
+        self._check_row_types(view)
+        got = self._views[shard] = _OpenShard(view)
+        while len(self._views) > self.max_open:
+            self._views.popitem(last=False)
+        return got
+
+    def _open_view(self, shard: int) -> ArrowShardView:
+        """The shard's view: read batch by batch while its fill is under way (its schema
+        records where its record batches lie), else mapped whole from local storage."""
+        name = self.shard_names[shard]
+        lists: tuple[str, ...] = ("doc_lens", "doc_ids") if self.outputs else ()
+        if "document_offsets" in self.outputs:
+            lists += ("doc_starts",)
+        partial = self.source.partial(shard)
+        if partial is not None and partial.layout is not None:
+            try:
+                return open_arriving_view(partial, self.columns, name=name, lists=lists)
+            except FileNotFoundError:  # renamed into place meanwhile
+                partial.progress.close()
+        elif partial is not None:
+            partial.progress.close()
+        return open_arrow_view(self.source.local_path(shard), self.columns, name=name, lists=lists)
+
+    def _check_row_types(self, view: ArrowShardView) -> None:
+        """Every record batch of every shard holds each column at one row shape and type
+        (those of the first shard opened), checked once per open (and per arrival of record
+        batches), not per batch. A record batch not landed yet holds no rows to check."""
+        for col in self.columns:
+            for arr in view.columns[col]:
+                if not len(arr):
+                    continue
+                shape, dtype, name = self._row_types.setdefault(
+                    col, (arr.shape[1:], arr.dtype, view.name)
+                )
+                if arr.shape[1:] != shape or arr.dtype != dtype:
+                    raise ValueError(
+                        f"shard {view.name}: column {col!r} has shape {arr.shape[1:]} of "
+                        f"{arr.dtype}, shard {name} {shape} of {dtype}: sequences must have "
+                        "one length and type"
+                    )
 
     def _gather(self, shards: np.ndarray, rows: np.ndarray) -> tuple[dict[str, Any], list[str]]:
-        """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards (one
-        copy per row group of a shard, no per-row Python work), with their keys as
-        ``<shard>/<key>``, read from the same rows."""
-        order = np.argsort(shards, kind="stable")
-        in_order = shards[order]
-        cuts = [0, *(np.flatnonzero(in_order[1:] != in_order[:-1]) + 1).tolist(), len(order)]
-        groups = [order[a:b] for a, b in pairwise(cuts)]
+        """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards
+        straight into the batch buffer (one ``np.concatenate`` of row views per column: one
+        copy, a cost per row but none per shard, so a batch over many shards, as a
+        mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``."""
+        sl = shards.tolist()
+        opened = {s: self._open(s) for s in dict.fromkeys(sl)}
+        if all(o.starts is None for o in opened.values()):
+            at = list(zip(sl, itertools.repeat(0), rows.tolist()))
+        else:  # some shard holds several record batches: (shard, record batch, row in it)
+            at = [(s, *opened[s].locate(r)) for s, r in zip(sl, rows.tolist(), strict=True)]
         out: dict[str, Any] = {}
-        views = [self._view(int(shards[g[0]])) for g in groups]
-        keys: list[str] = [""] * len(shards)
-        for view, pos in zip(views, groups, strict=True):
-            for p, key in zip(pos.tolist(), _row_keys(view, rows[pos]), strict=True):
-                keys[p] = f"{view.name}/{key}"
         narrow: dict[str, np.ndarray] = {}
         for col in self.columns:
-            first = views[0].columns[col][0]
+            arrays = {s: o.view.columns[col] for s, o in opened.items()}
+            first = next(iter(arrays.values()))[0]  # all alike (_check_row_types)
             dtype = np.dtype(self.dtype) if self.dtype else first.dtype
-            buf = self._buffer((len(shards), *first.shape[1:]), dtype)
+            buf = self._buffer((len(sl), *first.shape[1:]), dtype)
             # rows are gathered at their stored width, then widened in one contiguous pass
-            rows_at = buf if dtype == first.dtype else np.empty(buf.shape, first.dtype)
-            for view, pos in zip(views, groups, strict=True):
-                arrays = view.columns[col]
-                if arrays[0].shape[1:] != first.shape[1:] or arrays[0].dtype != first.dtype:
-                    raise ValueError(
-                        f"shard {view.name}: column {col!r} has shape {arrays[0].shape[1:]} "
-                        f"of {arrays[0].dtype}, other shards {first.shape[1:]} of "
-                        f"{first.dtype}: sequences must have one length and type"
-                    )
-                if len(arrays) == 1:
-                    rows_at[pos] = arrays[0][rows[pos]]
-                    continue
-                chunk, inner = view.locate(rows[pos])
-                for c in np.unique(chunk).tolist():
-                    sel = chunk == c
-                    rows_at[pos[sel]] = arrays[c][inner[sel]]
+            rows_at = buf if dtype == first.dtype else self._narrow(col, buf.shape, first.dtype)
+            np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
             if rows_at is not buf:
                 np.copyto(buf, rows_at, casting="unsafe")
             out[col] = buf
             narrow[col] = rows_at
+        keys = _keys(opened, sl, at, rows)
         if self.outputs:
-            seg = _gather_segments(views, groups, rows)
-            where = f"a batch of {', '.join(sorted({v.name for v in views}))}"
+            seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
             tokens = narrow["tokens"]
+            where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
+            new_ok = self.copier is None and not self.pin_memory
             docs = document_outputs(
-                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where
+                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where, new_ok=new_ok
             )
             out.update(docs)  # type: ignore[arg-type]
         return out, keys
+
+    def _narrow(self, col: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Column ``col``'s rows at the stored width, then widened into the batch buffer:
+        scratch kept per column (the batch never holds it), remade when its shape changes."""
+        got = self._scratch.get(col)
+        if got is None or got.shape != shape or got.dtype != dtype:
+            got = self._scratch[col] = np.empty(shape, dtype)
+        return got
 
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """The batch buffer: a pooled pinned one when it is copied to the GPU from here (it
@@ -260,36 +304,85 @@ def _check_outputs(
     return tuple(o for o in DOC_OUTPUTS if o in outputs)
 
 
+class _OpenShard:
+    """A viewed shard and what the gather looks up in it row by row, made once per open:
+    where its record batches start, and its document columns as one table per record
+    batch (made when first needed, and again for record batches that land later)."""
+
+    def __init__(self, view: ArrowShardView) -> None:
+        self.view = view
+        #: first row of each record batch, when there are several (else every row is in 0)
+        self.starts: list[int] | None = view.starts.tolist() if len(view.starts) > 1 else None
+        self._segs: list[tuple[np.ndarray, np.ndarray]] | None = None
+        self._made_from: list[object] = []  # the doc_lens view each table was made from
+
+    def locate(self, row: int) -> tuple[int, int]:
+        """Row -> (record batch, row inside it)."""
+        if self.starts is None:
+            return 0, row
+        c = bisect_right(self.starts, row) - 1
+        return c, row - self.starts[c]
+
+    def segments(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per record batch: the shared offsets of the document columns, and a ``(segments,
+        k)`` int64 table of ``doc_lens``, ``doc_ids`` (and ``doc_starts`` when read), so a
+        row's segments are one slice of one table."""
+        if self._segs is None:
+            n = len((self.view.lists or {}).get("doc_lens", []))
+            self._segs = [self._table(c) for c in range(n)]
+        return self._segs
+
+    def landed(self) -> None:
+        """Record batches landed in the view (a shard still arriving): tables for them."""
+        if self._segs is None:
+            return
+        for c, lens in enumerate((self.view.lists or {}).get("doc_lens", [])):
+            if lens is not self._made_from[c]:
+                self._segs[c] = self._table(c)
+
+    def _table(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        lists = self.view.lists or {}
+        chunks = [lists[n][c] for n in ("doc_lens", "doc_ids", "doc_starts") if n in lists]
+        end = int(chunks[0].offsets[-1]) if len(chunks[0].offsets) else 0
+        table = np.stack([v.values[:end] for v in chunks], axis=1).astype(np.int64)
+        if c < len(self._made_from):
+            self._made_from[c] = chunks[0]
+        else:
+            self._made_from.append(chunks[0])
+        return chunks[0].offsets, table
+
+
 def _gather_segments(
-    views: list[ArrowShardView], groups: list[np.ndarray], rows: np.ndarray
+    opened: dict[int, _OpenShard], at: list[tuple[int, int, int]], *, with_starts: bool
 ) -> Segments:
-    """The segments of ``rows`` in batch order: gathered per shard (and record batch), then
-    put in batch order with one more vectorised gather. ``doc_lens``, ``doc_ids`` and
-    ``doc_starts`` share their offsets (checked when a shard is opened): one index each."""
-    counts, lens, ids, starts, order = [], [], [], [], []
-    for view, pos in zip(views, groups, strict=True):
-        lists = view.lists or {}
-        lv, iv, sv = lists["doc_lens"], lists["doc_ids"], lists.get("doc_starts")
-        chunk, inner = view.locate(rows[pos]) if len(lv) > 1 else (None, rows[pos])
-        for c in [0] if chunk is None else np.unique(chunk).tolist():
-            sel = slice(None) if chunk is None else chunk == c
-            n, idx = list_index(lv[c].offsets, inner[sel])
-            counts.append(n)
-            lens.append(lv[c].values[idx])
-            ids.append(iv[c].values[idx])
-            if sv is not None:
-                starts.append(sv[c].values[idx])
-            order.append(pos[sel])
-    n_all = np.concatenate(counts)
-    if len(order) == 1:
-        back = np.argsort(order[0], kind="stable")
-        if (back == np.arange(len(back))).all():  # already in batch order
-            return Segments(n_all, lens[0], ids[0], starts[0] if starts else None)
-    back = np.argsort(np.concatenate(order), kind="stable")  # batch position -> gathered row
-    offsets = np.concatenate([[0], np.cumsum(n_all)])
-    _, idx = list_index(offsets, back)
-    seg_starts = np.concatenate(starts)[idx] if starts else None
-    return Segments(n_all[back], np.concatenate(lens)[idx], np.concatenate(ids)[idx], seg_starts)
+    """The segments of rows ``at`` (shard, record batch, row) in batch order: per row, its
+    two offsets and one slice of its shard's segment table, joined by one
+    ``np.concatenate`` (no per-shard numpy work, no reordering)."""
+    tables = {s: o.segments() for s, o in opened.items()}
+    offsets = [tables[s][c][0][i : i + 2].tolist() for s, c, i in at]
+    seg = np.concatenate(
+        [tables[s][c][1][a:b] for (s, c, _), (a, b) in zip(at, offsets, strict=True)]
+    )
+    counts = np.array([b - a for a, b in offsets], np.int64)
+    return Segments(counts, seg[:, 0], seg[:, 1], seg[:, 2] if with_starts else None)
+
+
+def _keys(
+    opened: dict[int, _OpenShard], shards: list[int], at: list[tuple[int, int, int]],
+    rows: np.ndarray,
+) -> list[str]:  # fmt: skip
+    """``<shard>/<key>`` of each row: the shard's ``__key__`` column, else the row number."""
+    names = {s: o.view.name + "/" for s, o in opened.items()}
+    if all(o.view.keys is None for o in opened.values()):
+        return [names[s] + str(r) for s, r in zip(shards, rows.tolist(), strict=True)]
+    where: dict[int, list[int]] = {}
+    for p, s in enumerate(shards):
+        where.setdefault(s, []).append(p)
+    keys = [""] * len(shards)
+    for s, pos in where.items():
+        for p, key in zip(pos, _row_keys(opened[s].view, rows[pos]), strict=True):
+            keys[p] = names[s] + str(key)
+    return keys
 
 
 def _check_shared_offsets(view: ArrowShardView) -> None:

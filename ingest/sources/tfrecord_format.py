@@ -61,7 +61,7 @@ def _crc32c_package() -> Callable[[bytes], int]:
     return package.crc32c  # type: ignore[no-any-return]
 
 
-# name -> loader, fastest first (benchmarks/tfrecordcrc.py measures them): the first that
+# name -> loader, fastest first (benchmarks/stages/tfrecordcrc.py measures them): the first that
 # imports serves every check; the pure-Python loop is the last resort.
 CRC32C_BACKENDS: dict[str, Callable[[], Callable[[bytes], int]]] = {
     "google-crc32c": _google_crc32c,

@@ -1,4 +1,4 @@
-"""benchmarks/multimodal.py runs at a tiny size and prints and writes every key it promises.
+"""benchmarks/stages/multimodal.py runs at a tiny size and prints and writes every key it promises.
 No timed assertions: benchmark numbers are not tests."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from support.bench import load_bench
 def test_multimodal_benchmark_runs_small_and_reports_its_keys(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    mm = load_bench("multimodal")
+    mm = load_bench("stages.multimodal")
     out = tmp_path / "mm.json"
     args = ["--images", "96", "--shards", "2", "--rounds", "1", "--min-seconds", "0.1",
             "--batch", "8", "--videos", "4",

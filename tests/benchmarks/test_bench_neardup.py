@@ -1,4 +1,4 @@
-"""benchmarks/neardup.py stays runnable: tiny corpus, one round, both tables and its JSON.
+"""benchmarks/stages/neardup.py stays runnable: tiny corpus, one round, both tables and its JSON.
 No timed assertions: benchmark numbers are not tests."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from support.bench import load_bench
 def test_neardup_benchmark_runs_and_reports_its_keys(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bench = load_bench("neardup")
+    bench = load_bench("stages.neardup")
     out = tmp_path / "neardup.json"
     kernels = "flashfeed-rensa,flashfeed-numpy,rensa-strings,datasketch"
     argv = ["--bases", "40", "--rounds", "1", "--kernel-rounds", "2", "--kernels", kernels]

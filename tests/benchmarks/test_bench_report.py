@@ -14,7 +14,7 @@ from support.bench import load_bench
 
 
 def _load(name: str) -> ModuleType:
-    return load_bench(name, prefix="ffbenchr")
+    return load_bench(name)
 
 
 @pytest.fixture(scope="module")

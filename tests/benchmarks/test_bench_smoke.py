@@ -16,7 +16,7 @@ from support.bench import load_bench
 
 
 def _load(name: str) -> ModuleType:
-    return load_bench(name, prefix="ffbench")
+    return load_bench(name)
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_plots_write_small_pngs(tmp_path: Path) -> None:
 
 
 def test_plan_cost_and_eviction_curve_at_small_sizes() -> None:
-    planbench = _load("planbench")
+    planbench = _load("stages.planbench")
     cost = planbench.plan_cost(
         200, samples_per_shard=10, world_size=4, ranks_per_node=2, new_world_size=6
     )
@@ -245,7 +245,7 @@ def test_the_cold_ceilings_download_lands_every_object_whole(
     # object, each chunk at its place, parts larger than a chunk (the cache's 16 MiB parts)
     from flashfeed import storage
 
-    limits = _load("limits")
+    limits = _load("stages.limits")
     blobs = {"a.tar": os.urandom(17 << 20), "sub/b.idx": os.urandom(1000), "c": b""}
     for name, blob in blobs.items():
         storage.write_bytes(f"{s3_prefix}/{name}", blob)
@@ -271,11 +271,11 @@ def test_the_mixture_benchmark_runs_tiny_and_prints_its_keys(tmp_path: Path) -> 
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "mixbench.py"
     out = tmp_path / "mix.json"
     args = ["--rows", "96", "--images", "32", "--rounds", "1", "--seq-len", "16"]
-    proc = subprocess.run([sys.executable, str(script), *args, "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    cmd = [sys.executable, "-m", "benchmarks.stages.mixbench", *args, "--out", str(out)]
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "TokenLoader GB/s (3 sources)" in proc.stdout
     assert "Loader img/s (2 sources)" in proc.stdout and "window err" in proc.stdout
@@ -289,7 +289,7 @@ def test_the_mixture_benchmark_runs_tiny_and_prints_its_keys(tmp_path: Path) -> 
 def test_the_dali_reader_peer_reads_whole_epochs(tmp_path: Path) -> None:
     from support.loader_helpers import make_image_dataset
 
-    peers = _load("loader_peers")
+    peers = _load("harness.peerloaders")
     make_image_dataset(str(tmp_path / "ds"), [20, 20], size=32)
     tars = sorted(str(p) for p in (tmp_path / "ds").rglob("*.tar"))
     assert len(tars) == 2 and all(Path(t + ".idx").exists() for t in tars)

@@ -1,4 +1,4 @@
-"""benchmarks/tokenize_bench.py stays runnable: at tiny sizes it measures every peer it can
+"""benchmarks/stages/tokenize_bench.py stays runnable: at tiny sizes it measures every peer it can
 import, prints its three tables and writes their keys, and the suite's report turns its
 result into headline rows. No timed assertions: benchmark numbers are not tests."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from support.bench import BENCH, load_bench
+from support import REPO
+from support.bench import BENCH, bench_command, load_bench
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +21,8 @@ def tiny_run(tmp_path_factory) -> tuple[dict, str]:
     sizes = "--mb 0.2 --rounds 1 --token-rows 128 --seq-len 256 --shard-size 64KB --batch-size 8"
     args = [*sizes.split(), "--vocab", "600", "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "tokenize_bench.py"), *args],
-        capture_output=True, text=True, timeout=600, check=False,
+        bench_command("stages.tokenize_bench", *args),
+        capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text()), proc.stdout
@@ -39,12 +39,13 @@ def test_it_prints_and_writes_every_table(tiny_run) -> None:
     for mode in ("concat@4096", "best-fit@4096", "concat@256", "best-fit@256"):
         assert 0 <= pk[mode]["padding_pct"] < 100 and pk[mode]["truncated_pct"] == 0
     lo = result["loader"]["gb_per_s"]
-    assert set(lo) == {"tokens only", "with document outputs", "memcpy (same bytes)"}
+    assert set(lo) == {"tokens only", "with document outputs", "memcpy (same bytes)",
+                       "row gather (ceiling)"}  # fmt: skip
     assert all(v > 0 for v in lo.values())
 
 
 def test_the_report_makes_headline_rows_of_it(tiny_run) -> None:
-    report: ModuleType = load_bench("report", prefix="fftokbench")
+    report: ModuleType = load_bench("report")
     result, _ = tiny_run
     rows = report.headline({"stages": {"tokens": {"data": result}}})
     refs = {r["reference"] for r in rows if r["area"] == "tokens"}
@@ -54,24 +55,26 @@ def test_the_report_makes_headline_rows_of_it(tiny_run) -> None:
 
 
 def test_the_suite_runs_it_as_a_stage() -> None:
-    suite = load_bench("suite", prefix="fftokbench")
+    suite = load_bench("suite")
     assert "tokens" in suite.STAGES
     assert "--mb" in suite.QUICK.tokens_args and "--mb" in suite.FULL.tokens_args
-    assert Path(BENCH / "tokenize_bench.py").exists()
+    assert Path(BENCH / "stages" / "tokenize_bench.py").exists()
 
 
 def test_only_the_loader_table_at_more_batch_sizes(tmp_path: Path) -> None:
     out = tmp_path / "loader.json"
     args = "--only loader --mb 0.05 --vocab 400 --rounds 1 --token-rows 64 --seq-len 128"
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "tokenize_bench.py"), *args.split(), "--batch-size", "4",
-         "--more-batch-sizes", "16", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, check=False,
+        bench_command("stages.tokenize_bench", *args.split(), "--batch-size", "4",
+                      "--more-batch-sizes", "16", "--out", str(out)),
+        capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert "tokenize" not in result and "packing" not in result
     assert "TokenLoader, CPU" in proc.stdout and "batch    16:" in proc.stdout
     more = result["loader"]["by_batch_size"]["16"]
-    assert set(more["gb_per_s"]) == {"with document outputs", "memcpy (same bytes)"}
+    assert set(more["gb_per_s"]) == {"with document outputs", "memcpy (same bytes)",
+                                     "row gather (ceiling)"}  # fmt: skip
+    assert more["of_ceiling"] > 0
     assert all(v > 0 for v in more["gb_per_s"].values()) and more["of_memcpy"] > 0

@@ -1,4 +1,4 @@
-"""benchmarks/fillcpu.py runs at a tiny size with every row, our signed client's,
+"""benchmarks/stages/fillcpu.py runs at a tiny size with every row, our signed client's,
 obstore's and pyarrow's included, and writes its rounds as JSON."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def test_fillcpu_prints_every_method_and_writes_its_rounds(tmp_path: Path) -> No
     out = tmp_path / "fillcpu.json"
     args = ["--shards", "1", "--shard-size", "1MiB", "--part-size", "256KiB", "--rounds", "1"]
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "fillcpu.py"), *args, "--json", str(out)],
+        [sys.executable, "-m", "benchmarks.stages.fillcpu", *args, "--json", str(out)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,

@@ -1,4 +1,4 @@
-"""benchmarks/signcost.py runs at a tiny size, prints both signers and writes its rounds."""
+"""benchmarks/stages/signcost.py runs at a tiny size, prints both signers and writes its rounds."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from support import REPO
 def test_signcost_prints_both_signers_and_writes_its_rounds(tmp_path: Path) -> None:
     out = tmp_path / "signcost.json"
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "signcost.py"), "--requests", "50",
+        [sys.executable, "-m", "benchmarks.stages.signcost", "--requests", "50",
          "--rounds", "2", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, check=True,
+        capture_output=True, text=True, timeout=300, check=True, cwd=REPO,
     )  # fmt: skip
     result = json.loads(out.read_text())
     assert len(result["rounds"]) == 2

@@ -1,4 +1,4 @@
-"""benchmarks/tfrecordcrc.py runs at a tiny size, prints its table and writes its JSON."""
+"""benchmarks/stages/tfrecordcrc.py runs at a tiny size, prints its table and writes its JSON."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ def test_crc_benchmark_prints_every_backend_and_writes_json(tmp_path: Path) -> N
     out = tmp_path / "crc.json"
     args = ["--size", "256KiB", "--record-size", "4KiB", "--python-mb", "0.05", "--rounds", "2"]
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "tfrecordcrc.py"), *args, "--out", str(out)],
+        [sys.executable, "-m", "benchmarks.stages.tfrecordcrc", *args, "--out", str(out)],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,

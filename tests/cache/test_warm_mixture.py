@@ -82,10 +82,55 @@ def test_warm_a_mixture_up_to_capacity_takes_the_first_in_read_order(
     assert {datasets[s].url for s, _ in first} <= {d.url for d in datasets}
 
 
-def test_a_cluster_warm_of_a_mixture_is_refused_clearly(mixture_file: Path, tmp_path: Path, capsys):
-    argv = ["cache", "warm", str(mixture_file), "--cache-dir", str(tmp_path / "c"),
-            "--ray-address", "auto"]  # fmt: skip
-    assert main(argv) != 0
+def test_a_cluster_warm_of_a_mixture_warms_each_nodes_share_on_a_real_ray(
+    mixture_file: Path, tmp_path: Path, ray_session: None, capsys
+):
+    import ray
+
+    (node,) = [n for n in ray.nodes() if n.get("Alive")]
+    root = tmp_path / "cache"
+    argv = ["cache", "warm", str(mixture_file), "--cache-dir", str(root), "--ray-address",
+            "auto", "--hosts", node["NodeManagerAddress"], "--ranks-per-node", "2",
+            "--epochs", "2", "--seed", "5", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    (result,) = json.loads(out)
+    assert err == ""
+    mix = Mixture.from_file(mixture_file)
+    datasets = open_sources(mix)
+    order = mixture_order(mix, datasets, NodeShare.build(num_nodes=1, ranks_per_node=2,
+                                                         epochs=2, seed=5))  # fmt: skip
+    assert result["node_id"] == node["NodeID"] and result["node_rank"] == 0
+    assert result["mixture"] == str(mixture_file) and "error" not in result
+    assert result["fetched"] == len(order) and result["pinned"] == len(order)
+    with ShardCache(str(root)) as cache:  # every source's share is on the node, pinned
+        for s, d in enumerate(datasets):
+            mine = {i for t, i in order if t == s}
+            assert {i for i in range(len(d.shards)) if cache.contains(d, i)} == mine
+        record = cache.warm_record(datasets[1].url)
+    assert record is not None and record["mixture_digest"] == mix.digest
+    assert (record["source"], record["node_rank"], record["epochs"]) == ("code", 0, 2)
+    # the node's ranks train from the cache the cluster warm filled, fetching nothing
+    for rank in (0, 1):
+        loader = TokenLoader(str(mixture_file), batch_size=4, rank=rank, world_size=2,
+                             ranks_per_node=2, seed=5, cache_dir=str(root))  # fmt: skip
+        assert [k for b in loader for k in b["__key__"]]
+        assert loader.stats()["cache"]["misses"] == 0
+        loader.close()
+
+
+def test_a_cluster_warm_of_a_mixture_names_a_source_that_cannot_be_opened(
+    mixture_file: Path, tmp_path: Path, ray_session: None, capsys
+):
+    import ray
+
+    (node,) = [n for n in ray.nodes() if n.get("Alive")]
+    raw = json.loads(mixture_file.read_text())
+    raw["sources"][1]["url"] += "-typo"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(raw))
+    argv = ["cache", "warm", str(bad), "--cache-dir", str(tmp_path / "c"), "--ray-address",
+            "auto", "--hosts", node["NodeManagerAddress"], "--no-progress"]  # fmt: skip
+    assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "node by node" in err[0]
-    assert not (tmp_path / "c").exists()  # nothing started
+    assert len(err) == 1 and "mixture source 'code'" in err[0] and "-typo" in err[0]

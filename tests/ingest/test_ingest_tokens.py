@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from flashfeed import Dataset
+from flashfeed import Dataset, storage
+from flashfeed.arrowlayout import head_size, read_layout
 from flashfeed.cli import main as cli_main
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.loader import TokenLoader
@@ -47,6 +48,12 @@ def test_documents_come_back_exactly_from_s3(tmp_path: Path, s3_prefix: str, pac
     assert m.skipped == {"empty_text": 1} and stats["documents"] == len(docs)
     assert stats["padding_tokens"] == SEQ * m.num_samples - stats["tokens"] > 0
     assert stats["truncated_tokens"] == 0 and stats["documents_split"] > 0
+    ds = Dataset.open(s3_prefix)
+    for i, info in enumerate(ds.shards):  # each shard says where its record batches lie
+        data = storage.read_bytes(ds.shard_url(i))
+        layout = read_layout(data[: head_size(data[:16], name=info.path)], name=info.path,
+                             size=len(data))  # fmt: skip
+        assert layout is not None and layout.num_rows == info.samples, info.path
     tok = Tokenizer.from_file(tok_path)
     loader = TokenLoader(
         s3_prefix, batch_size=8, seed=3, drop_last=False, device="cpu",

@@ -21,6 +21,7 @@ from flashfeed.ingest.minhash import (
     signatures,
 )
 from flashfeed.ingest.neardup import NearDupOptions, ScreenResult, clusters, screen
+from flashfeed.ingest.nearpairs import GROUP_PAIRS, candidate_pairs, check_pairs
 from flashfeed.ingest.plantedcorpus import PlantedCorpus, make_planted_corpus, write_jsonl
 from flashfeed.ingest.sources import StorageContext, scan_source
 from flashfeed.ingest.transforms import TransformOptions
@@ -84,6 +85,10 @@ def test_planted_near_duplicates_found_with_recall_and_precision(
     assert np.mean(good) >= 0.95, np.mean(good)
     merged_below = np.mean([cluster_of[p.base] == cluster_of[p.copy] for p in below])
     assert merged_below <= 0.05, merged_below
+    # candidate pairs whose signatures disagree were dropped before the union-find
+    stats = found.stats
+    assert stats["candidate_pairs"] - stats["checked_below"] == stats["candidate_edges"]
+    assert stats["checked_below"] > 0
     # each cluster keeps its smallest position, and every drop is counted with a reason
     assert all(r < d for d, r in root.items())
     assert {r.reason for r in found.rejects} <= {"duplicate", "near_duplicate"}
@@ -227,6 +232,31 @@ def test_minhash_estimates_jaccard_and_bands_follow_the_threshold() -> None:
     assert keys.shape == (2, 4) and (keys[0] == keys[1]).all() and len(set(keys[0])) == 4
 
 
+def test_candidates_sharing_a_band_key_are_kept_only_when_their_signatures_agree() -> None:
+    rng = np.random.default_rng(3)
+    sig = rng.integers(0, 2**63, size=(4, 128), dtype=np.uint64)
+    sig[1, :115] = sig[0, :115]  # docs 0 and 1: 90% of the values agree
+    sig[2, :40] = sig[0, :40]  # doc 2: 31% with doc 0, no more with doc 1
+    rows = np.zeros(5, dtype=[("key", np.uint64), ("band", np.int32), ("doc", np.int64)])
+    rows["key"] = [7, 7, 7, 9, 9]  # one LSH collision links all of 0, 1, 2 in band 0
+    rows["band"] = [0, 0, 0, 1, 1]
+    rows["doc"] = [2, 0, 1, 3, 3]  # doc 3 twice under one key: no pair with itself
+    pairs = candidate_pairs(5, rows)
+    assert pairs.tolist() == [[0, 1, 0], [0, 2, 0], [1, 2, 0]]  # every pair of the group
+    kept = check_pairs(0.7, pairs, (np.array([2, 3]), sig[2:]), (np.array([0, 1]), sig[:2]))
+    assert kept.tolist() == [[0, 1, 0]]  # unchecked, 2 would join the cluster of 0 and 1
+    assert clusters(kept) == {0: 0, 1: 0}
+
+
+def test_a_large_group_pairs_each_document_with_a_bounded_number_before_it() -> None:
+    n = GROUP_PAIRS + 10
+    rows = np.zeros(n, dtype=[("key", np.uint64), ("band", np.int32), ("doc", np.int64)])
+    rows["key"], rows["doc"] = 1, np.arange(n)[::-1]
+    pairs = candidate_pairs(9, rows)
+    assert len(pairs) == sum(min(j, GROUP_PAIRS) for j in range(n))
+    assert (pairs[:, 1] - pairs[:, 0]).max() == GROUP_PAIRS and (pairs[:, 0] < pairs[:, 1]).all()
+
+
 def test_union_find_keeps_each_clusters_smallest_id() -> None:
     edges = np.array([[5, 9, 0], [2, 5, 0], [7, 8, 1], [8, 11, 0]], dtype=np.int64)
     assert clusters(edges) == {2: 2, 5: 2, 9: 2, 7: 7, 8: 7, 11: 7}
@@ -323,11 +353,12 @@ def test_text_source_near_dup_then_tokenized(tmp_path: Path) -> None:
 
 
 def test_samples_without_text_are_never_duplicates_of_each_other() -> None:
-    from flashfeed.ingest.neardup import _edges, _rows
+    from flashfeed.ingest.neardup import _rows
 
     opts = NearDupOptions(threshold=THRESHOLD)
-    rows = _rows(opts, [0, 1, 2, 3], ["", "", "the same words here", "the same words here"])
-    assert sorted(set(rows["doc"].tolist())) == [2, 3]
-    edges = _edges(opts.bands_rows[0], rows)
+    rows, (signed, _) = _rows(opts, [0, 1, 2, 3], ["", "", "the same words here",
+                                                   "the same words here"])  # fmt: skip
+    assert sorted(set(rows["doc"].tolist())) == [2, 3] and signed.tolist() == [2, 3]
+    edges = candidate_pairs(opts.bands_rows[0], rows)
     assert clusters(edges) == {2: 2, 3: 2}
     assert edges[:, 2].max() == 1  # linked as exact duplicates

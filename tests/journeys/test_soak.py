@@ -1,9 +1,9 @@
-"""A short soak: benchmarks/soak.py with 2 loader processes sharing one cache for 3 epochs;
+"""A short soak: benchmarks/stages/soak.py with 2 loader processes sharing one cache for 3 epochs;
 open files, threads, child processes and memory must not grow after the first epoch."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -13,25 +13,29 @@ from typing import Any
 from support import REPO
 from support.loader_helpers import make_image_dataset
 
-SOAK = REPO / "benchmarks" / "soak.py"
-
 
 def _soak_module() -> Any:
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
-    assert spec is not None and spec.loader is not None
-    soak = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(soak)
-    return soak
+    return importlib.import_module("benchmarks.stages.soak")
 
 
 def test_two_loader_processes_five_epochs_nothing_grows(s3_prefix: str, tmp_path: Path) -> None:
     make_image_dataset(s3_prefix, [16, 16, 16, 16], size=16)
     out = tmp_path / "soak.json"
     # thread pools fill lazily up to their bound in the first epochs: judge after two of them
-    cmd = [sys.executable, str(SOAK), "--dataset", s3_prefix, "--processes", "2", "--epochs", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.stages.soak",
+        "--dataset",
+        s3_prefix,
+        "--processes",
+        "2",
+        "--epochs",
+        "5",
+    ]
     cmd += ["--warmup", "2", "--image-size", "16", "--batch-size", "8", "--out", str(out)]
     cmd += ["--cache-dir", str(tmp_path / "cache"), "--timeout", "150"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "nothing grew" in proc.stdout
     result = json.loads(out.read_text())

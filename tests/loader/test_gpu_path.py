@@ -8,7 +8,6 @@ import gc
 import importlib
 import json
 import os
-import sys
 import weakref
 import zipfile
 from pathlib import Path
@@ -26,7 +25,6 @@ from flashfeed.loader.distributed import cuda_device_index
 from flashfeed.loader.ledger import check_exactly_once
 from flashfeed.loader.pipeline import decode_device
 
-from support import REPO
 from support.loader_helpers import (
     image_keys,
     label_of,
@@ -369,10 +367,7 @@ def test_token_keys_are_unchanged_by_the_gpu_copy_path(tokens):
 
 @pytest.fixture(scope="module")
 def gpu_bench():
-    bench = str(REPO / "benchmarks")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)  # as when the script runs (spawned encoders import it too)
-    return importlib.import_module("gpu_bench")
+    return importlib.import_module("benchmarks.gpu_bench")  # as ``python -m`` runs it
 
 
 def test_the_bench_corpus_is_a_dataset_the_loader_reads_exactly_once(gpu_bench, tmp_path):

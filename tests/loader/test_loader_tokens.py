@@ -134,3 +134,24 @@ def test_a_state_saved_after_an_exhausted_epoch(tokens):
     uninterrupted = TokenLoader(tokens, batch_size=16, seed=1)
     uninterrupted.set_epoch(1)
     assert torch.equal(a, torch.cat([b["tokens"] for b in uninterrupted]))
+
+
+def test_shards_of_different_row_lengths_are_refused_naming_both(tmp_path):
+    import pyarrow as pa
+
+    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.shardio import shard_name, write_arrow_shard
+
+    prefix = str(tmp_path / "ds")
+    infos = []
+    for i, length in enumerate((4, 4, 5)):
+        values = pa.array(np.arange(6 * length, dtype=np.int32))
+        table = pa.table({"tokens": pa.FixedSizeListArray.from_arrays(values, length)})
+        infos.append(write_arrow_shard(prefix, shard_name(i, "arrow"), table))
+    commit_manifest(prefix, Manifest(name="t", shard_format="arrow", schema={},
+                                     shards=tuple(infos)))  # fmt: skip
+    loader = TokenLoader(prefix, batch_size=3, shuffle=False)
+    with pytest.raises(ValueError, match="sequences must have one length") as err:
+        list(loader)
+    assert infos[2].path in str(err.value) and infos[0].path in str(err.value)
+    assert "(5,)" in str(err.value) and "(4,)" in str(err.value)

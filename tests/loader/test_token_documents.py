@@ -17,7 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
+from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX, Segments, document_outputs
 
 from support.loader_helpers import make_token_dataset
 from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents
@@ -249,3 +249,39 @@ def test_document_columns_with_different_row_lengths_are_refused_naming_the_shar
     loader = TokenLoader(prefix, batch_size=2, shuffle=False, outputs=("document_ids",))
     with pytest.raises(CorruptShardError, match=r"shards/000000\.arrow.*'doc_ids'.*per segment"):
         next(iter(loader))
+
+
+def test_outputs_written_into_the_callers_buffers_equal_new_arrays():
+    """Where every output must sit in the caller's buffers (pinned, for a device copy) and
+    where new arrays may be kept as computed, the outputs are the same, and right: rows of
+    two segments, one segment and padding, and padding only."""
+    seg = Segments(
+        counts=np.array([2, 1, 0]), lengths=np.array([3, 5, 6]), ids=np.array([10, 11, 12]),
+        starts=np.array([0, 4, 2]),
+    )  # fmt: skip
+    tokens = np.arange(24, dtype=np.uint16).reshape(3, 8)
+    given: list[np.ndarray] = []
+
+    def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        given.append(np.full(shape, 99, dtype))
+        return given[-1]
+
+    kept = document_outputs(seg, 8, tokens, DOC_OUTPUTS, alloc, new_ok=False)
+    assert all(any(kept[n] is g for g in given) for n in DOC_OUTPUTS if n != "max_seqlen" and
+               n != "cu_seqlens")  # fmt: skip
+    new = document_outputs(seg, 8, tokens, DOC_OUTPUTS, alloc, new_ok=True)
+    for out in (kept, new):
+        assert out["position_ids"].tolist() == [
+            [0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 0, 1], list(range(8))
+        ]  # fmt: skip
+        assert out["document_ids"].tolist() == [[10] * 3 + [11] * 5, [12] * 6 + [-1] * 2,
+                                                [-1] * 8]  # fmt: skip
+        assert out["document_offsets"].tolist() == [
+            [0, 1, 2, 4, 5, 6, 7, 8], [2, 3, 4, 5, 6, 7, -1, -1], [-1] * 8
+        ]  # fmt: skip
+        I = IGNORE_INDEX  # noqa: E741
+        assert out["labels"].tolist() == [
+            [I, 1, 2, I, 4, 5, 6, 7], [I, 9, 10, 11, 12, 13, I, I], [I] * 8
+        ]  # fmt: skip
+        assert out["cu_seqlens"].tolist() == [0, 3, 8, 14, 16, 24]
+        assert out["max_seqlen"] == 8

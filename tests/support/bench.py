@@ -1,8 +1,9 @@
-"""Load a benchmark script as a module, as the suite runs it (its siblings importable)."""
+"""Benchmark modules as the suite runs them: imported as ``benchmarks.<name>`` from the
+repository root (``python -m pytest`` puts it on the path), or run with ``python -m``."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from types import ModuleType
 
@@ -11,13 +12,11 @@ from support import REPO
 BENCH = REPO / "benchmarks"
 
 
-def load_bench(name: str, *, prefix: str = "ffbench") -> ModuleType:
-    """``benchmarks/<name>.py`` as a fresh module named ``<prefix>_<name>``."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))  # as when the scripts run: siblings import each other
-    spec = importlib.util.spec_from_file_location(f"{prefix}_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_bench(name: str) -> ModuleType:
+    """``benchmarks.<name>``: ``"report"``, or a stage as ``"stages.neardup"``."""
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def bench_command(module: str, *args: str) -> list[str]:
+    """The command line that runs ``benchmarks.<module>``; run it with ``cwd=REPO``."""
+    return [sys.executable, "-m", f"benchmarks.{module}", *args]

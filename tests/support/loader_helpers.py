@@ -75,9 +75,11 @@ def make_token_dataset(
     dtype: str = "int32",
     storage_options: dict | None = None,
     overwrite: bool = False,
+    batch_bytes: int | None = 4 << 20,
 ) -> Manifest:
     """Arrow shards with a fixed-size ``tokens`` column; row n holds n, n+1, ... (so each
-    sequence names its own global id) and ``__key__`` ``t<n>``."""
+    sequence names its own global id) and ``__key__`` ``t<n>``; record batches of about
+    ``batch_bytes`` (None: one per 8,192 rows, no layout recorded, as written before)."""
     infos, n = [], 0
     for i, count in enumerate(shard_sizes):
         ids = np.arange(n, n + count)
@@ -86,7 +88,11 @@ def make_token_dataset(
         table = pa.table({"__key__": [f"t{j:07d}" for j in ids], "tokens": tokens})
         infos.append(
             write_arrow_shard(
-                prefix, shard_name(i, "arrow"), table, storage_options=storage_options
+                prefix,
+                shard_name(i, "arrow"),
+                table,
+                storage_options=storage_options,
+                batch_bytes=batch_bytes,
             )
         )
         n += count

@@ -9,14 +9,15 @@
   packing    padding of concat and best-fit on the corpus's real document lengths
   loader     TokenLoader GB/s of delivered bytes, tokens only and with the document outputs
              (position_ids, document_ids, cu_seqlens, max_seqlen, labels), beside a memcpy
-             of the same number of bytes
+             of the same number of bytes and a ceiling: the same rows in the same order
+             gathered into preallocated buffers, one per (B, L) array a batch delivers
 
 The corpus is real text found on the machine (package docs, changelogs, Python sources),
 one document per file or changelog entry (long files cut at 256 KiB), and a byte-level BPE
 trained on it.
 Prints tables and writes JSON. Not a timed test.
 
-    python benchmarks/tokenize_bench.py --mb 8 --rounds 3 --out .bench/tokenize.json
+    python -m benchmarks.stages.tokenize_bench --mb 8 --rounds 3 --out .bench/tokenize.json
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+
 SOURCES = ("/usr/share/doc/*/*", "/usr/lib/python3*/**/*.py")
 CHUNK = 256 << 10
 KERNEL_OUTPUTS = ("position_ids", "document_ids", "cu_seqlens", "max_seqlen", "labels")
+KERNEL_ARRAYS = ("position_ids", "document_ids", "labels")  # the (B, L) ones among them
+CEILING = "row gather (ceiling)"
 
 
 def machine_documents(limit: int, seed: int = 0) -> list[str]:
@@ -161,7 +167,7 @@ def bench_tokenize(
     with ray_session(num_cpus=args.num_cpus):
         run_flashfeed(src, tok, work, args)  # warm-up: Ray's workers start and import once
         for r in range(args.rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
+            order = rotated(names, r)
             for name in order:
                 secs = peers[name]()
                 if secs is not None:
@@ -244,14 +250,17 @@ def _loader_rates(
 ) -> dict[str, Any]:
     from flashfeed.loader import TokenLoader
 
+    keys: list[list[str]] = []  # the timed pass's rows, for the gather ceiling
+
     def epoch(outputs: tuple[str, ...]) -> tuple[float, int]:
         loader = TokenLoader(str(prefix), batch_size=batch_size, outputs=outputs, device="cpu")
         for _ in loader:  # the first pass maps the pages in
             pass
         before = loader.bytes_delivered
+        keys.clear()
         t0 = time.perf_counter()
-        for _ in loader:
-            pass
+        for batch in loader:
+            keys.append(batch["__key__"])  # type: ignore[arg-type]
         return time.perf_counter() - t0, loader.bytes_delivered - before
 
     def memcpy(nbytes: int) -> float:
@@ -265,19 +274,57 @@ def _loader_rates(
     rows = {"tokens only": (), "with document outputs": KERNEL_OUTPUTS}
     if not with_tokens_only:
         del rows["tokens only"]
-    rates: dict[str, list[float]] = {n: [] for n in [*rows, "memcpy (same bytes)"]}
+    rates: dict[str, list[float]] = {n: [] for n in [*rows, "memcpy (same bytes)", CEILING]}
     for r in range(args.rounds):
-        for name in list(rows)[r % len(rows) :] + list(rows)[: r % len(rows)]:
+        for name in rotated(list(rows), r):
             secs, nbytes = epoch(rows[name])
             rates[name].append(nbytes / secs / 1e9)
             if name == "with document outputs":
                 rates["memcpy (same bytes)"].append(nbytes / memcpy(nbytes) / 1e9)
+                rates[CEILING].append(_gather_ceiling(prefix, keys, 1 + len(KERNEL_ARRAYS)))
     med = {n: statistics.median(v) for n, v in rates.items()}
     return {
         "gb_per_s": med,
         "rounds": rates,
         "of_memcpy": med["with document outputs"] / med["memcpy (same bytes)"],
+        "of_ceiling": med["with document outputs"] / med[CEILING],
     }
+
+
+def _gather_ceiling(prefix: Path, batches: list[list[str]], arrays: int) -> float:
+    """GB/s of the same rows, in the same order and batches, gathered from the mapped
+    shards into a preallocated buffer (one ``np.concatenate`` of row views, the fastest
+    gather measured) and widened into ``arrays`` preallocated int64 buffers: the (B, L)
+    bytes a batch delivers, written with no loader and nothing computed."""
+    from flashfeed.dataset import Dataset
+    from flashfeed.loader.arrowcols import open_arrow_view
+
+    ds = Dataset.open(str(prefix))
+    views = {s.path: open_arrow_view(ds.shard_url(i), ("tokens",), name=s.path)
+             for i, s in enumerate(ds.shards)}  # fmt: skip
+
+    def where(key: str) -> tuple[np.ndarray, int]:  # the row's record batch, row in it
+        shard, row = key.rsplit("/", 1)
+        view = views[shard]
+        chunk, inner = view.locate(np.array([int(row)]))
+        return view.columns["tokens"][int(chunk[0])], int(inner[0])
+
+    plan = [[where(k) for k in b] for b in batches]
+    first = plan[0][0][0]
+    bufs: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+    for b in plan:  # buffers made and faulted in before the clock starts
+        n = len(b)
+        if n not in bufs:
+            wide = [np.zeros((n, first.shape[1]), np.int64) for _ in range(arrays)]
+            bufs[n] = (np.zeros((n, first.shape[1]), first.dtype), wide)
+    t0 = time.perf_counter()
+    for b in plan:
+        narrow, wide = bufs[len(b)]
+        np.concatenate([a[r : r + 1] for a, r in b], out=narrow)
+        for w in wide:
+            np.copyto(w, narrow, casting="unsafe")
+    seconds = time.perf_counter() - t0
+    return sum(len(b) * first.shape[1] * 8 * arrays for b in plan) / seconds / 1e9
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print_tables(result)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
     return 0
 
 
@@ -332,11 +378,13 @@ def print_tables(result: dict[str, Any]) -> None:
     for name, v in lo["gb_per_s"].items():
         print(f"  {name:24s} {v:8.2f}")
     print(f"  with outputs / memcpy   {lo['of_memcpy']:8.2f}")
+    print(f"  with outputs / ceiling  {lo['of_ceiling']:8.2f}")
     for b, more in lo.get("by_batch_size", {}).items():
         rates = more["gb_per_s"]
         print(
             f"  batch {b:>5s}: with document outputs {rates['with document outputs']:6.2f}, "
-            f"memcpy {rates['memcpy (same bytes)']:6.2f}, of memcpy {more['of_memcpy']:5.2f}"
+            f"memcpy {rates['memcpy (same bytes)']:6.2f}, of memcpy {more['of_memcpy']:5.2f}, "
+            f"ceiling {rates[CEILING]:6.2f}, of ceiling {more['of_ceiling']:5.2f}"
         )
 
 

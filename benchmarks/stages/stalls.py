@@ -4,52 +4,23 @@ server through an empty node cache for two epochs, logging every batch (``stats_
 The first epoch fetches shards as it goes (storage waits), the second reads the cache
 (decode-bound on CPU). Prints the summary per epoch and writes JSON plus the raw log.
 
-    python benchmarks/stalls.py --corpus .bench/corpus --images 2000 --out .bench/stalls.json
+    python -m benchmarks.stages.stalls --corpus .bench/corpus --images 2000 --out .bench/stalls.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+from benchmarks.harness.datasets import image_dataset
+from benchmarks.harness.results import write_json
+from benchmarks.harness.store import start_store
 
 __all__ = ["main"]
-
-
-def upload_dataset(prefix: str, files: list[Path], shards: int, opts: dict[str, Any]) -> None:
-    """``files`` (class_XXX/*.jpg) as ``shards`` scattered tar shards committed at ``prefix``."""
-    from flashfeed import Manifest, commit_manifest
-    from flashfeed.shardio import shard_name, write_tar_shard
-
-    order = np.random.default_rng(0).permutation(len(files))
-    per = -(-len(files) // shards)
-    infos = []
-    for s in range(shards):
-        samples = [
-            (
-                f"img-{i:07d}",
-                {
-                    "jpg": files[i].read_bytes(),
-                    "cls": files[i].parent.name.split("_")[1].lstrip("0").encode() or b"0",
-                },
-            )
-            for i in order[s * per : (s + 1) * per].tolist()
-        ]
-        infos.append(write_tar_shard(prefix, shard_name(s, "tar"), samples, storage_options=opts))
-    m = Manifest(
-        name="stalls",
-        shard_format="webdataset",
-        schema={"jpg": "image", "cls": "label"},
-        shards=tuple(infos),
-    )
-    commit_manifest(prefix, m, storage_options=opts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,19 +38,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from flashfeed.loader import Loader
     from flashfeed.monitor.report import read_stats_log, summarize
-    from flashfeed.store import EmbeddedStore
 
     files = sorted(Path(args.corpus).glob("class_*/*.jpg"))[: args.images]
     if len(files) < args.images:
         raise SystemExit(f"{args.corpus} has {len(files)} images, {args.images} asked")
     work = tempfile.mkdtemp(prefix="ffstall-", dir="/tmp")
-    store = EmbeddedStore(os.path.join(work, "store"), port=0)
+    bs = start_store(work, bucket="stalls")
     Path(args.log).unlink(missing_ok=True)
     try:
-        store.start()
-        store.make_bucket("stalls")
-        opts = store.info.storage_options()
-        upload_dataset("s3://stalls/ds", files, args.shards, opts)
+        opts = bs.opts
+        labelled = [(f, int(f.parent.name.split("_")[1])) for f in files]
+        image_dataset("s3://stalls/ds", labelled, args.shards, name="stalls", storage_options=opts)
         loader = Loader(
             "s3://stalls/ds",
             batch_size=64,
@@ -96,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         loader.close()
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(work, ignore_errors=True)
     records = read_stats_log(args.log)
     per_epoch = {}
@@ -115,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": per_epoch,
         "records": records,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out) + "\n")
+    write_json(args.out, out)
     return 0
 
 

@@ -32,7 +32,7 @@ Every peer's timer starts before its dataset/loader is constructed. Targets: fir
 from S3 >= 0.95 of the first epoch from local disk; >= 1.2x the best cold peer; hot epoch
 >= 0.95 of the ceiling; start-up <= 0.5 s. Runs in .bench-venv (the peers live there).
 
-    .bench-venv/bin/python benchmarks/targets.py --corpus .bench/corpus --mb 256
+    .bench-venv/bin/python -m benchmarks.stages.targets --corpus .bench/corpus --mb 256
 """
 
 from __future__ import annotations
@@ -51,14 +51,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from coldstart import upload
-from limits import download
-from loader_peers import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
-from machine import cpu_steal
-from startup import run_child
-
-from loader import BATCH, batch_len, rotated, tree_cpu_seconds
+from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.corpus import pick_images
+from benchmarks.harness.datasets import shardwriter_dataset
+from benchmarks.harness.peerloaders import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store, upload_tree
+from benchmarks.harness.timing import BATCH, batch_len, tree_cpu_seconds
+from benchmarks.machine import cpu_steal
+from benchmarks.stages.limits import download
+from benchmarks.stages.startup import run_child
 
 #: the targets: measure -> (reference, bound); "min" ratios must reach it, "max" stay below
 TARGETS = {
@@ -67,32 +70,6 @@ TARGETS = {
     "hot_vs_ceiling": 0.95,
     "startup_s": 0.5,
 }
-
-
-def pick_files(corpus: Path, nbytes: int) -> list[tuple[Path, int]]:
-    files, total = [], 0
-    for f in sorted(corpus.glob("class_*/*.jpg")):
-        files.append((f, int(f.parent.name.split("_")[1])))
-        total += f.stat().st_size
-        if total >= nbytes:
-            break
-    return files
-
-
-def shardwriter_layout(files: list[tuple[Path, int]], out: Path, shard_mib: int) -> int:
-    """``ShardWriter`` tars of ``shard_mib`` MiB, adopted with ``flashfeed index``."""
-    import webdataset as wds
-
-    if (out / "manifest.json").exists():
-        return len(list(out.glob("*.tar")))
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    with wds.ShardWriter(str(out / "%06d.tar"), maxsize=shard_mib << 20, verbose=0) as sink:
-        for i, (path, label) in enumerate(files):
-            sink.write({"__key__": f"img{i:07d}", "jpg": path.read_bytes(), "cls": str(label)})
-    cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
-    subprocess.run(cli, check=True)
-    return len(list(out.glob("*.tar")))
 
 
 def epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, int]:
@@ -107,7 +84,8 @@ def litdata_s3(url: str, cache: Path, opts: dict[str, Any], workers: int) -> Ite
     plain-http endpoint (this SeaweedFS), so it is switched off as if not installed."""
     import litdata.streaming.downloader as downloader
     from litdata import StreamingDataLoader, StreamingDataset
-    from peers import DecodeBatch
+
+    from benchmarks.stages.peers import DecodeBatch
 
     downloader._OBSTORE_AVAILABLE = False  # type: ignore[attr-defined]
 
@@ -116,10 +94,11 @@ def litdata_s3(url: str, cache: Path, opts: dict[str, Any], workers: int) -> Ite
 
 
 def mosaic_s3(url: str, local: Path, workers: int) -> Iterable[Any]:
-    from peers import DecodeBatch
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
     from torch.utils.data import DataLoader
+
+    from benchmarks.stages.peers import DecodeBatch
 
     clean_stale_shared_memory()
     ds = StreamingDataset(remote=url, local=str(local), shuffle=True, batch_size=BATCH)
@@ -133,9 +112,9 @@ def mosaic_s3_child(url: str, local: Path, workers: int) -> float:
     served bytes that were not images yet. Its imports come before the timer, as
     flashfeed's do."""
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--mosaic-child", url, str(local),
-         str(workers)],
-        capture_output=True, text=True, timeout=900, check=False,
+        module_command("benchmarks.stages.targets", "--mosaic-child", url,
+                       str(local.resolve()), str(workers)),
+        capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"mosaic run failed: {proc.stderr[-600:]}")
@@ -155,7 +134,7 @@ def convert_peers(
     files: list[tuple[Path, int]], work: Path, workers: int
 ) -> tuple[dict[str, Path], dict[str, str]]:
     """Each peer's own conversion of the files (local), or why it is unavailable."""
-    from peers import convert_litdata, convert_mosaic
+    from benchmarks.stages.peers import convert_litdata, convert_mosaic
 
     out, missing = {}, {}
     for name, conv in (
@@ -186,14 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=".bench/targets.json")
     args = p.parse_args(argv)
     from flashfeed.loader import Loader
-    from flashfeed.store import EmbeddedStore
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    files = pick_files(Path(args.corpus), args.mb << 20)
+    files = pick_images(Path(args.corpus), args.mb << 20)
     sizes = [int(s) for s in args.shard_mib.split(",") if s]
     layouts = {s: work / f"wds-{s}MiB" for s in sizes}
-    shard_counts = {s: shardwriter_layout(files, layouts[s], s) for s in sizes}
+    shard_counts = {s: shardwriter_dataset(files, layouts[s], s) for s in sizes}
     peer_dirs, missing = convert_peers(files, work / "peers", args.threads)
     images = len(files)
     # the ceiling decodes the very images the epochs decode (all of them, from RAM): a
@@ -201,18 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     jpegs, labels = [f.read_bytes() for f, _ in files], [c for _, c in files]
     thr = args.threads
     scratch = Path(tempfile.mkdtemp(prefix="fftarget-", dir="/tmp"))
-    store = EmbeddedStore(scratch / "store")
+    bs = start_store(scratch, bucket="flashfeed", export_env=True)
     rounds: dict[str, list[float]] = {}
     waits: dict[str, list[dict[str, Any]]] = {}
     steal: dict[str, list[float]] = {}  # share of CPU time the host took, per run
     try:
-        store.start()
-        bucket = store.make_bucket("flashfeed")
-        env = store.info.env()
-        os.environ.update(env)
+        bucket = bs.bucket
+        env = bs.env
         os.environ["S3_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"]  # mosaic's variable
         for s in sizes:
-            upload(layouts[s], f"{bucket}/wds-{s}")
+            upload_tree(layouts[s], f"{bucket}/wds-{s}")
         for name, d in peer_dirs.items():
             upload_tree(d, f"{bucket}/{name}")
         from flashfeed import storage
@@ -331,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mosaic-s3": mosaic_s3_child(f"{bucket}/mosaicml-streaming", fresh("mds"), thr)
             }
         for r in range(args.rounds):
-            store.restart()
+            bs.restart()
             time.sleep(2.0)  # let the restarted server settle before the first run is timed
             for name in rotated(list(runs), r):
                 before = cpu_steal()
@@ -349,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"round {r}: {k} {v:.2f} (steal {share:.0%})", file=sys.stderr,
                           flush=True)  # fmt: skip
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     result = {
         "config": vars(args),
@@ -365,19 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for k, v in result["median"].items():
         print(f"{k:24s} {v:9.2f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     return 0
-
-
-def upload_tree(local: Path, url: str) -> None:
-    """Every file under ``local`` to ``url`` (a peer's own layout, index files included)."""
-    from flashfeed import storage
-
-    fs, path = storage.filesystem(url)
-    for f in sorted(local.rglob("*")):
-        if f.is_file():
-            fs.put_file(str(f), f"{path}/{f.relative_to(local)}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Benchmark corpora: ImageNet-like JPEGs cut from real photographs, and a small text corpus.
+"""Benchmark corpora: ImageNet-like JPEGs cut from real photographs (synthetic JPEGs where no
+photos are installed), and a small text corpus; ``datasets`` writes shards of them.
 
 Photos come from Debian's wallpaper packages (real photographs, freely licensed):
 
@@ -9,8 +10,8 @@ to a short side of 300-500 px, with luma grain (sigma 9-16: the wallpapers are s
 real camera images) and saved at JPEG quality 85-95, in an ImageFolder layout of N classes.
 The same arguments give the same files.
 
-    python benchmarks/corpus.py images .bench/corpus --size 2GB --classes 50
-    python benchmarks/corpus.py text .bench/text.jsonl --rows 20000
+    python -m benchmarks.harness.corpus images .bench/corpus --size 2GB --classes 50
+    python -m benchmarks.harness.corpus text .bench/text.jsonl --rows 20000
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from PIL import Image
 
 from flashfeed.units import format_size, parse_size
 
-__all__ = ["build_image_corpus", "build_text_corpus", "find_photos"]
+__all__ = [
+    "build_image_corpus",
+    "build_text_corpus",
+    "find_photos",
+    "image_corpus",
+    "pick_images",
+    "synthetic_images",
+]
 
 PHOTO_DIRS = ("/usr/share/backgrounds/mate/nature", "/usr/share/wallpapers")
 INSTALL_HINT = (
@@ -158,6 +166,59 @@ def build_text_corpus(path: str | os.PathLike[str], *, rows: int = 20_000, seed:
     from flashfeed.ingest.samplecorpus import make_text_jsonl
 
     return make_text_jsonl(path, rows=rows, seed=seed)
+
+
+def image_corpus(
+    root: Path, images: int, seed: int, existing: str | None = None
+) -> list[tuple[Path, int]]:
+    """``(file, label)`` of ``images`` photos: ``existing`` (an ImageFolder) when given, else
+    the photo corpus built under ``root``, else synthetic JPEGs where no photos are installed."""
+    folder = Path(existing) if existing else root / "corpus"
+    if existing:
+        kind = f"existing ImageFolder {existing}"
+    elif len(find_photos()) >= 8:
+        build_image_corpus(
+            folder, size=int(images * 120e3), classes=50, seed=seed,
+            workers=min(8, os.cpu_count() or 2),
+        )  # fmt: skip
+        kind = "photos (benchmarks/harness/corpus.py)"
+    else:
+        print("no photos installed; synthetic PIL JPEGs instead", file=sys.stderr)
+        synthetic_images(folder, images, seed)
+        kind = "synthetic PIL JPEGs"
+    files = sorted(folder.glob("class_*/*.jpg"))[:images]
+    if len(files) < images:
+        raise SystemExit(f"the corpus has {len(files)} images, {images} asked")
+    print(f"corpus: {len(files)} images, {kind}", file=sys.stderr)
+    return [(f, int(f.parent.name.split("_")[1])) for f in files]
+
+
+def pick_images(corpus: str | os.PathLike[str], nbytes: int) -> list[tuple[Path, int]]:
+    """``(file, label)`` of an ImageFolder corpus's first images (sorted) up to ``nbytes``."""
+    files, total = [], 0
+    for f in sorted(Path(corpus).glob("class_*/*.jpg")):
+        files.append((f, int(f.parent.name.split("_")[1])))
+        total += f.stat().st_size
+        if total >= nbytes:
+            break
+    return files
+
+
+def synthetic_images(folder: Path, images: int, seed: int) -> None:
+    """``images`` blocky, grainy 300-500 px JPEGs in 50 classes (photo-free fallback)."""
+    rng = np.random.default_rng(seed)
+    for i in range(images):
+        path = folder / f"class_{i % 50:03d}" / f"img_{i:07d}.jpg"
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        h, w = (int(x) for x in rng.integers(300, 500, 2))
+        base = rng.integers(0, 255, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8)
+        img = np.kron(base, np.ones((16, 16, 1), np.uint8))[:h, :w]
+        img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=90)
+        path.write_bytes(buf.getvalue())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,15 +12,13 @@
 
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/cache.py --shards 12 --shard-size 32MiB --out .bench/cache.json
+    python -m benchmarks.stages.cachebench --shards 12 --shard-size 32MiB --out .bench/cache.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -30,8 +28,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
+from benchmarks.harness.datasets import random_dataset
+from benchmarks.harness.results import write_json
+from benchmarks.harness.store import start_store
+from benchmarks.stages.limits import ranged_get  # the GETs of a fill, bytes dropped
 from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.options import CacheOptions
@@ -41,38 +41,7 @@ from flashfeed.cache.stats import read_persisted
 from flashfeed.cache.warm import warm
 from flashfeed.plan import PlanOptions, Topology, node_shard_order
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.store import EmbeddedStore, StoreError
 from flashfeed.units import parse_size
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from limits import ranged_get  # the GETs of a fill, bytes dropped
-
-
-def start_store(parent: str) -> EmbeddedStore:
-    for attempt in range(4):
-        store = EmbeddedStore(
-            os.path.join(parent, f"s{attempt}"), port=random.randrange(20000, 45000)
-        )
-        try:
-            store.start()
-            return store
-        except StoreError:
-            store.stop()
-    raise SystemExit("could not start SeaweedFS")
-
-
-def make_dataset(prefix: str, n: int, size: int, opts: dict[str, Any] | None) -> Dataset:
-    """``n`` tar shards of ``size`` bytes of random data each (4 samples a shard)."""
-    rng = np.random.default_rng(0)
-    infos = []
-    for i in range(n):
-        samples = [(f"s{i:04d}-{j:04d}", {"bin": rng.bytes(size // 4 - 1024)}) for j in range(4)]
-        infos.append(write_tar_shard(prefix, shard_name(i, "tar"), samples, storage_options=opts))
-    m = Manifest(
-        name="bench", shard_format="webdataset", schema={"bin": "bytes"}, shards=tuple(infos)
-    )
-    commit_manifest(prefix, m, storage_options=opts)
-    return Dataset.open(prefix, storage_options=opts)
 
 
 def raw_parallel_get(
@@ -283,14 +252,13 @@ def main() -> None:
     args = ap.parse_args()
     size, part = parse_size(args.shard_size), parse_size(args.part_size)
     work = tempfile.mkdtemp(prefix="ffcb-", dir="/tmp")
-    store = start_store(work)
+    bs = start_store(work, bucket="flashfeed")
     disk = ""
     out: dict[str, Any] = {"config": vars(args), "machine": {"cpus": os.cpu_count()}}
     try:
-        store.make_bucket("flashfeed")
-        opts = store.info.storage_options()
+        opts = bs.opts
         t = time.perf_counter()
-        ds = make_dataset("s3://flashfeed/bench", args.shards, size, opts)
+        ds = random_dataset("s3://flashfeed/bench", args.shards, size, storage_options=opts)
         secs = time.perf_counter() - t
         print(
             f"dataset: {args.shards} x {args.shard_size} uploaded in {secs:.1f}s", file=sys.stderr
@@ -337,10 +305,10 @@ def main() -> None:
             ),
         }
         out["hit"] = hit_path(ds, opts, root, rounds=5)
-        out["single_flight"] = single_flight(ds, store.info.env(), work, 8)
+        out["single_flight"] = single_flight(ds, bs.env, work, 8)
         out["eviction"] = eviction(work, shards=40, epochs=3)
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(work, ignore_errors=True)
         if disk:
             shutil.rmtree(disk, ignore_errors=True)
@@ -391,9 +359,7 @@ def main() -> None:
             f"{name:24} {e['lru']:7.1%} {e['plan_aware']:11.1%} {e['optimum']:8.1%} "
             f"{e['ratio_vs_lru']:9.2f}  >=1.50"
         )
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=2)
+    write_json(args.out, out)
     print(f"\nwrote {args.out}")
 
 

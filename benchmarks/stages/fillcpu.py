@@ -26,13 +26,12 @@ all its threads; the server is another process and is not counted) per GB moved 
 
 Prints a table (``--json PATH`` also writes the rounds). The target: fill <= 1.3x raw.
 
-    python benchmarks/fillcpu.py --shards 4 --shard-size 64MiB --rounds 3
+    python -m benchmarks.stages.fillcpu --shards 4 --shard-size 64MiB --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -44,18 +43,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
-from flashfeed import Dataset, Manifest, commit_manifest, storage
+from benchmarks.harness.datasets import random_dataset
+from benchmarks.harness.results import write_json
+from benchmarks.harness.store import start_store
+from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.directget import SignedObject, reader_for
 from flashfeed.cache.fill import CHUNK
 from flashfeed.cache.ranged import split_ranges
-from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.units import format_size, parse_size
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cache import start_store  # one way to start the benchmark's SeaweedFS
 
 METHODS = (
     "fill",
@@ -67,18 +63,6 @@ METHODS = (
     "raw-s3fs",
     "raw-to-file",
 )
-
-
-def make_dataset(prefix: str, n: int, size: int, opts: dict[str, Any]) -> Dataset:
-    """``n`` tar shards of about ``size`` bytes of random data (4 samples a shard)."""
-    rng = np.random.default_rng(0)
-    infos = []
-    for i in range(n):
-        samples = [(f"s{i:04d}-{j}", {"bin": rng.bytes(size // 4 - 1024)}) for j in range(4)]
-        infos.append(write_tar_shard(prefix, shard_name(i, "tar"), samples, storage_options=opts))
-    m = Manifest(name="fillcpu", shard_format="webdataset", schema={}, shards=tuple(infos))
-    commit_manifest(prefix, m, storage_options=opts)
-    return Dataset.open(prefix, storage_options=opts)
 
 
 def measured(fn: Callable[[], int]) -> dict[str, float]:
@@ -298,13 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     size = parse_size(args.shard_size, name="--shard-size")
     part = parse_size(args.part_size, name="--part-size")
     work = tempfile.mkdtemp(prefix="ff-fillcpu-")
-    store = start_store(work)
+    bs = start_store(work, bucket="fillcpu")
     try:
-        opts = store.info.storage_options()
+        opts = bs.opts
         bucket, key_prefix = "fillcpu", "ds"
-        ds = make_dataset(f"s3://{bucket}/{key_prefix}", args.shards, size, opts)
-        client = botocore_client(store.info, args.concurrency)
-        ob, arrow = obstore_store(store.info, bucket), pyarrow_fs(store.info)
+        ds = random_dataset(f"s3://{bucket}/{key_prefix}", args.shards, size, storage_options=opts)
+        client = botocore_client(bs.store.info, args.concurrency)
+        ob, arrow = obstore_store(bs.store.info, bucket), pyarrow_fs(bs.store.info)
         runs: dict[str, Callable[[], int]] = {
             "fill": lambda: fill(ds, opts, os.path.join(work, "cache"), args.concurrency, part),
             "fill-s3fs": lambda: fill_s3fs(
@@ -344,10 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in table(rounds):
             print(line)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"args": vars(args), "rounds": rounds}, f, indent=1)
+            write_json(args.json, {"args": vars(args), "rounds": rounds})
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -20,16 +20,12 @@ plus the token loader's GB/s against a plain memory copy and a random-row gather
 bytes, and shuffle quality (label entropy per batch / ideal) on a class-sorted layout.
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/loader.py --images 5000 --out .bench/loader.json
+    python -m benchmarks.stages.loaderbench --images 5000 --out .bench/loader.json
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
-import io
-import json
-import os
 import statistics
 import sys
 import time
@@ -39,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader_peers import (
+from benchmarks.harness.corpus import image_corpus
+from benchmarks.harness.datasets import image_dataset, token_dataset
+from benchmarks.harness.peerloaders import (
     DaliReaderEpochs,
     dali_decode_ceiling,
     dali_webdataset_reader,
@@ -49,160 +46,9 @@ from loader_peers import (
     webdataset_dali,
     webdataset_loader,
 )
-
-from flashfeed.manifest import Manifest, commit_manifest
-from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
-
-BATCH = 64
-
-
-def image_corpus(
-    root: Path, images: int, seed: int, existing: str | None = None
-) -> list[tuple[Path, int]]:
-    """``(file, label)`` of the realistic corpus (benchmarks/corpus.py), else synthetic."""
-    folder = Path(existing) if existing else root / "corpus"
-    try:
-        if existing:
-            raise ImportError(f"using the existing corpus {existing}")
-        from corpus import build_image_corpus, find_photos
-
-        if len(find_photos()) < 8:
-            raise ImportError("no photos installed")
-        build_image_corpus(
-            folder, size=int(images * 120e3), classes=50, seed=seed,
-            workers=min(8, os.cpu_count() or 2),
-        )  # fmt: skip
-        kind = "photos (benchmarks/corpus.py)"
-    except (ImportError, SystemExit) as exc:
-        kind = f"existing ImageFolder {existing}"
-        if not existing:
-            print(f"corpus.py unusable ({exc}); synthetic PIL JPEGs instead", file=sys.stderr)
-            _synthetic(folder, images, seed)
-            kind = "synthetic PIL JPEGs"
-    files = sorted(folder.glob("class_*/*.jpg"))[:images]
-    if len(files) < images:
-        raise SystemExit(f"the corpus has {len(files)} images, {images} asked")
-    print(f"corpus: {len(files)} images, {kind}", file=sys.stderr)
-    return [(f, int(f.parent.name.split("_")[1])) for f in files]
-
-
-def _synthetic(folder: Path, images: int, seed: int) -> None:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    for i in range(images):
-        path = folder / f"class_{i % 50:03d}" / f"img_{i:07d}.jpg"
-        if path.exists():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        h, w = (int(x) for x in rng.integers(300, 500, 2))
-        base = rng.integers(0, 255, (h // 16 + 1, w // 16 + 1, 3), dtype=np.uint8)
-        img = np.kron(base, np.ones((16, 16, 1), np.uint8))[:h, :w]
-        img = np.clip(img + rng.normal(0, 12, img.shape), 0, 255).astype(np.uint8)
-        buf = io.BytesIO()
-        Image.fromarray(img).save(buf, format="JPEG", quality=90)
-        path.write_bytes(buf.getvalue())
-
-
-def write_dataset(prefix: Path, files: list[tuple[Path, int]], shards: int, seed: int) -> list[str]:
-    """A flashfeed webdataset dataset of the corpus, samples scattered as ingest does."""
-    order = np.random.default_rng(seed).permutation(len(files))
-    per = -(-len(files) // shards)
-    infos = []
-    for s in range(shards):
-        picked = order[s * per : (s + 1) * per]
-        samples = [
-            (f"img-{i:07d}", {"jpg": files[i][0].read_bytes(), "cls": str(files[i][1]).encode()})
-            for i in picked.tolist()
-        ]
-        infos.append(write_tar_shard(str(prefix), shard_name(s, "tar"), samples))
-    m = Manifest(
-        name="bench", shard_format="webdataset", schema={"jpg": "image", "cls": "label"},
-        shards=tuple(infos),
-    )  # fmt: skip
-    commit_manifest(str(prefix), m, overwrite=True)
-    return [str(prefix / i.path) for i in infos]
-
-
-def tree_cpu_seconds() -> float:
-    """CPU seconds (user + system) of this process and every live descendant, from /proc:
-    a measure of work that the other tenants of a shared machine do not inflate as much as
-    wall-clock throughput."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parent, cpu = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parent[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    tree, grew = {os.getpid()}, True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return sum(cpu.get(p, 0.0) for p in tree)
-
-
-def batch_len(batch: Any) -> int:
-    """Samples in a batch: a flashfeed/DALI dict (its keys) or a DataLoader's (images, ...)."""
-    if isinstance(batch, dict):
-        return len(batch["__key__"]) if "__key__" in batch else BATCH
-    return len(batch[0])
-
-
-def timed(make: Callable[[], Iterable[Any]], min_seconds: float) -> tuple[float, float, float]:
-    """(images/s, CPU ms per image, seconds): the timer starts before ``make()`` constructs
-    the loader and stops at the first batch after ``min_seconds``; epochs repeat until then.
-    The same boundaries for every loader, construction included."""
-    c0, t0 = tree_cpu_seconds(), time.perf_counter()
-    loader = make()
-    n = 0
-    while True:
-        got = 0
-        for batch in loader:
-            got += batch_len(batch)
-            if time.perf_counter() - t0 >= min_seconds:
-                break
-        n += got
-        if not got:
-            raise RuntimeError("the loader gave no batch")
-        if time.perf_counter() - t0 >= min_seconds:
-            break
-    wall, cpu = time.perf_counter() - t0, tree_cpu_seconds() - c0
-    close = getattr(loader, "close", None)
-    if callable(close):
-        close()
-    del loader
-    # tear down now, outside every timer: a pipeline or DataLoader left to a later garbage
-    # collection joins its worker processes inside the next row's window (seen: ~10 s)
-    gc.collect()
-    return n / wall, 1000 * cpu / n, wall
-
-
-def first_epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, float]:
-    """(images/s, CPU ms per image) of one epoch, the timer starting before ``make()``."""
-    c0, t0 = tree_cpu_seconds(), time.perf_counter()
-    loader = make()
-    n = sum(batch_len(b) for b in loader)
-    wall, cpu = time.perf_counter() - t0, tree_cpu_seconds() - c0
-    close = getattr(loader, "close", None)
-    if callable(close):
-        close()
-    del loader
-    gc.collect()
-    return n / wall, 1000 * cpu / n
-
-
-def rotated(names: list[str], r: int) -> list[str]:
-    """Round ``r``'s order: each round starts one name later, so no loader always runs first
-    (after a conversion, beside a warm page cache) or last."""
-    k = r % len(names) if names else 0
-    return names[k:] + names[:k]
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.timing import BATCH, first_epoch, timed
 
 
 def image_rows(args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -210,7 +56,7 @@ def image_rows(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
     files = image_corpus(root, args.images, args.seed, args.corpus)
     prefix = root / "wds"
-    shards = write_dataset(prefix, files, args.shards, args.seed)
+    shards = image_dataset(prefix, files, args.shards, seed=args.seed, overwrite=True)
     ram = files[: 40 * BATCH]
     jpegs, labels = [f.read_bytes() for f, _ in ram], [c for _, c in ram]
     dev, thr = args.device, args.threads
@@ -272,22 +118,11 @@ def image_rows(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 def token_rows(args: argparse.Namespace, root: Path) -> dict[str, float]:
     """TokenLoader GB/s (stored int32, and widened to int64) vs memcpy and a row gather."""
-    import pyarrow as pa
 
     from flashfeed.loader import TokenLoader
 
-    prefix, seq, rows = root / "tokens", 2048, args.token_rows
-    per = rows // 8
-    if not (prefix / "manifest.json").exists():
-        infos = []
-        for s in range(8):
-            vals = np.random.default_rng(s).integers(0, 50000, per * seq, dtype=np.int32)
-            table = pa.table({"tokens": pa.FixedSizeListArray.from_arrays(pa.array(vals), seq)})
-            infos.append(write_arrow_shard(str(prefix), shard_name(s, "arrow"), table))
-        m = Manifest(
-            name="tok", shard_format="arrow", schema={"tokens": "int32"}, shards=tuple(infos)
-        )
-        commit_manifest(str(prefix), m, overwrite=True)
+    prefix, seq, per = root / "tokens", 2048, args.token_rows // 8
+    token_dataset(prefix, rows=args.token_rows, seq_len=seq)
     out: dict[str, float] = {}
     for name, dtype in (("tokens-int32", None), ("tokens-int64", "int64")):
         loader = TokenLoader(str(prefix), batch_size=BATCH, dtype=dtype)
@@ -398,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:40s} {v['quality']:5.2f}  ({v['classes_per_batch']:.1f} classes per batch)")
     result = {"config": vars(args), "images": images, "tokens_gbps": tokens,
               "shuffle": shuffle, "optional_peers": peers}  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"\nwrote {args.out}")
     return 0
 

@@ -1,6 +1,6 @@
 """Cold-start benchmark: the first epoch from S3 against local disk and the peers.
 
-Same corpus and work as benchmarks/loader.py (photo JPEGs, decode + random-resized crop to
+Same corpus and work as loaderbench.py (photo JPEGs, decode + random-resized crop to
 224 + flip + normalize, batch 64, 2 threads/workers). Each round restarts the embedded
 SeaweedFS server and empties the cache, then runs, interleaved:
 
@@ -19,14 +19,12 @@ for every row (flashfeed's timers include ``Loader(...)`` too; a second epoch is
 the end of the first). The order of the runs rotates each round.
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/coldstart.py --out .bench/coldstart.json
+    python -m benchmarks.stages.coldstart --out .bench/coldstart.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
 import sys
@@ -36,12 +34,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader_peers import dali_webdataset_reader, optional_peers, webdataset_loader
-
+from benchmarks.harness.corpus import image_corpus
+from benchmarks.harness.datasets import image_dataset
+from benchmarks.harness.peerloaders import dali_webdataset_reader, optional_peers, webdataset_loader
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store, upload_tree
+from benchmarks.harness.timing import BATCH
 from flashfeed import storage
-from flashfeed.store import EmbeddedStore
-from loader import BATCH, image_corpus, write_dataset
 
 
 def epoch_rate(make: Callable[[], Iterable[Any]], images: int) -> float:
@@ -52,14 +52,6 @@ def epoch_rate(make: Callable[[], Iterable[Any]], images: int) -> float:
         if n >= images:
             break
     return n / (time.perf_counter() - t0)
-
-
-def upload(local: Path, url: str) -> None:
-    fs, path = storage.filesystem(url)
-    for f in sorted(local.rglob("*")):
-        if f.is_file() and f.name != "manifest.json":
-            fs.put_file(str(f), f"{path}/{f.relative_to(local)}")
-    fs.put_file(str(local / "manifest.json"), f"{path}/manifest.json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     local = root / "wds"
     if not (local / "manifest.json").exists():
         files = image_corpus(root, args.images, args.seed, args.corpus)
-        write_dataset(local, files, args.shards, args.seed)
+        image_dataset(local, files, args.shards, seed=args.seed, overwrite=True)
     local2x = root / f"wds{args.shards_2x}"  # the same images in more, smaller shards
     if not (local2x / "manifest.json").exists():
         files = image_corpus(root, args.images, args.seed, args.corpus)
-        write_dataset(local2x, files, args.shards_2x, args.seed)
+        image_dataset(local2x, files, args.shards_2x, seed=args.seed, overwrite=True)
     from flashfeed import Dataset
 
     m = Dataset.open(str(local)).manifest
@@ -94,17 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     images, total = int(m.num_samples), int(m.num_bytes)
     batches = images // BATCH
     scratch = Path(tempfile.mkdtemp(prefix="ffcold-", dir="/tmp"))
-    store = EmbeddedStore(scratch / "store")
+    bs = start_store(scratch, bucket="flashfeed", export_env=True)
     rates: dict[str, list[float]] = {}
     extra: dict[str, list[Any]] = {"first_epoch_storage_waits": [], "2x_capacity_epochs": []}
     thr = args.threads
     try:
-        store.start()
-        bucket = store.make_bucket("flashfeed")
-        os.environ.update(store.info.env())
+        bucket = bs.bucket
         url = f"{bucket}/coldstart"
-        upload(local, url)
-        upload(local2x, url + "-2x")
+        upload_tree(local, url)
+        upload_tree(local2x, url + "-2x")
         fs, path = storage.filesystem(url)
         shard_paths = [f"{url}/{rel}" for rel in shard_rel]
         from flashfeed.cache import ShardCache
@@ -178,19 +168,17 @@ def main(argv: list[str] | None = None) -> int:
             "ff-2x": ff_2x,
         }  # fmt: skip
         for r in range(args.rounds):
-            store.restart()
+            bs.restart()
             time.sleep(2.0)  # let the restarted server settle before the first run is timed
             row: dict[str, float] = {}
-            names = list(runs)
-            k = r % len(names)
-            for name in names[k:] + names[:k]:  # the order rotates each round
+            for name in rotated(list(runs), r):  # the order rotates each round
                 row.update(runs[name]())
             for k2, v in row.items():
                 rates.setdefault(k2, []).append(v)
             print(f"round {r}: " + ", ".join(f"{k2} {v:.0f}" for k2, v in row.items()),
                   file=sys.stderr, flush=True)  # fmt: skip
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     local_rate, peers = med["ff-local"], max(med["dali-s3"], med["wds-http"])
@@ -205,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:20s} {why}")
     result = {"config": vars(args), "img_per_s": med, "rounds": rates, **extra,
               "optional_peers": optional_peers()}  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"\nwrote {args.out}")
     return 0
 

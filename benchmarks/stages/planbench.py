@@ -17,9 +17,9 @@
 
 Prints a table and writes JSON.
 
-    python benchmarks/planbench.py --shards 10000,100000,1000000 --out .bench/plan.json
-    python benchmarks/planbench.py --scale --json
-    python benchmarks/planbench.py --mixture --json
+    python -m benchmarks.stages.planbench --shards 10000,100000,1000000 --out .bench/plan.json
+    python -m benchmarks.stages.planbench --scale --json
+    python -m benchmarks.stages.planbench --mixture --json
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.results import write_json
 
 __all__ = ["eviction_curve", "mixture_scale", "plan_cost"]
 
@@ -234,7 +237,8 @@ def loader_start(shards: int = 1_000_000) -> dict[str, Any]:
 
 
 def _fresh(flag: str) -> dict[str, Any]:
-    run = subprocess.run([sys.executable, __file__, flag, "--json"], capture_output=True, text=True)
+    cmd = module_command("benchmarks.stages.planbench", flag, "--json")
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if run.returncode:
         raise RuntimeError(f"planbench {flag} failed: {run.stderr.strip()[-2000:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -244,7 +248,9 @@ def eviction_curve(
     *, shards: int = 40, epochs: int = 3, fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9)
 ) -> list[dict[str, Any]]:
     """Hit rates at each capacity (fraction of the dataset) over ``epochs`` epochs."""
-    from cache import eviction  # the cache benchmark's measurement, at more capacities
+    from benchmarks.stages.cachebench import (
+        eviction,  # the cache benchmark's measurement, at more capacities
+    )
 
     work = tempfile.mkdtemp(prefix="ffevict-", dir="/tmp")
     try:
@@ -339,18 +345,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['capacity']:8.0%} {r['lru']:6.1%} {r['plan_aware']:10.1%} {r['optimum']:8.1%}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     scaling_plot(costs, Path(args.out).with_suffix(".png"))
-    Path(args.out).write_text(
-        json.dumps(
-            {
-                "plan_cost": costs,
-                "scale": design,
-                "mixture": mixture,
-                "loader_start": start,
-                "eviction": curve,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_json(
+        args.out,
+        {
+            "plan_cost": costs,
+            "scale": design,
+            "mixture": mixture,
+            "loader_start": start,
+            "eviction": curve,
+        },
     )
     return 0
 

@@ -18,7 +18,7 @@ one threshold:
 
 Prints tables and writes JSON. Not a timed test: run it by hand or through suite.py.
 
-    python benchmarks/neardup.py --bases 10000 --rounds 3 --out .bench/neardup.json
+    python -m benchmarks.stages.neardup --bases 10000 --rounds 3 --out .bench/neardup.json
 """
 
 from __future__ import annotations
@@ -38,9 +38,13 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
 from flashfeed.ingest.minhash import band_keys, jaccard, lsh_params, shingle_hashes, shingles
 from flashfeed.ingest.minhash import signatures as minhash_signatures
-from flashfeed.ingest.neardup import _edges, clusters
+from flashfeed.ingest.neardup import clusters
+from flashfeed.ingest.nearpairs import candidate_pairs, check_pairs
 from flashfeed.ingest.plantedcorpus import PlantedCorpus, make_planted_corpus, write_jsonl
 
 __all__ = ["KERNELS", "kernel_rounds", "kernel_run", "main", "quality", "ray_run"]
@@ -50,7 +54,8 @@ SIZE, PERM = 5, 128
 
 
 def _lsh_roots(sigs: np.ndarray, threshold: float) -> dict[int, int]:
-    """Bands of the signatures -> star edges per bucket -> union-find (flashfeed's path)."""
+    """Bands of the signatures -> candidate pairs checked against their signatures ->
+    union-find (flashfeed's path)."""
     bands, rows = lsh_params(threshold, PERM)
     keys = band_keys(sigs, bands=bands, rows=rows)
     n = len(sigs)
@@ -58,7 +63,8 @@ def _lsh_roots(sigs: np.ndarray, threshold: float) -> dict[int, int]:
     table["key"] = keys.ravel()
     table["band"] = np.tile(np.arange(bands, dtype=np.int32), n)
     table["doc"] = np.repeat(np.arange(n, dtype=np.int64), bands)
-    return clusters(_edges(bands, table))
+    ids = np.arange(n, dtype=np.int64)
+    return clusters(check_pairs(threshold, candidate_pairs(bands, table), (ids, sigs)))
 
 
 def _signatures(kernel: str, docs: list[str]) -> np.ndarray:
@@ -148,7 +154,7 @@ def kernel_rounds(
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in names}
     missing: dict[str, str] = {}
     for i in range(rounds):
-        for k in names[i % len(names) :] + names[: i % len(names)]:
+        for k in rotated(names, i):
             if k in missing:
                 continue
             try:
@@ -197,10 +203,18 @@ def ray_run(src: str, dest: str, cpus: int, threshold: float) -> dict[str, Any]:
 
 def _child(src: str, dest: str, cpus: int, threshold: float) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", src, dest, str(cpus), str(threshold)],
+        module_command(
+            "benchmarks.stages.neardup",
+            "--child",
+            os.path.abspath(src),
+            os.path.abspath(dest),
+            str(cpus),
+            str(threshold),
+        ),
         capture_output=True,
         text=True,
         check=True,
+        cwd=REPO,
     ).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -282,9 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_count": os.cpu_count(),
             "load_average": os.getloadavg(),
         }
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
         print(f"\nwrote {args.out}")
     finally:
         if not args.work:

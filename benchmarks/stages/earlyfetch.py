@@ -15,14 +15,13 @@ the CPU, here torch filling tensors with random numbers), so the download compet
 Printed per row: seconds from the start-up's end to the first batch, the epoch's storage
 wait, and the seconds from ``Loader(...)`` to the last batch; medians over the rounds.
 
-    python benchmarks/earlyfetch.py --corpus .bench/corpus --mb 256 --rounds 3
+    python -m benchmarks.stages.earlyfetch --corpus .bench/corpus --mb 256 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -31,11 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from coldstart import upload
-from targets import pick_files, shardwriter_layout
-
-from loader import BATCH, rotated
+from benchmarks.harness.corpus import pick_images
+from benchmarks.harness.datasets import shardwriter_dataset
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store, upload_tree
+from benchmarks.harness.timing import BATCH
 
 ROWS = ("at-iter", "early")
 
@@ -90,24 +90,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds must be >= 1 and --startup >= 0")
     import nvidia.dali.fn  # noqa: F401  (imported before any timer, as a job imports it)
 
-    from flashfeed.store import EmbeddedStore
-
     work = Path(args.work)
     layout = work / f"wds-{args.shard_mib}MiB"
     work.mkdir(parents=True, exist_ok=True)
-    shardwriter_layout(pick_files(Path(args.corpus), args.mb << 20), layout, args.shard_mib)
+    shardwriter_dataset(pick_images(Path(args.corpus), args.mb << 20), layout, args.shard_mib)
     scratch = Path(tempfile.mkdtemp(prefix="ffearly-", dir="/tmp"))
-    store = EmbeddedStore(scratch / "store")
+    bs = start_store(scratch, bucket="flashfeed", export_env=True)
     rounds: dict[str, list[dict[str, Any]]] = {r: [] for r in ROWS}
     try:
-        store.start()
-        bucket = store.make_bucket("flashfeed")
-        os.environ.update(store.info.env())
+        bucket = bs.bucket
         url = f"{bucket}/wds"
-        upload(layout, url)
+        upload_tree(layout, url)
         for r in range(args.rounds):
             for row in rotated(list(ROWS), r):
-                store.restart()
+                bs.restart()
                 time.sleep(2.0)  # let the restarted server settle before the timer
                 cache = scratch / "cache"
                 shutil.rmtree(cache, ignore_errors=True)
@@ -116,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 rounds[row].append(got)
                 print(f"round {r}: {row} {json.dumps(got)}", file=sys.stderr, flush=True)
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     kind = "CPU work" if args.busy else "a sleep"
     print(f"{args.mb} MiB in {args.shard_mib} MiB shards; job start-up: {args.startup:g} s of "
@@ -128,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         total = med["loader_to_last_batch_s"]
         print(f"{row:<10}{first:>26.3f} s{wait:>12.3f} s{total:>13.3f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": vars(args), "rounds": rounds}, f, indent=1)
+        write_json(args.json, {"config": vars(args), "rounds": rounds})
     return 0
 
 

@@ -23,7 +23,7 @@ Rounds rotate the order; each figure is the median img/s or clips/s (constructio
 first batch after ``--min-seconds``). Ratios: text / wds+pil (target >= 1.3), text / image
 (>= 0.95), bucket / image (>= 0.9); video / pyav (reported).
 
-    python benchmarks/multimodal.py --images 512 --rounds 1 --min-seconds 2 --out m.json
+    python -m benchmarks.stages.multimodal --images 512 --rounds 1 --min-seconds 2 --out m.json
 """
 
 from __future__ import annotations
@@ -39,14 +39,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from benchmath import fmt, ratio  # noqa: E402
-from loader_peers import MEAN, STD, pil_transform  # noqa: E402
-
-import loader as loader_bench  # noqa: E402
-from loader import BATCH, image_corpus, rotated, timed  # noqa: E402
+from benchmarks.benchmath import fmt, ratio
+from benchmarks.harness import timing
+from benchmarks.harness.corpus import image_corpus
+from benchmarks.harness.peerloaders import MEAN, STD, pil_transform
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.timing import BATCH, timed
 
 WORDS = [
     "a",
@@ -221,7 +220,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     prefix = str(root / "pairs")
     thr, dev = args.threads, args.device
     batch = args.batch
-    loader_bench.BATCH = batch  # what its timer counts for a batch without keys
+    timing.BATCH = batch  # what its timer counts for a batch without keys
     common: dict[str, Any] = dict(batch_size=batch, num_threads=thr, device=dev)
     loaders: dict[str, Callable[[], Iterable[Any]]] = {
         "flashfeed-text": lambda: Loader(
@@ -306,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args, Path(args.work or tmp))
     print(table(result))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_json(args.out, result)
     return 0
 
 

@@ -3,21 +3,19 @@ flashfeed's Loader and webdataset + PIL on the same images, rounds interleaved i
 
 Each peer first converts the corpus with its own writer (``litdata.optimize``, mosaic's
 ``MDSWriter``; the seconds are reported), then every loader does the same work per image as
-in benchmarks/loader.py: decode, random-resized crop to 224, flip, normalize, NCHW float32,
+in loaderbench.py: decode, random-resized crop to 224, flip, normalize, NCHW float32,
 batch 64, 2 DataLoader workers / DALI threads. A peer that does not import here is reported
 as ``unavailable: <reason>``; the others still run.
 
 The peers live in .bench-venv (``make bench-venv``), not in the product's environment.
 
-    .bench-venv/bin/python benchmarks/peers.py --corpus .bench/corpus --images 2000
+    .bench-venv/bin/python -m benchmarks.stages.peers --corpus .bench/corpus --images 2000
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
-import os
 import random
 import shutil
 import statistics
@@ -29,10 +27,12 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from loader_peers import pil_transform, webdataset_loader
-
-from loader import BATCH, image_corpus, rotated, timed, write_dataset
+from benchmarks.harness.corpus import image_corpus
+from benchmarks.harness.datasets import image_dataset
+from benchmarks.harness.peerloaders import pil_transform, webdataset_loader
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.timing import BATCH, timed
 
 __all__ = ["litdata_loader", "mosaic_loader", "peer_loaders"]
 
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     files = image_corpus(work, args.images, 0, args.corpus)
-    shards = write_dataset(work / "wds", files, args.shards, 0)
+    shards = image_dataset(work / "wds", files, args.shards, seed=0, overwrite=True)
     makers, convert, missing = peer_loaders(files, work, batch_size=BATCH, workers=args.threads)
     loaders: dict[str, Callable[[], Iterable[Any]]] = {
         "flashfeed": lambda: Loader(
@@ -192,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "convert_s": convert,
         "unavailable": missing,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
     return 0
 
 

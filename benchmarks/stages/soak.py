@@ -4,7 +4,7 @@ its open files, resident memory, threads and child processes after every epoch.
 Prints a table of first-vs-last (after ``--warmup`` epochs) per process and whether
 anything grew; writes JSON; exits 1 on growth beyond the tolerances or on any error.
 
-    python benchmarks/soak.py --processes 4 --epochs 40 --out .bench/soak.json
+    python -m benchmarks.stages.soak --processes 4 --epochs 40 --out .bench/soak.json
 
 Without ``--dataset`` it starts a private SeaweedFS server and writes a small JPEG dataset
 to it, so the cache fills from a real S3 endpoint.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import io
 import json
 import os
 import re
@@ -26,6 +25,11 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.datasets import noise_jpeg_dataset
+from benchmarks.harness.results import write_json
+from benchmarks.harness.store import start_store
 
 __all__ = ["main"]
 
@@ -103,33 +107,6 @@ def _child(args: argparse.Namespace) -> int:
         print(json.dumps(line), flush=True)
     cache.close()
     return 0
-
-
-def make_dataset(prefix: str, *, shards: int, per_shard: int, side: int) -> None:
-    """Tiny noisy JPEGs with ``.cls`` labels, committed at ``prefix``."""
-    import numpy as np
-    from PIL import Image
-
-    from flashfeed import Manifest, commit_manifest
-    from flashfeed.shardio import shard_name, write_tar_shard
-
-    rng = np.random.default_rng(0)
-    infos = []
-    for i in range(shards):
-        samples = []
-        for j in range(per_shard):
-            buf = io.BytesIO()
-            pixels = rng.integers(0, 255, (side, side, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(buf, format="JPEG", quality=85)
-            samples.append(
-                (f"s{i:04d}-{j:05d}", {"jpg": buf.getvalue(), "cls": str(j % 10).encode()})
-            )
-        infos.append(write_tar_shard(prefix, shard_name(i, "tar"), samples))
-    manifest = Manifest(
-        name="soak", shard_format="webdataset", schema={"jpg": "image", "cls": "int"},
-        shards=tuple(infos),
-    )  # fmt: skip
-    commit_manifest(prefix, manifest)
 
 
 def judge(lines: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
@@ -221,22 +198,23 @@ def main(argv: list[str] | None = None) -> int:
     store = None
     try:
         if args.dataset is None:
-            from flashfeed.store import EmbeddedStore
-
-            store = EmbeddedStore(os.path.join(tmp, "store"), port=0)
-            store.start()
-            store.make_bucket("soak")
-            os.environ.update(store.info.env())
+            store = start_store(tmp, bucket="soak", export_env=True)
             args.dataset = "s3://soak/ds"
-            make_dataset(args.dataset, shards=args.shards, per_shard=args.per_shard, side=args.side)
+            side, shards, per_shard = args.side, args.shards, args.per_shard
+            noise_jpeg_dataset(args.dataset, shards=shards, per_shard=per_shard, height=side,
+                               width=side, quality=85)  # fmt: skip
+        elif "://" not in args.dataset:  # the children run from the repository root
+            args.dataset = os.path.abspath(args.dataset)
         cache_dir = args.cache_dir or os.path.join(tmp, "cache")
-        base = [sys.executable, os.path.abspath(__file__), "--child", "--cache-dir", cache_dir]
+        base = module_command(
+            "benchmarks.stages.soak", "--child", "--cache-dir", os.path.abspath(cache_dir)
+        )
         for name in ("processes", "epochs", "dataset", "image_size", "batch_size", "py_workers",
                      "capacity"):  # fmt: skip
             base += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         t0 = time.monotonic()
         procs = [
-            subprocess.Popen([*base, "--rank", str(r)], stdout=subprocess.PIPE, text=True)
+            subprocess.Popen([*base, "--rank", str(r)], stdout=subprocess.PIPE, text=True, cwd=REPO)
             for r in range(args.processes)
         ]
         lines: list[dict[str, Any]] = []
@@ -256,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         result["errors"] += [f"rank {r} exited {c}" for r, c in enumerate(codes) if c != 0]
         _print_table(result)
         if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=2)
+            write_json(args.out, result)
         return 1 if result["grew"] or result["errors"] else 0
     finally:
         if store is not None:

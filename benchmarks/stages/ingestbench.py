@@ -21,14 +21,13 @@ ingest's own shape: shard-sized objects, one PUT each, as many in flight as Ray 
 rounds);
 writes everything as JSON. Not a timed test: run it by hand.
 
-    python benchmarks/corpus.py images .bench/corpus --size 2GB
-    python benchmarks/ingest.py .bench/corpus --rounds 1 --out .bench/ingest.json
+    python -m benchmarks.harness.corpus images .bench/corpus --size 2GB
+    python -m benchmarks.stages.ingestbench .bench/corpus --rounds 1 --out .bench/ingest.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -38,6 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store
 from flashfeed import storage
 from flashfeed.units import format_size, parse_size
 
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("corpus", help="ImageFolder corpus (benchmarks/corpus.py images)")
+    p.add_argument("corpus", help="ImageFolder corpus (benchmarks/harness/corpus.py images)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--shard-size", default="64MiB")
     p.add_argument("--num-cpus", type=int, default=2)
@@ -234,13 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from flashfeed.ingest.raysetup import ray_session
-    from flashfeed.store import EmbeddedStore
 
     work = transform_options(args.validate, args.jpeg_quality)
     corpus = Path(args.corpus)
     files = _files(corpus)
     if not files:
-        raise SystemExit(f"no corpus at {corpus}: build one with benchmarks/corpus.py images")
+        raise SystemExit(f"no corpus at {corpus}: build one with benchmarks.harness.corpus images")
     corpus_bytes = sum(p.stat().st_size for p, _ in files)
     shard_size = parse_size(args.shard_size)
     rows_per_file = max(1, round(shard_size / (corpus_bytes / len(files))))
@@ -252,12 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     root = tempfile.mkdtemp(prefix="ffbs-", dir="/tmp")
-    store = EmbeddedStore(root)
+    bs = start_store(root, bucket="bench")
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     try:
-        store.start()
-        store.make_bucket("bench")
-        opts = store.info.storage_options()
+        opts = bs.opts
         limits = ceilings(
             corpus,
             opts,
@@ -272,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             ray_start = time.perf_counter() - t0
             print(f"Ray {'joined' if reused else 'started'} in {ray_start:.2f} s", file=sys.stderr)
             for r in range(args.rounds):
-                order = METHODS[r % 3 :] + METHODS[: r % 3]
+                order = rotated(METHODS, r)
                 for method in order:
                     dest = f"s3://bench/{method}-{r}"
                     if method == "flashfeed":
@@ -288,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                     )
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(root, ignore_errors=True)
     med = {m: statistics.median(x["mb_s"] for x in runs[m]) for m in METHODS}
     lines = [f"{'writer':<12} {'MB/s':>8} {'seconds':>8} {'shards':>7} {'vs flashfeed':>13}"]
@@ -335,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             "vs_shardwriter": med["flashfeed"] / med["shardwriter"],
         },
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     return 0
 
 

@@ -9,18 +9,19 @@ rounds; each round times ``--requests`` signatures with ``time.process_time``. P
 microseconds a request (median of the rounds) and the ratio to ours; ``--json`` writes the
 rounds. No server is needed: signing is pure CPU.
 
-    python benchmarks/signcost.py --requests 20000 --rounds 5
+    python -m benchmarks.stages.signcost --requests 20000 --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable
 
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import run_rounds
 from flashfeed.cache.sigv4 import s3_get_headers, s3_path
 
 METHODS = ("ours", "botocore")
@@ -78,10 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = {"ours": ours(args.requests), "botocore": botocore(args.requests)}
     for m in METHODS:  # warm-up: imports, the signing-key cache
         runs[m]()
-    rounds = []
-    for r in range(args.rounds):
-        order = METHODS if r % 2 == 0 else tuple(reversed(METHODS))
-        rounds.append({m: per_request_us(runs[m], args.requests) for m in order})
+    got = run_rounds({m: lambda m=m: per_request_us(runs[m], args.requests) for m in METHODS},
+                     args.rounds)  # fmt: skip
+    rounds = [{m: got[m][r] for m in METHODS} for r in range(args.rounds)]
     med = {m: statistics.median(r[m] for r in rounds) for m in METHODS}
     print(f"{args.requests} signed ranged GETs a round, {args.rounds} rounds interleaved")
     print(f"{'signer':<10}{'us/request (median)':>21}{'per round':>34}{'vs ours':>9}")
@@ -89,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         each = " ".join(f"{r[m]:.1f}" for r in rounds)
         print(f"{m:<10}{med[m]:>21.1f}  {each:>32}{med[m] / med['ours']:>8.2f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rounds": rounds, "median_us": med}, f, indent=1)
+        write_json(args.json, {"args": vars(args), "rounds": rounds, "median_us": med})
     return 0
 
 

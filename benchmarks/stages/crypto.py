@@ -9,14 +9,13 @@ loader img/s for the same images stored plain and sealed (private SeaweedFS serv
 
 Prints a table and writes JSON. Not a timed test: run it by hand.
 
-    python benchmarks/crypto.py --shards 8 --per-shard 256 --out .bench/crypto.json
+    python -m benchmarks.stages.crypto --shards 8 --per-shard 256 --out .bench/crypto.json
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import secrets
 import shutil
@@ -29,6 +28,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from benchmarks.harness.results import write_json
+from benchmarks.harness.store import start_store
 from flashfeed import Dataset, Manifest, commit_manifest, crypto, storage
 from flashfeed.manifest import ShardInfo
 from flashfeed.shardio import shard_name, tar_shard_bytes
@@ -149,14 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seal {c['seal_gbps']:.2f} GB/s   open {c['open_gbps']:.2f} GB/s   "
           f"(xxh3 of the plaintext {c['xxh3_gbps']:.1f} GB/s)")  # fmt: skip
 
-    from flashfeed.store import EmbeddedStore
-
     tmp = tempfile.mkdtemp(prefix="ffcrypto-", dir="/tmp")
-    store = EmbeddedStore(os.path.join(tmp, "store"), port=0)
+    bs = start_store(tmp, bucket="bench", export_env=True)
     try:
-        store.start()
-        store.make_bucket("bench")
-        os.environ.update(store.info.env())
         os.environ[crypto.ENV_KEY] = key.secret.hex()
         write_pair("s3://bench/ds", key, args)
         rows: dict[str, list[dict[str, float]]] = {"plain": [], "sealed": []}
@@ -171,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         result["dataset_mb"] = Dataset.open("s3://bench/ds/plain").manifest.num_bytes / 1e6
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     lp, ls = result["loader"]["plain"], result["loader"]["sealed"]
     images = args.shards * args.per_shard
@@ -182,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                      ("warm_img_s", "loader warm (img/s)")):  # fmt: skip
         print(f"{label:<22}{lp[k]:>10.2f}{ls[k]:>10.2f}{ls[k] / lp[k]:>8.2f}")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.out, result)
     return 0
 
 

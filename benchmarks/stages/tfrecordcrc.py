@@ -11,14 +11,12 @@ the first ``--python-mb`` of the file (it is about a thousand times slower). Pri
 each backend's ratio to the pure-Python loop, and which backend ingest uses here;
 ``--out PATH`` also writes the rounds as JSON.
 
-    python benchmarks/tfrecordcrc.py --size 64MiB --record-size 100KiB --rounds 5
+    python -m benchmarks.stages.tfrecordcrc --size 64MiB --record-size 100KiB --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import struct
 import time
@@ -27,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import run_rounds
 from flashfeed.ingest.sources.tfrecord_format import (
     CRC32C_BACKENDS,
     crc32c_backend,
@@ -84,13 +84,12 @@ def measure(
         except ImportError:
             missing.append(name)
     small = _prefix(blob, python_bytes)
-    runs: dict[str, list[float]] = {name: [] for name in loaded}
-    names = list(loaded)
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            data = small if name == "python" else blob
-            seconds, _ = _check(data, loaded[name])
-            runs[name].append(len(data) / seconds / 1e6)
+
+    def mb_s(name: str) -> Callable[[], float]:
+        data = small if name == "python" else blob
+        return lambda: len(data) / _check(data, loaded[name])[0] / 1e6
+
+    runs = run_rounds({name: mb_s(name) for name in loaded}, rounds)
     median = {name: statistics.median(v) for name, v in runs.items()}
     base = median.get("python")
     return {
@@ -127,10 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in out["missing"]:
         print(f"{name:<14} {'not installed':>10}")
     if args.out:
-        tmp = f"{args.out}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=2)
-        os.replace(tmp, args.out)
+        write_json(args.out, out)
     return out
 
 

@@ -13,13 +13,12 @@ A restart is a new process, so each figure is taken in a fresh Python process (m
 
 Imports are timed apart (torch, flashfeed.loader, nvidia.dali): every job pays them.
 
-    python benchmarks/startup.py --repeats 5 [--dataset DIR] [--json out.json]
+    python -m benchmarks.stages.startup --repeats 5 [--dataset DIR] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import statistics
 import subprocess
@@ -28,7 +27,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from benchmarks.harness.child import REPO
+from benchmarks.harness.datasets import noise_jpeg_dataset
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+
 BATCH = 64
 
 _CHILD = r"""
@@ -46,9 +49,8 @@ if mode != "flashfeed+import":
     import nvidia.dali.plugin.pytorch  # noqa: F401
     out["import_dali"] = time.perf_counter() - t
 if mode == "dali-floor":
-    sys.path.insert(0, sys.argv[3])
-    from loader_peers import dali_decode_ceiling
-    from startup import read_jpegs
+    from benchmarks.harness.peerloaders import dali_decode_ceiling
+    from benchmarks.stages.startup import read_jpegs
     jpegs, labels = read_jpegs(root, 256)
     t = time.perf_counter()
     it = iter(dali_decode_ceiling(jpegs, labels, batch_size=batch, threads=2, device="cpu"))
@@ -73,35 +75,6 @@ else:
     again.close()
 print(json.dumps(out))
 """
-
-
-def make_dataset(root: Path, *, shards: int = 4, per_shard: int = 256) -> Path:
-    """A local webdataset dataset of noisy 400x300 JPEGs (decode cost of real photos)."""
-    import numpy as np
-    from PIL import Image
-
-    from flashfeed.manifest import Manifest, commit_manifest
-    from flashfeed.shardio import shard_name, write_tar_shard
-
-    rng = np.random.default_rng(0)
-    infos, n = [], 0
-    for i in range(shards):
-        samples = []
-        for _ in range(per_shard):
-            base = rng.integers(0, 255, (1, 1, 3)) + rng.normal(0, 40, (300, 400, 3))
-            buf = io.BytesIO()
-            Image.fromarray(base.clip(0, 255).astype("uint8")).save(buf, "JPEG", quality=90)
-            samples.append((f"s{n:06d}", {"jpg": buf.getvalue(), "cls": str(n % 10).encode()}))
-            n += 1
-        infos.append(write_tar_shard(str(root), shard_name(i, "tar"), samples))
-    manifest = Manifest(
-        name="startup",
-        shard_format="webdataset",
-        schema={"jpg": "image/jpeg", "cls": "label"},
-        shards=tuple(infos),
-    )
-    commit_manifest(str(root), manifest)
-    return root
 
 
 def read_jpegs(root: str, n: int) -> tuple[list[bytes], list[int]]:
@@ -131,11 +104,12 @@ def _warm_page_cache(root: Path) -> None:
 
 def run_child(mode: str, root: Path) -> dict[str, float]:
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, mode, str(root), str(HERE), str(BATCH)],
+        [sys.executable, "-c", _CHILD, mode, str(root.resolve()), "-", str(BATCH)],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        cwd=REPO,  # the child imports benchmarks from here
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{mode} start-up run failed:\n{proc.stderr[-2000:]}")
@@ -151,12 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         p.error("--repeats must be >= 1")
     with tempfile.TemporaryDirectory(prefix="ff-startup-") as tmp:
-        root = Path(args.dataset) if args.dataset else make_dataset(Path(tmp) / "ds")
+        root = Path(args.dataset) if args.dataset else Path(
+            noise_jpeg_dataset(Path(tmp) / "ds", shards=4, per_shard=256, height=300, width=400,
+                               quality=90, tinted=True)
+        )  # fmt: skip
         _warm_page_cache(root)
         modes = ["flashfeed", "flashfeed+import", "dali-floor"]
         runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
         for r in range(args.repeats):  # interleaved, the order rotated each round
-            for m in modes[r % len(modes) :] + modes[: r % len(modes)]:
+            for m in rotated(modes, r):
                 runs[m].append(run_child(m, root))
     med: dict[str, Any] = {
         m: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for m, rs in runs.items()
@@ -176,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         " nvidia.dali {import_dali:.2f}".format(**med["flashfeed"])
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"medians": med, "repeats": args.repeats}, indent=1))
+        write_json(args.json, {"medians": med, "repeats": args.repeats})
     return 0
 
 

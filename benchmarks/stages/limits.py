@@ -12,17 +12,16 @@
                   checksum), in the cache's own shape: its default part size and GETs in
                   flight (``CacheOptions``), several rounds
 
-The decode ceiling (the Loader's DALI pipeline fed from RAM) comes from benchmarks/loader.py
-in the same run; the PUT limit of ingest from benchmarks/ingest.py (same server as the run).
+The decode ceiling (the Loader's DALI pipeline fed from RAM) comes from loaderbench.py
+in the same run; the PUT limit of ingest from ingestbench.py (same server as the run).
 Prints a table and writes JSON.
 
-    python benchmarks/limits.py --files .bench/corpus --read-mb 256 --out .bench/limits.json
+    python -m benchmarks.stages.limits --files .bench/corpus --read-mb 256 --out .bench/limits.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import shutil
@@ -36,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.harness.results import write_json
+from benchmarks.harness.store import start_store
 
 __all__ = [
     "download",
@@ -217,14 +219,11 @@ def s3_get_gbps(
     the reader a cache fill uses (``ranged_get``), bytes dropped on arrival."""
     from flashfeed import storage
     from flashfeed.cache.ranged import split_ranges
-    from flashfeed.store import EmbeddedStore
 
     work = tempfile.mkdtemp(prefix="fflim-", dir="/tmp")
-    store = EmbeddedStore(os.path.join(work, "store"), port=0)
+    bs = start_store(work, bucket="limits")
     try:
-        store.start()
-        store.make_bucket("limits")
-        opts = store.info.storage_options()
+        opts = bs.opts
         blob = os.urandom(object_size)
         urls = [f"s3://limits/obj-{i:04d}" for i in range(objects)]
         for u in urls:
@@ -245,7 +244,7 @@ def s3_get_gbps(
                 out.append(got / (time.perf_counter() - t0) / 1e9)
         return out
     finally:
-        store.stop()
+        bs.stop()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -319,8 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         v = out[key]
         print(f"{label:<36}{statistics.median(v):8.2f}{min(v):8.2f}{max(v):8.2f}  GB/s")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_json(args.out, out)
     return 0
 
 

@@ -13,27 +13,27 @@ Rounds alternate the two sides, the order rotating every round; medians are repo
 the ratio mixture / single. Local datasets: the mixture's own cost, no storage in the way.
 Prints a table and writes JSON.
 
-    python benchmarks/mixbench.py --rows 16384 --images 512 --rounds 3 --out .bench/mix.json
+    python -m benchmarks.stages.mixbench --rows 16384 --images 512 --rounds 3 --out .bench/mix.json
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from PIL import Image
 
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import run_rounds
 from flashfeed import Manifest, Mixture, Source, commit_manifest
 from flashfeed.manifest import ShardInfo
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
@@ -62,16 +62,6 @@ def _split(work: str, name: str, shards: list[tuple[str, Any]], parts: int, fmt:
         _commit(prefix, [write(prefix, path, body) for path, body in mine], fmt, schema)
         sources.append(prefix)
     return single, sources
-
-
-def _rounds(rounds: int, sides: dict[str, Any]) -> dict[str, list[float]]:
-    """Seconds of one epoch of each side per round, the order rotating every round."""
-    names = list(sides)
-    out: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            out[n].append(sides[n]())
-    return out
 
 
 def tokens(work: str, rows: int, rounds: int, seq_len: int = 2048) -> dict[str, Any]:
@@ -109,7 +99,7 @@ def tokens(work: str, rows: int, rounds: int, seq_len: int = 2048) -> dict[str, 
 
     for name in loaders:  # a first pass maps the pages in
         epoch(name)
-    secs = _rounds(rounds, {n: (lambda n=n: epoch(n)) for n in loaders})
+    secs = run_rounds({n: (lambda n=n: epoch(n)) for n in loaders}, rounds)
     for loader in loaders.values():
         loader.close()
     gbs = {n: nbytes[n] / statistics.median(s) / 1e9 for n, s in secs.items()}
@@ -181,7 +171,7 @@ def images(work: str, count: int, rounds: int, side: int = 128) -> dict[str, Any
     try:
         for name in loaders:  # a first pass builds the pipelines
             epoch(name)
-        secs = _rounds(rounds, {n: (lambda n=n: epoch(n)) for n in loaders})
+        secs = run_rounds({n: (lambda n=n: epoch(n)) for n in loaders}, rounds)
     finally:
         for loader in loaders.values():
             loader.close()
@@ -220,8 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in tok["shares"]:
         print(f"{s['source']:>7} {s['weight']:8.4f} {s['share']:8.4f} {s['epoch_error']:9.5f} "
               f"{s['window_error']:10.5f}")  # fmt: skip
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"tokens": tok, "images": img}, indent=2) + "\n")
+    write_json(args.out, {"tokens": tok, "images": img})
     return 0
 
 

@@ -1,0 +1,194 @@
+"""Token cold start: a token dataset's first epoch from S3 (empty node cache) against the
+same epoch from local disk, TokenLoader, CPU.
+
+The dataset: ``--shards`` Arrow shards of ``--shard-mib`` MiB of random uint16 tokens, rows
+of ``--seq-len``, in record batches of ``--batch-mib``, written twice: with the layout the
+schema records (rows stream as their record batch lands), and without it (the very same
+record batches: a shard is served once whole, as every Arrow shard was before). Each round
+empties the cache and runs, interleaved, the order rotating each round:
+
+  cold-stream    first epoch from S3, record batch layout (streams)
+  cold-whole     first epoch from S3, no layout (each shard waits until whole)
+  local          first epoch from local disk (the layout dataset, read in place)
+  ceiling        the local epoch while a plain download of the same shards from the same
+                 server runs beside it (limits.download: the cache's GET shape, no checksum,
+                 no progress marks): what any cold loader with a disk cache pays at least on
+                 the same CPUs
+
+A run is a whole epoch: bytes of token rows delivered / seconds from creating the loader to
+its last batch; ``--step-ms`` adds a training step per batch (sleep: the CPU is free meanwhile,
+as while a GPU computes), which is what a training job overlaps the download with. Prints a
+table of medians and writes JSON. Not a timed test: run it by hand.
+
+    python -m benchmarks.stages.tokcold --out .bench/tokcold.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store, upload_tree
+from benchmarks.stages.limits import download
+from flashfeed import storage
+from flashfeed.arrowshard import write_arrow
+from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
+from flashfeed.shardio import shard_name, write_arrow_shard
+
+ROWS = ("cold-stream", "cold-whole", "local", "ceiling")
+
+
+def write_dataset(
+    prefix: str, args: argparse.Namespace, *, batch_bytes: int, layout: bool = True
+) -> int:
+    """The token dataset at ``prefix``, record batches of about ``batch_bytes`` (the same
+    rows and batches with or without the ``layout`` recorded); its bytes."""
+    rng = np.random.default_rng(args.seed)
+    rows = max(1, (args.shard_mib << 20) // (args.seq_len * 2))
+    infos, n = [], 0
+    for i in range(args.shards):
+        tokens = rng.integers(0, 50_000, rows * args.seq_len, dtype=np.uint16)
+        table = pa.table(
+            {
+                "__key__": [f"r{n + j:09d}" for j in range(rows)],
+                "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), args.seq_len),
+            }
+        )
+        path = shard_name(i, "arrow")
+        if layout:
+            infos.append(write_arrow_shard(prefix, path, table, batch_bytes=batch_bytes))
+        else:
+            per_batch = max(1, batch_bytes // max(1, table.nbytes // table.num_rows))
+            data = write_arrow(table, max_chunksize=min(per_batch, 8192), batch_bytes=None)
+            storage.write_bytes(storage.join(prefix, path), data)
+            infos.append(ShardInfo(path, table.num_rows, len(data), storage.checksum(data)))
+        n += rows
+    schema = {"__key__": "string", "tokens": f"fixed_size_list<uint16>[{args.seq_len}]"}
+    manifest = Manifest(name="tokcold", shard_format="arrow", schema=schema, shards=tuple(infos))
+    commit_manifest(prefix, manifest)
+    return sum(s.bytes for s in infos)
+
+
+def epoch(
+    url: str, args: argparse.Namespace, cache_dir: str | None, beside: Path | None = None
+) -> dict[str, float]:
+    """One whole epoch: GB/s of token rows, seconds to the first batch, batches served
+    while their shard arrived. ``beside``: (the url's dataset is local) download the
+    store's copy of the streaming dataset into that folder meanwhile; the epoch ends when
+    both have."""
+    from flashfeed.loader import TokenLoader
+
+    t0 = time.perf_counter()
+    landed = None
+    if beside is not None:
+        bg = ThreadPoolExecutor(1, thread_name_prefix="download")
+        landed = bg.submit(download, args.stream_url, beside)
+    loader = TokenLoader(
+        url, batch_size=args.batch, dtype=None, device="cpu", cache_dir=cache_dir, seed=args.seed
+    )
+    first = None
+    for _ in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        if args.step_ms:
+            time.sleep(args.step_ms / 1000)
+    if landed is not None:
+        landed.result()
+        bg.shutdown()
+    seconds = time.perf_counter() - t0
+    stats = loader.stats()
+    loader.close()
+    ahead = stats.get("readahead", {})
+    return {
+        "gbps": loader.bytes_delivered / seconds / 1e9,
+        "first_batch_s": first or 0.0,
+        "streamed_batches": float(ahead.get("batches_served_while_arriving", 0)),
+        "batches": float(stats["batches"]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--shard-mib", type=int, default=32)
+    p.add_argument("--batch-mib", type=float, default=4.0, help="record batch size")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=16, help="rows per loader batch")
+    p.add_argument("--step-ms", type=float, default=0.0, help="a training step per batch")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=".bench/tokcold.json")
+    args = p.parse_args(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="fftokcold-", dir="/tmp"))
+    runs: dict[str, list[dict[str, float]]] = {r: [] for r in ROWS}
+    store = start_store(scratch, export_env=True)
+    bucket = store.bucket
+    try:
+        stream, whole = scratch / "stream", scratch / "whole"
+        size = int(args.batch_mib * (1 << 20))
+        total = write_dataset(str(stream), args, batch_bytes=size)
+        write_dataset(str(whole), args, batch_bytes=size, layout=False)
+        urls = {"cold-stream": f"{bucket}/tok-stream", "cold-whole": f"{bucket}/tok-whole"}
+        args.stream_url = urls["cold-stream"]
+        upload_tree(stream, urls["cold-stream"])
+        upload_tree(whole, urls["cold-whole"])
+        for r in range(args.rounds):
+            for name in rotated(ROWS, r):
+                cache = scratch / "cache"
+                shutil.rmtree(cache, ignore_errors=True)
+                if name == "local":
+                    got = epoch(str(stream), args, None)
+                elif name == "ceiling":
+                    shutil.rmtree(scratch / "download", ignore_errors=True)
+                    got = epoch(str(stream), args, None, beside=scratch / "download")
+                else:
+                    got = epoch(urls[name], args, str(cache))
+                runs[name].append(got)
+            print(f"round {r}: " + ", ".join(f"{n} {runs[n][-1]['gbps']:.3f}" for n in ROWS),
+                  file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        store.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    med = {n: {k: statistics.median(x[k] for x in v) for k in v[0]} for n, v in runs.items()}
+    local = med["local"]["gbps"]
+    print(
+        f"\ntoken cold start, {args.shards} shards x {args.shard_mib} MiB ({total / 1e6:.0f} MB), "
+        f"record batches {args.batch_mib:g} MiB, batch {args.batch} x {args.seq_len} uint16, "
+        f"step {args.step_ms:g} ms, whole epochs, median of {args.rounds} rounds"
+    )
+    ceiling = med["ceiling"]["gbps"]
+    print(f"{'run':<12} {'GB/s':>8} {'of local':>9} {'of ceiling':>11} {'first batch s':>14} "
+          f"{'streamed':>9}")  # fmt: skip
+    for n in ROWS:
+        m = med[n]
+        ratios = f"{m['gbps'] / local:>8.2f}x {m['gbps'] / ceiling:>10.2f}x"
+        streamed = f"{m['streamed_batches']:>5.0f}/{m['batches']:.0f}"
+        print(f"{n:<12} {m['gbps']:>8.3f} {ratios} {m['first_batch_s']:>14.3f} {streamed}")
+    out: dict[str, Any] = {
+        "config": vars(args),
+        "bytes": total,
+        "median": med,
+        "of_local": {n: med[n]["gbps"] / local for n in ROWS},
+        "of_ceiling": {n: med[n]["gbps"] / ceiling for n in ROWS},
+        "rounds": runs,
+    }
+    write_json(args.out, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

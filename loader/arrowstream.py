@@ -1,0 +1,153 @@
+"""An Arrow shard read while its cache fill is under way, record batch by record batch.
+
+The fill's part file is mapped at its full size; the schema message at its front records
+where each record batch lies (``flashfeed.arrowlayout``). A record batch joins the view
+(``ArrowShardView``, one entry per record batch, as for a whole shard) once every byte of
+it is marked landed: ``pa.ipc.read_record_batch`` on those bytes, zero copy. Entries of
+batches not landed yet are empty placeholders of the right shape; the loader gathers rows
+only after ``StreamFeeder`` has waited for their batches (``rows_landed``).
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from flashfeed.errors import CorruptShardError
+
+from .arrowcols import ArrowShardView, ListView, _column_views, _list_views
+
+if TYPE_CHECKING:
+    from flashfeed.arrowlayout import BatchLayout
+    from flashfeed.cache import FillView, PartialShard
+
+__all__ = ["ArrowArrival", "open_arriving_view", "rows_landed"]
+
+
+def rows_landed(layout: BatchLayout, progress: FillView, rows: list[int]) -> bool:
+    """Whether the schema and the record batches holding ``rows`` have all landed."""
+    if not progress.done(0, int(layout.offsets[0])):
+        return False
+    if any(r >= layout.num_rows for r in rows):
+        return False  # the manifest's rows outnumber the shard's: read whole, it fails there
+    for b in np.unique(layout.batch_of(np.asarray(rows, np.int64))).tolist():
+        if not progress.done(int(layout.offsets[b]), int(layout.offsets[b + 1])):
+            return False
+    return True
+
+
+class ArrowArrival:
+    """The record batches of a view still to land, and the mapped part file they land in."""
+
+    def __init__(
+        self,
+        partial: PartialShard,
+        layout: BatchLayout,
+        columns: tuple[str, ...],
+        lists: tuple[str, ...],
+        name: str,
+    ) -> None:
+        self.layout = layout
+        self.progress = partial.progress
+        self.columns = columns
+        self.lists = lists
+        self.name = name
+        with open(partial.part, "rb") as f:
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if len(self._mmap) < int(self.layout.offsets[-1]):
+            raise CorruptShardError(f"shard {name}: its part file is shorter than its layout")
+        self._buf = pa.py_buffer(self._mmap)
+        self.pending = list(range(self.layout.num_batches))
+        #: the fill ended without some of the batches (it failed): open the shard again
+        self.stale = False
+        #: the ``__key__`` column per record batch: nulls until the batch lands
+        self.keys: list[pa.Array] = []
+        if layout.schema.get_field_index("__key__") >= 0:
+            key_type = layout.schema.field("__key__").type
+            self.keys = [pa.nulls(int(n), key_type) for n in np.diff(layout.rows)]
+
+    def catch_up(self, view: ArrowShardView) -> int:
+        """Add the batches landed since the last call to ``view``; how many were added."""
+        lay, added, still = self.layout, 0, []
+        for b in self.pending:
+            lo, hi = int(lay.offsets[b]), int(lay.offsets[b + 1])
+            if not self.progress.done(lo, hi):
+                still.append(b)
+                continue
+            self._add(view, b, self._read(b, lo, hi))
+            added += 1
+        self.pending = still
+        if added and view.keys is not None:
+            keys = pa.chunked_array(self.keys, type=self.keys[0].type)
+            view.keys = keys.combine_chunks() if not still else keys
+        if not still:
+            self.progress.close()
+        elif self.progress.ended():
+            self.stale = True
+            self.progress.close()
+        return added
+
+    def _read(self, b: int, lo: int, hi: int) -> pa.RecordBatch:
+        lay = self.layout
+        try:
+            batch = pa.ipc.read_record_batch(self._buf.slice(lo, hi - lo), lay.schema)
+        except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
+            raise CorruptShardError(
+                f"shard {self.name}: record batch {b} (bytes {lo}-{hi}) is unreadable ({exc})"
+            ) from None
+        want = int(lay.rows[b + 1] - lay.rows[b])
+        if batch.num_rows != want:
+            raise CorruptShardError(
+                f"shard {self.name}: record batch {b} holds {batch.num_rows} rows, its layout "
+                f"says {want}"
+            )
+        return batch
+
+    def _add(self, view: ArrowShardView, b: int, batch: pa.RecordBatch) -> None:
+        for c in self.columns:
+            got = _column_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
+            held = view.columns[c]
+            if held[b].shape[1:] != got.shape[1:]:  # placeholders made before the first batch
+                for i in self.pending:
+                    held[i] = np.empty((0, *got.shape[1:]), got.dtype)
+            held[b] = got
+        held_lists = view.lists or {}
+        for c in self.lists:
+            held_lists[c][b] = _list_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
+        if view.keys is not None:
+            self.keys[b] = batch.column("__key__")
+
+
+def open_arriving_view(
+    partial: PartialShard, columns: tuple[str, ...], *, name: str, lists: tuple[str, ...] = ()
+) -> ArrowShardView:
+    """A view of a shard still arriving (``partial.layout`` set): the batches landed so far,
+    the rest added by ``view.catch_up()``."""
+    layout = partial.layout
+    if layout is None:
+        raise ValueError(f"shard {name}: its fill records no record batch layout")
+    schema = layout.schema
+    missing = [c for c in (*columns, *lists) if schema.get_field_index(c) < 0]
+    if missing:
+        raise CorruptShardError(f"shard {name}: no column {missing} (it has {schema.names})")
+    arrival = ArrowArrival(partial, layout, columns, lists, name)
+    n = layout.num_batches
+    blank = {
+        c: _column_views(pa.chunked_array([pa.array([], type=schema.field(c).type)]), c, name)[0]
+        for c in columns
+    }
+    no_list = ListView(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    view = ArrowShardView(
+        name=name,
+        num_rows=layout.num_rows,
+        starts=layout.rows[:-1].copy(),
+        columns={c: [blank[c]] * n for c in columns},
+        keys=pa.chunked_array(arrival.keys, type=arrival.keys[0].type) if arrival.keys else None,
+        lists={c: [no_list] * n for c in lists} if lists else None,
+        arriving=arrival,
+    )
+    view.catch_up()
+    return view

@@ -1,0 +1,32 @@
+"""benchmarks/tokcold.py runs at a tiny size with its four rows (cold streaming, cold
+whole shards, local, the download ceiling) and writes its rounds as JSON. No timed
+assertions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_tokcold_prints_every_row_and_writes_its_rounds(tmp_path: Path) -> None:
+    out = tmp_path / "tokcold.json"
+    args = ["--shards", "2", "--shard-mib", "1", "--batch-mib", "0.25", "--seq-len", "512",
+            "--rounds", "1"]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.stages.tokcold", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    result = json.loads(out.read_text())
+    rows = {"cold-stream", "cold-whole", "local", "ceiling"}
+    assert set(result["rounds"]) == rows
+    for name in rows:
+        (r,) = result["rounds"][name]
+        assert r["gbps"] > 0 and r["batches"] == 2 * (1 << 20) // (512 * 2) // 16, name
+    assert result["of_local"]["local"] == 1.0
+    printed = {line.split()[0] for line in run.stdout.splitlines() if line.split()}
+    assert rows <= printed, run.stdout
