@@ -76,7 +76,7 @@ def part_priorities(
         if end <= start:
             continue
         lo, hi = start // part_size, min((end - 1) // part_size, parts - 1)
-        if lo <= hi and out[lo : hi + 1].min() > batch:
+        if lo <= hi and out[lo : hi + 1].max() > batch:
             np.minimum(out[lo : hi + 1], batch, out=out[lo : hi + 1])
     return out
 

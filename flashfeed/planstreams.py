@@ -93,8 +93,20 @@ def _node_stream(
     for k in range(len(windows) - 1):
         a, b = int(windows[k]), int(windows[k + 1])
         mix = _rng(options.seed, _SALT_WINDOW, epoch, node, k).permutation(b - a)
+        if k == 0 and epoch == 0 and options.arrival_slices > 1:
+            first = int(np.searchsorted(bounds, b))  # the pieces of window 0
+            part = _slices(lengths[:first], options.arrival_slices)
+            mix = mix[np.argsort(part[mix], kind="stable")]
         ids[a:b], per_sample[a:b] = ids[a:b][mix], per_sample[a:b][mix]
     return _Stream(ids, per_sample, windows)
+
+
+def _slices(lengths: np.ndarray, slices: int) -> np.ndarray:
+    """For each sample of pieces of ``lengths`` laid end to end, which of ``slices`` equal
+    front-to-back parts of its piece holds it: a stable sort by it, after the window's
+    shuffle, makes batch k read the k-th part of every piece, the bytes that land first."""
+    within = _ranges(np.zeros(len(lengths), np.int64), lengths)
+    return within * slices // np.repeat(np.maximum(lengths, 1), lengths)
 
 
 @dataclass(frozen=True)

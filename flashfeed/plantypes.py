@@ -30,24 +30,30 @@ class PlanOptions:
 
     ``seed``: the run's seed (>= 0); ``shuffle``: permute shards and mix samples; ``window``:
     shard pieces whose samples are mixed together; ``drop_last``: drop the surplus that would
-    make ranks unequal (else short ranks repeat samples).
+    make ranks unequal (else short ranks repeat samples); ``arrival_slices``: the first epoch's
+    first window is served front to back in this many slices of each shard piece, shuffled
+    inside each slice, so its first batches need only the first bytes of each shard to arrive
+    from storage (1 = the plain window shuffle, the order of states saved before this option).
     """
 
     seed: int = 0
     shuffle: bool = True
     window: int = 4
     drop_last: bool = True
+    arrival_slices: int = 8
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", check_int("seed", self.seed, low=0))
         object.__setattr__(self, "window", check_int("window", self.window, low=1))
+        slices = check_int("arrival_slices", self.arrival_slices, low=1)
+        object.__setattr__(self, "arrival_slices", slices)
         object.__setattr__(self, "shuffle", _check_bool("shuffle", self.shuffle))
         object.__setattr__(self, "drop_last", _check_bool("drop_last", self.drop_last))
 
     def describe(self) -> str:
         return (
             f"seed {self.seed}, shuffle {self.shuffle}, window {self.window}, "
-            f"drop_last {self.drop_last}"
+            f"drop_last {self.drop_last}, arrival_slices {self.arrival_slices}"
         )
 
 

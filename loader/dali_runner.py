@@ -57,12 +57,13 @@ _runners: weakref.WeakSet[DaliRunner] = weakref.WeakSet()
 
 def collect_dropped_pipelines(runner: DaliRunner) -> bool:
     """Before ``runner`` builds a pipeline: collect garbage if a pipeline may be waiting in
-    a reference cycle (one was dropped, or another runner exists, closed or not), so that it
-    shuts its reader processes down now, not inside the reader processes forked next. A
-    full collection costs 0.1-0.2 s in a process that has imported torch: the first loader
-    of a process, the one a restarted job waits for, skips it."""
+    a reference cycle (one was dropped and outlived its last reference, or another runner
+    still holds one), so that it shuts its reader processes down now, not inside the reader
+    processes forked next. A full collection costs 0.1-0.2 s in a process that has imported
+    torch: the first loader of a process skips it, and so does the next one when the loaders
+    before it were closed (their pipelines freed at once)."""
     global _dropped
-    if not _dropped and all(r is runner for r in _runners):
+    if not _dropped and all(r is runner or r.pipe is None for r in _runners):
         return False
     _dropped = 0
     gc.collect()
@@ -202,13 +203,24 @@ class DaliRunner:
 
     def drop(self) -> None:
         global _dropped
-        if self.pipe is not None:
-            _dropped += 1
+        alive = _watch(self.pipe)
         self.pipe, self.names, self.ready = None, [], False
+        if alive is not None and alive() is not None:  # still referenced: maybe a cycle
+            _dropped += 1
 
     def close(self) -> None:
         self.drop()
         self._cleanup()
+
+
+def _watch(pipe: Any) -> Callable[[], Any] | None:
+    """What says whether ``pipe`` still exists once dropped (None for no pipe)."""
+    if pipe is None:
+        return None
+    try:
+        return weakref.ref(pipe)
+    except TypeError:  # cannot be watched: count it as possibly alive
+        return lambda: pipe
 
 
 def _reader_data_error(exc: Exception) -> str | None:

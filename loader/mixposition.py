@@ -21,7 +21,7 @@ from flashfeed.plan import PlanOptions, RankPlan, Topology
 
 from .distributed import DistContext
 from .mixsource import MixtureDataset
-from .position import STATE_VERSION, _field, _segments
+from .position import STATE_VERSION, _arrival_slices, _field, _segments
 
 __all__ = ["MixPosition"]
 
@@ -146,6 +146,7 @@ class MixPosition:
             "shuffle": self.options.shuffle,
             "drop_last": self.options.drop_last,
             "window": self.options.window,
+            "arrival_slices": self.options.arrival_slices,
             "epoch": p.epoch,
             "world_size": t.world_size,
             "ranks_per_node": t.rpn,
@@ -190,6 +191,7 @@ class MixPosition:
             shuffle=_field(state, "shuffle", bool),
             drop_last=_field(state, "drop_last", bool),
             window=_field(state, "window", int),
+            arrival_slices=_arrival_slices(state),
         )
         if options != self.options:
             self._plan(options)

@@ -115,6 +115,7 @@ class Position:
             "shuffle": self.options.shuffle,
             "drop_last": self.options.drop_last,
             "window": self.options.window,
+            "arrival_slices": self.options.arrival_slices,
             "epoch": self.epoch,
             "world_size": t.world_size,
             "ranks_per_node": t.rpn,
@@ -150,6 +151,7 @@ class Position:
             shuffle=_field(state, "shuffle", bool),
             drop_last=_field(state, "drop_last", bool),
             window=_field(state, "window", int),
+            arrival_slices=_arrival_slices(state),
         )
         epoch = _field(state, "epoch", int)
         if epoch < 0:
@@ -173,6 +175,17 @@ def _field(state: dict[str, Any], name: str, kind: type) -> Any:
             f"got {value!r}"
         )
     return value
+
+
+def _arrival_slices(state: dict[str, Any]) -> int:
+    """The state's ``arrival_slices``; a state saved before the option read the first window
+    in the plain window shuffle, which is ``arrival_slices=1``."""
+    if "arrival_slices" not in state:
+        return 1
+    value = _field(state, "arrival_slices", int)
+    if value < 1:
+        raise ValueError(f"state field 'arrival_slices' must be >= 1, got {value}")
+    return int(value)
 
 
 def _segments(raw: Sequence[Any] | None) -> list[Segment]:

@@ -145,6 +145,10 @@ def test_part_priorities_follow_the_first_batch_that_needs_a_sample_in_the_part(
     assert got.tolist() == [7.0, 4.0, 7.0]  # part 2: no needed sample -> the last batch
     need = ShardNeed.build(rows=[1, 3, 0], batches=[2, 9, 5])
     assert part_priorities(index, need, size=300, part_size=100).tolist() == [2.0, 2.0, 9.0]
+    # a sample straddling into a part gives it its batch even when the part it starts in
+    # already has that batch from another sample
+    both = ShardNeed.build(rows=[0, 1, 3], batches=[0, 0, 9])
+    assert part_priorities(index, both, size=300, part_size=100).tolist() == [0.0, 0.0, 9.0]
     before = PartPriority(need, default=float("inf"))
     assert before(0) == before(250) == 2.0  # the shard's first need until the index is in
     before.learn_index(index, size=300, part_size=100)

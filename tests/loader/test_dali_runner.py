@@ -34,14 +34,39 @@ def test_the_first_loader_of_a_process_does_not_collect(fresh_process):
     first.close()
 
 
-def test_a_dropped_pipeline_or_another_runner_is_collected_first(fresh_process):
+class _Pipe:
+    """Stands for a DALI pipeline: something a runner holds and drops."""
+
+    cycle: object = None
+
+
+def test_a_dropped_pipeline_still_referenced_or_another_open_runner_is_collected_first(
+    fresh_process,
+):
     first = _runner()
-    first.pipe = object()
-    first.drop()  # a pass left early dropped its pipeline
+    pipe = _Pipe()
+    pipe.cycle = pipe  # a loader dropped without close(): the pipeline waits in a cycle
+    first.pipe = pipe
+    del pipe
+    first.drop()
     assert collect_dropped_pipelines(first) is True
     assert collect_dropped_pipelines(first) is False  # nothing new since
-    second = _runner()  # another loader exists (closed or not): its pipeline may be garbage
+    first.pipe = _Pipe()  # the first loader is still open, holding its pipeline
+    second = _runner()
     assert collect_dropped_pipelines(second) is True
     assert len(fresh_process) == 2
     first.close()
+    second.close()
+
+
+def test_a_loader_built_after_others_were_closed_does_not_collect(fresh_process):
+    first = _runner()
+    first.pipe = _Pipe()
+    first.close()  # the pipeline is freed as the runner lets it go
+    second = _runner()
+    assert collect_dropped_pipelines(second) is False
+    second.pipe = _Pipe()
+    second.drop()  # a pass left early dropped a pipeline nothing else holds
+    assert collect_dropped_pipelines(second) is False
+    assert fresh_process == []
     second.close()

@@ -1,0 +1,163 @@
+"""``PlanOptions(arrival_slices=n)``: the first epoch's first window read front to back in
+``n`` slices of its shard pieces, so its first batches need only the front of every shard.
+The order is a pure function of the plan inputs (resume stays exact) and keeps the window's
+class mixing; from an empty cache the first batch comes while the window's shards arrive.
+
+The cold test reads the real S3 server behind ``slowproxy.SlowProxy``; nothing is faked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from flashfeed.cache import ShardCache
+from flashfeed.dataset import Dataset
+from flashfeed.loader import Loader
+from flashfeed.loader.position import Position
+from flashfeed.loader.shuffle_quality import shuffle_quality
+from flashfeed.plan import PlanOptions, Topology, plan_epoch, rank_plan
+from flashfeed.retry import RetryPolicy
+
+from support.loader_helpers import make_image_dataset
+
+SIZES = [100, 120, 90, 110, 100, 100, 80, 100]
+
+
+def _order(slices: int, epoch: int = 0, world: int = 1, rank: int = 0) -> np.ndarray:
+    options = PlanOptions(seed=5, arrival_slices=slices)
+    topology = Topology(world)
+    return rank_plan(SIZES, options=options, epoch=epoch, topology=topology, rank=rank).samples
+
+
+def _front(ids: np.ndarray) -> np.ndarray:
+    """Where each sample sits in its shard, 0 (front) to 1 (back)."""
+    offsets = np.concatenate([[0], np.cumsum(SIZES)])
+    shard = np.searchsorted(offsets, ids, side="right") - 1
+    return (ids - offsets[shard]) / np.asarray(SIZES)[shard]
+
+
+def test_the_first_window_is_read_front_to_back_and_the_rest_is_unchanged():
+    plain, arrival = _order(1), _order(8)
+    offsets = np.cumsum(SIZES)
+    shards = np.searchsorted(offsets, plain, side="right")
+    first4 = list(dict.fromkeys(shards.tolist()))[:4]  # window 0: the stream's first 4 shards
+    window = int(np.isin(shards, first4).sum())
+    assert np.isin(shards[:window], first4).all()
+    assert sorted(plain[:window]) == sorted(arrival[:window])  # the same samples
+    assert np.array_equal(plain[window:], arrival[window:])  # later windows untouched
+    front = _front(arrival[:window])
+    assert (np.diff(np.floor(front * 8)) >= 0).all()  # slice after slice, front to back
+    assert not (np.diff(np.floor(_front(plain[:window]) * 8)) >= 0).all()
+    # the first 48 samples (of about 52 in slice 0) come from the front eighth of all four
+    assert front[:48].max() < 1 / 8
+    assert set(np.searchsorted(offsets, arrival[:48], side="right").tolist()) == set(first4)
+
+
+def test_later_epochs_keep_the_plain_window_shuffle_and_ranks_share_the_same_samples():
+    assert np.array_equal(_order(1, epoch=1), _order(8, epoch=1))
+    plain = [_order(1, world=4, rank=r) for r in range(4)]
+    arrival = [_order(8, world=4, rank=r) for r in range(4)]
+    # the node's stream is dealt round-robin: the ranks together read the same samples
+    assert sorted(np.concatenate(plain)) == sorted(np.concatenate(arrival))
+    assert all(len(a) == len(b) for a, b in zip(plain, arrival, strict=True))
+    assert all(not np.array_equal(a, b) for a, b in zip(plain, arrival, strict=True))
+
+
+def test_arrival_order_keeps_the_window_class_mixing():
+    sizes = [500] * 16
+    labels = np.repeat(np.arange(16), 500)  # one class per shard: the hardest case
+    for world in (1, 4):
+        plans = {
+            s: plan_epoch(sizes, options=PlanOptions(seed=1, arrival_slices=s), epoch=0,
+                          topology=Topology(world)).per_rank[0]
+            for s in (1, 8)
+        }  # fmt: skip
+        first = len(plans[1]) // 4  # window 0 of this rank
+        q = {s: shuffle_quality(labels[p[:first]], batch_size=64) for s, p in plans.items()}
+        assert q[8].classes_per_batch == q[1].classes_per_batch == 4
+        assert q[8].quality >= 0.98 * q[1].quality
+
+
+def test_arrival_slices_is_checked_and_saved_and_old_states_keep_their_order(tmp_path):
+    with pytest.raises(ValueError, match="arrival_slices must be >= 1, got 0"):
+        PlanOptions(arrival_slices=0)
+    make_image_dataset(str(tmp_path / "ds"), [40, 40, 40], size=16)
+    loader = Loader(str(tmp_path / "ds"), batch_size=8, image_size=16, py_workers=1)
+    state = loader.state_dict()
+    assert state["arrival_slices"] == 8  # the default
+    position = loader.position
+    assert isinstance(position, Position)
+    top = Topology(1)
+    sliced = {**state, "segments": [[1, 1, 8]]}  # 8 samples consumed
+    assert position.load_state_dict(sliced).arrival_slices == 8
+    options = position.options
+    expect = rank_plan(position.shard_sizes, options=options, epoch=0, topology=top, rank=0)
+    assert np.array_equal(position.remaining(), expect.samples[8:])
+    old = {k: v for k, v in sliced.items() if k != "arrival_slices"}  # saved before the option
+    assert position.load_state_dict(old).arrival_slices == 1
+    plain = dataclasses.replace(options, arrival_slices=1)
+    expect = rank_plan(position.shard_sizes, options=plain, epoch=0, topology=top, rank=0)
+    assert np.array_equal(position.remaining(), expect.samples[8:])
+    assert not np.array_equal(
+        rank_plan(position.shard_sizes, options=options, epoch=0, topology=top, rank=0).samples,
+        expect.samples,
+    )
+    with pytest.raises(ValueError, match="'arrival_slices' must be an integer"):
+        position.load_state_dict({**state, "arrival_slices": "8"})
+    loader.close()
+
+
+def _fetched(proxy, ds) -> dict[int, int]:
+    """Bytes of each shard object the store was asked for (whole GETs count in full)."""
+    got = {}
+    for i, info in enumerate(ds.shards):
+        reqs = [
+            r for r in proxy.log(_object(ds, i)) if r.method == "GET" and r.path.endswith(".tar")
+        ]
+        got[i] = sum((r.range[1] - r.range[0]) if r.range else info.bytes for r in reqs)
+    return got
+
+
+def _object(ds, shard: int) -> str:
+    """The shard's object path as the proxy sees it (bucket/prefix/name)."""
+    return ds.shard_url(shard).split("://", 1)[1]
+
+
+def _cold_first_batch(prefix, proxy, tmp, slices):
+    """Bytes of each shard requested from the store when the first batch is in hand, the
+    shards' sizes, and whether any shard was whole in the cache by then; then the epoch."""
+    ds = Dataset.open(prefix, storage_options={"endpoint_url": proxy.endpoint})
+    retry = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, deadline=10)
+    cache = ShardCache(str(tmp), capacity=1 << 30, retry=retry, part_size="16KiB", concurrency=1)
+    before = {i: len(proxy.log(_object(ds, i))) for i in range(len(ds.shards))}
+    loader = Loader(ds, batch_size=16, image_size=16, cache=cache, seed=2, py_workers=1)
+    if slices != loader.state_dict()["arrival_slices"]:
+        loader.load_state_dict({**loader.state_dict(), "arrival_slices": slices})
+    it = iter(loader)
+    batch = next(it)
+    landed = _fetched(proxy, ds)
+    whole = any(cache.contains(ds, i) for i in range(len(ds.shards)))
+    n = len(batch["label"]) + sum(len(b["label"]) for b in it)
+    assert n == 384 and all(len(proxy.log(_object(ds, i))) > b for i, b in before.items())
+    loader.close()
+    cache.close()
+    return landed, {i: s.bytes for i, s in enumerate(ds.shards)}, whole
+
+
+def test_cold_first_batch_comes_before_the_window_has_landed(s3_store, proxy, tmp_path):
+    """Bytes observed at the store, not the plan: with the arrival order the first batch is
+    in hand when the front of each shard of the window has been fetched; with the plain
+    window shuffle its random samples need parts from all over the window first."""
+    proxy.delay = 0.02  # each request; one 16 KiB part in flight at a time
+    got = {}
+    for slices in (8, 1):  # the same dataset, a fresh store prefix and empty cache for each
+        prefix = f"s3://flashfeed/arrival-{slices}-{tmp_path.name}"
+        make_image_dataset(prefix, [96] * 4, size=64)
+        got[slices] = _cold_first_batch(prefix, proxy, tmp_path / f"cache{slices}", slices)
+    landed, size, whole = got[8]
+    assert not whole  # no shard of the window (all four) had landed whole
+    assert all(landed[i] < size[i] for i in size), (landed, size)
+    assert sum(landed.values()) < sum(size.values()) / 3, (landed, size)
+    assert sum(landed.values()) < sum(got[1][0].values()), (got[8], got[1])
