@@ -112,6 +112,32 @@ def string_parts(arr: pa.Array) -> tuple[np.ndarray, bytes | memoryview]:
     return lengths, memoryview(data_buf)[int(offsets[0]) : int(offsets[-1])]
 
 
+def checked_per_sample(
+    table: pa.Table, name: str, kind: pa.DataType, samples: np.ndarray, source: str
+) -> pa.Array:
+    """Column ``name`` of ``table`` as one valid list array of type ``kind``, each row a null
+    or one entry per sample of its shard (``samples``); else a ``ManifestError`` naming it."""
+    col = table.column(name)
+    if col.type != kind:
+        raise ManifestError(
+            f"{source}: shard table column {name!r} must be of type {kind}, got {col.type}"
+        )
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise ManifestError(f"{source}: shard table column {name!r} is malformed ({exc})") from None
+    lengths = pc.fill_null(pc.list_value_length(arr), -1).to_numpy(zero_copy_only=False)
+    bad = (lengths != samples) & (lengths != -1)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ManifestError(
+            f"{source}: shard table column {name!r}, row {row}: {lengths[row]} entries for "
+            f"{samples[row]} samples"
+        )
+    return arr
+
+
 def check_image_sizes(
     table: pa.Table, samples: np.ndarray, source: str
 ) -> tuple[pa.Array, pa.Array] | None:
@@ -124,26 +150,7 @@ def check_image_sizes(
         raise ManifestError(f"{source}: the shard table has {present[0]!r} without its pair")
     out = []
     for c in SIZE_COLUMNS:
-        col = table.column(c)
-        if col.type != SIZE_TYPE:
-            raise ManifestError(
-                f"{source}: shard table column {c!r} must be of type {SIZE_TYPE}, got {col.type}"
-            )
-        arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        try:
-            arr.validate(full=True)
-        except pa.ArrowInvalid as exc:
-            raise ManifestError(
-                f"{source}: shard table column {c!r} is malformed ({exc})"
-            ) from None
-        lengths = pc.fill_null(pc.list_value_length(arr), -1).to_numpy(zero_copy_only=False)
-        bad = (lengths != samples) & (lengths != -1)
-        if bad.any():
-            row = int(np.argmax(bad))
-            raise ManifestError(
-                f"{source}: shard table column {c!r}, row {row}: {lengths[row]} entries for "
-                f"{samples[row]} samples"
-            )
+        arr = checked_per_sample(table, c, SIZE_TYPE, samples, source)
         values = arr.values
         if len(values) and pc.min(values).as_py() < 0:
             raise ManifestError(f"{source}: shard table column {c!r} holds a negative size")

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import ManifestError
+from .shardcolumns import checked_per_sample
 
 __all__ = [
     "VIDEO_COLUMN",
@@ -58,27 +59,7 @@ def check_videos(table: pa.Table, samples: np.ndarray, source: str) -> pa.Array 
     ``VIDEO_TYPE``, one entry per sample of the row's shard (or a null row), numbers >= 0."""
     if VIDEO_COLUMN not in table.column_names:
         return None
-    col = table.column(VIDEO_COLUMN)
-    if col.type != VIDEO_TYPE:
-        raise ManifestError(
-            f"{source}: shard table column {VIDEO_COLUMN!r} must be of type {VIDEO_TYPE}, "
-            f"got {col.type}"
-        )
-    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    try:
-        arr.validate(full=True)
-    except pa.ArrowInvalid as exc:
-        raise ManifestError(
-            f"{source}: shard table column {VIDEO_COLUMN!r} is malformed ({exc})"
-        ) from None
-    lengths = pc.fill_null(pc.list_value_length(arr), -1).to_numpy(zero_copy_only=False)
-    bad = (lengths != samples) & (lengths != -1)
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise ManifestError(
-            f"{source}: shard table column {VIDEO_COLUMN!r}, row {row}: {lengths[row]} "
-            f"entries for {samples[row]} samples"
-        )
+    arr = checked_per_sample(table, VIDEO_COLUMN, VIDEO_TYPE, samples, source)
     values = pc.list_flatten(arr)
     for name in _NUMBERS:
         field = pc.struct_field(values, name)
