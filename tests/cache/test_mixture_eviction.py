@@ -58,7 +58,9 @@ def sources(s3_prefix: str, s3_info) -> Mixture:
 
 
 def _cached(root: Path) -> set[str]:
-    return {p.name for p in root.glob("*/data/shards/*.arrow")}
+    """The cached shards, each as ``<dataset dir>/<shard>``: two sources' shards may share a
+    name."""
+    return {str(p.relative_to(root)) for p in root.glob("*/data/shards/*.arrow")}
 
 
 def _telling_case(order: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
