@@ -9,6 +9,7 @@ sends each shard request to the source's own ``ShardSource``; a failure names th
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Iterator, Sequence
 from functools import cached_property
@@ -98,15 +99,19 @@ class MixtureDataset:
         self.shard_offsets = np.concatenate(
             [[0], np.cumsum([d.manifest.num_shards for d in self.datasets])]
         ).astype(np.int64)
+        # plain ints for locate_shard, asked a dozen times a batch (numpy per call costs more)
+        self._starts = [int(x) for x in self.shard_offsets[:-1]]
+        self._ends = [int(x) for x in self.shard_offsets[1:]]
         self.manifest = MixtureManifest(self)
         self.shards = _Shards(self)
 
     def locate_shard(self, v: int) -> tuple[int, int]:
         """Virtual shard -> (source number, the source's own shard number)."""
-        s = int(np.searchsorted(self.shard_offsets, v, side="right")) - 1
-        if not 0 <= v < int(self.shard_offsets[-1]):
-            raise IndexError(f"shard {v} is not in this mixture of {self.shard_offsets[-1]}")
-        return s, v - int(self.shard_offsets[s])
+        v = int(v)
+        if not 0 <= v < self._ends[-1]:
+            raise IndexError(f"shard {v} is not in this mixture of {self._ends[-1]}")
+        s = bisect.bisect_right(self._ends, v)
+        return s, v - self._starts[s]
 
     def tables(self) -> list[SourceTable]:
         return [

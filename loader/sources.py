@@ -144,27 +144,29 @@ class LocalShardSource:
             )
         self.dataset = dataset
         self.verify = verify
-        self._checked: set[int] = set()
+        #: shard -> its checked local path (resolved once: the read-ahead asks again per pass)
+        self._checked: dict[int, str] = {}
         self._hits = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_checked"] = set()
+        state["_checked"] = {}
         return state
 
     def local_path(self, shard: int) -> str:
-        info = self.dataset.shards[shard]
-        _, path = storage.filesystem(self.dataset.shard_url(shard))
-        if shard not in self._checked:
+        known = self._checked.get(shard)
+        if known is None:
+            info = self.dataset.shards[shard]
+            _, path = storage.filesystem(self.dataset.shard_url(shard))
             if not os.path.isfile(path):
                 raise CorruptShardError(
                     f"shard {info.path} of dataset {self.dataset.url} is missing ({path})"
                 )
             if self.verify:
                 _verify_file(path, info, dataset=self.dataset.url)
-            self._checked.add(shard)
+            known = self._checked[shard] = str(path)
         self._hits += 1
-        return str(path)
+        return known
 
     def index(self, shard: int) -> list[SampleIndex]:
         return self.dataset.read_index(shard)
