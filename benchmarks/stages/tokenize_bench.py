@@ -379,9 +379,9 @@ def print_tables(result: dict[str, Any]) -> None:
     lo = result["loader"]
     print("\nTokenLoader, CPU (GB/s of delivered bytes, median)")
     for name, v in lo["gb_per_s"].items():
-        print(f"  {name:24s} {v:8.2f}")
-    print(f"  with outputs / memcpy   {lo['of_memcpy']:8.2f}")
-    print(f"  with outputs / row gather {lo['of_row_gather']:6.2f}  (reused buffers, not a limit)")
+        print(f"  {name:44s} {v:8.2f}")
+    print(f"  {'with outputs / memcpy':44s} {lo['of_memcpy']:8.2f}")
+    print(f"  {'with outputs / row gather (not a limit)':44s} {lo['of_row_gather']:8.2f}")
     for b, more in lo.get("by_batch_size", {}).items():
         rates = more["gb_per_s"]
         print(
