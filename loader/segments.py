@@ -125,6 +125,9 @@ def document_outputs(
         # joined straight into the buffer, one write pass and no batch-sized temporary
         pos = alloc((B, L), np.dtype(np.int64))
         ramp = _ramp(L)
+        # (measured slower, interleaved A/B by CPU time: the ramp less a block-wise repeat of
+        # each token's segment start, 0.93-0.95x; document_ids repeated block-wise into a
+        # pooled buffer instead of one new array, 0.86-0.88x)
         np.concatenate([ramp[:n] for n in lengths.tolist()], out=pos.reshape(-1))
         if "position_ids" in outputs:
             out["position_ids"] = pos
