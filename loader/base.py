@@ -6,12 +6,11 @@ import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from flashfeed.dataset import Dataset
-
+from .datasetinfo import ShardNames, check_version, dataset_id, shard_samples
 from .ledger import Ledger
 from .mixposition import MixPosition
 from .mixsource import MixtureDataset, status_root
@@ -54,10 +53,10 @@ class PlannedLoader:
             MixPosition(dataset, ctx, parts.options)
             if isinstance(dataset, MixtureDataset)
             else Position(
-                _shard_samples(dataset) * per_sample,
+                shard_samples(dataset) * per_sample,
                 ctx,
                 parts.options,
-                dataset_id=_dataset_id(dataset),
+                dataset_id=dataset_id(dataset),
             )
         )
         telemetry = parts.telemetry
@@ -160,7 +159,7 @@ class PlannedLoader:
                     f"{[s[0] for s in state.get('sources') or []]}; this loader reads one "
                     f"dataset, {self.dataset.url}"
                 )
-            _check_version(state, self.dataset)
+            check_version(state, self.dataset)
         self.position.load_state_dict(state)
         self._finished = bool(state.get("finished", False))
 
@@ -393,62 +392,3 @@ class _PassIterator(Generic[T]):
 
     def __del__(self) -> None:
         self.close()
-
-
-class ShardNames(Sequence[str]):
-    """Shard paths by number, read from the manifest's columnar table on demand: a loader
-    for a million-shard dataset builds no list of a million strings (nor pickles one into
-    each reader process)."""
-
-    def __init__(self, dataset: Dataset | MixtureDataset) -> None:
-        self._manifest = dataset.manifest
-
-    def __len__(self) -> int:
-        return int(self._manifest.num_shards)
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [self._manifest.shard_path(j) for j in range(*i.indices(len(self)))]
-        return self._manifest.shard_path(i)
-
-
-def _shard_samples(dataset: Dataset) -> np.ndarray:
-    """Samples per shard as one array, from the manifest's columnar table."""
-    return np.asarray(dataset.manifest.shard_samples, dtype=np.int64)
-
-
-def _dataset_id(dataset: Dataset) -> str:
-    return str(dataset.manifest.digest)
-
-
-def _check_version(state: Any, dataset: Dataset) -> None:
-    """A state saved on another version of this dataset (its ``"dataset"``: the version it
-    was saved on) is refused naming both, with the way to continue on the recorded one."""
-    saved = state.get("dataset") if isinstance(state, dict) else None
-    current = _dataset_id(dataset)
-    if not (isinstance(saved, str) and saved and saved != current):
-        return
-    url = state.get("url")
-    if isinstance(url, str) and url != dataset.url:
-        raise ValueError(
-            f"the state belongs to another dataset: it was saved reading {url} (version "
-            f"{saved}), this loader reads {dataset.url} (version {current})"
-        )
-    if url is None:
-        raise ValueError(
-            f"the state was saved on version {saved}, and {dataset.url} holds version "
-            f"{current}: it belongs to another dataset, or to another version of this one "
-            f"(continue on that with dataset_version={saved!r})"
-        )
-    raise ValueError(
-        f"the state was saved on version {saved} of {dataset.url}, which holds version "
-        f"{current} now: start this version afresh, or continue on the recorded one with "
-        f"dataset_version={saved!r} (read from the node cache, or from the store if it "
-        "still holds its shards)"
-    )
