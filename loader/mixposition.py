@@ -95,17 +95,21 @@ class MixPosition:
 
     def rank_plan(self) -> RankPlan:
         """What this rank still reads of this epoch (virtual sample ids)."""
-        key = (self.planner.deal_key(self._deal), self.ctx.rank)
-        if self._memo is None or self._memo[0] != key:
-            whole = replace(self._deal, consumed=0)
-            self._memo = (key, RankPlan(self.planner.rank_plan(whole, self.ctx.rank).samples))
-        samples = self._memo[1].samples
+        samples = self._share()
         if self._taken > len(samples):
             raise ValueError(
                 f"resume state says each rank consumed {self._taken} samples of this deal but "
                 f"it has only {len(samples)}: the state belongs to another mixture"
             )
         return RankPlan(samples[self._taken :])
+
+    def _share(self) -> np.ndarray:
+        """This rank's whole share of the current deal, planned once per deal."""
+        key = (self.planner.deal_key(self._deal), self.ctx.rank)
+        if self._memo is None or self._memo[0] != key:
+            whole = replace(self._deal, consumed=0)
+            self._memo = (key, RankPlan(self.planner.rank_plan(whole, self.ctx.rank).samples))
+        return self._memo[1].samples
 
     def remaining(self) -> np.ndarray:
         return self.rank_plan().samples
@@ -121,10 +125,9 @@ class MixPosition:
         """Samples per source among the next ``samples`` of the plan (what a batch that the
         loader checked against its pass order holds), for the statistics."""
         if self._sources is None:  # once per deal (the progress setter drops it), not per batch
-            self.rank_plan()  # memoizes the whole share (``_memo``), checked
-            assert self._memo is not None
+            self.rank_plan()  # checks the samples taken against the share
             small = np.uint8 if len(self.mix.names) <= 255 else np.int32
-            self._sources = self.source_of(self._memo[1].samples).astype(small)
+            self._sources = self.source_of(self._share()).astype(small)
         at = self._sources[self._taken : self._taken + samples]
         counts = np.bincount(at, minlength=len(self.mix.names)).tolist()
         return tuple((n, c) for n, c in zip(self.mix.names, counts, strict=True) if c)
