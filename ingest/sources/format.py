@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from .base import Item, Mapper, Record, SourceScan, StorageContext, list_sized, missing_source
 
 __all__ = [
+    "FolderFormat",
     "FunctionReader",
     "Listing",
     "SourceFormat",
@@ -107,3 +108,34 @@ class FunctionReader:
 
     def close(self) -> None:
         self._cache = {"shared": self._cache["shared"]}
+
+
+@dataclass(frozen=True)
+class FolderFormat:
+    """A format that is a folder of files of one kind (``imagefolder``, ``videofolder``): it
+    takes no options, is detected when a listed file is of its kind (``field_of`` gives the
+    field a file lands in, None for other files), scanned by ``scan_fn`` and read item by item
+    by ``read_fn``."""
+
+    name: str
+    field_of: Callable[[str], str | None]
+    scan_fn: Callable[[str, StorageContext], SourceScan]
+    read_fn: ReadFn
+    options: tuple[SourceOption, ...] = ()
+
+    def detect(self, url: str, listing: Listing) -> bool:
+        return any(self.field_of(p) for p in listing.paths)
+
+    def scan(
+        self,
+        url: str,
+        ctx: StorageContext,
+        *,
+        fields: dict[str, str],
+        options: dict[str, str],
+        mapper: Mapper,
+    ) -> SourceScan:
+        return self.scan_fn(url, ctx)
+
+    def open_reader(self, shared: dict[str, Any]) -> SourceReader:
+        return FunctionReader(self.read_fn, shared)

@@ -7,7 +7,6 @@ from typing import Any
 from .base import (
     IMAGE_EXTS,
     Item,
-    Mapper,
     Record,
     SourceScan,
     StorageContext,
@@ -17,7 +16,7 @@ from .base import (
     relative_key,
     source_root,
 )
-from .format import FunctionReader, Listing, SourceOption, SourceReader
+from .format import FolderFormat
 
 __all__ = ["IMAGEFOLDER", "read_imagefolder_item", "scan_imagefolder"]
 
@@ -73,26 +72,4 @@ def read_imagefolder_item(item: Item, ctx: StorageContext, cache: dict[str, Any]
     return {item.ref["field"]: data, "cls": item.ref["label"]}
 
 
-class ImageFolderFormat:
-    name = "imagefolder"
-    options: tuple[SourceOption, ...] = ()
-
-    def detect(self, url: str, listing: Listing) -> bool:
-        return any(image_field(p) for p in listing.paths)
-
-    def scan(
-        self,
-        url: str,
-        ctx: StorageContext,
-        *,
-        fields: dict[str, str],
-        options: dict[str, str],
-        mapper: Mapper,
-    ) -> SourceScan:
-        return scan_imagefolder(url, ctx)
-
-    def open_reader(self, shared: dict[str, Any]) -> SourceReader:
-        return FunctionReader(read_imagefolder_item, shared)
-
-
-IMAGEFOLDER = ImageFolderFormat()
+IMAGEFOLDER = FolderFormat("imagefolder", image_field, scan_imagefolder, read_imagefolder_item)

@@ -9,7 +9,6 @@ from flashfeed.video import VIDEO_EXTS
 
 from .base import (
     Item,
-    Mapper,
     Record,
     SourceScan,
     StorageContext,
@@ -19,7 +18,7 @@ from .base import (
     relative_key,
     source_root,
 )
-from .format import FunctionReader, Listing, SourceOption, SourceReader
+from .format import FolderFormat
 
 __all__ = ["VIDEOFOLDER", "video_field"]
 
@@ -61,26 +60,4 @@ def read_videofolder_item(item: Item, ctx: StorageContext, cache: dict[str, Any]
     return {item.ref["field"]: data}
 
 
-class VideoFolderFormat:
-    name = "videofolder"
-    options: tuple[SourceOption, ...] = ()
-
-    def detect(self, url: str, listing: Listing) -> bool:
-        return any(video_field(p) for p in listing.paths)
-
-    def scan(
-        self,
-        url: str,
-        ctx: StorageContext,
-        *,
-        fields: dict[str, str],
-        options: dict[str, str],
-        mapper: Mapper,
-    ) -> SourceScan:
-        return scan_videofolder(url, ctx)
-
-    def open_reader(self, shared: dict[str, Any]) -> SourceReader:
-        return FunctionReader(read_videofolder_item, shared)
-
-
-VIDEOFOLDER = VideoFolderFormat()
+VIDEOFOLDER = FolderFormat("videofolder", video_field, scan_videofolder, read_videofolder_item)
