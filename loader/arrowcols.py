@@ -12,7 +12,15 @@ import pyarrow as pa
 from flashfeed.arrowshard import open_arrow
 from flashfeed.errors import CorruptShardError
 
-__all__ = ["ArrowShardView", "ListView", "gather_lists", "list_index", "open_arrow_view"]
+__all__ = [
+    "ArrowShardView",
+    "ListView",
+    "column_views",
+    "gather_lists",
+    "list_index",
+    "list_views",
+    "open_arrow_view",
+]
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ class ArrowShardView:
         return str(self.keys[row].as_py())
 
 
-def _column_views(col: pa.ChunkedArray, name: str, shard: str) -> list[np.ndarray]:
+def column_views(col: pa.ChunkedArray, name: str, shard: str) -> list[np.ndarray]:
     views = []
     for chunk in col.chunks:
         t = chunk.type
@@ -111,7 +119,7 @@ def _column_views(col: pa.ChunkedArray, name: str, shard: str) -> list[np.ndarra
     return views
 
 
-def _list_views(col: pa.ChunkedArray, name: str, shard: str) -> list[ListView]:
+def list_views(col: pa.ChunkedArray, name: str, shard: str) -> list[ListView]:
     views = []
     for chunk in col.chunks:
         t = chunk.type
@@ -147,7 +155,7 @@ def open_arrow_view(
         name=name,
         num_rows=table.num_rows,
         starts=starts,
-        columns={c: _column_views(table.column(c), c, name) for c in columns},
+        columns={c: column_views(table.column(c), c, name) for c in columns},
         keys=_one_array(table.column("__key__")) if "__key__" in table.column_names else None,
-        lists={c: _list_views(table.column(c), c, name) for c in lists} if lists else None,
+        lists={c: list_views(table.column(c), c, name) for c in lists} if lists else None,
     )

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
 
-from .arrowcols import ArrowShardView, ListView, _column_views, _list_views
+from .arrowcols import ArrowShardView, ListView, column_views, list_views
 
 if TYPE_CHECKING:
     from flashfeed.arrowlayout import BatchLayout
@@ -108,7 +108,7 @@ class ArrowArrival:
 
     def _add(self, view: ArrowShardView, b: int, batch: pa.RecordBatch) -> None:
         for c in self.columns:
-            got = _column_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
+            got = column_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
             held = view.columns[c]
             if held[b].shape[1:] != got.shape[1:]:  # placeholders made before the first batch
                 for i in self.pending:
@@ -116,7 +116,7 @@ class ArrowArrival:
             held[b] = got
         held_lists = view.lists or {}
         for c in self.lists:
-            held_lists[c][b] = _list_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
+            held_lists[c][b] = list_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
         if view.keys is not None:
             self.keys[b] = batch.column("__key__")
 
@@ -136,7 +136,7 @@ def open_arriving_view(
     arrival = ArrowArrival(partial, layout, columns, lists, name)
     n = layout.num_batches
     blank = {
-        c: _column_views(pa.chunked_array([pa.array([], type=schema.field(c).type)]), c, name)[0]
+        c: column_views(pa.chunked_array([pa.array([], type=schema.field(c).type)]), c, name)[0]
         for c in columns
     }
     no_list = ListView(np.zeros(0, np.int64), np.zeros(0, np.int64))
