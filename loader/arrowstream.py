@@ -1,9 +1,10 @@
 """An Arrow shard read while its cache fill is under way, record batch by record batch.
 
 The fill's part file is mapped at its full size; the schema message at its front records
-where each record batch lies (``flashfeed.arrowlayout``). A record batch joins the view
-(``ArrowShardView``, one entry per record batch, as for a whole shard) once every byte of
-it is marked landed: ``pa.ipc.read_record_batch`` on those bytes, zero copy. Entries of
+where each record batch lies (``flashfeed.arrowlayout``), or, when it records nothing, the
+walk of the messages landed so far finds them (``flashfeed.ipcwalk``). A record batch joins
+the view (``ArrowShardView``, one entry per record batch, as for a whole shard) once all of
+its bytes are marked landed: ``pa.ipc.read_record_batch`` on those bytes, zero copy. Entries of
 batches not landed yet are empty placeholders of the right shape; the loader gathers rows
 only after ``StreamFeeder`` has waited for their batches (``rows_landed``).
 """
@@ -32,7 +33,7 @@ def rows_landed(layout: BatchLayout, progress: FillView, rows: list[int]) -> boo
     if not progress.done(0, int(layout.offsets[0])):
         return False
     if any(r >= layout.num_rows for r in rows):
-        return False  # the manifest's rows outnumber the shard's: read whole, it fails there
+        return False  # not located yet (a walk), or past the shard's: read whole, it fails there
     for b in np.unique(layout.batch_of(np.asarray(rows, np.int64))).tolist():
         if not progress.done(int(layout.offsets[b]), int(layout.offsets[b + 1])):
             return False
