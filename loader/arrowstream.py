@@ -94,9 +94,12 @@ class ArrowArrival:
         rows = self.layout.rows
         return rows.copy() if self.tail else rows[:-1].copy()
 
-    def key_chunks(self) -> list[pa.Array]:
+    def joined_keys(self) -> pa.Array | pa.ChunkedArray:
+        """The ``__key__`` column so far: the landed batches' keys, nulls for the rest; one
+        array once all have landed (a take over many chunks costs more)."""
         tail = [pa.nulls(self.tail, self.key_type)] if self.tail else []
-        return [*self.keys, *tail]
+        keys = pa.chunked_array([*self.keys, *tail], type=self.key_type)
+        return keys if self.pending or self.tail else keys.combine_chunks()
 
     def catch_up(self, view: ArrowShardView) -> int:
         """Add the batches landed since the last call to ``view``; how many were added."""
@@ -113,8 +116,7 @@ class ArrowArrival:
             added += 1
         self.pending = still
         if added and view.keys is not None:
-            keys = pa.chunked_array(self.key_chunks(), type=self.key_type)
-            view.keys = keys.combine_chunks() if not still and not self.tail else keys
+            view.keys = self.joined_keys()
         if self.finished:
             self.progress.close()
         elif self.progress.ended():
@@ -145,7 +147,7 @@ class ArrowArrival:
             (view.lists or {})[c] = [*held_lists, *[no_list] * (new + tail)]
         view.starts = self.starts()  # a new array: the gather's lookups are made again
         if view.keys is not None:
-            view.keys = pa.chunked_array(self.key_chunks(), type=self.key_type)
+            view.keys = self.joined_keys()
 
     def _read(self, b: int, lo: int, hi: int) -> pa.RecordBatch:
         lay = self.layout
@@ -209,7 +211,7 @@ def open_arriving_view(
         num_rows=arrival.num_rows,
         starts=starts,
         columns={c: [arrival._blank[c]] * n for c in columns},
-        keys=pa.chunked_array(arrival.key_chunks(), type=key_type) if key_type else None,
+        keys=arrival.joined_keys() if key_type else None,
         lists={c: [no_list] * n for c in lists} if lists else None,
         arriving=arrival,
     )
