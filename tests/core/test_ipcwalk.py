@@ -11,10 +11,12 @@ import struct
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flashfeed.arrowlayout import head_size, read_layout
 from flashfeed.arrowshard import write_arrow
-from flashfeed.errors import CorruptShardError
+from flashfeed.errors import CorruptShardError, FlashfeedError
 from flashfeed.ipcwalk import IpcWalk, message_header, start_walk
 
 SEQ = 16
@@ -158,3 +160,31 @@ def test_a_schema_with_dictionaries_is_not_walked():
     data = sink.getvalue()
     head = data[: head_size(data[:16], name="s")]
     assert start_walk(head, name="s", size=len(data), rows=3) is None
+
+
+FILE = _pyarrow_file(_table(60), sizes=(10, 20, 0, 30))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=8),
+    cut=st.none() | st.integers(0, len(FILE)),
+)
+def test_mutated_files_end_in_record_batches_or_one_clear_error(edits, cut):
+    """Whatever the bytes after the schema, the walk ends in record batches that lie inside
+    the file, in order, or a ``FlashfeedError``: never another exception."""
+    data = bytearray(FILE)
+    head = head_size(FILE[:16], name="s")
+    assert head is not None
+    for pos, value in edits:
+        data[head + pos % (len(data) - head)] = value
+    data = data[:cut] if cut is not None and cut > head else data
+    walk = start_walk(FILE[:head], name="s", size=len(data), rows=60)
+    assert walk is not None
+    try:
+        walk.advance(lambda lo, hi: bytes(data[lo:hi]), lambda lo, hi: hi <= len(data))
+    except FlashfeedError:
+        return
+    layout = walk.layout()
+    assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= len(data)
+    assert (np.diff(layout.rows) >= 0).all() and layout.num_rows <= 60
