@@ -76,7 +76,8 @@ class ArrowArrival:
         if layout.schema.get_field_index("__key__") >= 0:
             self.key_type = layout.schema.field("__key__").type
             self.keys = [pa.nulls(int(n), self.key_type) for n in np.diff(layout.rows)]
-        self._blank = _blanks(layout.schema, columns, name)
+        #: per column, the placeholder of a record batch not landed yet
+        self.blank = _blanks(layout.schema, columns, name)
 
     @property
     def tail(self) -> int:
@@ -140,7 +141,7 @@ class ArrowArrival:
         tail = 1 if self.tail else 0
         for c in self.columns:
             held = view.columns[c][:old]
-            view.columns[c] = [*held, *[self._blank[c]] * (new + tail)]
+            view.columns[c] = [*held, *[self.blank[c]] * (new + tail)]
         no_list = ListView(np.zeros(0, np.int64), np.zeros(0, np.int64))
         for c in self.lists:
             held_lists = (view.lists or {})[c][:old]
@@ -170,10 +171,10 @@ class ArrowArrival:
             got = column_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
             held = view.columns[c]
             if held[b].shape[1:] != got.shape[1:]:  # placeholders made before the first batch
-                self._blank[c] = np.empty((0, *got.shape[1:]), got.dtype)
+                self.blank[c] = np.empty((0, *got.shape[1:]), got.dtype)
                 for i in range(len(held)):
                     if not len(held[i]):
-                        held[i] = self._blank[c]
+                        held[i] = self.blank[c]
             held[b] = got
         held_lists = view.lists or {}
         for c in self.lists:
@@ -195,9 +196,10 @@ def open_arriving_view(
 ) -> ArrowShardView:
     """A view of a shard still arriving (``partial.layout`` or ``partial.walk`` set): the
     batches landed so far, the rest added by ``view.catch_up()``."""
-    if partial.layout is None and partial.walk is None:
-        raise ValueError(f"shard {name}: its fill records no record batch layout")
-    schema = (partial.layout or partial.walk).schema  # type: ignore[union-attr]
+    found = partial.layout if partial.layout is not None else partial.walk
+    if found is None:
+        raise ValueError(f"shard {name}: its fill locates no record batches")
+    schema = found.schema
     missing = [c for c in (*columns, *lists) if schema.get_field_index(c) < 0]
     if missing:
         raise CorruptShardError(f"shard {name}: no column {missing} (it has {schema.names})")
@@ -210,7 +212,7 @@ def open_arriving_view(
         name=name,
         num_rows=arrival.num_rows,
         starts=starts,
-        columns={c: [arrival._blank[c]] * n for c in columns},
+        columns={c: [arrival.blank[c]] * n for c in columns},
         keys=arrival.joined_keys() if key_type else None,
         lists={c: [no_list] * n for c in lists} if lists else None,
         arriving=arrival,
