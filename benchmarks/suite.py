@@ -27,8 +27,8 @@ a stage run in interleaved rounds whose order rotates every round):
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench)
-  tokcold  a token dataset's first epoch from S3 (record batches streaming, and whole) vs
-           local disk and the download ceiling                     (tokcold)
+  tokcold  a token dataset's first epoch from S3 (streaming by the layout, by the walk of
+           a pyarrow file, and whole) vs local disk and the download ceiling (tokcold)
   multimodal image-text pairs vs webdataset + PIL, vs the single-image Loader; buckets vs
            square                                                  (multimodal)
   crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc)

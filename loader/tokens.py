@@ -18,7 +18,8 @@ file's first bytes) records (``flashfeed.arrowlayout``): a shard still arriving 
 record batch by record batch from the cache's part file (``arrowstream.py``), each one read
 as soon as its bytes have landed, and the gather takes its rows from the view exactly as
 from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
-is served once whole, as its footer at the very end is what locates its record batches.
+streams the same way once the walk of its messages has found a row's record batch
+(``flashfeed.ipcwalk``); one with dictionary columns is served once whole.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class TokenLoader(PlannedLoader):
         if "document_offsets" in self.outputs:
             lists += ("doc_starts",)
         partial = self.source.partial(shard)
-        if partial is not None and partial.layout is not None:
+        if partial is not None and (partial.layout is not None or partial.walk is not None):
             try:
                 return open_arriving_view(partial, self.columns, name=name, lists=lists)
             except FileNotFoundError:  # renamed into place meanwhile
@@ -339,11 +340,17 @@ class _OpenShard:
 
     def __init__(self, shard: int, view: ArrowShardView) -> None:
         self.view = view
+        self.shard = shard
+        self._where()
+
+    def _where(self) -> None:
+        view = self.view
+        self._starts = view.starts
         #: several record batches (else every row is in record batch 0 at its own number)
         self.several = len(view.starts) > 1
         #: ``(shard << 32) + first row`` of each record batch, and its number (``_locate``)
         firsts = np.asarray(view.starts if len(view.starts) else [0], np.int64)
-        self.firsts = (np.int64(shard) << 32) + firsts
+        self.firsts = (np.int64(self.shard) << 32) + firsts
         self.numbers = np.arange(len(firsts), dtype=np.int64)
         self._segs: list[tuple[np.ndarray, np.ndarray]] | None = None
         self._made_from: list[object] = []  # the doc_lens view each table was made from
@@ -358,7 +365,10 @@ class _OpenShard:
         return self._segs
 
     def landed(self) -> None:
-        """Record batches landed in the view (a shard still arriving): tables for them."""
+        """Record batches landed in the view (a shard still arriving): tables for them; all
+        made again when a shard walked as it lands has located more of them."""
+        if self.view.starts is not self._starts:
+            self._where()
         if self._segs is None:
             return
         for c, lens in enumerate((self.view.lists or {}).get("doc_lens", [])):
