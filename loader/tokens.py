@@ -216,8 +216,8 @@ class TokenLoader(PlannedLoader):
             # rows are gathered at their stored width, then widened in one contiguous pass
             rows_at = buf if dtype == first.dtype else self._narrow(col, buf.shape, first.dtype)
             np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
-            if rows_at is not buf:
-                np.copyto(buf, rows_at, casting="unsafe")
+            if rows_at is not buf and not (self.outputs and col == "tokens"):
+                np.copyto(buf, rows_at, casting="unsafe")  # (tokens: with the outputs)
             out[col] = buf
             narrow[col] = rows_at
         keys = _keys(opened, sl, at, rows)
@@ -225,10 +225,11 @@ class TokenLoader(PlannedLoader):
             seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
             tokens = narrow["tokens"]
             where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
-            new_ok = self.copier is None and not self.pin_memory
+            wide = out["tokens"] if tokens is not out["tokens"] else None
             docs = document_outputs(
-                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where, new_ok=new_ok
-            )
+                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where,
+                tokens_out=wide,
+            )  # fmt: skip
             out.update(docs)  # type: ignore[arg-type]
         return out, keys
 

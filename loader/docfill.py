@@ -1,0 +1,174 @@
+"""One pass per row for the document outputs: a compiled kernel (numba) that, row by row,
+widens the tokens and writes ``position_ids``, ``document_ids``, ``labels`` and
+``document_offsets`` while the row is in cache, and the varlen offsets as it goes.
+
+Each separate numpy pass over a batch reads or writes the whole batch again, and the batch
+is larger than the cache at the sizes training uses: one pass that writes every output of a
+row is what brings the loader to memcpy speed (benchmarks/stages/tokenize_bench.py).
+
+The kernel is compiled on first use and cached on disk (numba's cache: ``NUMBA_CACHE_DIR``,
+else the package's ``__pycache__``, else the user's cache directory); where none of those
+is writable (a read-only install, no home) it is compiled in memory, once per process.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from .segments import IGNORE_INDEX
+
+__all__ = ["fill_documents"]
+
+#: which outputs the kernel writes (a bit each)
+TOKENS, POSITIONS, DOCUMENTS, LABELS, OFFSETS = 1, 2, 4, 8, 16
+
+
+def _compile(fn: Callable[..., Any]) -> Any:
+    """``fn`` compiled without the GIL, cached on disk where a cache directory is writable."""
+    try:
+        return njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # numba found no writable cache directory
+        warnings.warn(
+            "flashfeed: no writable numba cache directory (NUMBA_CACHE_DIR, the package's "
+            "__pycache__, the user's cache): the document kernel compiles once per process",
+            RuntimeWarning,
+            stacklevel=1,  # one location: said once per process, not once per function
+        )
+        return njit(nogil=True)(fn)
+
+
+def _widen_py(src: np.ndarray, dst: np.ndarray) -> None:
+    """``dst[:] = src``, any integer types (a loop the compiler vectorises)."""
+    for k in range(len(dst)):
+        dst[k] = src[k]
+
+
+def _ramp_py(dst: np.ndarray, first: int) -> None:
+    """``dst[:] = first, first + 1, ...`` (indices from 0 within the slice, so vectorised)."""
+    for k in range(len(dst)):
+        dst[k] = first + k
+
+
+_widen = _compile(_widen_py)
+_ramp = _compile(_ramp_py)
+
+
+def _fill(  # pragma: no cover - compiled; run through fill_documents
+    rows: np.ndarray,
+    counts: np.ndarray,
+    lengths: np.ndarray,
+    ids: np.ndarray,
+    starts: np.ndarray,
+    want: int,
+    tok: np.ndarray,
+    pos: np.ndarray,
+    doc: np.ndarray,
+    lab: np.ndarray,
+    offs: np.ndarray,
+    cu: np.ndarray,
+) -> tuple[int, int, int]:
+    """Row by row: check its segments fit, then write each wanted output of the row (a
+    loop per output over the row's segments, all of it in cache). Returns ``(sequences,
+    max_seqlen, bad)``: ``cu[: sequences + 1]`` is filled; ``bad`` is ``-1``, else the
+    tokens the first bad row's segments use (``0`` for an empty segment) and nothing of
+    that row is written."""
+    B, L = rows.shape
+    nseg = len(lengths)
+    j = 0
+    s = 0
+    longest = 0
+    cu[0] = 0
+    for r in range(B):
+        c = counts[r]
+        if c < 0 or j + c > nseg:
+            return s, longest, 0
+        used = 0
+        for q in range(j, j + c):
+            if lengths[q] <= 0:
+                return s, longest, 0
+            used += lengths[q]
+        if used > L:
+            return s, longest, used
+        row = rows[r]
+        if want & TOKENS:
+            _widen(row, tok[r])
+        p = 0
+        for q in range(j, j + c):
+            n = lengths[q]
+            e = p + n
+            if want & POSITIONS:
+                _ramp(pos[r, p:e], 0)
+            if want & DOCUMENTS:
+                doc[r, p:e] = ids[q]
+            if want & LABELS:
+                o = lab[r, p:e]
+                _widen(row[p:e], o)
+                o[0] = IGNORE_INDEX
+            if want & OFFSETS:
+                _ramp(offs[r, p:e], starts[q])
+            p = e
+            s += 1
+            cu[s] = cu[s - 1] + n
+            longest = max(longest, n)
+        j += c
+        if p < L:  # the row's padding: one more sequence
+            if want & POSITIONS:
+                _ramp(pos[r, p:], 0)
+            if want & DOCUMENTS:
+                doc[r, p:] = -1
+            if want & LABELS:
+                lab[r, p:] = IGNORE_INDEX
+            if want & OFFSETS:
+                offs[r, p:] = -1
+            s += 1
+            cu[s] = cu[s - 1] + L - p
+            longest = max(longest, L - p)
+    return s, longest, -1
+
+
+_fill_jit = _compile(_fill)
+_NONE2 = np.empty((0, 0), np.int64)
+_NONE1 = np.empty(0, np.int64)
+
+
+def fill_documents(
+    rows: np.ndarray,
+    counts: np.ndarray,
+    lengths: np.ndarray,
+    ids: np.ndarray,
+    starts: np.ndarray | None,
+    out: dict[str, np.ndarray],
+) -> tuple[np.ndarray, int, int]:
+    """Write into ``out``'s (B, L) int64 buffers (any of ``tokens`` (any integer type),
+    ``position_ids``, ``document_ids``, ``labels``, ``document_offsets``) from the rows'
+    tokens ``rows`` and their segments; returns ``(cu_seqlens as int64, max_seqlen,
+    bad)`` as ``_fill`` does."""
+    rows = np.ascontiguousarray(rows)
+    segs = [np.ascontiguousarray(a, np.int64) for a in (counts, lengths, ids)]
+    first = _NONE1 if starts is None else np.ascontiguousarray(starts, np.int64)
+    want, arrays = 0, []
+    for bit, name in (
+        (TOKENS, "tokens"),
+        (POSITIONS, "position_ids"),
+        (DOCUMENTS, "document_ids"),
+        (LABELS, "labels"),
+        (OFFSETS, "document_offsets"),
+    ):
+        a = out.get(name)
+        if a is None:
+            arrays.append(_NONE2)
+            continue
+        if a.shape != rows.shape or not a.flags.c_contiguous:
+            raise ValueError(f"{name}: a C-contiguous {rows.shape} buffer, got {a.shape}")
+        want |= bit
+        arrays.append(a)
+    if want & OFFSETS and starts is None:
+        raise ValueError("document_offsets needs the segments' starts")
+    cu = np.empty(len(segs[1]) + len(rows) + 1, np.int64)
+    n, longest, bad = _fill_jit(rows, *segs, first, want, *arrays, cu)
+    return cu[: n + 1], int(longest), int(bad)
