@@ -29,17 +29,24 @@ TOKENS, POSITIONS, DOCUMENTS, LABELS, OFFSETS = 1, 2, 4, 8, 16
 
 
 def _compile(fn: Callable[..., Any]) -> Any:
-    """``fn`` compiled without the GIL, cached on disk where a cache directory is writable."""
+    """``fn`` compiled without the GIL, cached on disk where a cache directory is writable
+    (else compiled in memory, said once per process)."""
     try:
         return njit(cache=True, nogil=True)(fn)
     except RuntimeError:  # numba found no writable cache directory
-        warnings.warn(
-            "flashfeed: no writable numba cache directory (NUMBA_CACHE_DIR, the package's "
-            "__pycache__, the user's cache): the document kernel compiles once per process",
-            RuntimeWarning,
-            stacklevel=1,  # one location: said once per process, not once per function
-        )
+        if not _UNCACHED:
+            warnings.warn(
+                "flashfeed: no writable numba cache directory (NUMBA_CACHE_DIR, the "
+                "package's __pycache__, the user's cache): the document kernel compiles "
+                "once per process",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        _UNCACHED.append(fn.__name__)
         return njit(nogil=True)(fn)
+
+
+_UNCACHED: list[str] = []  # functions compiled without a disk cache
 
 
 def _widen_py(src: np.ndarray, dst: np.ndarray) -> None:
