@@ -14,15 +14,17 @@ is writable (a read-only install, no home) it is compiled in memory, once per pr
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import carray, njit, types
+from numba.extending import intrinsic
 
 from .segments import IGNORE_INDEX
 
-__all__ = ["fill_documents"]
+__all__ = ["fill_documents", "gather_segments"]
 
 #: which outputs the kernel writes (a bit each)
 TOKENS, POSITIONS, DOCUMENTS, LABELS, OFFSETS = 1, 2, 4, 8, 16
@@ -179,3 +181,97 @@ def fill_documents(
     cu = np.empty(len(segs[1]) + len(rows) + 1, np.int64)
     n, longest, bad = _fill_jit(rows, *segs, first, want, *arrays, cu)
     return cu[: n + 1], int(longest), int(bad)
+
+
+@intrinsic
+def _int64_at(typingctx: Any, address: Any) -> Any:  # pragma: no cover - compiled
+    """The int64 array at ``address`` (an address numpy gave) as a pointer."""
+    sig = types.CPointer(types.int64)(address)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+def _gather_py(
+    group: np.ndarray, inner: np.ndarray, tables: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Row ``r``'s segments are rows ``offsets[i]:offsets[i + 1]`` (``i = inner[r]``) of
+    the segment table of its group ``g = group[r]``, whose ``tables[g]`` holds the offsets'
+    and the table's addresses, lengths and the table's width. Returns the rows' segment
+    counts, their segments in batch order, and ``-1``, else the first row out of range."""
+    rows = len(group)
+    counts = np.empty(rows, np.int64)
+    total = 0
+    for r in range(rows):
+        g, i = group[r], inner[r]
+        if i < 0 or i + 1 >= tables[g, 2]:
+            return counts, np.empty((0, 0), np.int64), r
+        off = carray(_int64_at(tables[g, 0]), tables[g, 2])
+        if not 0 <= off[i] <= off[i + 1] <= tables[g, 3]:
+            return counts, np.empty((0, 0), np.int64), r
+        counts[r] = off[i + 1] - off[i]
+        total += counts[r]
+    width = tables[0, 4] if rows else 0
+    seg = np.empty((total, width), np.int64)
+    at = 0
+    for r in range(rows):
+        g, i = group[r], inner[r]
+        off = carray(_int64_at(tables[g, 0]), tables[g, 2])
+        table = carray(_int64_at(tables[g, 1]), (tables[g, 3], width))
+        seg[at : at + counts[r]] = table[off[i] : off[i + 1]]
+        at += counts[r]
+    return counts, seg, -1
+
+
+_gather_jit = _compile(_gather_py)
+
+
+#: (offsets, table) pairs as the kernel reads them, by the identity of the pair given:
+#: converted once, not per batch. An entry holds only its own copies and weak references
+#: to the caller's arrays (a shard's arrays stay the loader's to let go of), and leaves
+#: when the table goes.
+_PREPARED: dict[tuple[int, int], tuple[Any, ...]] = {}
+
+
+def _prepared(offsets: np.ndarray, table: np.ndarray, width: int) -> tuple[int, ...]:
+    """The kernel's row for one segment table: its offsets' and table's addresses (int64,
+    contiguous copies where they are not), lengths and width."""
+    key = (id(offsets), id(table))
+    got = _PREPARED.get(key)
+    if got is not None and got[0]() is offsets and got[1]() is table:
+        return got[-1]
+    off = np.ascontiguousarray(offsets, np.int64)
+    tab = np.ascontiguousarray(table, np.int64)
+    if tab.ndim != 2 or tab.shape[1] != width:
+        raise ValueError(f"a segment table of shape {tab.shape}: one width ({width}) for all")
+    row = (off.ctypes.data, tab.ctypes.data, len(off), len(tab), width)
+    copies = [a for a, given in ((off, offsets), (tab, table)) if a is not given]
+
+    def gone(_: Any, key: tuple[int, int] = key) -> None:
+        _PREPARED.pop(key, None)
+
+    _PREPARED[key] = (weakref.ref(offsets), weakref.ref(table, gone), copies, row)
+    return row
+
+
+def gather_segments(
+    group: np.ndarray, inner: np.ndarray, tables: list[tuple[np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The segments of rows ``inner`` of the ``tables`` (one (offsets, (segments, k) int64
+    table) pair per group, all of one width) that ``group`` names, in row order: per row
+    its count, and the rows' table rows one after the other, in one compiled loop (no
+    per-row slicing in Python). Raises ``IndexError`` for a row its offsets do not hold."""
+    if not len(group):
+        return np.zeros(0, np.int64), np.zeros((0, tables[0][1].shape[1] if tables else 0))
+    width = tables[0][1].shape[1]
+    info = np.array([_prepared(off, tab, width) for off, tab in tables], np.int64)
+    group = np.ascontiguousarray(group, np.int64)
+    inner = np.ascontiguousarray(inner, np.int64)
+    if not 0 <= group.min() <= group.max() < len(tables):
+        raise ValueError(f"group numbers must be within the {len(tables)} tables")
+    counts, seg, bad = _gather_jit(group, inner, info)  # _PREPARED holds what it reads
+    if bad >= 0:
+        raise IndexError(f"row {int(inner[bad])} is not within its segment offsets")
+    return counts, seg

@@ -179,3 +179,27 @@ def test_a_read_only_install_works(tmp_path: Path):
     (labels, counts), err = _run(env, ["unshare", "--mount", "sh", "-c", script, "sh"])
     assert labels == _LABELS and counts.split()[0] == "0"
     assert "no writable numba cache directory" in err
+
+
+def test_segments_are_gathered_from_several_tables_in_row_order():
+    from flashfeed.loader.docfill import gather_segments
+
+    rng = np.random.default_rng(4)
+    tables = []
+    for rows in (5, 9):
+        lens = rng.integers(0, 4, rows)
+        offsets = np.zeros(rows + 1, np.int32)  # Arrow's list offsets: int32
+        np.cumsum(lens, out=offsets[1:])
+        tables.append((offsets, rng.integers(0, 10**6, (int(offsets[-1]), 3))))
+    group = rng.integers(0, 2, 40)
+    inner = np.array([rng.integers(0, len(tables[g][0]) - 1) for g in group])
+    counts, seg = gather_segments(group, inner, tables)
+    want = [tables[g][1][tables[g][0][i] : tables[g][0][i + 1]] for g, i in zip(group, inner)]
+    assert counts.tolist() == [len(w) for w in want]
+    assert seg.tolist() == np.concatenate(want).tolist()
+    with pytest.raises(IndexError, match="row 5 is not within"):
+        gather_segments(np.array([0]), np.array([5]), tables)  # table 0 holds rows 0..4
+    with pytest.raises(ValueError, match="one width"):
+        gather_segments(
+            np.array([0, 1]), np.array([0, 0]), [tables[0], (tables[1][0], tables[1][1][:, :2])]
+        )
