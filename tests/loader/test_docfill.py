@@ -194,7 +194,10 @@ def test_segments_are_gathered_from_several_tables_in_row_order():
     group = rng.integers(0, 2, 40)
     inner = np.array([rng.integers(0, len(tables[g][0]) - 1) for g in group])
     counts, seg = gather_segments(group, inner, tables)
-    want = [tables[g][1][tables[g][0][i] : tables[g][0][i + 1]] for g, i in zip(group, inner)]
+    want = [
+        tables[g][1][tables[g][0][i] : tables[g][0][i + 1]]
+        for g, i in zip(group, inner, strict=True)
+    ]
     assert counts.tolist() == [len(w) for w in want]
     assert seg.tolist() == np.concatenate(want).tolist()
     with pytest.raises(IndexError, match="row 5 is not within"):
