@@ -183,8 +183,7 @@ def fill_documents(
     return cu[: n + 1], int(longest), int(bad)
 
 
-@intrinsic
-def _int64_at(typingctx: Any, address: Any) -> Any:  # pragma: no cover - compiled
+def _int64_at_typed(typingctx: Any, address: Any) -> Any:  # pragma: no cover - compiled
     """The int64 array at ``address`` (an address numpy gave) as a pointer."""
     sig = types.CPointer(types.int64)(address)
 
@@ -192,6 +191,9 @@ def _int64_at(typingctx: Any, address: Any) -> Any:  # pragma: no cover - compil
         return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
 
     return sig, codegen
+
+
+_int64_at: Any = intrinsic(_int64_at_typed)
 
 
 def _gather_py(
