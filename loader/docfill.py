@@ -63,7 +63,14 @@ def _ramp_py(dst: np.ndarray, first: int) -> None:
         dst[k] = first + k
 
 
+def _const_py(dst: np.ndarray, value: int) -> None:
+    """``dst[:] = value`` (a loop: numba compiles a broadcast slice assignment slowly)."""
+    for k in range(len(dst)):
+        dst[k] = value
+
+
 _widen = _compile(_widen_py)
+_const = _compile(_const_py)
 _ramp = _compile(_ramp_py)
 
 
@@ -113,7 +120,7 @@ def _fill(  # pragma: no cover - compiled; run through fill_documents
             if want & POSITIONS:
                 _ramp(pos[r, p:e], 0)
             if want & DOCUMENTS:
-                doc[r, p:e] = ids[q]
+                _const(doc[r, p:e], ids[q])
             if want & LABELS:
                 o = lab[r, p:e]
                 _widen(row[p:e], o)
@@ -129,11 +136,11 @@ def _fill(  # pragma: no cover - compiled; run through fill_documents
             if want & POSITIONS:
                 _ramp(pos[r, p:], 0)
             if want & DOCUMENTS:
-                doc[r, p:] = -1
+                _const(doc[r, p:], -1)
             if want & LABELS:
-                lab[r, p:] = IGNORE_INDEX
+                _const(lab[r, p:], IGNORE_INDEX)
             if want & OFFSETS:
-                offs[r, p:] = -1
+                _const(offs[r, p:], -1)
             s += 1
             cu[s] = cu[s - 1] + L - p
             longest = max(longest, L - p)
@@ -202,29 +209,31 @@ def _gather_py(
     """Row ``r``'s segments are rows ``offsets[i]:offsets[i + 1]`` (``i = inner[r]``) of
     the segment table of its group ``g = group[r]``, whose ``tables[g]`` holds the offsets'
     and the table's addresses, lengths and the table's width. Returns the rows' segment
-    counts, their segments in batch order, and ``-1``, else the first row out of range."""
+    counts, their segments in batch order (flat, row-major), and ``-1``, else the first
+    row out of range. (Plain loops: numba compiles a 2-D slice copy ten times slower.)"""
     rows = len(group)
     counts = np.empty(rows, np.int64)
     total = 0
     for r in range(rows):
         g, i = group[r], inner[r]
         if i < 0 or i + 1 >= tables[g, 2]:
-            return counts, np.empty((0, 0), np.int64), r
+            return counts, np.empty(0, np.int64), r
         off = carray(_int64_at(tables[g, 0]), tables[g, 2])
         if not 0 <= off[i] <= off[i + 1] <= tables[g, 3]:
-            return counts, np.empty((0, 0), np.int64), r
+            return counts, np.empty(0, np.int64), r
         counts[r] = off[i + 1] - off[i]
         total += counts[r]
     width = tables[0, 4] if rows else 0
-    seg = np.empty((total, width), np.int64)
+    flat = np.empty(total * width, np.int64)
     at = 0
     for r in range(rows):
         g, i = group[r], inner[r]
         off = carray(_int64_at(tables[g, 0]), tables[g, 2])
-        table = carray(_int64_at(tables[g, 1]), (tables[g, 3], width))
-        seg[at : at + counts[r]] = table[off[i] : off[i + 1]]
-        at += counts[r]
-    return counts, seg, -1
+        table = carray(_int64_at(tables[g, 1]), tables[g, 3] * width)
+        for q in range(off[i] * width, off[i + 1] * width):
+            flat[at] = table[q]
+            at += 1
+    return counts, flat, -1
 
 
 _gather_jit = _compile(_gather_py)
@@ -273,7 +282,7 @@ def gather_segments(
     inner = np.ascontiguousarray(inner, np.int64)
     if not 0 <= group.min() <= group.max() < len(tables):
         raise ValueError(f"group numbers must be within the {len(tables)} tables")
-    counts, seg, bad = _gather_jit(group, inner, info)  # _PREPARED holds what it reads
+    counts, flat, bad = _gather_jit(group, inner, info)  # _PREPARED holds what it reads
     if bad >= 0:
         raise IndexError(f"row {int(inner[bad])} is not within its segment offsets")
-    return counts, seg
+    return counts, flat.reshape(-1, width)
