@@ -217,8 +217,8 @@ class TokenLoader(PlannedLoader):
             # rows are gathered at their stored width, then widened in one contiguous pass
             rows_at = buf if dtype == first.dtype else self._narrow(col, buf.shape, first.dtype)
             np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
-            if rows_at is not buf:
-                np.copyto(buf, rows_at, casting="unsafe")
+            if rows_at is not buf and not (self.outputs and col == "tokens"):
+                np.copyto(buf, rows_at, casting="unsafe")  # (tokens: with the outputs)
             out[col] = buf
             narrow[col] = rows_at
         keys = _keys(opened, sl, at, rows)
@@ -226,10 +226,11 @@ class TokenLoader(PlannedLoader):
             seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
             tokens = narrow["tokens"]
             where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
-            new_ok = self.copier is None and not self.pin_memory
+            wide = out["tokens"] if tokens is not out["tokens"] else None
             docs = document_outputs(
-                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where, new_ok=new_ok
-            )
+                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where,
+                tokens_out=wide,
+            )  # fmt: skip
             out.update(docs)  # type: ignore[arg-type]
         return out, keys
 
@@ -403,15 +404,15 @@ def _locate(
 def _gather_segments(
     opened: dict[int, _OpenShard], at: list[tuple[int, int, int]], *, with_starts: bool
 ) -> Segments:
-    """The segments of rows ``at`` (shard, record batch, row) in batch order: per row, its
-    two offsets and one slice of its shard's segment table, joined by one
-    ``np.concatenate`` (no per-shard numpy work, no reordering)."""
-    tables = {s: o.segments() for s, o in opened.items()}
-    offsets = [tables[s][c][0][i : i + 2].tolist() for s, c, i in at]
-    seg = np.concatenate(
-        [tables[s][c][1][a:b] for (s, c, _), (a, b) in zip(at, offsets, strict=True)]
-    )
-    counts = np.array([b - a for a, b in offsets], np.int64)
+    """The segments of rows ``at`` (shard, record batch, row) in batch order: each row's
+    slice of its record batch's segment table, copied in one compiled loop (no per-row
+    numpy work in Python, no reordering)."""
+    from .docfill import gather_segments  # numba: imported on first use
+
+    groups: dict[tuple[int, int], int] = {}
+    group = [groups.setdefault((s, c), len(groups)) for s, c, _ in at]
+    tables = [opened[s].segments()[c] for s, c in groups]
+    counts, seg = gather_segments(np.array(group), np.array([i for *_, i in at]), tables)
     return Segments(counts, seg[:, 0], seg[:, 1], seg[:, 2] if with_starts else None)
 
 
