@@ -56,7 +56,8 @@ HOW_MEASURED = """\
   writes shard-sized objects, one PUT each, as many at once as ingest runs Ray tasks,
   several rounds; the ingest work ceiling runs ingest's per-image work alone (read, decode
   check, re-encode where asked; no Ray, tar or upload) in as many processes as Ray CPUs,
-  every round, and ingest rows take the lower of it and the PUT limit; page-cache reads read each file whole, as the hit path does. A limit is
+  every round, and ingest rows take the lower of it and the PUT limit; page-cache reads
+  read each file whole, as the hit path does. A limit is
   the best round of its run, a result the median of its rounds. A result above its limit is
   a measurement error: the run lists it under `limit_errors` (a full run then exits 1), and
   the tables show the row as refused (never above 100%).

@@ -8,10 +8,10 @@ import json
 import subprocess
 from pathlib import Path
 
+from flashfeed.ingest.samplecorpus import make_imagefolder
+
 from support import REPO
 from support.bench import bench_command
-
-from flashfeed.ingest.samplecorpus import make_imagefolder
 
 
 def test_ingestbench_prints_ceilings_and_fractions(tmp_path: Path) -> None:
