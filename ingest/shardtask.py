@@ -4,13 +4,11 @@ the shard's checksum. Runs inside a Ray task; pure of driver state."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any, cast
+from typing import Any
 
 import pyarrow as pa
 
@@ -19,11 +17,9 @@ from flashfeed.arrowshard import write_arrow
 from flashfeed.crypto import EncryptionKey, seal_shard
 from flashfeed.manifest import ShardInfo
 from flashfeed.media import LOADER_IMAGE_EXTS, image_size
-from flashfeed.shardio import shard_name
-from flashfeed.tarshard import TarShardWriter
+from flashfeed.shardio import shard_name, tar_shard_bytes
 from flashfeed.video import VIDEO_EXTS, member_videos
 
-from .shardupload import ShardUpload, part_bytes_for
 from .sources import Item, Reject, StorageContext, open_reader
 from .tokenize import TokenPacker
 from .transforms import TransformOptions, transform_record
@@ -126,20 +122,14 @@ def _reusable(spec: TaskSpec, job: ShardJob) -> ShardResult | None:
 def _samples(
     spec: TaskSpec, job: ShardJob, result: ShardResult
 ) -> Iterator[tuple[Item, dict, dict[str, tuple[int, int]]]]:
-    """Read and transform the shard's items; yield each sample (with the sizes of the images
-    the transform opened) in assigned order as soon as it and every sample before it are
-    done. Items are read in source order, or in assigned order where the reader is as fast
-    in any order (one file an item): then every sample streams out as it is read. Rejects
-    go to ``result``."""
+    """Read and transform the shard's items, in assigned order, each with the sizes of the
+    images the transform opened; rejects go to ``result``."""
     reader = open_reader(spec.source_format, spec.shared)
     t_read = t_transform = 0.0
-    order: Iterable[int] = range(len(job.items))
-    if not getattr(reader, "any_order", False):
-        order = sorted(order, key=lambda i: job.items[i].index)
-    done: dict[int, tuple[dict, dict[str, tuple[int, int]]] | None] = {}
-    next_out = 0
+    by_source = sorted(range(len(job.items)), key=lambda i: job.items[i].index)
+    records: dict[int, tuple[dict, dict[str, tuple[int, int]]] | None] = {}
     try:
-        for i in order:
+        for i in by_source:
             item = job.items[i]
             t0 = time.perf_counter()
             try:
@@ -148,10 +138,10 @@ def _samples(
                 t1 = time.perf_counter()
                 t_read += t1 - t0
                 sizes: dict[str, tuple[int, int]] = {}
-                done[i] = (transform_record(raw, spec.kinds, spec.transform, sizes=sizes), sizes)
+                records[i] = (transform_record(raw, spec.kinds, spec.transform, sizes=sizes), sizes)
                 t_transform += time.perf_counter() - t1
             except Reject as r:
-                done[i] = None
+                records[i] = None
                 result.rejects.append(
                     {
                         "index": item.index,
@@ -160,16 +150,29 @@ def _samples(
                         "detail": r.detail,
                     }
                 )
-            while next_out in done:  # the finished prefix of the assigned order goes out
-                out = done.pop(next_out)
-                if out is not None:
-                    yield job.items[next_out], out[0], out[1]
-                next_out += 1
     finally:
         reader.close()
     result.timings["read"] = t_read
     result.timings["transform"] = t_transform
     result.rejects.sort(key=lambda d: d["index"])
+    for i, item in enumerate(job.items):
+        done = records[i]
+        if done is not None:
+            yield item, done[0], done[1]
+
+
+def _image_sizes(
+    members: list[dict[str, bytes]], found: list[dict[str, tuple[int, int]]]
+) -> list[list[int]]:
+    """Widths and heights of each sample's image member (``member_image_sizes``), taken from
+    what the transform found where it opened the image, else read from the header."""
+    widths, heights = [], []
+    for m, sizes in zip(members, found, strict=True):
+        ext = next((e for e in LOADER_IMAGE_EXTS if e in m), None)
+        w, h = (0, 0) if ext is None else sizes.get(ext) or image_size(m[ext])
+        widths.append(w)
+        heights.append(h)
+    return [widths, heights]
 
 
 def _nbytes(record: dict) -> int:
@@ -254,102 +257,40 @@ def _upload(
     )
 
 
-def _tar_shard(
-    spec: TaskSpec,
-    job: ShardJob,
-    result: ShardResult,
-    samples: Iterator[tuple[Item, dict, dict[str, tuple[int, int]]]],
-) -> ShardInfo | None:
-    """Write the shard's tar as its samples arrive, uploading it in parts meanwhile
-    (``ShardUpload``), then its index, then complete the shard: the shard's presence implies
-    its index's. An encrypted shard is sealed whole, so it is built first and uploaded after."""
-    path = shard_name(job.number, "tar")
-    opts = spec.ctx.options(spec.dest)
-    sink: ShardUpload | io.BytesIO
-    if spec.encryption is not None:
-        sink = io.BytesIO()
-    else:
-        part = part_bytes_for(sum(it.size for it in job.items))
-        sink = ShardUpload(storage.join(spec.dest, path), storage_options=opts, part_bytes=part)
-    widths: list[int] = []
-    heights: list[int] = []
-    videos: list[dict[str, Any]] = []
-    has_image = False
-    t_write = 0.0
-    try:
-        with TarShardWriter(cast(IO[bytes], sink)) as writer:
-            for it, rec, sizes in samples:
-                t0 = time.perf_counter()
-                member = {k: _member(spec.out_fields.get(k, "bytes"), v) for k, v in rec.items()}
-                writer.write(f"{it.index:09d}", member)
-                ext = next((e for e in LOADER_IMAGE_EXTS if e in member), None)
-                has_image = has_image or ext is not None
-                # the size the transform found when it opened the image, else its header
-                w, h = (0, 0) if ext is None else sizes.get(ext) or image_size(member[ext])
-                widths.append(w)
-                heights.append(h)
-                videos.append(member if any(e in member for e in VIDEO_EXTS) else {})
-                t_write += time.perf_counter() - t0
-        if writer.num_samples == 0:
-            if isinstance(sink, ShardUpload):
-                sink.abort()
-            return None
-        if has_image:
-            result.image_sizes = [widths, heights]
-        if any(videos):
-            result.videos = member_videos(videos, probed=True)
-        index = writer.index_text()
-        if isinstance(sink, io.BytesIO):
-            t0 = time.perf_counter() - t_write  # _upload times "encode" from t0
-            return _upload(spec, result, t0, path, sink.getvalue(), writer.num_samples, index)
-        result.timings["encode"] = t_write
-        t1 = time.perf_counter()
-        index_path = path + ".idx"
-        storage.write_bytes(
-            storage.join(spec.dest, index_path), index.encode(), storage_options=opts
-        )
-        sink.commit()
-        result.timings["upload"] = time.perf_counter() - t1
-    except BaseException:
-        if isinstance(sink, ShardUpload):
-            with contextlib.suppress(Exception):  # the first error is the one to report
-                sink.abort()
-        raise
-    return ShardInfo(
-        path=path,
-        samples=writer.num_samples,
-        bytes=sink.nbytes,
-        checksum=sink.checksum(),
-        index=index_path,
-    )
-
-
 def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
     """Build, upload and record one shard; reuse it if a previous run finished it."""
     reused = _reusable(spec, job)
     if reused is not None:
         return reused
     result = ShardResult(number=job.number, info=None)
+    found = list(_samples(spec, job, result))
+    samples = [(it, rec) for it, rec, _ in found]
+    t0 = time.perf_counter()
+    table: pa.Table | None = None
+    if spec.tokenizer is not None:
+        table = _tokenize(spec, samples, result)
+    elif samples and spec.out_format == "arrow":
+        table = _arrow_table(spec, samples)
     info: ShardInfo | None = None
-    if spec.tokenizer is None and spec.out_format != "arrow":
-        info = _tar_shard(spec, job, result, _samples(spec, job, result))
-    else:
-        samples = [(it, rec) for it, rec, _ in _samples(spec, job, result)]
-        t0 = time.perf_counter()
-        table: pa.Table | None = None
-        if spec.tokenizer is not None:
-            table = _tokenize(spec, samples, result)
-        elif samples:
-            table = _arrow_table(spec, samples)
-        if table is not None and table.num_rows:
-            info = _upload(
-                spec,
-                result,
-                t0,
-                shard_name(job.number, "arrow"),
-                write_arrow(table),
-                table.num_rows,
+    if table is not None and table.num_rows:
+        info = _upload(
+            spec, result, t0, shard_name(job.number, "arrow"), write_arrow(table), table.num_rows
+        )
+    elif table is None and samples:
+        tar_samples = (
+            (
+                f"{it.index:09d}",
+                {k: _member(spec.out_fields.get(k, "bytes"), v) for k, v in rec.items()},
             )
+            for it, rec in samples
+        )
+        members = list(tar_samples)
+        data, index, n = tar_shard_bytes(iter(members))
+        info = _upload(spec, result, t0, shard_name(job.number, "tar"), data, n, index)
+        if any(ext in m for _, m in members for ext in LOADER_IMAGE_EXTS):
+            result.image_sizes = _image_sizes([m for _, m in members], [z for *_, z in found])
+        if any(ext in m for _, m in members for ext in VIDEO_EXTS):
+            result.videos = member_videos([m for _, m in members], probed=True)
     result.info = asdict(info) if info is not None else None
     record = {"fingerprint": job.fingerprint, "result": asdict(result)}
     url = done_url(spec.dest, job.number)

@@ -97,16 +97,11 @@ ReadFn = Callable[[Item, StorageContext, dict[str, Any]], Record]
 
 class FunctionReader:
     """A ``SourceReader`` over a read function that keeps per-task state in a dict (the
-    scan's ``shared`` under ``"shared"``, plus whatever the function caches).
+    scan's ``shared`` under ``"shared"``, plus whatever the function caches)."""
 
-    ``any_order``: items cost the same read in any order (one file each), so a shard task
-    may read them in the shard's own order and write each sample as soon as it is read;
-    otherwise it reads in source order (items that share a file are read together)."""
-
-    def __init__(self, fn: ReadFn, shared: dict[str, Any], *, any_order: bool = False) -> None:
+    def __init__(self, fn: ReadFn, shared: dict[str, Any]) -> None:
         self._fn = fn
         self._cache: dict[str, Any] = {"shared": shared}
-        self.any_order = any_order
 
     def read(self, item: Item, ctx: StorageContext) -> Record:
         return self._fn(item, ctx, self._cache)
@@ -143,4 +138,4 @@ class FolderFormat:
         return self.scan_fn(url, ctx)
 
     def open_reader(self, shared: dict[str, Any]) -> SourceReader:
-        return FunctionReader(self.read_fn, shared, any_order=True)  # one file an item
+        return FunctionReader(self.read_fn, shared)
