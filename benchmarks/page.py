@@ -54,7 +54,10 @@ HOW_MEASURED = """\
   Loader, whose pipeline it is; another DALI graph, such as the plain reader, may exceed
   it); the S3 GET limit uses the cache's default part size and GETs in flight; the PUT limit
   writes shard-sized objects, one PUT each, as many at once as ingest runs Ray tasks,
-  several rounds; page-cache reads read each file whole, as the hit path does. A limit is
+  several rounds; the ingest work ceiling runs ingest's per-image work alone (read, decode
+  check, re-encode where asked; no Ray, tar or upload) in as many processes as Ray CPUs,
+  every round, and ingest rows take the lower of it and the PUT limit; page-cache reads
+  read each file whole, as the hit path does. A limit is
   the best round of its run, a result the median of its rounds. A result above its limit is
   a measurement error: the run lists it under `limit_errors` (a full run then exits 1), and
   the tables show the row as refused (never above 100%).

@@ -16,7 +16,7 @@ from flashfeed import storage
 from flashfeed.arrowshard import write_arrow
 from flashfeed.crypto import EncryptionKey, seal_shard
 from flashfeed.manifest import ShardInfo
-from flashfeed.media import LOADER_IMAGE_EXTS, member_image_sizes
+from flashfeed.media import LOADER_IMAGE_EXTS, image_size
 from flashfeed.shardio import shard_name, tar_shard_bytes
 from flashfeed.video import VIDEO_EXTS, member_videos
 
@@ -119,12 +119,15 @@ def _reusable(spec: TaskSpec, job: ShardJob) -> ShardResult | None:
     return result
 
 
-def _samples(spec: TaskSpec, job: ShardJob, result: ShardResult) -> Iterator[tuple[Item, dict]]:
-    """Read and transform the shard's items, in assigned order; rejects go to ``result``."""
+def _samples(
+    spec: TaskSpec, job: ShardJob, result: ShardResult
+) -> Iterator[tuple[Item, dict, dict[str, tuple[int, int]]]]:
+    """Read and transform the shard's items, in assigned order, each with the sizes of the
+    images the transform opened; rejects go to ``result``."""
     reader = open_reader(spec.source_format, spec.shared)
     t_read = t_transform = 0.0
     by_source = sorted(range(len(job.items)), key=lambda i: job.items[i].index)
-    records: dict[int, dict | None] = {}
+    records: dict[int, tuple[dict, dict[str, tuple[int, int]]] | None] = {}
     try:
         for i in by_source:
             item = job.items[i]
@@ -134,7 +137,8 @@ def _samples(spec: TaskSpec, job: ShardJob, result: ShardResult) -> Iterator[tup
                 result.bytes_in += _nbytes(raw)
                 t1 = time.perf_counter()
                 t_read += t1 - t0
-                records[i] = transform_record(raw, spec.kinds, spec.transform)
+                sizes: dict[str, tuple[int, int]] = {}
+                records[i] = (transform_record(raw, spec.kinds, spec.transform, sizes=sizes), sizes)
                 t_transform += time.perf_counter() - t1
             except Reject as r:
                 records[i] = None
@@ -152,9 +156,23 @@ def _samples(spec: TaskSpec, job: ShardJob, result: ShardResult) -> Iterator[tup
     result.timings["transform"] = t_transform
     result.rejects.sort(key=lambda d: d["index"])
     for i, item in enumerate(job.items):
-        rec = records[i]
-        if rec is not None:
-            yield item, rec
+        done = records[i]
+        if done is not None:
+            yield item, done[0], done[1]
+
+
+def _image_sizes(
+    members: list[dict[str, bytes]], found: list[dict[str, tuple[int, int]]]
+) -> list[list[int]]:
+    """Widths and heights of each sample's image member (``member_image_sizes``), taken from
+    what the transform found where it opened the image, else read from the header."""
+    widths, heights = [], []
+    for m, sizes in zip(members, found, strict=True):
+        ext = next((e for e in LOADER_IMAGE_EXTS if e in m), None)
+        w, h = (0, 0) if ext is None else sizes.get(ext) or image_size(m[ext])
+        widths.append(w)
+        heights.append(h)
+    return [widths, heights]
 
 
 def _nbytes(record: dict) -> int:
@@ -245,7 +263,8 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
     if reused is not None:
         return reused
     result = ShardResult(number=job.number, info=None)
-    samples = list(_samples(spec, job, result))
+    found = list(_samples(spec, job, result))
+    samples = [(it, rec) for it, rec, _ in found]
     t0 = time.perf_counter()
     table: pa.Table | None = None
     if spec.tokenizer is not None:
@@ -269,7 +288,7 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
         data, index, n = tar_shard_bytes(iter(members))
         info = _upload(spec, result, t0, shard_name(job.number, "tar"), data, n, index)
         if any(ext in m for _, m in members for ext in LOADER_IMAGE_EXTS):
-            result.image_sizes = list(member_image_sizes([m for _, m in members]))
+            result.image_sizes = _image_sizes([m for _, m in members], [z for *_, z in found])
         if any(ext in m for _, m in members for ext in VIDEO_EXTS):
             result.videos = member_videos([m for _, m in members], probed=True)
     result.info = asdict(info) if info is not None else None

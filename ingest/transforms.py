@@ -110,7 +110,7 @@ def _decode(img: Image.Image, name: str) -> Image.Image:
     return img
 
 
-def _reencode(img: Image.Image, opts: TransformOptions) -> bytes:
+def _reencode(img: Image.Image, opts: TransformOptions) -> tuple[bytes, tuple[int, int]]:
     if img.mode not in ("RGB", "L"):
         img = img.convert("RGB")
     side = opts.max_image_side
@@ -122,11 +122,20 @@ def _reencode(img: Image.Image, opts: TransformOptions) -> bytes:
         )
     out = io.BytesIO()
     img.save(out, format="JPEG", quality=opts.jpeg_quality or 90, optimize=False)
-    return out.getvalue()
+    return out.getvalue(), img.size
 
 
-def transform_record(record: Record, kinds: dict[str, str], opts: TransformOptions) -> Record:
-    """The sample after cleaning, or ``Reject``. ``kinds`` are the source's field kinds."""
+def transform_record(
+    record: Record,
+    kinds: dict[str, str],
+    opts: TransformOptions,
+    *,
+    sizes: dict[str, tuple[int, int]] | None = None,
+) -> Record:
+    """The sample after cleaning, or ``Reject``. ``kinds`` are the source's field kinds.
+    ``sizes``, when given, receives ``(width, height)`` of every output image field the
+    transform opened (checked or re-encoded), so that a shard's size table need not parse
+    those images again."""
     out: Record = {}
     has_text = has_content = False
     for name, value in record.items():
@@ -144,7 +153,7 @@ def transform_record(record: Record, kinds: dict[str, str], opts: TransformOptio
             has_content = True
             if not isinstance(value, bytes | bytearray):
                 raise Reject("bad_value", f"{name}: image field holds {type(value).__name__}")
-            out.update(_image(name, bytes(value), opts))
+            out.update(_image(name, bytes(value), opts, sizes))
         elif kind == "video":
             has_content = True
             out.update(_video(name, value))
@@ -171,15 +180,22 @@ def _video(name: str, value: Any) -> dict[str, Any]:
     return {name: bytes(value), f"{name}.json": json.dumps(probe.to_dict(), sort_keys=True)}
 
 
-def _image(name: str, data: bytes, opts: TransformOptions) -> dict[str, Any]:
+def _image(
+    name: str, data: bytes, opts: TransformOptions, sizes: dict[str, tuple[int, int]] | None
+) -> dict[str, Any]:
     if not (opts.validate or opts.reencode):
         return {name: data}
     img = _open_image(data, name, opts.max_pixels)
     size = img.size
     img = _decode(img, name)
     if not opts.reencode:
+        if sizes is not None:
+            sizes[name] = (int(size[0]), int(size[1]))
         return {name: data}
-    out: dict[str, Any] = {reencoded_name(name): _reencode(img, opts)}
+    encoded, new_size = _reencode(img, opts)
+    out: dict[str, Any] = {reencoded_name(name): encoded}
+    if sizes is not None:
+        sizes[reencoded_name(name)] = (int(new_size[0]), int(new_size[1]))
     if opts.keep_original_size:
         out["orig_size"] = f"{size[0]}x{size[1]}"
     return out
