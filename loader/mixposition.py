@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.mixplan import Cursor, MixPlanner, MixProgress
+from flashfeed.mixplan import Cursor, MixPlanner, MixProgress, MixRankPlan
 from flashfeed.plan import PlanOptions, RankPlan, Topology
 
 from .distributed import DistContext
@@ -45,7 +45,7 @@ class MixPosition:
         self._plan(options)
         self.progress = self.planner.start(0, ctx.topology)  # its deal; see ``consumed``
         self.changes: list[list[Any]] = []
-        self._memo: tuple[Any, RankPlan] | None = None
+        self._memo: tuple[Any, MixRankPlan] | None = None
 
     def _plan(self, options: PlanOptions) -> None:
         self.options = options
@@ -110,11 +110,15 @@ class MixPosition:
 
     def _share(self) -> np.ndarray:
         """This rank's whole share of the current deal, planned once per deal."""
+        return self._share_plan().samples
+
+    def _share_plan(self) -> MixRankPlan:
+        """``_share`` with the source of each sample."""
         key = (self.planner.deal_key(self._deal), self.ctx.rank)
         if self._memo is None or self._memo[0] != key:
             whole = replace(self._deal, consumed=0)
-            self._memo = (key, RankPlan(self.planner.rank_plan(whole, self.ctx.rank).samples))
-        return self._memo[1].samples
+            self._memo = (key, self.planner.rank_plan(whole, self.ctx.rank))
+        return self._memo[1]
 
     def remaining(self) -> np.ndarray:
         return self.rank_plan().samples
@@ -142,8 +146,7 @@ class MixPosition:
     def _count_ahead(self, samples: int) -> None:
         if self._sources is None:  # once per deal (the progress setter drops it), not per batch
             self.rank_plan()  # checks the samples taken against the share
-            small = np.uint8 if len(self.mix.names) <= 255 else np.int32
-            self._sources = self.source_of(self._share()).astype(small)
+            self._sources = self._share_plan().sources  # the source of each sample
         names, width = self.mix.names, len(self.mix.names)
         at = self._sources[self._taken : self._taken + COUNT_AHEAD * samples]
         rows = max(-(-len(at) // samples), 1)  # the last may be short: the share's end
