@@ -335,13 +335,19 @@ class MixPlanner:
         before = np.bincount(labels[:lo], minlength=len(self.tables))
         total = np.bincount(labels, minlength=len(self.tables))
         rest = labels[lo:]
-        ids = np.zeros(len(rest), np.int64)
+        # each source's picks end to end, then scattered to its slots (a stable sort of the
+        # slots by source lists them source by source, each in slot order): one pass, not
+        # a mask per source
+        parts = []
         for s, t in enumerate(self.tables):
             if total[s] == before[s]:
                 continue
             cur = progress.cursor(t.name)
             own = self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s])
-            ids[rest == s] = own + self.offsets[s]
+            parts.append(own + self.offsets[s])
+        ids = np.zeros(len(rest), np.int64)
+        if parts:
+            ids[np.argsort(rest, kind="stable")] = np.concatenate(parts)
         return MixRankPlan(ids, rest)
 
     def node_samples(self, progress: MixProgress, node_rank: int) -> np.ndarray:

@@ -150,7 +150,7 @@ class MixPosition:
         names, width = self.mix.names, len(self.mix.names)
         at = self._sources[self._taken : self._taken + COUNT_AHEAD * samples]
         rows = max(-(-len(at) // samples), 1)  # the last may be short: the share's end
-        cell = np.arange(len(at), dtype=np.int64) // samples * width + at
+        cell = np.repeat(np.arange(rows, dtype=np.int64) * width, samples)[: len(at)] + at
         counts = np.bincount(cell, minlength=rows * width).reshape(rows, width).tolist()
         self._counted = {
             (self._taken + i * samples, samples): tuple(
