@@ -337,7 +337,7 @@ class MixPlanner:
         rest = labels[lo:]
         # each source's picks end to end, then scattered to its slots (a stable sort of the
         # slots by source lists them source by source, each in slot order): one pass, not
-        # a mask per source
+        # a mask per source; sources as bytes where they fit, which numpy sorts by radix
         parts = []
         for s, t in enumerate(self.tables):
             if total[s] == before[s]:
@@ -347,7 +347,8 @@ class MixPlanner:
             parts.append(own + self.offsets[s])
         ids = np.zeros(len(rest), np.int64)
         if parts:
-            ids[np.argsort(rest, kind="stable")] = np.concatenate(parts)
+            keys = rest.astype(np.uint8) if len(self.tables) <= 256 else rest
+            ids[np.argsort(keys, kind="stable")] = np.concatenate(parts)
         return MixRankPlan(ids, rest)
 
     def node_samples(self, progress: MixProgress, node_rank: int) -> np.ndarray:
