@@ -58,7 +58,8 @@ class WeightCurve:
     def inverse(self, s: int, y: np.ndarray) -> np.ndarray:
         """The first ``g`` where ``F_s(g) = y`` (inf where source ``s`` never gets there)."""
         f = self.f[:, s]
-        k = np.maximum(np.searchsorted(f, y, side="right") - 1, 0)
+        # one piece (weights constant throughout): every pick in it, no lookup per pick
+        k = 0 if len(f) == 1 else np.maximum(np.searchsorted(f, y, side="right") - 1, 0)
         d = np.asarray(y - f[k], dtype=np.float64)
         a, b = self.a[k, s], self.b[k, s]
         den = a + np.sqrt(np.maximum(a * a + 2 * b * d, 0.0))
