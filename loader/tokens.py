@@ -128,6 +128,7 @@ class TokenLoader(PlannedLoader):
                 _check_shared_offsets(got.view)
                 self._check_row_types(got.view)
                 got.landed()
+                self._rows = None  # its record batches may have moved on: table them again
             if got.view.stale:  # its fill ended without them (failed): the cache's next word
                 del self._views[shard]
                 got = None
