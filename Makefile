@@ -13,7 +13,7 @@ BENCH_VENV  ?= .bench-venv
 BENCH_PY    := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: help venv demo test test-fast lint format bench bench-quick bench-venv clean system-tools
+.PHONY: help venv demo test test-fast lint format bench bench-quick bench-venv bench-corpus clean system-tools
 
 help:
 	@echo "make demo   - start a local object store, build a sample corpus, run ingest -> warm -> load"
@@ -72,10 +72,23 @@ $(BENCH_STAMP): benchmarks/requirements.txt $(STAMP)
 
 bench-venv: $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+# The benchmark corpus is cut from real photographs in two Debian wallpaper packages
+# (benchmarks/harness/corpus.py): installed with apt when missing and running as root.
+PHOTO_PACKAGES := mate-backgrounds plasma-workspace-wallpapers
+
+bench-corpus:
+	@if [ ! -d /usr/share/backgrounds/mate/nature ] && [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(PHOTO_PACKAGES) (apt-get): the benchmark's photographs"; \
+		( apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq $(PHOTO_PACKAGES) ) >/dev/null 2>&1 \
+			|| echo "could not install $(PHOTO_PACKAGES): the image stages will say what is missing"; \
+	fi; true
+
+bench: $(BENCH_STAMP) bench-corpus
 	$(PY) -m benchmarks.suite --peer-python $(BENCH_PY)
 
-bench-quick: $(BENCH_STAMP)
+bench-quick: $(BENCH_STAMP) bench-corpus
 	$(PY) -m benchmarks.suite --quick --peer-python $(BENCH_PY)
 
 clean:

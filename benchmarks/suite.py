@@ -27,8 +27,10 @@ a stage run in interleaved rounds whose order rotates every round):
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench)
-  tokcold  a token dataset's first epoch from S3 (record batches streaming, and whole) vs
-           local disk and the download ceiling                     (tokcold)
+  docfill  TokenLoader's document outputs: the one-pass kernel vs the numpy passes vs
+           memcpy, and its compile cost (first call, start-up, disk cache)   (docfill)
+  tokcold  a token dataset's first epoch from S3 (streaming by the layout, by the walk of
+           a pyarrow file, and whole) vs local disk and the download ceiling (tokcold)
   multimodal image-text pairs vs webdataset + PIL, vs the single-image Loader; buckets vs
            square                                                  (multimodal)
   crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc)
@@ -78,6 +80,7 @@ STAGES = (
     "crypto",
     "neardup",
     "tokens",
+    "docfill",
     "tokcold",
     "multimodal",
     "crc",
@@ -304,6 +307,10 @@ def run_stages(
         extra = ["--corpus", str(corpus), "--device", device, "--threads", str(threads)]
         data = r.run("multimodal", "multimodal", [*p.multimodal_args, *extra])
         out["multimodal"] = {"data": data} if data else {}
+    if "docfill" in stages:
+        size = ["--batches", "5", "--compile-rounds", "1"] if p.rounds < 3 else []
+        data = r.run("docfill", "docfill", [*size, "--rounds", str(max(3, p.rounds))])
+        out["docfill"] = {"data": data} if data else {}
     if "crc" in stages:
         size = "8MiB" if p.rounds < 3 else "64MiB"
         data = r.run("crc", "tfrecordcrc", ["--size", size, "--rounds", str(max(3, p.rounds))])

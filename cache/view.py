@@ -4,7 +4,8 @@ A loader's reader processes and ``DataLoader`` workers hold a view (it pickles):
 the cache already holds is opened directly, and a shard still arriving is read from its
 part file as its bytes land, without a ``ShardCache`` in that process. Only a shard the
 cache lacks needs one (``CacheHandle.open``). A tar shard is located by its ``.idx``; an
-Arrow shard by the record batch layout its schema message records (``flashfeed.arrowlayout``).
+Arrow shard by the record batch layout its schema message records (``flashfeed.arrowlayout``),
+or, when it records none, by walking its messages as they land (``flashfeed.ipcwalk``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from flashfeed.arrowlayout import PREFIX, BatchLayout, head_size, read_layout
+from flashfeed.ipcwalk import IpcWalk, start_walk
 from flashfeed.wdsindex import SampleIndex, parse_index
 
 from .progress import FillView, live_path
@@ -28,13 +30,28 @@ __all__ = ["DatasetView", "PartialShard"]
 @dataclass(frozen=True)
 class PartialShard:
     """A fill running now: its part file (full size, filled as parts arrive), the shard's
-    index (tar) or record batch layout (Arrow, ``index`` empty) and the fill's progress
-    (close it when done with it)."""
+    index (tar) or record batch layout (Arrow, ``index`` empty: the one its schema records,
+    else ``walk``, the messages walked as they land) and the fill's progress (close it when
+    done with it)."""
 
     part: str
     index: list[SampleIndex]
     progress: FillView
     layout: BatchLayout | None = None
+    walk: IpcWalk | None = None
+
+    def located(self) -> BatchLayout | None:
+        """The record batches located now: all of them when the schema records them, else
+        those whose headers have landed (the walk goes on first). None for a tar shard."""
+        walk = self.walk
+        if walk is None:
+            return self.layout
+        if not walk.ended:
+            try:
+                walk.advance(lambda lo, hi: _pread(self.part, hi - lo, lo), self.progress.done)
+            except FileNotFoundError:  # the fill ended: renamed into place, or failed
+                pass
+        return walk.layout()
 
 
 class DatasetView:
@@ -73,7 +90,8 @@ class DatasetView:
             return None
         if view.index_part is None:
             if self.dataset.manifest.shard_format == "arrow":
-                return _arrow_partial(view, self.dataset.shards[shard].path)
+                info = self.dataset.shards[shard]
+                return _arrow_partial(view, info.path, info.samples)
             view.close()
             return None
         while not view.index_ready():  # the index is one small GET beside the first parts
@@ -91,10 +109,11 @@ class DatasetView:
         return None
 
 
-def _arrow_partial(view: FillView, name: str) -> PartialShard | None:
-    """An Arrow shard's fill, once its schema message (the first bytes) has landed and
-    records where the record batches lie; None when it records nothing (the shard is read
-    whole), or the fill ends (or the shard is renamed into place) first."""
+def _arrow_partial(view: FillView, name: str, rows: int) -> PartialShard | None:
+    """An Arrow shard's fill, once its schema message (the first bytes) has landed: with
+    the layout it records, else with a walk of its messages (a shard of ``rows`` rows);
+    None when it is no IPC file or has dictionaries (the shard is read whole), or the fill
+    ends (or the shard is renamed into place) first."""
     size: int | None = None
     try:
         while not view.ended():
@@ -103,10 +122,14 @@ def _arrow_partial(view: FillView, name: str) -> PartialShard | None:
                 if size is None:
                     break
             if size is not None and view.done(0, size):
-                layout = read_layout(_pread(view.part, size), name=name, size=view.size)
-                if layout is None:
+                head = _pread(view.part, size)
+                layout = read_layout(head, name=name, size=view.size)
+                if layout is not None:
+                    return PartialShard(view.part, [], view, layout)
+                walk = start_walk(head, name=name, size=view.size, rows=rows)
+                if walk is None:
                     break
-                return PartialShard(view.part, [], view, layout)
+                return PartialShard(view.part, [], view, walk=walk)
             time.sleep(0.002)
     except FileNotFoundError:  # renamed into place meanwhile: the whole shard is there
         pass
@@ -114,6 +137,9 @@ def _arrow_partial(view: FillView, name: str) -> PartialShard | None:
     return None
 
 
-def _pread(path: str, size: int) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(size)
+def _pread(path: str, size: int, offset: int = 0) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)

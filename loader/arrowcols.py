@@ -70,7 +70,7 @@ class ArrowShardView:
         if arrival is None:
             return 0
         added = int(arrival.catch_up(self))
-        if not arrival.pending:
+        if arrival.finished:
             self.arriving = None
         return added
 

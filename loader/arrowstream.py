@@ -1,9 +1,10 @@
 """An Arrow shard read while its cache fill is under way, record batch by record batch.
 
 The fill's part file is mapped at its full size; the schema message at its front records
-where each record batch lies (``flashfeed.arrowlayout``). A record batch joins the view
-(``ArrowShardView``, one entry per record batch, as for a whole shard) once every byte of
-it is marked landed: ``pa.ipc.read_record_batch`` on those bytes, zero copy. Entries of
+where each record batch lies (``flashfeed.arrowlayout``), or, when it records nothing, the
+walk of the messages landed so far finds them (``flashfeed.ipcwalk``). A record batch joins
+the view (``ArrowShardView``, one entry per record batch, as for a whole shard) once all of
+its bytes are marked landed: ``pa.ipc.read_record_batch`` on those bytes, zero copy. Entries of
 batches not landed yet are empty placeholders of the right shape; the loader gathers rows
 only after ``StreamFeeder`` has waited for their batches (``rows_landed``).
 """
@@ -32,7 +33,7 @@ def rows_landed(layout: BatchLayout, progress: FillView, rows: list[int]) -> boo
     if not progress.done(0, int(layout.offsets[0])):
         return False
     if any(r >= layout.num_rows for r in rows):
-        return False  # the manifest's rows outnumber the shard's: read whole, it fails there
+        return False  # not located yet (a walk), or past the shard's: read whole, it fails there
     for b in np.unique(layout.batch_of(np.asarray(rows, np.int64))).tolist():
         if not progress.done(int(layout.offsets[b]), int(layout.offsets[b + 1])):
             return False
@@ -40,17 +41,23 @@ def rows_landed(layout: BatchLayout, progress: FillView, rows: list[int]) -> boo
 
 
 class ArrowArrival:
-    """The record batches of a view still to land, and the mapped part file they land in."""
+    """The record batches of a view still to land, and the mapped part file they land in.
+    A shard walked as it lands (``partial.walk``) also has rows not located yet: its view
+    ends with one empty placeholder for them, split as the walk finds their batches."""
 
     def __init__(
         self,
         partial: PartialShard,
-        layout: BatchLayout,
         columns: tuple[str, ...],
         lists: tuple[str, ...],
         name: str,
     ) -> None:
+        layout = partial.located()
+        if layout is None:
+            raise ValueError(f"shard {name}: its fill locates no record batches")
+        self.partial = partial
         self.layout = layout
+        self.num_rows = layout.num_rows if partial.walk is None else partial.walk.expected
         self.progress = partial.progress
         self.columns = columns
         self.lists = lists
@@ -65,12 +72,41 @@ class ArrowArrival:
         self.stale = False
         #: the ``__key__`` column per record batch: nulls until the batch lands
         self.keys: list[pa.Array] = []
+        self.key_type = None
         if layout.schema.get_field_index("__key__") >= 0:
-            key_type = layout.schema.field("__key__").type
-            self.keys = [pa.nulls(int(n), key_type) for n in np.diff(layout.rows)]
+            self.key_type = layout.schema.field("__key__").type
+            self.keys = [pa.nulls(int(n), self.key_type) for n in np.diff(layout.rows)]
+        #: per column, the placeholder of a record batch not landed yet
+        self.blank = _blanks(layout.schema, columns, name)
+
+    @property
+    def tail(self) -> int:
+        """Rows not located yet (a walked shard's): one placeholder at the view's end."""
+        return self.num_rows - self.layout.num_rows
+
+    @property
+    def finished(self) -> bool:
+        """Every record batch has landed in the view (and a walk has met the stream's end)."""
+        walk = self.partial.walk
+        return not self.pending and not self.tail and (walk is None or walk.ended)
+
+    def starts(self) -> np.ndarray:
+        """First row of each of the view's entries: the record batches, then the tail."""
+        rows = self.layout.rows
+        return rows.copy() if self.tail else rows[:-1].copy()
+
+    def joined_keys(self) -> pa.Array | pa.ChunkedArray:
+        """The ``__key__`` column so far: the landed batches' keys, nulls for the rest; one
+        array once all have landed (a take over many chunks costs more)."""
+        tail = [pa.nulls(self.tail, self.key_type)] if self.tail else []
+        keys = pa.chunked_array([*self.keys, *tail], type=self.key_type)
+        return keys if self.pending or self.tail else keys.combine_chunks()
 
     def catch_up(self, view: ArrowShardView) -> int:
         """Add the batches landed since the last call to ``view``; how many were added."""
+        walk = self.partial.walk
+        if walk is not None and not walk.ended:
+            self._walk(view)
         lay, added, still = self.layout, 0, []
         for b in self.pending:
             lo, hi = int(lay.offsets[b]), int(lay.offsets[b + 1])
@@ -81,14 +117,38 @@ class ArrowArrival:
             added += 1
         self.pending = still
         if added and view.keys is not None:
-            keys = pa.chunked_array(self.keys, type=self.keys[0].type)
-            view.keys = keys.combine_chunks() if not still else keys
-        if not still:
+            view.keys = self.joined_keys()
+        if self.finished:
             self.progress.close()
         elif self.progress.ended():
             self.stale = True
             self.progress.close()
         return added
+
+    def _walk(self, view: ArrowShardView) -> None:
+        """Record batches the walk found since: the tail placeholder split into them."""
+        old = self.layout.num_batches
+        lay = self.partial.located()
+        if lay is None:
+            return
+        self.layout, new = lay, lay.num_batches - old
+        if not new:
+            return
+        sizes = np.diff(lay.rows)[old:]
+        self.pending.extend(range(old, old + new))
+        if self.key_type is not None:
+            self.keys.extend(pa.nulls(int(n), self.key_type) for n in sizes)
+        tail = 1 if self.tail else 0
+        for c in self.columns:
+            held = view.columns[c][:old]
+            view.columns[c] = [*held, *[self.blank[c]] * (new + tail)]
+        no_list = ListView(np.zeros(0, np.int64), np.zeros(0, np.int64))
+        for c in self.lists:
+            held_lists = (view.lists or {})[c][:old]
+            (view.lists or {})[c] = [*held_lists, *[no_list] * (new + tail)]
+        view.starts = self.starts()  # a new array: the gather's lookups are made again
+        if view.keys is not None:
+            view.keys = self.joined_keys()
 
     def _read(self, b: int, lo: int, hi: int) -> pa.RecordBatch:
         lay = self.layout
@@ -111,8 +171,10 @@ class ArrowArrival:
             got = column_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
             held = view.columns[c]
             if held[b].shape[1:] != got.shape[1:]:  # placeholders made before the first batch
-                for i in self.pending:
-                    held[i] = np.empty((0, *got.shape[1:]), got.dtype)
+                self.blank[c] = np.empty((0, *got.shape[1:]), got.dtype)
+                for i in range(len(held)):
+                    if not len(held[i]):
+                        held[i] = self.blank[c]
             held[b] = got
         held_lists = view.lists or {}
         for c in self.lists:
@@ -121,31 +183,37 @@ class ArrowArrival:
             self.keys[b] = batch.column("__key__")
 
 
-def open_arriving_view(
-    partial: PartialShard, columns: tuple[str, ...], *, name: str, lists: tuple[str, ...] = ()
-) -> ArrowShardView:
-    """A view of a shard still arriving (``partial.layout`` set): the batches landed so far,
-    the rest added by ``view.catch_up()``."""
-    layout = partial.layout
-    if layout is None:
-        raise ValueError(f"shard {name}: its fill records no record batch layout")
-    schema = layout.schema
-    missing = [c for c in (*columns, *lists) if schema.get_field_index(c) < 0]
-    if missing:
-        raise CorruptShardError(f"shard {name}: no column {missing} (it has {schema.names})")
-    arrival = ArrowArrival(partial, layout, columns, lists, name)
-    n = layout.num_batches
-    blank = {
+def _blanks(schema: pa.Schema, columns: tuple[str, ...], name: str) -> dict[str, np.ndarray]:
+    """An empty view per column: the placeholder of a record batch not landed yet."""
+    return {
         c: column_views(pa.chunked_array([pa.array([], type=schema.field(c).type)]), c, name)[0]
         for c in columns
     }
+
+
+def open_arriving_view(
+    partial: PartialShard, columns: tuple[str, ...], *, name: str, lists: tuple[str, ...] = ()
+) -> ArrowShardView:
+    """A view of a shard still arriving (``partial.layout`` or ``partial.walk`` set): the
+    batches landed so far, the rest added by ``view.catch_up()``."""
+    found = partial.layout if partial.layout is not None else partial.walk
+    if found is None:
+        raise ValueError(f"shard {name}: its fill locates no record batches")
+    schema = found.schema
+    missing = [c for c in (*columns, *lists) if schema.get_field_index(c) < 0]
+    if missing:
+        raise CorruptShardError(f"shard {name}: no column {missing} (it has {schema.names})")
+    arrival = ArrowArrival(partial, columns, lists, name)
+    starts = arrival.starts()
+    n = len(starts)
     no_list = ListView(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    key_type = arrival.key_type
     view = ArrowShardView(
         name=name,
-        num_rows=layout.num_rows,
-        starts=layout.rows[:-1].copy(),
-        columns={c: [blank[c]] * n for c in columns},
-        keys=pa.chunked_array(arrival.keys, type=arrival.keys[0].type) if arrival.keys else None,
+        num_rows=arrival.num_rows,
+        starts=starts,
+        columns={c: [arrival.blank[c]] * n for c in columns},
+        keys=arrival.joined_keys() if key_type else None,
         lists={c: [no_list] * n for c in lists} if lists else None,
         arriving=arrival,
     )

@@ -4,7 +4,8 @@
 next it starts the fills of their shards and waits only until *those samples'* bytes have
 arrived (the cache publishes each part of a fill as it lands, ``ShardSource.partial``),
 not for whole shards: the first batch does not wait for its shard (a tar sample's bytes by
-its ``.idx``, an Arrow row's record batch by the layout its schema records). It tells the source
+its ``.idx``, an Arrow row's record batch by the layout its schema records or, without one,
+once the walk of its messages has found it, ``flashfeed.ipcwalk``). It tells the source
 which batch first needs each sample of a shard (``ShardSource.need``), so the node cache
 fetches the parts of all shards in flight in that order. Beyond that it asks the
 cache to fetch the shards of the next N batches, N covering the measured fetch time at the
@@ -24,15 +25,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flashfeed.units import parse_size
-from flashfeed.wdsindex import SampleIndex
 
 from .arrowstream import rows_landed
 from .passorder import PassOrder
 from .sources import ShardSource, reads_in_place
 
 if TYPE_CHECKING:
-    from flashfeed.arrowlayout import BatchLayout
-    from flashfeed.cache import FillView
+    from flashfeed.cache import PartialShard
 
 __all__ = ["StreamFeeder", "readahead_budget_bytes"]
 
@@ -78,7 +77,7 @@ class StreamFeeder:
         self._needed: dict[int, Future[str]] = {}
         self._ready: set[int] = set()  # shards whose fill completed: no more waiting on them
         self._asked: dict[int, float] = {}
-        self._partials: dict[int, tuple[list[SampleIndex], FillView, BatchLayout | None]] = {}
+        self._partials: dict[int, PartialShard] = {}
         self._pos = 0  # shards order[:_pos] are needed (their fills started)
         self._hinted = 0  # shards order[_pos:_hinted] are fetched ahead of need
         self._next_batch = 0
@@ -201,8 +200,8 @@ class StreamFeeder:
         while self.streaming and not future.done():
             got = self._partial(shard)
             if got is not None:
-                index, view, layout = got
-                if layout is not None:
+                index, view, layout = got.index, got.progress, got.located()
+                if layout is not None:  # an Arrow shard: recorded, or walked as it lands
                     if rows_landed(layout, view, rows):
                         return True
                 elif all(r < len(index) for r in rows) and all(
@@ -216,13 +215,13 @@ class StreamFeeder:
             delay = min(delay * 2, 0.01)
         return False
 
-    def _partial(self, shard: int) -> tuple[list[SampleIndex], FillView, BatchLayout | None] | None:
+    def _partial(self, shard: int) -> PartialShard | None:
         got = self._partials.get(shard)
         if got is None:
-            found = self.source.partial(shard)
-            if found is None:
+            got = self.source.partial(shard)
+            if got is None:
                 return None
-            got = self._partials[shard] = (found.index, found.progress, found.layout)
+            self._partials[shard] = got
         return got
 
     def _done(self, shard: int) -> None:
@@ -232,7 +231,7 @@ class StreamFeeder:
             self._fills += 1
         got = self._partials.pop(shard, None)
         if got is not None:
-            got[1].close()
+            got.progress.close()
 
     # -- read-ahead sizing ------------------------------------------------------------------
     def consume_rate(self) -> float | None:
@@ -322,8 +321,8 @@ class StreamFeeder:
             self._done(shard)
 
     def close(self) -> None:
-        for _, view, _ in self._partials.values():
-            view.close()
+        for got in self._partials.values():
+            got.progress.close()
         self._partials.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -18,7 +18,8 @@ file's first bytes) records (``flashfeed.arrowlayout``): a shard still arriving 
 record batch by record batch from the cache's part file (``arrowstream.py``), each one read
 as soon as its bytes have landed, and the gather takes its rows from the view exactly as
 from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
-is served once whole, as its footer at the very end is what locates its record batches.
+streams the same way once the walk of its messages has found a row's record batch
+(``flashfeed.ipcwalk``); one with dictionary columns is served once whole.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ class TokenLoader(PlannedLoader):
         if "document_offsets" in self.outputs:
             lists += ("doc_starts",)
         partial = self.source.partial(shard)
-        if partial is not None and partial.layout is not None:
+        if partial is not None and (partial.layout is not None or partial.walk is not None):
             try:
                 return open_arriving_view(partial, self.columns, name=name, lists=lists)
             except FileNotFoundError:  # renamed into place meanwhile
@@ -220,8 +221,8 @@ class TokenLoader(PlannedLoader):
             # rows are gathered at their stored width, then widened in one contiguous pass
             rows_at = buf if dtype == first.dtype else self._narrow(col, buf.shape, first.dtype)
             np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
-            if rows_at is not buf:
-                np.copyto(buf, rows_at, casting="unsafe")
+            if rows_at is not buf and not (self.outputs and col == "tokens"):
+                np.copyto(buf, rows_at, casting="unsafe")  # (tokens: with the outputs)
             out[col] = buf
             narrow[col] = rows_at
         keys = table.keys(sl, rows)
@@ -229,10 +230,11 @@ class TokenLoader(PlannedLoader):
             seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
             tokens = narrow["tokens"]
             where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
-            new_ok = self.copier is None and not self.pin_memory
+            wide = out["tokens"] if tokens is not out["tokens"] else None
             docs = document_outputs(
-                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where, new_ok=new_ok
-            )
+                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where,
+                tokens_out=wide,
+            )  # fmt: skip
             out.update(docs)  # type: ignore[arg-type]
         return out, keys
 
@@ -352,11 +354,17 @@ class _OpenShard:
 
     def __init__(self, shard: int, view: ArrowShardView) -> None:
         self.view = view
+        self.shard = shard
+        self._where()
+
+    def _where(self) -> None:
+        view = self.view
+        self._starts = view.starts
         #: several record batches (else every row is in record batch 0 at its own number)
         self.several = len(view.starts) > 1
         #: ``(shard << 32) + first row`` of each record batch, and its number (``RowTable``)
         firsts = np.asarray(view.starts if len(view.starts) else [0], np.int64)
-        self.firsts = (np.int64(shard) << 32) + firsts
+        self.firsts = (np.int64(self.shard) << 32) + firsts
         self.numbers = np.arange(len(firsts), dtype=np.int64)
         self._segs: list[tuple[np.ndarray, np.ndarray]] | None = None
         self._made_from: list[object] = []  # the doc_lens view each table was made from
@@ -371,7 +379,10 @@ class _OpenShard:
         return self._segs
 
     def landed(self) -> None:
-        """Record batches landed in the view (a shard still arriving): tables for them."""
+        """Record batches landed in the view (a shard still arriving): tables for them; all
+        made again when a shard walked as it lands has located more of them."""
+        if self.view.starts is not self._starts:
+            self._where()
         if self._segs is None:
             return
         for c, lens in enumerate((self.view.lists or {}).get("doc_lens", [])):
@@ -393,15 +404,15 @@ class _OpenShard:
 def _gather_segments(
     opened: dict[int, _OpenShard], at: list[tuple[int, int, int]], *, with_starts: bool
 ) -> Segments:
-    """The segments of rows ``at`` (shard, record batch, row) in batch order: per row, its
-    two offsets and one slice of its shard's segment table, joined by one
-    ``np.concatenate`` (no per-shard numpy work, no reordering)."""
-    tables = {s: o.segments() for s, o in opened.items()}
-    offsets = [tables[s][c][0][i : i + 2].tolist() for s, c, i in at]
-    seg = np.concatenate(
-        [tables[s][c][1][a:b] for (s, c, _), (a, b) in zip(at, offsets, strict=True)]
-    )
-    counts = np.array([b - a for a, b in offsets], np.int64)
+    """The segments of rows ``at`` (shard, record batch, row) in batch order: each row's
+    slice of its record batch's segment table, copied in one compiled loop (no per-row
+    numpy work in Python, no reordering)."""
+    from .docfill import gather_segments  # numba: imported on first use
+
+    groups: dict[tuple[int, int], int] = {}
+    group = [groups.setdefault((s, c), len(groups)) for s, c, _ in at]
+    tables = [opened[s].segments()[c] for s, c in groups]
+    counts, seg = gather_segments(np.array(group), np.array([i for *_, i in at]), tables)
     return Segments(counts, seg[:, 0], seg[:, 1], seg[:, 2] if with_starts else None)
 
 

@@ -2,13 +2,17 @@
 same epoch from local disk, TokenLoader, CPU.
 
 The dataset: ``--shards`` Arrow shards of ``--shard-mib`` MiB of random uint16 tokens, rows
-of ``--seq-len``, in record batches of ``--batch-mib``, written twice: with the layout the
-schema records (rows stream as their record batch lands), and without it (the very same
-record batches: a shard is served once whole, as every Arrow shard was before). Each round
-empties the cache and runs, interleaved, the order rotating each round:
+of ``--seq-len``, in record batches of ``--batch-mib``, written three times, the very same
+record batches: by flashfeed with the layout the schema records (rows stream as their record
+batch lands); by pyarrow's own ``RecordBatchFileWriter``, no layout (rows stream once the
+walk of the messages has found their record batch); and so with the keys dictionary-encoded
+(a shard with dictionaries is served once whole, as every Arrow shard without a layout was
+before the walk). Each round empties the cache and runs, interleaved, the order rotating
+each round:
 
   cold-stream    first epoch from S3, record batch layout (streams)
-  cold-whole     first epoch from S3, no layout (each shard waits until whole)
+  cold-walk      first epoch from S3, no layout: pyarrow's writer (streams by the walk)
+  cold-whole     first epoch from S3, no layout, dictionary keys (each shard waits until whole)
   local          first epoch from local disk (the layout dataset, read in place)
   ceiling        the local epoch while a plain download of the same shards from the same
                  server runs beside it (limits.download: the cache's GET shape, no checksum,
@@ -26,6 +30,7 @@ table of medians and writes JSON. Not a timed test: run it by hand.
 from __future__ import annotations
 
 import argparse
+import io
 import shutil
 import statistics
 import sys
@@ -43,18 +48,19 @@ from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store, upload_tree
 from benchmarks.stages.limits import download
 from flashfeed import storage
-from flashfeed.arrowshard import write_arrow
 from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard
 
-ROWS = ("cold-stream", "cold-whole", "local", "ceiling")
+ROWS = ("cold-stream", "cold-walk", "cold-whole", "local", "ceiling")
+KINDS = {"cold-stream": "layout", "cold-walk": "walk", "cold-whole": "whole"}
 
 
 def write_dataset(
-    prefix: str, args: argparse.Namespace, *, batch_bytes: int, layout: bool = True
+    prefix: str, args: argparse.Namespace, *, batch_bytes: int, kind: str = "layout"
 ) -> int:
-    """The token dataset at ``prefix``, record batches of about ``batch_bytes`` (the same
-    rows and batches with or without the ``layout`` recorded); its bytes."""
+    """The token dataset at ``prefix``, record batches of about ``batch_bytes``, the same
+    rows and batches whatever the ``kind``: ``layout`` (flashfeed's writer), ``walk``
+    (pyarrow's ``RecordBatchFileWriter``), ``whole`` (so, keys dictionary-encoded); its bytes."""
     rng = np.random.default_rng(args.seed)
     rows = max(1, (args.shard_mib << 20) // (args.seq_len * 2))
     infos, n = [], 0
@@ -67,11 +73,18 @@ def write_dataset(
             }
         )
         path = shard_name(i, "arrow")
-        if layout:
+        if kind == "layout":
             infos.append(write_arrow_shard(prefix, path, table, batch_bytes=batch_bytes))
         else:
             per_batch = max(1, batch_bytes // max(1, table.nbytes // table.num_rows))
-            data = write_arrow(table, max_chunksize=min(per_batch, 8192), batch_bytes=None)
+            if kind == "whole":
+                keys = table.column("__key__").combine_chunks().dictionary_encode()
+                table = table.set_column(0, "__key__", keys)
+            sink = io.BytesIO()
+            with pa.ipc.RecordBatchFileWriter(sink, table.schema) as writer:
+                for batch in table.to_batches(max_chunksize=min(per_batch, 8192)):
+                    writer.write_batch(batch)
+            data = sink.getvalue()
             storage.write_bytes(storage.join(prefix, path), data)
             infos.append(ShardInfo(path, table.num_rows, len(data), storage.checksum(data)))
         n += rows
@@ -138,14 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     store = start_store(scratch, export_env=True)
     bucket = store.bucket
     try:
-        stream, whole = scratch / "stream", scratch / "whole"
+        stream = scratch / "layout"
         size = int(args.batch_mib * (1 << 20))
-        total = write_dataset(str(stream), args, batch_bytes=size)
-        write_dataset(str(whole), args, batch_bytes=size, layout=False)
-        urls = {"cold-stream": f"{bucket}/tok-stream", "cold-whole": f"{bucket}/tok-whole"}
+        urls, written = {}, {}
+        for name, kind in KINDS.items():
+            written[kind] = write_dataset(str(scratch / kind), args, batch_bytes=size, kind=kind)
+            urls[name] = f"{bucket}/tok-{kind}"
+            upload_tree(scratch / kind, urls[name])
+        total = written["layout"]
         args.stream_url = urls["cold-stream"]
-        upload_tree(stream, urls["cold-stream"])
-        upload_tree(whole, urls["cold-whole"])
         for r in range(args.rounds):
             for name in rotated(ROWS, r):
                 cache = scratch / "cache"

@@ -251,10 +251,10 @@ def test_document_columns_with_different_row_lengths_are_refused_naming_the_shar
         next(iter(loader))
 
 
-def test_outputs_written_into_the_callers_buffers_equal_new_arrays():
-    """Where every output must sit in the caller's buffers (pinned, for a device copy) and
-    where new arrays may be kept as computed, the outputs are the same, and right: rows of
-    two segments, one segment and padding, and padding only."""
+def test_outputs_are_written_into_the_callers_buffers():
+    """Every (B, L) output sits in a buffer ``alloc`` gave (pooled or pinned, for a device
+    copy), the tokens are widened into the one given, and the outputs are right: rows of two
+    segments, one segment and padding, and padding only."""
     seg = Segments(
         counts=np.array([2, 1, 0]), lengths=np.array([3, 5, 6]), ids=np.array([10, 11, 12]),
         starts=np.array([0, 4, 2]),
@@ -266,22 +266,23 @@ def test_outputs_written_into_the_callers_buffers_equal_new_arrays():
         given.append(np.full(shape, 99, dtype))
         return given[-1]
 
-    kept = document_outputs(seg, 8, tokens, DOC_OUTPUTS, alloc, new_ok=False)
-    assert all(any(kept[n] is g for g in given) for n in DOC_OUTPUTS if n != "max_seqlen" and
+    wide = np.full((3, 8), 99, np.int64)
+    out = document_outputs(seg, 8, tokens, DOC_OUTPUTS, alloc, tokens_out=wide)
+    assert all(any(out[n] is g for g in given) for n in DOC_OUTPUTS if n != "max_seqlen" and
                n != "cu_seqlens")  # fmt: skip
-    new = document_outputs(seg, 8, tokens, DOC_OUTPUTS, alloc, new_ok=True)
-    for out in (kept, new):
-        assert out["position_ids"].tolist() == [
-            [0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 0, 1], list(range(8))
-        ]  # fmt: skip
-        assert out["document_ids"].tolist() == [[10] * 3 + [11] * 5, [12] * 6 + [-1] * 2,
-                                                [-1] * 8]  # fmt: skip
-        assert out["document_offsets"].tolist() == [
-            [0, 1, 2, 4, 5, 6, 7, 8], [2, 3, 4, 5, 6, 7, -1, -1], [-1] * 8
-        ]  # fmt: skip
-        I = IGNORE_INDEX  # noqa: E741
-        assert out["labels"].tolist() == [
-            [I, 1, 2, I, 4, 5, 6, 7], [I, 9, 10, 11, 12, 13, I, I], [I] * 8
-        ]  # fmt: skip
-        assert out["cu_seqlens"].tolist() == [0, 3, 8, 14, 16, 24]
-        assert out["max_seqlen"] == 8
+    assert wide.tolist() == tokens.tolist()
+    assert out["position_ids"].tolist() == [
+        [0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 0, 1], list(range(8))
+    ]  # fmt: skip
+    assert out["document_ids"].tolist() == [[10] * 3 + [11] * 5, [12] * 6 + [-1] * 2,
+                                            [-1] * 8]  # fmt: skip
+    assert out["document_offsets"].tolist() == [
+        [0, 1, 2, 4, 5, 6, 7, 8], [2, 3, 4, 5, 6, 7, -1, -1], [-1] * 8
+    ]  # fmt: skip
+    I = IGNORE_INDEX  # noqa: E741
+    assert out["labels"].tolist() == [
+        [I, 1, 2, I, 4, 5, 6, 7], [I, 9, 10, 11, 12, 13, I, I], [I] * 8
+    ]  # fmt: skip
+    assert out["cu_seqlens"].tolist() == [0, 3, 8, 14, 16, 24]
+    assert out["cu_seqlens"].dtype == np.int32
+    assert out["max_seqlen"] == 8

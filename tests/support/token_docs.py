@@ -90,15 +90,20 @@ def make_doc_token_dataset(
     packing: str = "concat",
     docs_per_shard: int = 50,
     chunk_rows: int = 8192,
+    layout: bool = True,
 ) -> Manifest:
     """Shards packed by ``TokenPacker`` straight from ``docs`` (document ``i`` has id ``i``),
-    record batches of ``chunk_rows``, committed as ingest commits them (format version 3)."""
+    record batches of ``chunk_rows`` (their layout recorded unless ``layout=False``),
+    committed as ingest commits them (format version 3)."""
     packer = TokenPacker(tokenizer, seq_len=seq_len, packing=packing)
     infos = []
     for n, first in enumerate(range(0, len(docs), docs_per_shard)):
         part = docs[first : first + docs_per_shard]
         table, _ = packer.pack(part, list(range(first, first + len(part))))
-        data = write_arrow(table, max_chunksize=chunk_rows)
+        if layout:
+            data = write_arrow(table, max_chunksize=chunk_rows)
+        else:
+            data = write_arrow(table, max_chunksize=chunk_rows, batch_bytes=None)
         path = shard_name(n, "arrow")
         storage.write_bytes(storage.join(prefix, path), data)
         infos.append(ShardInfo(path, table.num_rows, len(data), storage.checksum(data)))

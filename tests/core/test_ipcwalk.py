@@ -1,0 +1,190 @@
+"""Walking an Arrow IPC file's messages from its front (``flashfeed.ipcwalk``): with only a
+prefix of the bytes, the walk knows every record batch whose header lies in it, agrees with
+the layout flashfeed records and with pyarrow's own reader, and a message header that cannot
+be right is one clear error naming the shard and the byte."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flashfeed.arrowlayout import head_size, read_layout
+from flashfeed.arrowshard import write_arrow
+from flashfeed.errors import CorruptShardError, FlashfeedError
+from flashfeed.ipcwalk import IpcWalk, message_header, start_walk
+
+SEQ = 16
+SIZES = (10, 100, 0, 290, 7, 193)  # rows per record batch, one of them empty: 600 rows
+
+
+def _table(rows: int = 600) -> pa.Table:
+    tokens = np.arange(rows * SEQ, dtype=np.int32)
+    return pa.table(
+        {
+            "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), SEQ),
+            "__key__": [f"k{i}" for i in range(rows)],
+        }
+    )
+
+
+def _pyarrow_file(table: pa.Table, sizes=SIZES, **options) -> bytes:
+    """An Arrow IPC file as pyarrow's own writer makes it: no layout recorded."""
+    sink = io.BytesIO()
+    opts = pa.ipc.IpcWriteOptions(**options) if options else None
+    with pa.ipc.RecordBatchFileWriter(sink, table.schema, options=opts) as writer:
+        at = 0
+        for n in sizes:
+            part = table.slice(at, n)
+            writer.write_batch(
+                pa.record_batch([c.combine_chunks() for c in part.columns], schema=table.schema)
+            )
+            at += n
+    return sink.getvalue()
+
+
+def _walk(data: bytes, *, upto: int | None = None, rows: int = 600) -> IpcWalk:
+    head = data[: head_size(data[:16], name="s")]
+    walk = start_walk(head, name="s", size=len(data), rows=rows)
+    assert walk is not None
+    cut = len(data) if upto is None else upto
+    walk.advance(lambda lo, hi: data[lo:hi], lambda lo, hi: hi <= cut)
+    return walk
+
+
+def test_a_walk_agrees_with_the_layout_flashfeed_records():
+    data = write_arrow(_table(), batch_bytes=8 << 10)
+    layout = read_layout(data[: head_size(data[:16], name="s")], name="s", size=len(data))
+    assert layout is not None and layout.num_batches >= 5
+    walk = _walk(data)
+    assert walk.ended
+    assert walk.layout().offsets.tolist() == layout.offsets.tolist()
+    assert walk.layout().rows.tolist() == layout.rows.tolist()
+
+
+def test_a_walk_of_a_prefix_knows_each_batch_whose_header_landed():
+    data = _pyarrow_file(_table())
+    whole = _walk(data).layout()
+    assert whole.rows.tolist() == [0, *np.cumsum(SIZES).tolist()]
+    offsets = whole.offsets.tolist()
+    for cut in range(offsets[0], len(data) + 1, 97):
+        walk = _walk(data, upto=cut)
+        found = walk.layout()
+        # batch b is known once its framing and metadata (not its body) are in the prefix
+        for b in range(whole.num_batches):
+            (length,) = struct.unpack("<i", data[offsets[b] + 4 : offsets[b] + 8])
+            known = offsets[b] + 8 + length <= cut
+            assert (b < found.num_batches) == known, (cut, b)
+        assert found.offsets.tolist() == offsets[: found.num_batches + 1]
+        assert found.rows.tolist() == whole.rows[: found.num_batches + 1].tolist()
+        assert walk.ended == (cut >= offsets[-1] + 8)
+
+
+@pytest.mark.parametrize("options", [{}, {"compression": "zstd"}], ids=["plain", "zstd"])
+def test_each_walked_batch_reads_alone_as_pyarrow_reads_it(options):
+    table = _table()
+    data = _pyarrow_file(table, **options)
+    layout = _walk(data).layout()
+    reader = pa.ipc.open_file(pa.py_buffer(data))
+    assert reader.num_record_batches == layout.num_batches == len(SIZES)
+    buf = pa.py_buffer(data)
+    for b in range(layout.num_batches):
+        lo, hi = int(layout.offsets[b]), int(layout.offsets[b + 1])
+        got = pa.ipc.read_record_batch(buf.slice(lo, hi - lo), layout.schema)
+        assert got.equals(reader.get_batch(b))
+        assert got.num_rows == layout.rows[b + 1] - layout.rows[b]
+
+
+def test_message_header_reads_what_pyarrow_reads():
+    data = _pyarrow_file(_table())
+    layout = _walk(data).layout()
+    for b in range(layout.num_batches):
+        lo, hi = int(layout.offsets[b]), int(layout.offsets[b + 1])
+        message = pa.ipc.read_message(pa.py_buffer(data[lo:hi]))
+        meta = message.metadata.to_pybytes()
+        kind, body, rows = message_header(meta, where="m")
+        assert (kind, body, rows) == (3, message.body.size, SIZES[b])
+
+
+def _set(data: bytes, at: int, raw: bytes) -> bytes:
+    return data[:at] + raw + data[at + len(raw) :]
+
+
+def _corruptions():
+    data = _pyarrow_file(_table())
+    offsets = _walk(data).layout().offsets.tolist()
+    second = offsets[1]  # the second record batch's message
+    (length,) = struct.unpack("<i", data[second + 4 : second + 8])
+    schema_msg = data[8 : offsets[0]]
+    return [
+        ("no-marker", _set(data, second, b"\x00\x01\x02\x03"), "continuation marker"),
+        ("negative-length", _set(data, second + 4, struct.pack("<i", -8)), "metadata length"),
+        ("unaligned-length", _set(data, second + 4, struct.pack("<i", 13)), "metadata length"),
+        ("length-past-end", _set(data, second + 4, struct.pack("<i", 1 << 30)), "does not fit"),
+        ("garbage-metadata", _set(data, second + 8, b"\xff" * length), "unreadable message"),
+        ("a-schema-again", _set(data, second, schema_msg), "is a schema"),
+        ("cut-mid-stream", data[: second + 4], "cut off"),
+    ]
+
+
+@pytest.mark.parametrize(("data", "why"), [c[1:] for c in _corruptions()],
+                         ids=[c[0] for c in _corruptions()])  # fmt: skip
+def test_a_message_header_that_cannot_be_right_is_one_clear_error(data, why):
+    with pytest.raises(CorruptShardError, match=why) as err:
+        _walk(data)
+    message = str(err.value)
+    assert message.startswith("shard s: ") and "byte" in message and "\n" not in message
+
+
+def test_a_body_past_the_end_and_rows_the_manifest_lacks_are_errors():
+    data = _pyarrow_file(_table())
+    last = int(_walk(data).layout().offsets[-2])
+    with pytest.raises(CorruptShardError, match="does not fit"):
+        _walk(data[: last + 200])  # the last header whole, its body cut off
+    with pytest.raises(CorruptShardError, match="past the 500 rows the manifest"):
+        _walk(data, rows=500)
+    with pytest.raises(CorruptShardError, match="ends the stream after 600 rows"):
+        _walk(data, rows=700)
+
+
+def test_a_schema_with_dictionaries_is_not_walked():
+    table = pa.table({"tag": pa.array(["a", "b", "a"]).dictionary_encode()})
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue()
+    head = data[: head_size(data[:16], name="s")]
+    assert start_walk(head, name="s", size=len(data), rows=3) is None
+
+
+FILE = _pyarrow_file(_table(60), sizes=(10, 20, 0, 30))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=8),
+    cut=st.none() | st.integers(0, len(FILE)),
+)
+def test_mutated_files_end_in_record_batches_or_one_clear_error(edits, cut):
+    """Whatever the bytes after the schema, the walk ends in record batches that lie inside
+    the file, in order, or a ``FlashfeedError``: never another exception."""
+    data = bytearray(FILE)
+    head = head_size(FILE[:16], name="s")
+    assert head is not None
+    for pos, value in edits:
+        data[head + pos % (len(data) - head)] = value
+    data = data[:cut] if cut is not None and cut > head else data
+    walk = start_walk(FILE[:head], name="s", size=len(data), rows=60)
+    assert walk is not None
+    try:
+        walk.advance(lambda lo, hi: bytes(data[lo:hi]), lambda lo, hi: hi <= len(data))
+    except FlashfeedError:
+        return
+    layout = walk.layout()
+    assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= len(data)
+    assert (np.diff(layout.rows) >= 0).all() and layout.num_rows <= 60
