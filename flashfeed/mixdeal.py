@@ -58,14 +58,14 @@ class WeightCurve:
     def inverse(self, s: int, y: np.ndarray) -> np.ndarray:
         """The first ``g`` where ``F_s(g) = y`` (inf where source ``s`` never gets there)."""
         f = self.f[:, s]
-        k = np.maximum(np.searchsorted(f, y, side="right") - 1, 0)
-        d = y - f[k]
+        # one piece (weights constant throughout): every pick in it, no lookup per pick
+        k = 0 if len(f) == 1 else np.maximum(np.searchsorted(f, y, side="right") - 1, 0)
+        d = np.asarray(y - f[k], dtype=np.float64)
         a, b = self.a[k, s], self.b[k, s]
         den = a + np.sqrt(np.maximum(a * a + 2 * b * d, 0.0))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            step = np.where(
-                den > 0, 2 * d / np.where(den > 0, den, 1.0), np.where(d > 0, np.inf, 0)
-            )
+        step = np.where(d > 0, np.inf, 0.0)  # where den is 0: never, or already there
+        pos = den > 0
+        step[pos] = 2 * d[pos] / den[pos]
         return np.asarray(self.x[k] + step)
 
     def owed(self, start: float, width: int, t: np.ndarray | float) -> np.ndarray:

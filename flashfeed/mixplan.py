@@ -107,6 +107,7 @@ class MixPlanner:
         if names != list(mixture.names):
             raise ValueError(f"source tables {names} do not match the mixture's {mixture.names}")
         self.mixture = mixture
+        self.digest = mixture.digest  # hashed once: deals and progress compare it
         self.tables = tuple(tables)
         self.options = options
         self.curve = WeightCurve(*mixture.knots())
@@ -218,13 +219,19 @@ class MixPlanner:
         """
         out, pos, cycle, segs = [], 0, cursor.cycle, cursor.segments
         while pos < hi:
-            n = self._cycle_len(s, epoch, cycle, topology, segs)
+            key = (s, epoch, cycle, topology, segs)
+            if not node and pos >= lo and key not in self._lengths:
+                # the whole cycle is read from its start: its plan says its length too
+                ids = self.cycle_plan(s, epoch, cycle, topology, rank, segs)
+                n = self._lengths[key] = len(ids)
+            else:
+                n, ids = self._cycle_len(s, epoch, cycle, topology, segs), None
             if n == 0 and not segs:
                 self._full_len(s, topology)  # says the source is too small
             if pos + n > lo:
                 if node:
                     ids = self._node_cycle(s, epoch, cycle, topology, rank, segs, n)
-                else:
+                elif ids is None:
                     ids = self.cycle_plan(s, epoch, cycle, topology, rank, segs)
                 out.append(ids[max(lo - pos, 0) : hi - pos])
             pos, cycle, segs = pos + n, cycle + 1, ()
@@ -281,7 +288,7 @@ class MixPlanner:
     def labels(self, progress: MixProgress) -> np.ndarray:
         """The source of each slot of ``progress``'s deal, from its first slot to the end of
         the epoch: the same on every rank."""
-        if progress.mixture != self.mixture.digest:
+        if progress.mixture != self.digest:
             raise ValueError("this deal ran under another mixture: settle() it first")
         key = self._key(progress)
         if key not in self._deals:
@@ -328,13 +335,20 @@ class MixPlanner:
         before = np.bincount(labels[:lo], minlength=len(self.tables))
         total = np.bincount(labels, minlength=len(self.tables))
         rest = labels[lo:]
-        ids = np.zeros(len(rest), np.int64)
+        # each source's picks end to end, then scattered to its slots (a stable sort of the
+        # slots by source lists them source by source, each in slot order): one pass, not
+        # a mask per source; sources as bytes where they fit, which numpy sorts by radix
+        parts = []
         for s, t in enumerate(self.tables):
             if total[s] == before[s]:
                 continue
             cur = progress.cursor(t.name)
             own = self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s])
-            ids[rest == s] = own + self.offsets[s]
+            parts.append(own + self.offsets[s])
+        ids = np.zeros(len(rest), np.int64)
+        if parts:
+            keys = rest.astype(np.uint8) if len(self.tables) <= 256 else rest
+            ids[np.argsort(keys, kind="stable")] = np.concatenate(parts)
         return MixRankPlan(ids, rest)
 
     def node_samples(self, progress: MixProgress, node_rank: int) -> np.ndarray:
@@ -380,7 +394,7 @@ class MixPlanner:
     def start(self, epoch: int, topology: Topology, epoch_start: int = 0) -> MixProgress:
         """The beginning of ``epoch``, trained after ``epoch_start`` samples in all."""
         cursors = tuple((t.name, Cursor()) for t in self.tables)
-        return MixProgress(epoch, epoch_start, 0, topology, cursors, self.mixture.digest)
+        return MixProgress(epoch, epoch_start, 0, topology, cursors, self.digest)
 
     def fresh(self, epoch: int, topology: Topology) -> MixProgress:
         """The beginning of ``epoch`` for a job that trained every earlier epoch whole under
@@ -416,4 +430,4 @@ class MixPlanner:
         ordered = tuple((t.name, cursors.get(t.name, Cursor())) for t in self.tables)
         start = progress.start + progress.consumed * old.world_size
         return MixProgress(progress.epoch, progress.epoch_start, start, topology, ordered,
-                           self.mixture.digest)  # fmt: skip
+                           self.digest)  # fmt: skip

@@ -16,14 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.mixplan import Cursor, MixPlanner, MixProgress
+from flashfeed.mixplan import Cursor, MixPlanner, MixProgress, MixRankPlan
 from flashfeed.plan import PlanOptions, RankPlan, Topology
 
 from .distributed import DistContext
 from .mixsource import MixtureDataset
 from .position import STATE_VERSION, _arrival_slices, _field, _segments
 
-__all__ = ["MixPosition"]
+__all__ = ["COUNT_AHEAD", "MixPosition"]
+
+#: batches whose samples per source ``MixPosition.source_counts`` counts at once
+COUNT_AHEAD = 64
 
 
 class MixPosition:
@@ -32,6 +35,7 @@ class MixPosition:
     _deal: MixProgress  # the deal, with the samples taken when it was last set
     _taken: int  # samples each rank took of the deal: advancing moves only this
     _sources: np.ndarray | None  # the source of each sample of this rank's share of the deal
+    _counted: dict[tuple[int, int], tuple[tuple[str, int], ...]]  # ``source_counts`` ahead
 
     def __init__(self, dataset: MixtureDataset, ctx: DistContext, options: PlanOptions) -> None:
         self.mix = dataset
@@ -41,7 +45,7 @@ class MixPosition:
         self._plan(options)
         self.progress = self.planner.start(0, ctx.topology)  # its deal; see ``consumed``
         self.changes: list[list[Any]] = []
-        self._memo: tuple[Any, RankPlan] | None = None
+        self._memo: tuple[Any, MixRankPlan] | None = None
 
     def _plan(self, options: PlanOptions) -> None:
         self.options = options
@@ -66,6 +70,7 @@ class MixPosition:
     def progress(self, value: MixProgress) -> None:
         self._deal, self._taken = value, value.consumed
         self._sources = None  # another deal: ``source_counts`` remakes it
+        self._counted = {}
 
     @property
     def consumed(self) -> int:
@@ -105,11 +110,15 @@ class MixPosition:
 
     def _share(self) -> np.ndarray:
         """This rank's whole share of the current deal, planned once per deal."""
+        return self._share_plan().samples
+
+    def _share_plan(self) -> MixRankPlan:
+        """``_share`` with the source of each sample."""
         key = (self.planner.deal_key(self._deal), self.ctx.rank)
         if self._memo is None or self._memo[0] != key:
             whole = replace(self._deal, consumed=0)
-            self._memo = (key, RankPlan(self.planner.rank_plan(whole, self.ctx.rank).samples))
-        return self._memo[1].samples
+            self._memo = (key, self.planner.rank_plan(whole, self.ctx.rank))
+        return self._memo[1]
 
     def remaining(self) -> np.ndarray:
         return self.rank_plan().samples
@@ -123,14 +132,32 @@ class MixPosition:
 
     def source_counts(self, samples: int) -> tuple[tuple[str, int], ...]:
         """Samples per source among the next ``samples`` of the plan (what a batch that the
-        loader checked against its pass order holds), for the statistics."""
+        loader checked against its pass order holds), for the statistics. Counted for the
+        next ``COUNT_AHEAD`` batches of that size at once (one ``np.bincount``), not per batch."""
+        if samples <= 0:
+            return ()
+        key = (self._taken, samples)
+        got = self._counted.get(key)
+        if got is None:
+            self._count_ahead(samples)
+            got = self._counted[key]
+        return got
+
+    def _count_ahead(self, samples: int) -> None:
         if self._sources is None:  # once per deal (the progress setter drops it), not per batch
             self.rank_plan()  # checks the samples taken against the share
-            small = np.uint8 if len(self.mix.names) <= 255 else np.int32
-            self._sources = self.source_of(self._share()).astype(small)
-        at = self._sources[self._taken : self._taken + samples]
-        counts = np.bincount(at, minlength=len(self.mix.names)).tolist()
-        return tuple((n, c) for n, c in zip(self.mix.names, counts, strict=True) if c)
+            self._sources = self._share_plan().sources  # the source of each sample
+        names, width = self.mix.names, len(self.mix.names)
+        at = self._sources[self._taken : self._taken + COUNT_AHEAD * samples]
+        rows = max(-(-len(at) // samples), 1)  # the last may be short: the share's end
+        cell = np.repeat(np.arange(rows, dtype=np.int64) * width, samples)[: len(at)] + at
+        counts = np.bincount(cell, minlength=rows * width).reshape(rows, width).tolist()
+        self._counted = {
+            (self._taken + i * samples, samples): tuple(
+                (n, c) for n, c in zip(names, row, strict=True) if c
+            )
+            for i, row in enumerate(counts)
+        }
 
     def state_dict(self) -> dict[str, Any]:
         p, t = self.progress, self.topology

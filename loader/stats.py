@@ -109,10 +109,14 @@ class StatsRecorder:
         for kind in WAIT_KINDS:
             self.waits[kind] += getattr(timing, kind)
         self.step_time += timing.step
+        sources = self.sources
         for name, n in timing.sources:
-            src = self.sources.setdefault(name, {"samples": 0, "storage_s": 0.0})
+            src = sources.get(name)
+            if src is None:
+                src = sources[name] = {"samples": 0, "storage_s": 0.0}
             src["samples"] += n
-            src["storage_s"] += timing.storage * n / max(timing.samples, 1)
+            if timing.storage:  # most batches waited on nothing: no sum to add
+                src["storage_s"] += timing.storage * n / max(timing.samples, 1)
         if timing.sources and self.exporter is not None:
             self.exporter.set_sources(
                 {k: int(v["samples"]) for k, v in self.sources.items()},

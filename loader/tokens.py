@@ -31,7 +31,6 @@ from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from flashfeed.dataset import Dataset
@@ -48,6 +47,7 @@ from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
 from .segments import DOC_OUTPUTS, Segments, document_outputs
+from .tokenrows import RowTable
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -114,6 +114,7 @@ class TokenLoader(PlannedLoader):
         sources = len(self.dataset.names) if isinstance(self.dataset, MixtureDataset) else 1
         self.max_open = max_open or default_max_open(sources, parts.options.window)
         self._views: OrderedDict[int, _OpenShard] = OrderedDict()
+        self._rows: RowTable | None = None  # of the open shards: remade when they change
         self._scratch: dict[str, np.ndarray] = {}
         #: column -> row shape, type and the shard that set them (``_check_row_types``)
         self._row_types: dict[str, tuple[tuple[int, ...], np.dtype, str]] = {}
@@ -128,12 +129,14 @@ class TokenLoader(PlannedLoader):
                 _check_shared_offsets(got.view)
                 self._check_row_types(got.view)
                 got.landed()
+                self._rows = None  # its record batches may have moved on: table them again
             if got.view.stale:  # its fill ended without them (failed): the cache's next word
                 del self._views[shard]
                 got = None
         if got is not None:
             self._views.move_to_end(shard)
             return got
+        self._rows = None
         view = self._open_view(shard)
         if view.num_rows != self.dataset.shards[shard].samples:
             raise ValueError(
@@ -202,10 +205,11 @@ class TokenLoader(PlannedLoader):
         mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``."""
         sl = shards.tolist()
         opened = self._open_all(dict.fromkeys(sl))
-        if not any(o.several for o in opened.values()):
+        table = self._row_table(opened)
+        if not table.several:
             at = list(zip(sl, itertools.repeat(0), rows.tolist()))
         else:  # some shard holds several record batches: (shard, record batch, row in it)
-            chunks, inner = _locate(opened, shards, rows)
+            chunks, inner = table.locate(shards, rows)
             at = list(zip(sl, chunks.tolist(), inner.tolist(), strict=True))
         out: dict[str, Any] = {}
         narrow: dict[str, np.ndarray] = {}
@@ -221,7 +225,7 @@ class TokenLoader(PlannedLoader):
                 np.copyto(buf, rows_at, casting="unsafe")  # (tokens: with the outputs)
             out[col] = buf
             narrow[col] = rows_at
-        keys = _keys(opened, sl, at, rows)
+        keys = table.keys(sl, rows)
         if self.outputs:
             seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
             tokens = narrow["tokens"]
@@ -233,6 +237,15 @@ class TokenLoader(PlannedLoader):
             )  # fmt: skip
             out.update(docs)  # type: ignore[arg-type]
         return out, keys
+
+    def _row_table(self, opened: dict[int, _OpenShard]) -> RowTable:
+        """The ``RowTable`` of every open shard (they hold ``opened``), kept until a shard
+        opens; of ``opened`` alone when it holds more than ``max_open`` shards."""
+        if len(opened) > self.max_open:
+            return RowTable(opened)
+        if self._rows is None:
+            self._rows = RowTable(self._views)
+        return self._rows
 
     def _narrow(self, col: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """Column ``col``'s rows at the stored width, then widened into the batch buffer:
@@ -349,7 +362,7 @@ class _OpenShard:
         self._starts = view.starts
         #: several record batches (else every row is in record batch 0 at its own number)
         self.several = len(view.starts) > 1
-        #: ``(shard << 32) + first row`` of each record batch, and its number (``_locate``)
+        #: ``(shard << 32) + first row`` of each record batch, and its number (``RowTable``)
         firsts = np.asarray(view.starts if len(view.starts) else [0], np.int64)
         self.firsts = (np.int64(self.shard) << 32) + firsts
         self.numbers = np.arange(len(firsts), dtype=np.int64)
@@ -388,19 +401,6 @@ class _OpenShard:
         return chunks[0].offsets, table
 
 
-def _locate(
-    opened: dict[int, _OpenShard], shards: np.ndarray, rows: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's record batch and row in it: one ``np.searchsorted`` of ``(shard << 32) +
-    row`` in the first rows of the record batches of the batch's shards, in shard order."""
-    order = sorted(opened)
-    firsts = np.concatenate([opened[s].firsts for s in order])
-    numbers = np.concatenate([opened[s].numbers for s in order])
-    at = (shards.astype(np.int64) << 32) + rows
-    i = np.searchsorted(firsts, at, side="right") - 1
-    return numbers[i], at - firsts[i]
-
-
 def _gather_segments(
     opened: dict[int, _OpenShard], at: list[tuple[int, int, int]], *, with_starts: bool
 ) -> Segments:
@@ -416,24 +416,6 @@ def _gather_segments(
     return Segments(counts, seg[:, 0], seg[:, 1], seg[:, 2] if with_starts else None)
 
 
-def _keys(
-    opened: dict[int, _OpenShard], shards: list[int], at: list[tuple[int, int, int]],
-    rows: np.ndarray,
-) -> list[str]:  # fmt: skip
-    """``<shard>/<key>`` of each row: the shard's ``__key__`` column, else the row number."""
-    names = {s: o.view.name + "/" for s, o in opened.items()}
-    if all(o.view.keys is None for o in opened.values()):
-        return [names[s] + str(r) for s, r in zip(shards, rows.tolist(), strict=True)]
-    where: dict[int, list[int]] = {}
-    for p, s in enumerate(shards):
-        where.setdefault(s, []).append(p)
-    keys = [""] * len(shards)
-    for s, pos in where.items():
-        for p, key in zip(pos, _row_keys(opened[s].view, rows[pos]), strict=True):
-            keys[p] = names[s] + str(key)
-    return keys
-
-
 def _check_shared_offsets(view: ArrowShardView) -> None:
     """The document columns of a shard hold one entry per segment each: the same offsets
     (``_gather_segments`` indexes them all with one index)."""
@@ -446,13 +428,6 @@ def _check_shared_offsets(view: ArrowShardView) -> None:
                     f"shard {view.name}: column {name!r} does not hold one entry per segment "
                     "of 'doc_lens' (their row lengths differ)"
                 )
-
-
-def _row_keys(view: ArrowShardView, rows: np.ndarray) -> list[str]:
-    """The keys of ``rows``: the shard's ``__key__`` column, else the row number."""
-    if view.keys is None:
-        return [str(r) for r in rows.tolist()]
-    return [str(k) for k in view.keys.take(pa.array(rows)).to_pylist()]
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
