@@ -14,8 +14,8 @@ a stage run in interleaved rounds whose order rotates every round):
   loader   flashfeed vs plain DALI vs wds+PIL vs wds+DALI vs ImageFolder vs the decode
            ceiling (the Loader's pipeline fed from RAM), tokens   (loaderbench)
   coldstart first epoch from S3 vs local disk and cold peers, the suite's small shards
-  targets  issue #18's targets on 64/128 MiB ShardWriter shards, litdata and mosaic cold
-           from S3                                                (targets, .bench-venv)
+  targets  issues #18/#28's targets on 100 MiB ShardWriter shards: DALI's own reader, start-up
+           (local, S3 empty cache), litdata and mosaic cold from S3 (targets, .bench-venv)
   peers    litdata and mosaicml-streaming beside flashfeed       (peers, .bench-venv)
   stalls   stall fractions over time, cold cache from S3          (stalls)
   plan     open + rank-local plan cost up to 10^6 shards, eviction curve  (planbench)

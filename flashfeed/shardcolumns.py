@@ -40,6 +40,27 @@ def bool_numpy(arr: pa.Array) -> np.ndarray:
     return np.unpackbits(bits, bitorder="little")[arr.offset : arr.offset + len(arr)].astype(bool)
 
 
+def list_lengths(arr: pa.Array) -> np.ndarray:
+    """Entries per row of a list array as int64, -1 for a null row, read from its offsets
+    (``pc.fill_null`` with a Python value and ``to_numpy`` import pandas)."""
+    n = len(arr)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1, offset=arr.offset * 4)
+    lengths = np.diff(offsets).astype(np.int64)
+    if arr.null_count:
+        lengths[~bool_numpy(arr.is_valid())] = -1
+    return lengths
+
+
+def int32_min(arr: pa.Array) -> int | None:
+    """The least non-null value of an int32 array (None if it has none), without pandas."""
+    values = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=len(arr), offset=arr.offset * 4)
+    if arr.null_count:
+        values = values[bool_numpy(arr.is_valid())]
+    return int(values.min()) if len(values) else None
+
+
 def arrow_int64(a: np.ndarray) -> pa.Array:
     a = np.ascontiguousarray(a, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(a)])
@@ -127,7 +148,7 @@ def checked_per_sample(
         arr.validate(full=True)
     except pa.ArrowInvalid as exc:
         raise ManifestError(f"{source}: shard table column {name!r} is malformed ({exc})") from None
-    lengths = pc.fill_null(pc.list_value_length(arr), -1).to_numpy(zero_copy_only=False)
+    lengths = list_lengths(arr)
     bad = (lengths != samples) & (lengths != -1)
     if bad.any():
         row = int(np.argmax(bad))
@@ -151,8 +172,8 @@ def check_image_sizes(
     out = []
     for c in SIZE_COLUMNS:
         arr = checked_per_sample(table, c, SIZE_TYPE, samples, source)
-        values = arr.values
-        if len(values) and pc.min(values).as_py() < 0:
+        low = int32_min(arr.flatten()) if len(arr) else None
+        if low is not None and low < 0:
             raise ManifestError(f"{source}: shard table column {c!r} holds a negative size")
         out.append(arr)
     return out[0], out[1]

@@ -169,9 +169,15 @@ class ShardReader:
 
     def label(self, shard: int, key: str, ext: str, data: np.ndarray) -> np.ndarray:
         """A label member as an int64 scalar; unparsable is a ``CorruptShardError``."""
+        raw = data.tobytes()
+        if ext == "cls":  # the common case, without a message built per sample
+            try:
+                return np.array(int(raw), dtype=np.int64)
+            except ValueError:
+                pass  # parse_label says why, naming the sample
         where = f"shard {self.shard_names[shard]} sample {key!r}"
         try:
-            label = parse_label(data.tobytes(), ext, where=where)
+            label = parse_label(raw, ext, where=where)
         except ValueError as exc:
             raise CorruptShardError(str(exc)) from None
         return np.array(label, dtype=np.int64)
@@ -217,6 +223,9 @@ class BatchSource:
         self._shapes: np.ndarray | None = None
         self.batch_size = batch_size
         self.specs = specs
+        #: per field, once (``FieldSpec``'s kinds are properties that scan its extensions):
+        #: "video", "label" (one parsed label), "bytes" (handed on as read) or "other"
+        self._kinds = tuple(_kind(s) for s in specs)
         self.text = text
         self.pass_dir = pass_dir
         self._epoch = -1
@@ -250,6 +259,7 @@ class BatchSource:
         per_field: list[list[Any]] = [[] for _ in self.specs]
         key_col: list[np.ndarray] = []
         per = self.clips.clips_per_video if self.clips is not None else 1
+        kinds = self._kinds
         for shard, row in zip(
             self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist(), strict=True
         ):
@@ -257,12 +267,16 @@ class BatchSource:
             key, picked = self.reader.picked(shard, row // per, self.specs)
             key = clip_key(key, row % per, per)
             name = self.reader.name(shard)
-            for spec, got, col in zip(self.specs, picked, per_field, strict=True):
-                if spec.is_video:
+            for spec, kind, got, col in zip(self.specs, kinds, picked, per_field, strict=True):
+                if kind == "bytes" and got is not None:
+                    col.append(got[1])
+                elif kind == "label" and got is not None:
+                    col.append(self.reader.label(shard, key, *got))
+                elif kind == "video":
                     at = lo + len(key_col)
                     col.append(self._clip(spec, got, shard, key, at, row % per))
-                    continue
-                col.append(self._value(spec, got, shard, key))
+                else:
+                    col.append(self._value(spec, got, shard, key))
             key_col.append(key_bytes(name, key))
         cols: list[Any] = []
         for spec, values in zip(self.specs, per_field, strict=True):
@@ -319,6 +333,15 @@ class BatchSource:
         if spec.is_text:
             return decode_text(data, ext, where=f"{where} field {spec.name!r}")
         return data
+
+
+def _kind(spec: FieldSpec) -> str:
+    """How ``BatchSource`` hands on a present field: see ``BatchSource._kinds``."""
+    if spec.is_video:
+        return "video"
+    if spec.is_label:
+        return "label"
+    return "bytes" if spec.is_bytes else "other"
 
 
 def pass_path(pass_dir: str, epoch: int) -> str:

@@ -226,7 +226,7 @@ def test_plan_cost_and_eviction_curve_at_small_sizes() -> None:
 def test_suite_profiles_and_corpus_subset(tmp_path: Path) -> None:
     suite = _load("suite")
     assert suite.QUICK.scales[0] == 1 and suite.FULL.rounds >= 5
-    assert suite.FULL.min_seconds >= 5 and suite.FULL.targets_shard_mib == "64,128"
+    assert suite.FULL.min_seconds >= 5 and suite.FULL.targets_shard_mib == "100"
     corpus = tmp_path / "corpus"
     for i in range(6):
         f = corpus / f"class_{i % 2:03d}" / f"img_{i:07d}.jpg"

@@ -3,7 +3,10 @@ report: tests/monitor/test_report.py)."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
 import sys
 import urllib.request
 
@@ -106,3 +109,34 @@ def test_stats_break_startup_down_up_to_the_first_batch(tmp_path):
             pass
         assert loader.stats()["startup"] == startup
         loader.close()
+
+
+_FIRST_BATCH_IMPORTS = """
+import json, sys
+from flashfeed.loader import Loader
+loader = Loader(sys.argv[1], batch_size=8, image_size=16, device="cpu")
+it = iter(loader)
+batch = next(it)
+print(json.dumps({"keys": len(batch["__key__"]), "pandas": "pandas" in sys.modules,
+                  "sizes": loader.dataset.manifest.table.has_image_sizes}))
+it.close()
+loader.close()
+"""
+
+
+def test_the_way_to_the_first_batch_does_not_import_pandas(tmp_path):
+    # pyarrow imports pandas on the first to_numpy() or Python scalar: about a second of a
+    # fresh process's start-up, for a loader that never uses it. A dataset adopted with
+    # `flashfeed index` has the per-sample image size columns the shard table checks.
+    from flashfeed.indexer import index_dataset
+
+    prefix = str(tmp_path / "ds")
+    make_image_dataset(prefix, [12, 12], size=16)
+    os.remove(os.path.join(prefix, "manifest.json"))
+    index_dataset(prefix, workers=1)
+    run = subprocess.run(
+        [sys.executable, "-c", _FIRST_BATCH_IMPORTS, prefix],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got == {"keys": 8, "pandas": False, "sizes": True}, run.stderr[-2000:]
