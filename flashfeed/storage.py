@@ -5,6 +5,9 @@ Every byte flashfeed reads or writes goes through these functions. URLs are fssp
 standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``; read in one place,
 ``S3Options.parse``) or from ``storage_options``, parsed once into one ``S3Options``.
+Reads of an endpoint given by URL go as signed GETs of flashfeed's own (``signed_object``)
+where a plain GET carries the options: s3fs and its AWS client libraries (about a second to
+import) are loaded only where something needs them.
 """
 
 from __future__ import annotations
