@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from flashfeed import storage
 from flashfeed.storage import S3Options, s3_options_of
 
 from .rangedbody import Body, RangedObject, RangedReader, as_oserror
@@ -40,7 +41,9 @@ __all__ = [
     "SignedObject",
     "open_reader",
     "reader_for",
+    "reader_for_url",
     "register_backend",
+    "signed_endpoint",
     "warm_client",
 ]
 
@@ -162,6 +165,14 @@ class _BotoBody:
 _ENDPOINTS: dict[S3Options, Endpoint | None] = {}
 
 
+def signed_endpoint(options: S3Options) -> Endpoint | None:
+    """The endpoint signed GETs of our own reach with these options (built once a
+    process), or None where they cannot stand in for s3fs (``Endpoint.build``)."""
+    if not options.plain_gets:
+        return None
+    return _endpoint(options)
+
+
 def _endpoint(options: S3Options) -> Endpoint | None:
     with _LOCK:
         if options not in _ENDPOINTS:
@@ -238,6 +249,20 @@ def reader_for(fs: Any, path: str, *, connections: int) -> RangedReader | None:
     options."""
     backend, reader = open_reader(fs, path, connections=connections)
     return reader if backend.lean else None
+
+
+def reader_for_url(
+    url: str, storage_options: dict[str, Any] | None, *, connections: int
+) -> RangedReader | None:
+    """``reader_for`` of an ``s3://`` URL; where signed GETs of our own read it (the first
+    backend of the table), no s3fs filesystem is made (importing s3fs and its AWS client
+    libraries costs about a second of a cold start)."""
+    if BACKENDS and BACKENDS[0].name == "signed":
+        found = storage.signed_object(url, storage_options)
+        if found is not None:
+            return found
+    fs, path = storage.filesystem(url, storage_options)
+    return reader_for(fs, path, connections=connections)
 
 
 def warm_client(fs: Any, *, connections: int) -> threading.Thread | None:

@@ -22,7 +22,7 @@ from flashfeed.manifest import ShardInfo
 from flashfeed.units import format_size
 from flashfeed.wdsindex import parse_index
 
-from .directget import RangedReader, reader_for
+from .directget import RangedReader, reader_for_url
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
 from .locks import locked
@@ -165,8 +165,11 @@ def _fetch_to(
     priority: PartPriority | None = None,
 ) -> FetchReport:
     url = dataset.shard_url(info)
-    fs, path = storage.filesystem(url, opts)
-    direct = _direct(url, fs, path, fetcher) if info.bytes > 0 else None
+    direct = _direct(url, opts, fetcher) if info.bytes > 0 else None
+    fs: Any = None  # only where no lean reader reads it: making one imports s3fs
+    path = ""
+    if direct is None:
+        fs, path = storage.filesystem(url, opts)
     chunk = min(CHUNK, fetcher.part_size)
 
     def landed(start: int, end: int) -> None:
@@ -221,10 +224,10 @@ def _fetch_to(
         hasher.drop_pending()
 
 
-def _direct(url: str, fs: Any, path: str, fetcher: RangedFetcher) -> RangedReader | None:
+def _direct(url: str, opts: dict[str, Any] | None, fetcher: RangedFetcher) -> RangedReader | None:
     if not url.startswith(("s3://", "s3a://")):
         return None
-    return reader_for(fs, path, connections=fetcher.limit.maximum)
+    return reader_for_url(url, opts, connections=fetcher.limit.maximum)
 
 
 def _fetch_index(
@@ -235,9 +238,12 @@ def _fetch_index(
     opts: dict[str, Any] | None,
     report: FetchReport,
 ) -> bytes:
-    fs, path = storage.filesystem(url, opts)
-    direct = _direct(url, fs, path, fetcher)
-    read = direct.read if direct is not None else lambda: fs.cat_file(path)
+    direct = _direct(url, opts, fetcher)
+    if direct is not None:
+        read = direct.read
+    else:
+        fs, path = storage.filesystem(url, opts)
+        read = lambda: fs.cat_file(path)  # noqa: E731
     try:
         data = fetcher.call(read, report, gated=False)
         return data if isinstance(data, bytes) else bytes(data)

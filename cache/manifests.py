@@ -69,16 +69,10 @@ def store_version_tag(
     the store gives none. ``FileNotFoundError`` when nothing is committed at ``url``;
     ``StorageError`` when the store does not answer or refuses the credentials."""
     murl = manifest_url(url)
-    fs, path = storage.filesystem(murl, storage_options)
-
-    def op() -> Any:
-        fs.invalidate_cache(path)
-        return fs.info(path)
-
-    info = storage.call(
-        op, url=murl, what="check the version of", storage_options=storage_options, retry=retry
+    info = storage.head(
+        murl, storage_options=storage_options, retry=retry, what="check the version of"
     )
-    tag = info.get("ETag") or info.get("etag") if isinstance(info, dict) else None
+    tag = info.get("ETag") or info.get("etag")
     return str(tag) if tag else None
 
 

@@ -26,7 +26,7 @@ from flashfeed.units import format_size, parse_size
 from .ahead import FetchAhead
 from .aimd import AdaptiveLimit
 from .copies import ShardCopies
-from .directget import warm_client
+from .directget import signed_endpoint, warm_client
 from .errors import CacheCapacityError
 from .handle import CacheHandle
 from .hints import ReadHints
@@ -184,9 +184,10 @@ class ShardCache:
         if not dataset.url.startswith(("s3://", "s3a://")):
             return
         opts = self.storage_options
-        fs, _ = storage.filesystem(
-            dataset.url, opts if opts is not None else dataset.storage_options
-        )
+        opts = opts if opts is not None else dataset.storage_options
+        if signed_endpoint(storage.S3Options.parse(opts)) is not None:
+            return  # signed GETs of our own: no client to set up (and no s3fs to import)
+        fs, _ = storage.filesystem(dataset.url, opts)
         warm_client(fs, connections=self.limit.maximum)
 
     def _resolve(self, dataset: Dataset, shard: int | ShardInfo) -> tuple[DatasetDir, int]:

@@ -5,6 +5,9 @@ Every byte flashfeed reads or writes goes through these functions. URLs are fssp
 standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_DEFAULT_REGION``; read in one place,
 ``S3Options.parse``) or from ``storage_options``, parsed once into one ``S3Options``.
+Reads of an endpoint given by URL go as signed GETs of flashfeed's own (``signed_object``)
+where a plain GET carries the options: s3fs and its AWS client libraries (about a second to
+import) are loaded only where something needs them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "exists",
     "filesystem",
     "frozen_options",
+    "head",
     "is_local",
     "is_transient",
     "join",
@@ -40,6 +44,7 @@ __all__ = [
     "read_bytes",
     "redact",
     "s3_options_of",
+    "signed_object",
     "size",
     "write_bytes",
 ]
@@ -202,6 +207,47 @@ def call(
 # --- operations --------------------------------------------------------------------------
 
 
+def signed_object(url: str, storage_options: dict[str, Any] | None = None) -> Any | None:
+    """The object at an ``s3://`` URL read with signed GETs of our own (``cache/signedget``:
+    no s3fs, no botocore imported), or None where they cannot stand in for s3fs (local
+    URLs, no endpoint URL, options that change a request: ``directget.signed_endpoint``).
+    Its errors are the ones s3fs raises."""
+    protocol, path = split_protocol(url)
+    if protocol not in ("s3", "s3a") or "/" not in path.strip("/"):
+        return None
+    if ".." in path.split("/"):
+        filesystem(url, storage_options)  # raises its clear error
+    from flashfeed.cache.directget import signed_endpoint
+    from flashfeed.cache.signedget import SignedObject
+
+    endpoint = signed_endpoint(S3Options.parse(storage_options))
+    return None if endpoint is None else SignedObject(endpoint, path)
+
+
+def head(
+    url: str,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
+    what: str = "look up",
+) -> dict[str, Any]:
+    """The object's metadata as the store gives it now (never a listing cache): at least
+    ``size`` and, on S3, ``ETag`` (None when the store gives none). One HEAD request."""
+    signed = signed_object(url, storage_options)
+    if signed is not None:
+        return call(signed.info, url=url, what=what, storage_options=storage_options, retry=retry)
+    fs, path = filesystem(url, storage_options)
+
+    def op() -> dict[str, Any]:
+        if not is_local(url):
+            fs.invalidate_cache(path)
+        info = dict(fs.info(path))
+        info.setdefault("ETag", info.get("etag"))
+        return info
+
+    return call(op, url=url, what=what, storage_options=storage_options, retry=retry)
+
+
 def read_bytes(
     url: str,
     *,
@@ -210,6 +256,14 @@ def read_bytes(
     storage_options: dict[str, Any] | None = None,
 ) -> bytes:
     """The object's bytes, or the range ``[start, end)``."""
+    signed = signed_object(url, storage_options)
+    if signed is not None:
+        return call(
+            lambda: _signed_read(signed, start, end),
+            url=url,
+            what="read",
+            storage_options=storage_options,
+        )
     fs, path = filesystem(url, storage_options)
 
     def op() -> bytes:
@@ -218,6 +272,17 @@ def read_bytes(
         return fs.cat_file(path, start=start, end=end)
 
     return call(op, url=url, what="read", storage_options=storage_options)
+
+
+def _signed_read(obj: Any, start: int | None, end: int | None) -> bytes:
+    if start is None and end is None:
+        return bytes(obj.read())
+    lo, hi = start or 0, end
+    if hi is None or hi < 0 or lo < 0:  # to or from the end, as s3fs reads them
+        total = obj.size()
+        hi = total if hi is None else (total + hi if hi < 0 else hi)
+        lo = total + lo if lo < 0 else lo
+    return b"" if hi <= lo else bytes(obj.read_range(lo, hi))
 
 
 def exists(url: str, *, storage_options: dict[str, Any] | None = None) -> bool:

@@ -266,7 +266,7 @@ def test_disk_full_mid_fill_is_a_clear_error_and_changes_nothing(
 
     # the s3fs path writes each part with pwrite (the direct path reads into space that
     # posix_fallocate already reserved, so it cannot meet ENOSPC mid-fill)
-    monkeypatch.setattr(fill_module, "reader_for", lambda *a, **kw: None)
+    monkeypatch.setattr(fill_module, "reader_for_url", lambda *a, **kw: None)
     with ShardCache(root, capacity="4MiB", part_size="64KiB", concurrency=1) as cache:
         cache.get(ds, 1)
         monkeypatch.setattr(fill_module, "_pwrite_all", full_disk)
