@@ -16,13 +16,13 @@ import pytest
 from flashfeed import storage
 from flashfeed.arrowlayout import head_size, read_layout
 from flashfeed.arrowshard import open_arrow, write_arrow
-from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
 from flashfeed.loader import DOC_OUTPUTS, TokenLoader
 from flashfeed.retry import RetryPolicy
 
 from support.loader_helpers import make_token_dataset
+from support.token_cold import assert_cold_resume_is_exact, cold_cache, rows_of
 from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents
 
 SIZES = [600, 520, 560]  # rows of 64 int32 tokens: 256 bytes a row, 64 rows a record batch
@@ -36,22 +36,6 @@ def _both(s3_prefix: str, tmp_path) -> str:
     for prefix in (s3_prefix, local):
         make_token_dataset(prefix, SIZES, seq_len=SEQ, batch_bytes=BATCH_BYTES)
     return local
-
-
-def _cold(prefix, proxy, tmp_path, *, name="cache", delay=0.05, retry=None, part="16KiB"):
-    proxy.delay = delay
-    ds = Dataset.open(prefix, storage_options={"endpoint_url": proxy.endpoint})
-    retry = retry or RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, deadline=10)
-    # one 16 KiB part at a time: a shard of ~150 KiB takes ten delayed GETs to land
-    cache = ShardCache(
-        str(tmp_path / name), capacity=1 << 30, retry=retry, part_size=part, concurrency=1
-    )
-    return ds, cache
-
-
-def _rows(batches) -> tuple[list[str], np.ndarray]:
-    keys = [k for b in batches for k in b["__key__"]]
-    return keys, np.concatenate([b["tokens"].numpy() for b in batches])
 
 
 def test_shards_are_written_in_record_batches_their_schema_locates():
@@ -81,7 +65,7 @@ def test_shards_are_written_in_record_batches_their_schema_locates():
 
 def test_first_batch_is_served_before_its_shard_has_landed(s3_prefix, proxy, tmp_path):
     local = _both(s3_prefix, tmp_path)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path)
+    ds, cache = cold_cache(s3_prefix, proxy, tmp_path)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
     it = iter(loader)
     first = next(it)
@@ -96,8 +80,8 @@ def test_first_batch_is_served_before_its_shard_has_landed(s3_prefix, proxy, tmp
     assert np.array_equal(first["tokens"].numpy(), expected["tokens"].numpy())
     rest = list(it)
     assert loader.stats()["readahead"]["batches_served_while_arriving"] >= 1
-    keys, rows = _rows([first, *rest])
-    local_keys, local_rows = _rows(list(TokenLoader(local, batch_size=8, shuffle=False)))
+    keys, rows = rows_of([first, *rest])
+    local_keys, local_rows = rows_of(list(TokenLoader(local, batch_size=8, shuffle=False)))
     assert keys == local_keys and np.array_equal(rows, local_rows)
     assert all(cache.contains(ds, i) for i in range(len(SIZES)))  # landed, verified, kept
     loader.close()
@@ -106,11 +90,11 @@ def test_first_batch_is_served_before_its_shard_has_landed(s3_prefix, proxy, tmp
 
 def test_cold_shuffled_epoch_equals_the_local_epoch(s3_prefix, proxy, tmp_path):
     local = _both(s3_prefix, tmp_path)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.02)
+    ds, cache = cold_cache(s3_prefix, proxy, tmp_path, delay=0.02)
     cold = list(TokenLoader(ds, batch_size=8, cache=cache, seed=5, window=2, outputs=()))
     hot = list(TokenLoader(local, batch_size=8, seed=5, window=2))
-    keys, rows = _rows(cold)
-    local_keys, local_rows = _rows(hot)
+    keys, rows = rows_of(cold)
+    local_keys, local_rows = rows_of(hot)
     assert keys == local_keys and len(set(keys)) == len(keys) == (sum(SIZES) // 8) * 8
     assert np.array_equal(rows, local_rows)
     cache.close()
@@ -118,24 +102,7 @@ def test_cold_shuffled_epoch_equals_the_local_epoch(s3_prefix, proxy, tmp_path):
 
 def test_resume_mid_epoch_from_a_cold_cache_is_exact(s3_prefix, proxy, tmp_path):
     local = _both(s3_prefix, tmp_path)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.02)
-    loader = TokenLoader(ds, batch_size=8, cache=cache, seed=2, window=2)
-    it = iter(loader)
-    head = [next(it) for _ in range(23)]
-    state = loader.state_dict()
-    it.close()
-    loader.close()
-    cache.close()
-    # a new job on an empty cache again: the rest streams from the store
-    ds2, cache2 = _cold(s3_prefix, proxy, tmp_path, name="cache2", delay=0.02)
-    again = TokenLoader(ds2, batch_size=8, cache=cache2, seed=2, window=2)
-    again.load_state_dict(state)
-    tail = list(again)
-    keys, rows = _rows(head + tail)
-    local_keys, local_rows = _rows(list(TokenLoader(local, batch_size=8, seed=2, window=2)))
-    assert keys == local_keys and np.array_equal(rows, local_rows)
-    again.close()
-    cache2.close()
+    assert_cold_resume_is_exact(s3_prefix, proxy, tmp_path, local, head=23, part="16KiB")
 
 
 def test_a_shard_truncated_on_the_store_fails_in_one_line_and_leaves_no_entry(
@@ -147,7 +114,7 @@ def test_a_shard_truncated_on_the_store_fails_in_one_line_and_leaves_no_entry(
     data = storage.read_bytes(url)
     storage.write_bytes(url, data[: len(data) // 2])  # cut after the manifest was committed
     fast = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, deadline=5)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.02, retry=fast)
+    ds, cache = cold_cache(s3_prefix, proxy, tmp_path, delay=0.02, retry=fast)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
     got = 0
     with pytest.raises(FlashfeedError) as err:
@@ -163,7 +130,7 @@ def test_a_shard_truncated_on_the_store_fails_in_one_line_and_leaves_no_entry(
     cache.close()
 
 
-def test_a_dataset_without_a_layout_in_one_record_batch_a_shard_loads_cold(
+def test_a_dataset_without_a_layout_in_one_record_batch_a_shard_loadscold_cache(
     s3_prefix, proxy, tmp_path
 ):
     """As flashfeed wrote Arrow shards before the layout: the walk of its messages finds the
@@ -171,10 +138,10 @@ def test_a_dataset_without_a_layout_in_one_record_batch_a_shard_loads_cold(
     local = str(tmp_path / "local")
     for prefix in (s3_prefix, local):  # one record batch a shard, nothing recorded
         make_token_dataset(prefix, SIZES, seq_len=SEQ, batch_bytes=None)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.02)
+    ds, cache = cold_cache(s3_prefix, proxy, tmp_path, delay=0.02)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
-    keys, rows = _rows(list(loader))
-    local_keys, local_rows = _rows(list(TokenLoader(local, batch_size=8, shuffle=False)))
+    keys, rows = rows_of(list(loader))
+    local_keys, local_rows = rows_of(list(TokenLoader(local, batch_size=8, shuffle=False)))
     assert keys == local_keys and np.array_equal(rows, local_rows)
     assert all(cache.contains(ds, i) for i in range(len(SIZES)))
     loader.close()
@@ -187,7 +154,7 @@ def test_cold_document_outputs_equal_the_local_ones(s3_prefix, proxy, tmp_path):
     local = str(tmp_path / "local")
     for prefix in (s3_prefix, local):  # record batches of 7 rows, a few KiB each
         make_doc_token_dataset(prefix, docs, tok, seq_len=SEQ, docs_per_shard=60, chunk_rows=7)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.05, part="4KiB")
+    ds, cache = cold_cache(s3_prefix, proxy, tmp_path, delay=0.05, part="4KiB")
     loader = TokenLoader(ds, batch_size=4, cache=cache, shuffle=False, outputs=DOC_OUTPUTS)
     cold = list(loader)
     hot = list(TokenLoader(local, batch_size=4, shuffle=False, outputs=DOC_OUTPUTS))
@@ -262,7 +229,7 @@ def test_a_layout_whose_rows_disagree_with_a_batch_fails_naming_it(s3_prefix, pr
     schema = {"tokens": f"fixed_size_list<int32>[{SEQ}]", "__key__": "string"}
     manifest = Manifest(name="lie", shard_format="arrow", schema=schema, shards=(info,))
     commit_manifest(s3_prefix, manifest)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.05, part="4KiB")
+    ds, cache = cold_cache(s3_prefix, proxy, tmp_path, delay=0.05, part="4KiB")
     loader = TokenLoader(ds, batch_size=4, cache=cache, shuffle=False)
     with pytest.raises(CorruptShardError, match="record batch 0 holds 20 rows, its layout says 15"):
         list(loader)

@@ -18,7 +18,6 @@ import pytest
 
 from flashfeed import storage
 from flashfeed.arrowlayout import head_size
-from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
 from flashfeed.ipcwalk import start_walk
@@ -27,6 +26,7 @@ from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.retry import RetryPolicy
 from flashfeed.shardio import shard_name
 
+from support.token_cold import assert_cold_resume_is_exact, cold_cache, rows_of
 from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents
 
 SEQ = 64  # int32 tokens: 256 bytes a row
@@ -73,20 +73,9 @@ def _both(s3_prefix: str, tmp_path, **kw) -> str:
     return local
 
 
-def _cold(prefix, proxy, tmp_path, *, name="cache", delay=0.03, retry=None):
-    proxy.delay = delay
-    ds = Dataset.open(prefix, storage_options={"endpoint_url": proxy.endpoint})
-    retry = retry or RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05, deadline=10)
+def _cold8(prefix, proxy, tmp_path, *, name="cache", delay=0.03, retry=None):
     # one 8 KiB part at a time: a shard of 100-135 KiB takes a dozen delayed GETs to land
-    cache = ShardCache(
-        str(tmp_path / name), capacity=1 << 30, retry=retry, part_size="8KiB", concurrency=1
-    )
-    return ds, cache
-
-
-def _rows(batches) -> tuple[list[str], np.ndarray]:
-    keys = [k for b in batches for k in b["__key__"]]
-    return keys, np.concatenate([b["tokens"].numpy() for b in batches])
+    return cold_cache(prefix, proxy, tmp_path, name=name, delay=delay, retry=retry, part="8KiB")
 
 
 def test_the_shards_record_no_layout_and_walk_to_their_record_batches(tmp_path):
@@ -102,7 +91,7 @@ def test_the_shards_record_no_layout_and_walk_to_their_record_batches(tmp_path):
 
 def test_first_batch_is_served_before_its_unrecorded_shard_has_landed(s3_prefix, proxy, tmp_path):
     local = _both(s3_prefix, tmp_path)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.05)
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, delay=0.05)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
     it = iter(loader)
     first = next(it)
@@ -116,8 +105,8 @@ def test_first_batch_is_served_before_its_unrecorded_shard_has_landed(s3_prefix,
     assert np.array_equal(first["tokens"].numpy(), expected["tokens"].numpy())
     rest = list(it)
     assert loader.stats()["readahead"]["batches_served_while_arriving"] >= 1
-    keys, rows = _rows([first, *rest])
-    local_keys, local_rows = _rows(list(TokenLoader(local, batch_size=8, shuffle=False)))
+    keys, rows = rows_of([first, *rest])
+    local_keys, local_rows = rows_of(list(TokenLoader(local, batch_size=8, shuffle=False)))
     assert keys == local_keys and np.array_equal(rows, local_rows)
     assert all(cache.contains(ds, i) for i in range(len(SHARDS)))  # landed, verified, kept
     loader.close()
@@ -128,13 +117,13 @@ def test_cold_shuffled_epoch_of_unrecorded_shards_equals_the_local_epoch(
     s3_prefix, proxy, tmp_path
 ):
     local = _both(s3_prefix, tmp_path)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.02)
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, delay=0.02)
     loader = TokenLoader(ds, batch_size=8, cache=cache, seed=5, window=2)
     cold = list(loader)
     streamed = loader.stats()["readahead"]["batches_served_while_arriving"]
     hot = list(TokenLoader(local, batch_size=8, seed=5, window=2))
-    keys, rows = _rows(cold)
-    local_keys, local_rows = _rows(hot)
+    keys, rows = rows_of(cold)
+    local_keys, local_rows = rows_of(hot)
     total = sum(map(sum, SHARDS))
     assert keys == local_keys and len(set(keys)) == len(keys) == (total // 8) * 8
     assert np.array_equal(rows, local_rows)
@@ -147,23 +136,7 @@ def test_resume_mid_epoch_on_unrecorded_shards_from_a_cold_cache_is_exact(
     s3_prefix, proxy, tmp_path
 ):
     local = _both(s3_prefix, tmp_path)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.02)
-    loader = TokenLoader(ds, batch_size=8, cache=cache, seed=2, window=2)
-    it = iter(loader)
-    head = [next(it) for _ in range(37)]
-    state = loader.state_dict()
-    it.close()
-    loader.close()
-    cache.close()
-    ds2, cache2 = _cold(s3_prefix, proxy, tmp_path, name="cache2", delay=0.02)
-    again = TokenLoader(ds2, batch_size=8, cache=cache2, seed=2, window=2)
-    again.load_state_dict(state)
-    tail = list(again)
-    keys, rows = _rows(head + tail)
-    local_keys, local_rows = _rows(list(TokenLoader(local, batch_size=8, seed=2, window=2)))
-    assert keys == local_keys and np.array_equal(rows, local_rows)
-    again.close()
-    cache2.close()
+    assert_cold_resume_is_exact(s3_prefix, proxy, tmp_path, local, head=37, part="8KiB")
 
 
 def _no_entry(cache, ds, tmp_path, name="cache") -> None:
@@ -186,7 +159,7 @@ def test_an_unrecorded_shard_truncated_on_the_store_fails_in_one_line_and_leaves
 ):
     ds = _damage(s3_prefix, lambda data: data[: len(data) // 2])
     fast = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, deadline=5)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, retry=fast)
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, retry=fast)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
     got = 0
     with pytest.raises(FlashfeedError) as err:
@@ -215,7 +188,7 @@ def test_a_garbage_message_header_fails_in_one_line_naming_it_and_leaves_no_entr
 
     ds = _damage(s3_prefix, garble)
     fast = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, deadline=5)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, retry=fast, delay=0.05)
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, retry=fast, delay=0.05)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
     got = 0
     with pytest.raises(FlashfeedError) as err:
@@ -235,10 +208,10 @@ def test_a_garbage_message_header_fails_in_one_line_naming_it_and_leaves_no_entr
 
 def test_unrecorded_shards_with_dictionary_columns_are_served_whole(s3_prefix, proxy, tmp_path):
     local = _both(s3_prefix, tmp_path, dictionary=True)
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.01)
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, delay=0.01)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
-    keys, rows = _rows(list(loader))
-    local_keys, local_rows = _rows(list(TokenLoader(local, batch_size=8, shuffle=False)))
+    keys, rows = rows_of(list(loader))
+    local_keys, local_rows = rows_of(list(TokenLoader(local, batch_size=8, shuffle=False)))
     assert keys == local_keys and np.array_equal(rows, local_rows)
     assert loader.stats()["readahead"]["batches_served_while_arriving"] == 0  # served whole
     loader.close()
@@ -255,7 +228,7 @@ def test_cold_document_outputs_of_unrecorded_shards_equal_the_local_ones(
         make_doc_token_dataset(
             prefix, docs, tok, seq_len=SEQ, docs_per_shard=60, chunk_rows=7, layout=False
         )
-    ds, cache = _cold(s3_prefix, proxy, tmp_path, delay=0.05)
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, delay=0.05)
     loader = TokenLoader(ds, batch_size=4, cache=cache, shuffle=False, outputs=DOC_OUTPUTS)
     cold = list(loader)
     hot = list(TokenLoader(local, batch_size=4, shuffle=False, outputs=DOC_OUTPUTS))
