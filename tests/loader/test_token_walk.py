@@ -26,7 +26,13 @@ from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.retry import RetryPolicy
 from flashfeed.shardio import shard_name
 
-from support.token_cold import assert_cold_resume_is_exact, cold_cache, rows_of
+from support.token_cold import (
+    assert_cold_resume_is_exact,
+    assert_same_batches,
+    cold_cache,
+    rows_of,
+    serve_until_it_fails,
+)
 from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents
 
 SEQ = 64  # int32 tokens: 256 bytes a row
@@ -161,12 +167,8 @@ def test_an_unrecorded_shard_truncated_on_the_store_fails_in_one_line_and_leaves
     fast = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, deadline=5)
     ds, cache = _cold8(s3_prefix, proxy, tmp_path, retry=fast)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
-    got = 0
-    with pytest.raises(FlashfeedError) as err:
-        for _ in loader:
-            got += 1
-    message = str(err.value)
-    assert "\n" not in message and ds.shards[0].path in message, message
+    message, got = serve_until_it_fails(loader)
+    assert ds.shards[0].path in message, message
     assert got >= 1  # the rows of the half that landed were served while it arrived
     loader.close()
     _no_entry(cache, ds, tmp_path)
@@ -190,12 +192,8 @@ def test_a_garbage_message_header_fails_in_one_line_naming_it_and_leaves_no_entr
     fast = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, deadline=5)
     ds, cache = _cold8(s3_prefix, proxy, tmp_path, retry=fast, delay=0.05)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
-    got = 0
-    with pytest.raises(FlashfeedError) as err:
-        for _ in loader:
-            got += 1
-    message = str(err.value)
-    assert "\n" not in message and ds.shards[0].path in message, message
+    message, got = serve_until_it_fails(loader)
+    assert ds.shards[0].path in message, message
     # the walk meets the header long before the fill's checksum could fail
     assert "metadata length of -12345" in message, message
     assert 1 <= got <= (sizes[0] + sizes[1]) // 8  # rows before it were served, none after
@@ -232,15 +230,7 @@ def test_cold_document_outputs_of_unrecorded_shards_equal_the_local_ones(
     loader = TokenLoader(ds, batch_size=4, cache=cache, shuffle=False, outputs=DOC_OUTPUTS)
     cold = list(loader)
     hot = list(TokenLoader(local, batch_size=4, shuffle=False, outputs=DOC_OUTPUTS))
-    assert len(cold) == len(hot) > 0
-    for a, b in zip(cold, hot, strict=True):
-        assert a.keys() == b.keys()
-        for name, value in a.items():
-            other = b[name]
-            if hasattr(value, "numpy"):
-                assert np.array_equal(value.numpy(), other.numpy()), name
-            else:
-                assert value == other, name
+    assert_same_batches(cold, hot)
     assert loader.stats()["readahead"]["batches_served_while_arriving"] >= 1
     loader.close()
     cache.close()

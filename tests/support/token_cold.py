@@ -5,13 +5,21 @@ batch layout, and walked as they land) must walk the same way."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
+from flashfeed.errors import FlashfeedError
 from flashfeed.loader import TokenLoader
 from flashfeed.retry import RetryPolicy
 
-__all__ = ["assert_cold_resume_is_exact", "cold_cache", "rows_of"]
+__all__ = [
+    "assert_cold_resume_is_exact",
+    "assert_same_batches",
+    "cold_cache",
+    "rows_of",
+    "serve_until_it_fails",
+]
 
 
 def cold_cache(prefix, proxy, tmp_path, *, name="cache", delay=0.05, retry=None, part="16KiB"):
@@ -51,3 +59,28 @@ def assert_cold_resume_is_exact(s3_prefix, proxy, tmp_path, local: str, *, head:
     assert keys == local_keys and np.array_equal(rows, local_rows)
     again.close()
     cache2.close()
+
+
+def assert_same_batches(cold, hot) -> None:
+    """Two epochs delivered the same batches: the same outputs, each equal."""
+    assert len(cold) == len(hot) > 0
+    for a, b in zip(cold, hot, strict=True):
+        assert a.keys() == b.keys()
+        for name, value in a.items():
+            other = b[name]
+            if hasattr(value, "numpy"):
+                assert np.array_equal(value.numpy(), other.numpy()), name
+            else:
+                assert value == other, name
+
+
+def serve_until_it_fails(loader) -> tuple[str, int]:
+    """Iterate until the loader raises its ``FlashfeedError``: its message (one line) and
+    how many batches were served before it."""
+    got = 0
+    with pytest.raises(FlashfeedError) as err:
+        for _ in loader:
+            got += 1
+    message = str(err.value)
+    assert "\n" not in message, message
+    return message, got
