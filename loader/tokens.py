@@ -35,19 +35,25 @@ import pyarrow as pa
 import torch
 
 from flashfeed.dataset import Dataset
-from flashfeed.errors import CorruptShardError
 from flashfeed.mixture import Mixture
 
 from .arrowcols import ArrowShardView, open_arrow_view
 from .arrowstream import open_arriving_view
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool
+from .docwarm import warm_loader
 from .fields import KEY
 from .mixsource import MixtureDataset
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
-from .segments import DOC_OUTPUTS, Segments, document_outputs
+from .segments import (
+    DOC_OUTPUTS,
+    Segments,
+    check_outputs,
+    check_shared_offsets,
+    document_outputs,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -102,7 +108,7 @@ class TokenLoader(PlannedLoader):
         parts = loader_parts("TokenLoader", dataset, shard_format="arrow", keywords=shared)
         super().__init__(parts, batch_size=batch_size)
         self.columns = tuple(columns)
-        self.outputs = _check_outputs(outputs, self.columns, self.dataset)
+        self.outputs = check_outputs(outputs, self.columns, self.dataset)
         self.dtype = dtype
         self.device = batch_device(device)
         self.pin_memory = self.device is not None if pin_memory is None else pin_memory
@@ -118,6 +124,8 @@ class TokenLoader(PlannedLoader):
         #: column -> row shape, type and the shard that set them (``_check_row_types``)
         self._row_types: dict[str, tuple[tuple[int, ...], np.dtype, str]] = {}
         self.bytes_delivered = 0
+        #: the document kernels compiled meanwhile (``docwarm.py``), waited for by batch 1
+        self._warm = warm_loader(self.dataset.manifest.schema, dtype) if self.outputs else None
 
     def _open(self, shard: int) -> _OpenShard:
         """Shard ``shard`` viewed and checked (the ``max_open`` most recent are kept); a
@@ -125,7 +133,7 @@ class TokenLoader(PlannedLoader):
         got = self._views.get(shard)
         if got is not None and got.view.arriving is not None:
             if got.view.catch_up():  # record batches landed since: check them as a whole's
-                _check_shared_offsets(got.view)
+                check_shared_offsets(got.view)
                 self._check_row_types(got.view)
                 got.landed()
             if got.view.stale:  # its fill ended without them (failed): the cache's next word
@@ -140,7 +148,7 @@ class TokenLoader(PlannedLoader):
                 f"shard {self.shard_names[shard]} has {view.num_rows} rows, the manifest "
                 f"says {self.dataset.shards[shard].samples}"
             )
-        _check_shared_offsets(view)
+        check_shared_offsets(view)
         self._check_row_types(view)
         got = self._views[shard] = _OpenShard(shard, view)
         while len(self._views) > self.max_open:
@@ -223,6 +231,9 @@ class TokenLoader(PlannedLoader):
             narrow[col] = rows_at
         keys = _keys(opened, sl, at, rows)
         if self.outputs:
+            if self._warm is not None:
+                self._warm.wait()  # what is left of the compile (its error, if it failed)
+                self._warm = None
             seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
             tokens = narrow["tokens"]
             where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
@@ -310,28 +321,6 @@ def default_max_open(sources: int, window: int) -> int:
     time, and two windows meet at a boundary, so fewer than ``2 * sources * window`` would
     close shards still being read (a mixture's batches would reopen them over and over)."""
     return max(16, 2 * sources * window)
-
-
-def _check_outputs(
-    outputs: Sequence[str], columns: tuple[str, ...], ds: Dataset | MixtureDataset
-) -> tuple[str, ...]:
-    if isinstance(outputs, str):
-        raise ValueError(f"outputs must be a sequence of names, got {outputs!r}")
-    unknown = [o for o in outputs if o not in DOC_OUTPUTS]
-    if unknown:
-        raise ValueError(f"outputs must be names from {list(DOC_OUTPUTS)}, got {unknown}")
-    if not outputs:
-        return ()
-    if "tokens" not in columns:
-        raise ValueError(f"outputs={list(outputs)} need the 'tokens' column in columns")
-    if not {"doc_lens", "doc_ids", "doc_starts"} <= set(ds.manifest.schema):
-        raise ValueError(
-            f"dataset {ds.url} has no document boundaries (no doc_lens/doc_ids/doc_starts "
-            "columns: "
-            f"written before format version 3?): re-ingest it with --tokenizer, or read it "
-            f"without outputs={list(outputs)}"
-        )
-    return tuple(o for o in DOC_OUTPUTS if o in outputs)
 
 
 class _OpenShard:
@@ -432,20 +421,6 @@ def _keys(
         for p, key in zip(pos, _row_keys(opened[s].view, rows[pos]), strict=True):
             keys[p] = names[s] + str(key)
     return keys
-
-
-def _check_shared_offsets(view: ArrowShardView) -> None:
-    """The document columns of a shard hold one entry per segment each: the same offsets
-    (``_gather_segments`` indexes them all with one index)."""
-    lists = view.lists or {}
-    lens = lists.get("doc_lens", [])
-    for name, other in lists.items():
-        for a, b in zip(lens, other, strict=True):
-            if a.offsets is not b.offsets and not np.array_equal(a.offsets, b.offsets):
-                raise CorruptShardError(
-                    f"shard {view.name}: column {name!r} does not hold one entry per segment "
-                    "of 'doc_lens' (their row lengths differ)"
-                )
 
 
 def _row_keys(view: ArrowShardView, rows: np.ndarray) -> list[str]:
