@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashfeed.loader import TokenLoader
-from flashfeed.loader import docwarm
+from flashfeed.loader import TokenLoader, docwarm
 from flashfeed.loader.segments import DOC_OUTPUTS
 
 from support import REPO
@@ -53,9 +52,7 @@ def _gated(monkeypatch) -> tuple[threading.Event, threading.Event]:
     return started, release
 
 
-def test_construction_returns_while_the_kernels_compile_and_batch_one_waits(
-    prefix, monkeypatch
-):
+def test_construction_returns_while_the_kernels_compile_and_batch_one_waits(prefix, monkeypatch):
     expected = _first(prefix, outputs=DOC_OUTPUTS)  # warm-up not gated: compiled already
     started, release = _gated(monkeypatch)
     loader = TokenLoader(prefix, batch_size=8, seed=2, device="cpu", outputs=DOC_OUTPUTS)
