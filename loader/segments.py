@@ -38,10 +38,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DOC_OUTPUTS",
     "IGNORE_INDEX",
+    "MappedRows",
     "Segments",
     "check_outputs",
     "check_shared_offsets",
     "document_outputs",
+    "mapped_rows",
 ]
 
 DOC_OUTPUTS = (
@@ -69,10 +71,45 @@ class Segments:
     starts: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
+class MappedRows:
+    """A batch's token rows read where they lie (a mapped shard's rows, no gather into a
+    buffer first): row ``r``'s items at address ``addresses[r]``, ``like`` a (0, L) array
+    of their type. The arrays they lie in must stay alive while they are read."""
+
+    addresses: np.ndarray
+    like: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.addresses), self.like.shape[1]
+
+
+def mapped_rows(
+    arrays: dict[int, list[np.ndarray]], at: list[tuple[int, int, int]]
+) -> MappedRows | None:
+    """The rows ``at`` (shard, record batch, row) of ``arrays`` (per shard, a (rows, L)
+    array per record batch) by address; None when one of them is not C-contiguous."""
+    chunks: dict[tuple[int, int], tuple[int, int, int]] = {}
+    addresses = []
+    for s, c, i in at:
+        got = chunks.get((s, c))
+        if got is None:
+            a = arrays[s][c]
+            if not a.flags.c_contiguous:
+                return None
+            got = chunks[(s, c)] = (a.ctypes.data, a.strides[0], len(a))
+        if not 0 <= i < got[2]:
+            raise IndexError(f"row {i} of a record batch of {got[2]}")
+        addresses.append(got[0] + i * got[1])
+    first = next(iter(arrays.values()))[0]
+    return MappedRows(np.array(addresses, np.int64), np.empty((0, *first.shape[1:]), first.dtype))
+
+
 def document_outputs(
     seg: Segments,
     seq_len: int,
-    tokens: np.ndarray,
+    tokens: np.ndarray | MappedRows,
     outputs: tuple[str, ...],
     alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray],
     *,

@@ -49,10 +49,12 @@ from .passorder import PassOrder
 from .pipeline import batch_device, check_device
 from .segments import (
     DOC_OUTPUTS,
+    MappedRows,
     Segments,
     check_outputs,
     check_shared_offsets,
     document_outputs,
+    mapped_rows,
 )
 
 if TYPE_CHECKING:
@@ -207,7 +209,8 @@ class TokenLoader(PlannedLoader):
         """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards
         straight into the batch buffer (one ``np.concatenate`` of row views per column: one
         copy, a cost per row but none per shard, so a batch over many shards, as a
-        mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``."""
+        mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``.
+        Tokens the document outputs widen are read in place by their kernel instead."""
         sl = shards.tolist()
         opened = self._open_all(dict.fromkeys(sl))
         if not any(o.several for o in opened.values()):
@@ -216,7 +219,7 @@ class TokenLoader(PlannedLoader):
             chunks, inner = _locate(opened, shards, rows)
             at = list(zip(sl, chunks.tolist(), inner.tolist(), strict=True))
         out: dict[str, Any] = {}
-        narrow: dict[str, np.ndarray] = {}
+        narrow: dict[str, np.ndarray | MappedRows] = {}
         for col in self.columns:
             arrays = {s: o.view.columns[col] for s, o in opened.items()}
             first = next(iter(arrays.values()))[0]  # all alike (_check_row_types)
@@ -224,11 +227,14 @@ class TokenLoader(PlannedLoader):
             buf = self._buffer((len(sl), *first.shape[1:]), dtype)
             # rows are gathered at their stored width, then widened in one contiguous pass
             rows_at = buf if dtype == first.dtype else self._narrow(col, buf.shape, first.dtype)
-            np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
-            if rows_at is not buf and not (self.outputs and col == "tokens"):
-                np.copyto(buf, rows_at, casting="unsafe")  # (tokens: with the outputs)
+            fused = bool(self.outputs) and col == "tokens" and rows_at is not buf
+            mapped = mapped_rows(arrays, at) if fused else None  # read in place, widened there
+            if mapped is None:
+                np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
+            if rows_at is not buf and not fused:  # (the outputs widen the tokens)
+                np.copyto(buf, rows_at, casting="unsafe")
             out[col] = buf
-            narrow[col] = rows_at
+            narrow[col] = rows_at if mapped is None else mapped
         keys = _keys(opened, sl, at, rows)
         if self.outputs:
             if self._warm is not None:
