@@ -22,7 +22,7 @@ import numpy as np
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from .segments import IGNORE_INDEX
+from .segments import IGNORE_INDEX, MappedRows
 
 __all__ = ["fill_documents", "gather_segments"]
 
@@ -76,6 +76,7 @@ _ramp = _compile(_ramp_py)
 
 def _fill(  # pragma: no cover - compiled; run through fill_documents
     rows: np.ndarray,
+    addrs: np.ndarray,
     counts: np.ndarray,
     lengths: np.ndarray,
     ids: np.ndarray,
@@ -92,8 +93,11 @@ def _fill(  # pragma: no cover - compiled; run through fill_documents
     loop per output over the row's segments, all of it in cache). Returns ``(sequences,
     max_seqlen, bad)``: ``cu[: sequences + 1]`` is filled; ``bad`` is ``-1``, else the
     tokens the first bad row's segments use (``0`` for an empty segment) and nothing of
-    that row is written."""
-    B, L = rows.shape
+    that row is written. With ``addrs``, row ``r`` is read at address ``addrs[r]`` (a
+    mapped shard's row: no gather into a buffer first), ``rows`` a (0, L) array of its
+    type."""
+    L = rows.shape[1]
+    B = len(addrs) if len(addrs) else rows.shape[0]
     nseg = len(lengths)
     j = 0
     s = 0
@@ -110,7 +114,7 @@ def _fill(  # pragma: no cover - compiled; run through fill_documents
             used += lengths[q]
         if used > L:
             return s, longest, used
-        row = rows[r]
+        row = carray(_at_like(addrs[r], rows), L) if len(addrs) else rows[r]
         if want & TOKENS:
             _widen(row, tok[r])
         p = 0
@@ -147,13 +151,24 @@ def _fill(  # pragma: no cover - compiled; run through fill_documents
     return s, longest, -1
 
 
+def _at_like_typed(typingctx: Any, address: Any, like: Any) -> Any:  # pragma: no cover
+    """A pointer to ``like``'s item type at ``address`` (an address numpy gave)."""
+    sig = types.CPointer(like.dtype)(address, like)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+_at_like: Any = intrinsic(_at_like_typed)
 _fill_jit = _compile(_fill)
 _NONE2 = np.empty((0, 0), np.int64)
 _NONE1 = np.empty(0, np.int64)
 
 
 def fill_documents(
-    rows: np.ndarray,
+    rows: np.ndarray | MappedRows,
     counts: np.ndarray,
     lengths: np.ndarray,
     ids: np.ndarray,
@@ -162,9 +177,13 @@ def fill_documents(
 ) -> tuple[np.ndarray, int, int]:
     """Write into ``out``'s (B, L) int64 buffers (any of ``tokens`` (any integer type),
     ``position_ids``, ``document_ids``, ``labels``, ``document_offsets``) from the rows'
-    tokens ``rows`` and their segments; returns ``(cu_seqlens as int64, max_seqlen,
-    bad)`` as ``_fill`` does."""
-    rows = np.ascontiguousarray(rows)
+    tokens ``rows`` (an array, or ``MappedRows`` read in place) and their segments; returns
+    ``(cu_seqlens as int64, max_seqlen, bad)`` as ``_fill`` does."""
+    if isinstance(rows, MappedRows):  # read in place: a (0, L) array gives their type
+        like, addrs, shape = rows.like, rows.addresses, rows.shape
+    else:
+        like, addrs = np.ascontiguousarray(rows), _NONE1
+        shape = like.shape
     segs = [np.ascontiguousarray(a, np.int64) for a in (counts, lengths, ids)]
     first = _NONE1 if starts is None else np.ascontiguousarray(starts, np.int64)
     want, arrays = 0, []
@@ -179,14 +198,14 @@ def fill_documents(
         if a is None:
             arrays.append(_NONE2)
             continue
-        if a.shape != rows.shape or not a.flags.c_contiguous:
-            raise ValueError(f"{name}: a C-contiguous {rows.shape} buffer, got {a.shape}")
+        if a.shape != shape or not a.flags.c_contiguous:
+            raise ValueError(f"{name}: a C-contiguous {shape} buffer, got {a.shape}")
         want |= bit
         arrays.append(a)
     if want & OFFSETS and starts is None:
         raise ValueError("document_offsets needs the segments' starts")
-    cu = np.empty(len(segs[1]) + len(rows) + 1, np.int64)
-    n, longest, bad = _fill_jit(rows, *segs, first, want, *arrays, cu)
+    cu = np.empty(len(segs[1]) + shape[0] + 1, np.int64)
+    n, longest, bad = _fill_jit(like, addrs, *segs, first, want, *arrays, cu)
     return cu[: n + 1], int(longest), int(bad)
 
 

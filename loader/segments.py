@@ -21,14 +21,30 @@ caller gives, so a pooled or pinned buffer is filled in place.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
 
-__all__ = ["DOC_OUTPUTS", "IGNORE_INDEX", "Segments", "document_outputs"]
+if TYPE_CHECKING:
+    from flashfeed.dataset import Dataset
+
+    from .arrowcols import ArrowShardView
+    from .mixsource import MixtureDataset
+
+__all__ = [
+    "DOC_OUTPUTS",
+    "IGNORE_INDEX",
+    "MappedRows",
+    "Segments",
+    "check_outputs",
+    "check_shared_offsets",
+    "document_outputs",
+    "mapped_rows",
+]
 
 DOC_OUTPUTS = (
     "position_ids",
@@ -55,10 +71,45 @@ class Segments:
     starts: np.ndarray | None = None
 
 
+@dataclass(frozen=True)
+class MappedRows:
+    """A batch's token rows read where they lie (a mapped shard's rows, no gather into a
+    buffer first): row ``r``'s items at address ``addresses[r]``, ``like`` a (0, L) array
+    of their type. The arrays they lie in must stay alive while they are read."""
+
+    addresses: np.ndarray
+    like: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.addresses), self.like.shape[1]
+
+
+def mapped_rows(
+    arrays: dict[int, list[np.ndarray]], at: list[tuple[int, int, int]]
+) -> MappedRows | None:
+    """The rows ``at`` (shard, record batch, row) of ``arrays`` (per shard, a (rows, L)
+    array per record batch) by address; None when one of them is not C-contiguous."""
+    chunks: dict[tuple[int, int], tuple[int, int, int]] = {}
+    addresses = []
+    for s, c, i in at:
+        got = chunks.get((s, c))
+        if got is None:
+            a = arrays[s][c]
+            if not a.flags.c_contiguous:
+                return None
+            got = chunks[(s, c)] = (a.ctypes.data, a.strides[0], len(a))
+        if not 0 <= i < got[2]:
+            raise IndexError(f"row {i} of a record batch of {got[2]}")
+        addresses.append(got[0] + i * got[1])
+    first = next(iter(arrays.values()))[0]
+    return MappedRows(np.array(addresses, np.int64), np.empty((0, *first.shape[1:]), first.dtype))
+
+
 def document_outputs(
     seg: Segments,
     seq_len: int,
-    tokens: np.ndarray,
+    tokens: np.ndarray | MappedRows,
     outputs: tuple[str, ...],
     alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray],
     *,
@@ -92,3 +143,41 @@ def document_outputs(
         if name in bufs:
             out[name] = bufs[name]
     return out
+
+
+def check_outputs(
+    outputs: Sequence[str], columns: tuple[str, ...], ds: Dataset | MixtureDataset
+) -> tuple[str, ...]:
+    """``outputs`` checked (names from ``DOC_OUTPUTS``, the ``tokens`` column read, a dataset
+    with document columns) and put in ``DOC_OUTPUTS`` order."""
+    if isinstance(outputs, str):
+        raise ValueError(f"outputs must be a sequence of names, got {outputs!r}")
+    unknown = [o for o in outputs if o not in DOC_OUTPUTS]
+    if unknown:
+        raise ValueError(f"outputs must be names from {list(DOC_OUTPUTS)}, got {unknown}")
+    if not outputs:
+        return ()
+    if "tokens" not in columns:
+        raise ValueError(f"outputs={list(outputs)} need the 'tokens' column in columns")
+    if not {"doc_lens", "doc_ids", "doc_starts"} <= set(ds.manifest.schema):
+        raise ValueError(
+            f"dataset {ds.url} has no document boundaries (no doc_lens/doc_ids/doc_starts "
+            "columns: "
+            f"written before format version 3?): re-ingest it with --tokenizer, or read it "
+            f"without outputs={list(outputs)}"
+        )
+    return tuple(o for o in DOC_OUTPUTS if o in outputs)
+
+
+def check_shared_offsets(view: ArrowShardView) -> None:
+    """The document columns of a shard hold one entry per segment each: the same offsets
+    (the gather indexes them all with one index)."""
+    lists = view.lists or {}
+    lens = lists.get("doc_lens", [])
+    for name, other in lists.items():
+        for a, b in zip(lens, other, strict=True):
+            if a.offsets is not b.offsets and not np.array_equal(a.offsets, b.offsets):
+                raise CorruptShardError(
+                    f"shard {view.name}: column {name!r} does not hold one entry per segment "
+                    "of 'doc_lens' (their row lengths differ)"
+                )

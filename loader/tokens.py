@@ -34,19 +34,27 @@ import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
-from flashfeed.errors import CorruptShardError
 from flashfeed.mixture import Mixture
 
 from .arrowcols import ArrowShardView, open_arrow_view
 from .arrowstream import open_arriving_view
 from .base import Made, PlannedLoader
 from .convert import DeviceCopier, HostPool
+from .docwarm import warm_loader
 from .fields import KEY
 from .mixsource import MixtureDataset
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
-from .segments import DOC_OUTPUTS, Segments, document_outputs
+from .segments import (
+    DOC_OUTPUTS,
+    MappedRows,
+    Segments,
+    check_outputs,
+    check_shared_offsets,
+    document_outputs,
+    mapped_rows,
+)
 from .tokenrows import RowTable
 
 if TYPE_CHECKING:
@@ -102,7 +110,7 @@ class TokenLoader(PlannedLoader):
         parts = loader_parts("TokenLoader", dataset, shard_format="arrow", keywords=shared)
         super().__init__(parts, batch_size=batch_size)
         self.columns = tuple(columns)
-        self.outputs = _check_outputs(outputs, self.columns, self.dataset)
+        self.outputs = check_outputs(outputs, self.columns, self.dataset)
         self.dtype = dtype
         self.device = batch_device(device)
         self.pin_memory = self.device is not None if pin_memory is None else pin_memory
@@ -119,6 +127,8 @@ class TokenLoader(PlannedLoader):
         #: column -> row shape, type and the shard that set them (``_check_row_types``)
         self._row_types: dict[str, tuple[tuple[int, ...], np.dtype, str]] = {}
         self.bytes_delivered = 0
+        #: the document kernels compiled meanwhile (``docwarm.py``), waited for by batch 1
+        self._warm = warm_loader(self.dataset.manifest.schema, dtype) if self.outputs else None
 
     def _open(self, shard: int) -> _OpenShard:
         """Shard ``shard`` viewed and checked (the ``max_open`` most recent are kept); a
@@ -126,7 +136,7 @@ class TokenLoader(PlannedLoader):
         got = self._views.get(shard)
         if got is not None and got.view.arriving is not None:
             if got.view.catch_up():  # record batches landed since: check them as a whole's
-                _check_shared_offsets(got.view)
+                check_shared_offsets(got.view)
                 self._check_row_types(got.view)
                 got.landed()
                 self._rows = None  # its record batches may have moved on: table them again
@@ -143,7 +153,7 @@ class TokenLoader(PlannedLoader):
                 f"shard {self.shard_names[shard]} has {view.num_rows} rows, the manifest "
                 f"says {self.dataset.shards[shard].samples}"
             )
-        _check_shared_offsets(view)
+        check_shared_offsets(view)
         self._check_row_types(view)
         got = self._views[shard] = _OpenShard(shard, view)
         while len(self._views) > self.max_open:
@@ -202,7 +212,8 @@ class TokenLoader(PlannedLoader):
         """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards
         straight into the batch buffer (one ``np.concatenate`` of row views per column: one
         copy, a cost per row but none per shard, so a batch over many shards, as a
-        mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``."""
+        mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``.
+        Tokens the document outputs widen are read in place by their kernel instead."""
         sl = shards.tolist()
         opened = self._open_all(dict.fromkeys(sl))
         table = self._row_table(opened)
@@ -212,7 +223,7 @@ class TokenLoader(PlannedLoader):
             chunks, inner = table.locate(shards, rows)
             at = list(zip(sl, chunks.tolist(), inner.tolist(), strict=True))
         out: dict[str, Any] = {}
-        narrow: dict[str, np.ndarray] = {}
+        narrow: dict[str, np.ndarray | MappedRows] = {}
         for col in self.columns:
             arrays = {s: o.view.columns[col] for s, o in opened.items()}
             first = next(iter(arrays.values()))[0]  # all alike (_check_row_types)
@@ -220,13 +231,19 @@ class TokenLoader(PlannedLoader):
             buf = self._buffer((len(sl), *first.shape[1:]), dtype)
             # rows are gathered at their stored width, then widened in one contiguous pass
             rows_at = buf if dtype == first.dtype else self._narrow(col, buf.shape, first.dtype)
-            np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
-            if rows_at is not buf and not (self.outputs and col == "tokens"):
-                np.copyto(buf, rows_at, casting="unsafe")  # (tokens: with the outputs)
+            fused = bool(self.outputs) and col == "tokens" and rows_at is not buf
+            mapped = mapped_rows(arrays, at) if fused else None  # read in place, widened there
+            if mapped is None:
+                np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
+            if rows_at is not buf and not fused:  # (the outputs widen the tokens)
+                np.copyto(buf, rows_at, casting="unsafe")
             out[col] = buf
-            narrow[col] = rows_at
+            narrow[col] = rows_at if mapped is None else mapped
         keys = table.keys(sl, rows)
         if self.outputs:
+            if self._warm is not None:
+                self._warm.wait()  # what is left of the compile (its error, if it failed)
+                self._warm = None
             seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
             tokens = narrow["tokens"]
             where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
@@ -325,28 +342,6 @@ def default_max_open(sources: int, window: int) -> int:
     return max(16, 2 * sources * window)
 
 
-def _check_outputs(
-    outputs: Sequence[str], columns: tuple[str, ...], ds: Dataset | MixtureDataset
-) -> tuple[str, ...]:
-    if isinstance(outputs, str):
-        raise ValueError(f"outputs must be a sequence of names, got {outputs!r}")
-    unknown = [o for o in outputs if o not in DOC_OUTPUTS]
-    if unknown:
-        raise ValueError(f"outputs must be names from {list(DOC_OUTPUTS)}, got {unknown}")
-    if not outputs:
-        return ()
-    if "tokens" not in columns:
-        raise ValueError(f"outputs={list(outputs)} need the 'tokens' column in columns")
-    if not {"doc_lens", "doc_ids", "doc_starts"} <= set(ds.manifest.schema):
-        raise ValueError(
-            f"dataset {ds.url} has no document boundaries (no doc_lens/doc_ids/doc_starts "
-            "columns: "
-            f"written before format version 3?): re-ingest it with --tokenizer, or read it "
-            f"without outputs={list(outputs)}"
-        )
-    return tuple(o for o in DOC_OUTPUTS if o in outputs)
-
-
 class _OpenShard:
     """A viewed shard and what the gather looks up in it row by row, made once per open:
     where its record batches start, and its document columns as one table per record
@@ -414,20 +409,6 @@ def _gather_segments(
     tables = [opened[s].segments()[c] for s, c in groups]
     counts, seg = gather_segments(np.array(group), np.array([i for *_, i in at]), tables)
     return Segments(counts, seg[:, 0], seg[:, 1], seg[:, 2] if with_starts else None)
-
-
-def _check_shared_offsets(view: ArrowShardView) -> None:
-    """The document columns of a shard hold one entry per segment each: the same offsets
-    (``_gather_segments`` indexes them all with one index)."""
-    lists = view.lists or {}
-    lens = lists.get("doc_lens", [])
-    for name, other in lists.items():
-        for a, b in zip(lens, other, strict=True):
-            if a.offsets is not b.offsets and not np.array_equal(a.offsets, b.offsets):
-                raise CorruptShardError(
-                    f"shard {view.name}: column {name!r} does not hold one entry per segment "
-                    "of 'doc_lens' (their row lengths differ)"
-                )
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:

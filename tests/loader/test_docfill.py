@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX, Segments, document_outputs
+from flashfeed.loader.segments import (
+    DOC_OUTPUTS,
+    IGNORE_INDEX,
+    Segments,
+    document_outputs,
+    mapped_rows,
+)
 
 from support import REPO
 
@@ -97,6 +103,36 @@ def test_the_kernel_equals_a_per_token_walk(dtype, outputs):
             assert (got.tolist() if isinstance(got, np.ndarray) else got) == ref[name], name
             if isinstance(got, np.ndarray):
                 assert got.dtype == (np.int32 if name == "cu_seqlens" else np.int64)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_rows_read_in_place_from_several_arrays_equal_the_gathered_rows(dtype):
+    rng = np.random.default_rng(7)
+    seg, tokens = _random_batch(rng, 24, 50, dtype)
+    # the batch's rows lie, out of order, in record batches of three shards
+    spots = [(s, c, i) for s in range(3) for c in range(2) for i in range(9)]
+    arrays = {s: [rng.integers(0, 99, (9, 50)).astype(dtype) for _ in range(2)] for s in range(3)}
+    at = [spots[k] for k in rng.permutation(len(spots))[:24].tolist()]
+    for r, (s, c, i) in enumerate(at):
+        arrays[s][c][i] = tokens[r]
+    mapped = mapped_rows(arrays, at)
+    assert mapped is not None and mapped.shape == tokens.shape
+    ref = _walk(seg, tokens)
+    wide = np.full(tokens.shape, 7, np.int64)
+    out = document_outputs(
+        seg, 50, mapped, DOC_OUTPUTS, lambda s, d: np.full(s, 7, d), tokens_out=wide
+    )
+    assert wide.tolist() == tokens.astype(np.int64).tolist()
+    for name in DOC_OUTPUTS:
+        got = out[name]
+        assert (got.tolist() if isinstance(got, np.ndarray) else got) == ref[name], name
+
+
+def test_rows_not_in_place_or_out_of_range_are_not_read_by_address():
+    a = np.zeros((4, 6), np.uint16)
+    assert mapped_rows({0: [a[:, ::2]]}, [(0, 0, 1)]) is None  # not contiguous: gathered
+    with pytest.raises(IndexError, match="row 4 of a record batch of 4"):
+        mapped_rows({0: [a]}, [(0, 0, 4)])
 
 
 def test_a_batch_of_no_rows_gives_empty_outputs():
