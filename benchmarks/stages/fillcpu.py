@@ -100,12 +100,12 @@ def fill(ds: Dataset, opts: dict[str, Any], root: str, concurrency: int, part: i
 def fill_s3fs(ds: Dataset, opts: dict[str, Any], root: str, concurrency: int, part: int) -> int:
     from flashfeed.cache import fill as fill_module
 
-    direct = fill_module.reader_for
-    fill_module.reader_for = lambda *a, **kw: None  # type: ignore[assignment]
+    direct = fill_module.reader_for_url
+    fill_module.reader_for_url = lambda *a, **kw: None  # type: ignore[assignment]
     try:
         return fill(ds, opts, root, concurrency, part)
     finally:
-        fill_module.reader_for = direct
+        fill_module.reader_for_url = direct
 
 
 def _jobs(ds: Dataset, part: int) -> list[tuple[str, int, int]]:
