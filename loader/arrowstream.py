@@ -104,6 +104,8 @@ class ArrowArrival:
 
     def catch_up(self, view: ArrowShardView) -> int:
         """Add the batches landed since the last call to ``view``; how many were added."""
+        if self.stale:  # its fill ended and its progress is closed: nothing more lands here
+            return 0
         walk = self.partial.walk
         if walk is not None and not walk.ended:
             self._walk(view)

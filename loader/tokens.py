@@ -183,7 +183,9 @@ class TokenLoader(PlannedLoader):
         partial = self.source.partial(shard)
         if partial is not None and (partial.layout is not None or partial.walk is not None):
             try:
-                return open_arriving_view(partial, self.columns, name=name, lists=lists)
+                view = open_arriving_view(partial, self.columns, name=name, lists=lists)
+                if not view.stale:
+                    return view
             except FileNotFoundError:  # renamed into place meanwhile
                 partial.progress.close()
         elif partial is not None:
