@@ -137,7 +137,9 @@ def mosaic_s3_child(url: str, local: Path, workers: int) -> float:
         capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
     )  # fmt: skip
     if proc.returncode != 0:
-        raise RuntimeError(f"mosaic run failed: {proc.stderr[-600:]}")
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        # the exception's own line first: the round's one-line report keeps 160 characters
+        raise RuntimeError(f"mosaic run failed: {lines[-1] if lines else proc.returncode}")
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["rate"])
 
 
