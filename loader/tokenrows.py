@@ -8,7 +8,7 @@ locates and names its rows with as few numpy and Python steps as a batch from a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -29,13 +29,14 @@ class OpenRows(Protocol):
 
 
 class RowTable:
-    """The record batches and key prefixes of the shards ``opened`` (their ``OpenRows``).
+    """The record batches, key prefixes and views of ``columns`` of the shards ``opened``
+    (their ``OpenRows``).
 
     Rows of any of these shards are located by one ``np.searchsorted`` (a row's record batch
     is the last one of its own shard that starts at or before it: other shards' entries
     never match), so a table of more shards than a batch reads locates its rows the same."""
 
-    def __init__(self, opened: Mapping[int, OpenRows]) -> None:
+    def __init__(self, opened: Mapping[int, OpenRows], columns: Sequence[str] = ()) -> None:
         order = sorted(opened)
         if order:
             self.firsts = np.concatenate([opened[s].firsts for s in order])
@@ -48,6 +49,8 @@ class RowTable:
         #: no shard has a ``__key__`` column: every key is a row number
         self.keyless = all(o.view.keys is None for o in opened.values())
         self.views = {s: o.view for s, o in opened.items()} if not self.keyless else {}
+        #: column -> shard -> its record batches' views of the column
+        self.columns = {c: {s: o.view.columns[c] for s, o in opened.items()} for c in columns}
 
     def locate(self, shards: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's record batch and row in it."""

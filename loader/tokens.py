@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -121,7 +120,11 @@ class TokenLoader(PlannedLoader):
         )
         sources = len(self.dataset.names) if isinstance(self.dataset, MixtureDataset) else 1
         self.max_open = max_open or default_max_open(sources, parts.options.window)
-        self._views: OrderedDict[int, _OpenShard] = OrderedDict()
+        self._views: dict[int, _OpenShard] = {}
+        #: the batch that last read each open shard (the least recent is closed first)
+        self._used: dict[int, int] = {}
+        self._tick = 0  # batches gathered
+        self._whole = True  # no open shard is still arriving (``_open_all``)
         self._rows: RowTable | None = None  # of the open shards: remade when they change
         self._scratch: dict[str, np.ndarray] = {}
         #: column -> row shape, type and the shard that set them (``_check_row_types``)
@@ -144,7 +147,6 @@ class TokenLoader(PlannedLoader):
                 del self._views[shard]
                 got = None
         if got is not None:
-            self._views.move_to_end(shard)
             return got
         self._rows = None
         view = self._open_view(shard)
@@ -156,21 +158,30 @@ class TokenLoader(PlannedLoader):
         check_shared_offsets(view)
         self._check_row_types(view)
         got = self._views[shard] = _OpenShard(shard, view)
-        while len(self._views) > self.max_open:
-            self._views.popitem(last=False)
+        views, used = self._views, self._used
+        used[shard] = self._tick
+        while len(views) > self.max_open:  # the least recently read goes
+            victim = min(views, key=used.__getitem__)
+            del views[victim], used[victim]
         return got
 
-    def _open_all(self, shards: dict[int, None]) -> dict[int, _OpenShard]:
-        """``_open`` of each shard, a shard already open and whole taken at once (no call
-        per shard: a mixture's batch spans many shards)."""
-        views, opened = self._views, {}
+    def _open_all(self, shards: dict[int, None]) -> Mapping[int, _OpenShard]:
+        """``_open`` of each shard. Once they are all open and whole (a pass under way
+        over local shards), one set test and one dict update, no Python step per shard (a
+        mixture's batch spans a window of shards per source): the map returned is then
+        that of every open shard."""
+        views = self._views
+        self._tick += 1
+        self._used.update(dict.fromkeys(shards, self._tick))  # none of them closes here
+        if self._whole and views.keys() >= shards.keys():
+            return views
+        opened = {}
         for s in shards:
             got = views.get(s)
             if got is None or got.view.arriving is not None:
                 got = self._open(s)
-            else:
-                views.move_to_end(s)
             opened[s] = got
+        self._whole = all(o.view.arriving is None for o in views.values())
         return opened
 
     def _open_view(self, shard: int) -> ArrowShardView:
@@ -217,7 +228,8 @@ class TokenLoader(PlannedLoader):
         mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``.
         Tokens the document outputs widen are read in place by their kernel instead."""
         sl = shards.tolist()
-        opened = self._open_all(dict.fromkeys(sl))
+        need = dict.fromkeys(sl)
+        opened = self._open_all(need)
         table = self._row_table(opened)
         if not table.several:
             at = list(zip(sl, itertools.repeat(0), rows.tolist()))
@@ -227,12 +239,12 @@ class TokenLoader(PlannedLoader):
         out: dict[str, Any] = {}
         narrow: dict[str, np.ndarray | MappedRows] = {}
         for col in self.columns:
-            arrays = {s: o.view.columns[col] for s, o in opened.items()}
-            first = next(iter(arrays.values()))[0]  # all alike (_check_row_types)
-            dtype = np.dtype(self.dtype) if self.dtype else first.dtype
-            buf = self._buffer((len(sl), *first.shape[1:]), dtype)
+            arrays = table.columns[col]  # shard -> its record batches' views of ``col``
+            shape, stored, _ = self._row_types[col]  # every row's (_check_row_types)
+            dtype = np.dtype(self.dtype) if self.dtype else stored
+            buf = self._buffer((len(sl), *shape), dtype)
             # rows are gathered at their stored width, then widened in one contiguous pass
-            rows_at = buf if dtype == first.dtype else self._narrow(col, buf.shape, first.dtype)
+            rows_at = buf if dtype == stored else self._narrow(col, buf.shape, stored)
             fused = bool(self.outputs) and col == "tokens" and rows_at is not buf
             mapped = mapped_rows(arrays, at) if fused else None  # read in place, widened there
             if mapped is None:
@@ -242,6 +254,8 @@ class TokenLoader(PlannedLoader):
             out[col] = buf
             narrow[col] = rows_at if mapped is None else mapped
         keys = table.keys(sl, rows)
+        if self.outputs and len(opened) != len(need):  # the batch's shards alone
+            opened = {s: opened[s] for s in need}
         if self.outputs:
             if self._warm is not None:
                 self._warm.wait()  # what is left of the compile (its error, if it failed)
@@ -257,13 +271,13 @@ class TokenLoader(PlannedLoader):
             out.update(docs)  # type: ignore[arg-type]
         return out, keys
 
-    def _row_table(self, opened: dict[int, _OpenShard]) -> RowTable:
+    def _row_table(self, opened: Mapping[int, _OpenShard]) -> RowTable:
         """The ``RowTable`` of every open shard (they hold ``opened``), kept until a shard
         opens; of ``opened`` alone when it holds more than ``max_open`` shards."""
         if len(opened) > self.max_open:
-            return RowTable(opened)
+            return RowTable(opened, self.columns)
         if self._rows is None:
-            self._rows = RowTable(self._views)
+            self._rows = RowTable(self._views, self.columns)
         return self._rows
 
     def _narrow(self, col: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
