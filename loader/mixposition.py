@@ -152,10 +152,11 @@ class MixPosition:
         rows = max(-(-len(at) // samples), 1)  # the last may be short: the share's end
         cell = np.repeat(np.arange(rows, dtype=np.int64) * width, samples)[: len(at)] + at
         counts = np.bincount(cell, minlength=rows * width).reshape(rows, width).tolist()
+        # a batch holding every source (the common case) takes its pairs as zip makes them
         self._counted = {
-            (self._taken + i * samples, samples): tuple(
-                (n, c) for n, c in zip(names, row, strict=True) if c
-            )
+            (self._taken + i * samples, samples): tuple(zip(names, row, strict=True))
+            if all(row)
+            else tuple((n, c) for n, c in zip(names, row, strict=True) if c)
             for i, row in enumerate(counts)
         }
 

@@ -81,8 +81,9 @@ class StatsRecorder:
         self.last_t: float | None = None
         self.waited_on_storage = 0
         self.per_batch: deque[dict[str, Any]] = deque(maxlen=PER_BATCH_KEPT)
-        #: a mixture's totals per source: samples and storage wait seconds
-        self.sources: dict[str, dict[str, float]] = {}
+        #: a mixture's totals per source: samples, and storage wait seconds (``sources``)
+        self._source_samples: dict[str, int] = {}
+        self._source_storage: dict[str, float] = {}
         self.extra: Callable[[], dict[str, Any]] | None = None
         self._log: IO[str] | None = open(log, "a", encoding="utf-8") if log else None
         self.epoch = 0
@@ -109,19 +110,20 @@ class StatsRecorder:
         for kind in WAIT_KINDS:
             self.waits[kind] += getattr(timing, kind)
         self.step_time += timing.step
-        sources = self.sources
-        for name, n in timing.sources:
-            src = sources.get(name)
-            if src is None:
-                src = sources[name] = {"samples": 0, "storage_s": 0.0}
-            src["samples"] += n
+        if timing.sources:  # a mixture's batch: a few steps per source, no dict per source
+            got = self._source_samples
+            for name, n in timing.sources:
+                got[name] = got.get(name, 0) + n
             if timing.storage:  # most batches waited on nothing: no sum to add
-                src["storage_s"] += timing.storage * n / max(timing.samples, 1)
-        if timing.sources and self.exporter is not None:
-            self.exporter.set_sources(
-                {k: int(v["samples"]) for k, v in self.sources.items()},
-                {k: v["storage_s"] for k, v in self.sources.items()},
-            )
+                wait = self._source_storage
+                for name, n in timing.sources:
+                    wait[name] = wait.get(name, 0.0) + timing.storage * n / max(timing.samples, 1)
+            if self.exporter is not None:
+                totals = self.sources
+                self.exporter.set_sources(
+                    {k: int(v["samples"]) for k, v in totals.items()},
+                    {k: v["storage_s"] for k, v in totals.items()},
+                )
         waited = timing.waited_on_storage
         self.waited_on_storage += waited
         self.per_batch.append(
@@ -137,6 +139,16 @@ class StatsRecorder:
         if self._log is not None:
             self._log.write(json.dumps(self._record(timing, cache).to_json()) + "\n")
             self._log.flush()
+
+    @property
+    def sources(self) -> dict[str, dict[str, float]]:
+        """A mixture's totals per source (in the order first seen): ``samples`` and
+        ``storage_s``, the storage wait of its batches shared by their samples."""
+        wait = self._source_storage
+        return {
+            k: {"samples": n, "storage_s": wait.get(k, 0.0)}
+            for k, n in self._source_samples.items()
+        }
 
     @staticmethod
     def _record(timing: BatchTiming, cache: dict[str, Any] | None) -> StatsRecord:
@@ -195,7 +207,7 @@ class StatsRecorder:
             elapsed_s=elapsed,
             wait_s=dict(self.waits),
             batches_waited_on_storage=self.waited_on_storage,
-            sources={k: dict(v) for k, v in self.sources.items()},
+            sources=self.sources,
             cache={
                 k: (cache or {}).get(k) for k in ("used_bytes", "capacity") if k in (cache or {})
             },
@@ -205,7 +217,8 @@ class StatsRecorder:
         """A mixture's sources: samples, samples/s, share of the samples and storage wait (a
         batch's wait shared among its sources by their samples in it)."""
         elapsed = (self.last_t - self.first_t) if self.last_t and self.first_t else 0.0
-        total = sum(v["samples"] for v in self.sources.values()) or 1
+        sources = self.sources
+        total = sum(v["samples"] for v in sources.values()) or 1
         return {
             name: {
                 "samples": int(v["samples"]),
@@ -213,7 +226,7 @@ class StatsRecorder:
                 "share": v["samples"] / total,
                 "storage_wait_s": v["storage_s"],
             }
-            for name, v in self.sources.items()
+            for name, v in sources.items()
         }
 
     def summary(self) -> dict[str, Any]:
