@@ -413,7 +413,7 @@ class _OpenShard:
 
 
 def _gather_segments(
-    opened: dict[int, _OpenShard], at: list[tuple[int, int, int]], *, with_starts: bool
+    opened: Mapping[int, _OpenShard], at: list[tuple[int, int, int]], *, with_starts: bool
 ) -> Segments:
     """The segments of rows ``at`` (shard, record batch, row) in batch order: each row's
     slice of its record batch's segment table, copied in one compiled loop (no per-row
