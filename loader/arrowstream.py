@@ -172,7 +172,10 @@ class ArrowArrival:
                 batch = reader.read_next_batch()
                 if source.tell() != hi:
                     raise pa.ArrowInvalid(f"the stream reader stopped at byte {source.tell()}")
-        except (pa.ArrowInvalid, pa.ArrowIOError, StopIteration) as exc:
+            # its bytes have not been checksummed yet: bounds and offsets checked before use
+            # (Arrow reads IPC buffers as they are; a garbled one would be read out of bounds)
+            batch.validate(full=True)
+        except (pa.ArrowException, OSError, StopIteration) as exc:  # Arrow IO errors are OSError
             raise CorruptShardError(
                 f"shard {self.name}: record batch {b} (bytes {lo}-{hi}) is unreadable ({exc})"
             ) from None
@@ -211,7 +214,7 @@ def _open_stream(
     source.seek(magic)
     try:
         reader = pa.ipc.open_stream(source)
-    except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise CorruptShardError(f"shard {name}: unreadable schema message ({exc})") from None
     if source.tell() != start:
         raise CorruptShardError(
