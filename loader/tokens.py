@@ -19,7 +19,7 @@ record batch by record batch from the cache's part file (``arrowstream.py``), ea
 as soon as its bytes have landed, and the gather takes its rows from the view exactly as
 from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
 streams the same way once the walk of its messages has found a row's record batch
-(``flashfeed.ipcwalk``); one with dictionary columns is served once whole.
+(``flashfeed.ipcwalk``); one with dictionary columns streams in file order.
 """
 
 from __future__ import annotations
