@@ -27,6 +27,7 @@ def test_tokcold_prints_every_row_and_writes_its_rounds(tmp_path: Path) -> None:
     for name in rows:
         (r,) = result["rounds"][name]
         assert r["gbps"] > 0 and r["batches"] == 2 * (1 << 20) // (512 * 2) // 16, name
+        assert r["cpu_s"] > 0, name
     assert result["of_local"]["local"] == 1.0
     printed = {line.split()[0] for line in run.stdout.splitlines() if line.split()}
     assert rows <= printed, run.stdout
