@@ -20,6 +20,7 @@ __all__ = [
     "list_index",
     "list_views",
     "open_arrow_view",
+    "plain_keys",
 ]
 
 
@@ -136,8 +137,15 @@ def list_views(col: pa.ChunkedArray, name: str, shard: str) -> list[ListView]:
 
 
 def _one_array(col: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """The keys of a shard as one array (a copy of the keys only, once per shard opened)."""
-    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    """The keys of a shard as one array (a copy of the keys only, once per shard opened),
+    dictionary-encoded keys decoded (``plain_keys``)."""
+    return plain_keys(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
+
+
+def plain_keys(keys: pa.Array) -> pa.Array:
+    """Dictionary-encoded keys as their values: a batch takes a few keys of a shard each
+    time, and taking them from a dictionary array cost twice as much per call."""
+    return keys.dictionary_decode() if pa.types.is_dictionary(keys.type) else keys
 
 
 def open_arrow_view(

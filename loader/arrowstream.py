@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
 
-from .arrowcols import ArrowShardView, ListView, column_views, list_views
+from .arrowcols import ArrowShardView, ListView, column_views, list_views, plain_keys
 
 if TYPE_CHECKING:
     from flashfeed.arrowlayout import BatchLayout
@@ -82,6 +82,8 @@ class ArrowArrival:
         self.key_type = None
         if layout.schema.get_field_index("__key__") >= 0:
             self.key_type = layout.schema.field("__key__").type
+            if pa.types.is_dictionary(self.key_type):  # kept decoded (``plain_keys``)
+                self.key_type = self.key_type.value_type
             self.keys = [pa.nulls(int(n), self.key_type) for n in np.diff(layout.rows)]
         #: per column, the placeholder of a record batch not landed yet
         self.blank = _blanks(layout.schema, columns, name)
@@ -201,7 +203,7 @@ class ArrowArrival:
         for c in self.lists:
             held_lists[c][b] = list_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
         if view.keys is not None:
-            self.keys[b] = batch.column("__key__")
+            self.keys[b] = plain_keys(batch.column("__key__"))
 
 
 def _open_stream(

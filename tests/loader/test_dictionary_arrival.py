@@ -102,6 +102,7 @@ def test_record_batches_join_in_file_order_once_all_before_them_landed(tmp_path,
         assert keys == [f"k{n}" for n in range(rows)]
         assert np.array_equal(tokens.reshape(-1), np.arange(rows * SEQ, dtype=np.int32))
     assert view.arriving is None  # every record batch joined and the walk met the end
+    assert view.keys.type == pa.string()  # kept decoded: a batch's take of keys is cheaper
     assert set(range(len(ROWS))) <= set(ends)  # seen with 0, 1, 2, 3 batches in
     keys, tokens = _rows(view)
     whole = pa.ipc.open_file(pa.py_buffer(data)).read_all()
