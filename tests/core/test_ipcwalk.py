@@ -234,3 +234,30 @@ def test_mutated_files_end_in_record_batches_or_one_clear_error(edits, cut):
     layout = walk.layout()
     assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= len(data)
     assert (np.diff(layout.rows) >= 0).all() and layout.num_rows <= 60
+
+
+DICT_FILE = _dictionary_file(deltas=True)[0]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 255)), max_size=8),
+    cut=st.none() | st.integers(0, len(DICT_FILE)),
+)
+def test_mutated_dictionary_files_end_in_record_batches_or_one_clear_error(edits, cut):
+    """The same with dictionary batches before and between the record batches."""
+    data = bytearray(DICT_FILE)
+    head = head_size(DICT_FILE[:16], name="s")
+    assert head is not None
+    for pos, value in edits:
+        data[head + pos % (len(data) - head)] = value
+    data = data[:cut] if cut is not None and cut > head else data
+    walk = start_walk(DICT_FILE[:head], name="s", size=len(data), rows=9)
+    try:
+        walk.advance(lambda lo, hi: bytes(data[lo:hi]), lambda lo, hi: hi <= len(data))
+    except FlashfeedError:
+        return
+    layout = walk.layout()
+    assert layout.sequential
+    assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= len(data)
+    assert (np.diff(layout.rows) >= 0).all() and layout.num_rows <= 9
