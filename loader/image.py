@@ -297,7 +297,9 @@ class Loader(PlannedLoader):
         feeder = self.stream(order, lookahead=self._lookahead())
         try:
             # the first batches' fetches start, then the pipeline builds while they run: a
-            # built pipeline takes no sample before the first run(), after wait_ready(0)
+            # built pipeline takes no sample before the first run(), after wait_ready(0);
+            # the rest of the download waits until the first batch is made
+            feeder.hold_ahead()
             feeder.ask(0)
             startup = self.runner.start(order) if order.num_batches else 0.0
             storage = feeder.wait_ready(0)
