@@ -89,9 +89,11 @@ def test_a_hold_ends_by_itself():
 
 
 def test_hold_refuses_negative_seconds(tmp_path):
-    with ShardCache(str(tmp_path / "c"), capacity=1 << 20) as cache:
-        with pytest.raises(ValueError, match="seconds must be >= 0, got -1"):
-            cache.hold_fetches(2, seconds=-1)
+    with (
+        ShardCache(str(tmp_path / "c"), capacity=1 << 20) as cache,
+        pytest.raises(ValueError, match="seconds must be >= 0, got -1"),
+    ):
+        cache.hold_fetches(2, seconds=-1)
 
 
 @pytest.fixture
@@ -131,10 +133,10 @@ def test_a_cold_first_batch_asks_only_for_its_own_bytes_until_it_is_made(
     )  # fmt: skip
     first_run = (1 + loader._lookahead()) * loader.batch_size  # batches 0..lookahead
     index = {s: ds.read_index(s) for s in range(len(ds.shards))}
+    first = zip(plan.shards[:first_run].tolist(), plan.rows[:first_run].tolist(), strict=True)
     allowed = {
         (ds.shards[s].path.rsplit("/", 1)[1], p)
-        for s, r in zip(plan.shards[:first_run].tolist(), plan.rows[:first_run].tolist(),
-                        strict=True)  # fmt: skip
+        for s, r in first
         for p in range(index[s][r].start // 4096, (index[s][r].end - 1) // 4096 + 1)
     }
     batches = list(loader)
