@@ -38,6 +38,7 @@ __all__ = ["StreamFeeder", "readahead_budget_bytes"]
 _MARGIN = 2.0  # fetch ahead for twice the time a fill takes
 _PRIOR_SHARDS = 4  # read-ahead before anything is measured
 _HOLD_SECONDS = 3.0  # the longest a first batch keeps the rest of the download waiting
+_START_WAIT = 0.25  # the longest a loader waits for its first GETs before building
 
 
 class StreamFeeder:
@@ -118,6 +119,34 @@ class StreamFeeder:
         hold(min(k + self.lookahead, self.pass_order.num_batches - 1), seconds=seconds)
         self._holding = True
         return True
+
+    def wait_started(self, k: int = 0, *, timeout: float = _START_WAIT) -> float:
+        """Until the first bytes of each of batch ``k``'s shards have landed (at most
+        ``timeout`` seconds); the seconds waited. A loader waits here before it builds its
+        pipeline: the build keeps the fetch threads from running (on 2 busy cores their
+        first ranged GETs went out only as it ended), so the first GETs go out before it."""
+        if not self.streaming:
+            return 0.0
+        sl = self.pass_order.batch_slice(k)
+        shards = np.unique(self.pass_order.shards[sl]).tolist()
+        t0 = time.perf_counter()
+        delay = 0.0005
+        waited = False
+        while time.perf_counter() - t0 < timeout:
+            waiting = False
+            for shard in shards:
+                future = self._needed.get(shard)
+                if future is None or future.done():
+                    continue
+                got = self._partial(shard)
+                if got is None or not got.progress.started():
+                    waiting = True
+            if not waiting:
+                break
+            waited = True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+        return time.perf_counter() - t0 if waited else 0.0
 
     def release_ahead(self) -> None:
         """End ``hold_ahead``: the rest of the download goes on."""

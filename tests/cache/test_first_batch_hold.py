@@ -155,3 +155,44 @@ def test_a_cold_first_batch_asks_only_for_its_own_bytes_until_it_is_made(
     assert len(delivered) == len(plan.ids) == len(set(delivered))
     labels = np.concatenate([b["label"].numpy() for b in batches])
     assert labels.min() >= 0 and labels.max() < 10
+
+
+def test_the_first_gets_are_sent_before_the_pipeline_is_built(
+    s3_prefix, proxy, tmp_path, monkeypatch
+):
+    """The pipeline's build keeps the fetch threads from running: a cold loader waits
+    (briefly) until each of its first batch's shards has its index and its first GETs are
+    out, then builds. Observed at the store: ranged GETs of every shard of batch 0 arrived
+    before the build began."""
+    from flashfeed.loader.dali_runner import DaliRunner
+
+    proxy.delay = 0.02  # each request: the index alone takes a round trip
+    make_image_dataset(s3_prefix, [48, 48, 48], classes=10)
+    ds = Dataset.open(s3_prefix, storage_options={"endpoint_url": proxy.endpoint})
+    cache = ShardCache(
+        str(tmp_path / "cache"), capacity=1 << 30, part_size="4KiB", concurrency=4, retry=FAST
+    )
+    at_build: list[int] = []
+    real = DaliRunner.start
+
+    def start(self: DaliRunner, order: object) -> float:
+        at_build.append(len(proxy.requests))
+        return float(real(self, order))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DaliRunner, "start", start)
+    loader = Loader(ds, batch_size=8, image_size=16, cache=cache, window=3, py_workers=0)
+    plan = make_pass_order(
+        loader.position.remaining(), loader.position.shard_sizes,
+        batch_size=loader.batch_size, drop_last=loader.drop_last,
+    )  # fmt: skip
+    first = {ds.shards[s].path.rsplit("/", 1)[1] for s in set(plan.shards[:8].tolist())}
+    n = sum(len(b["label"]) for b in loader)
+    loader.close()
+    cache.close()
+    assert n == len(plan.ids) and at_build
+    sent = {
+        r.path.rsplit("/", 1)[1]
+        for r in proxy.requests[: at_build[0]]
+        if r.method == "GET" and r.path.endswith(".tar") and r.range
+    }
+    assert first <= sent
