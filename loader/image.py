@@ -297,10 +297,13 @@ class Loader(PlannedLoader):
         feeder = self.stream(order, lookahead=self._lookahead())
         try:
             # the first batches' fetches start, then the pipeline builds while they run: a
-            # built pipeline takes no sample before the first run(), after wait_ready(0)
+            # built pipeline takes no sample before the first run(), after wait_ready(0);
+            # the rest of the download waits until the first batch is made
+            feeder.hold_ahead()
             feeder.ask(0)
+            started = feeder.wait_started(0)  # storage wait: the first bytes, pre-build
             startup = self.runner.start(order) if order.num_batches else 0.0
-            storage = feeder.wait_ready(0)
+            storage = started + feeder.wait_ready(0)
             if "first_batch_s" not in self.startup and order.num_batches:
                 reader = self._build_timings.get("reader_start_s", 0.0)
                 self.startup["pipeline_build_s"] = max(startup - reader, 0.0)
