@@ -2,10 +2,11 @@
 interleaved rounds:
 
   flashfeed   ``flashfeed.ingest.run`` (one Ray task per shard, tar + .idx, manifest)
-  ray-data    ``read_binary_files(override_num_blocks=shards)`` + ``map_batches`` (vectorised,
-              one call per block) + ``write_webdataset(encoder=None, min_rows_per_file=N,
-              try_create_dir=False)`` on the same Ray, whose object store (1 GiB) holds the
-              whole corpus several times over
+  ray-data    ``read_binary_files(override_num_blocks=shards)`` + ``map_batches`` (one call
+              per block, doing ingest's per-image work: ``transform_record``, the decode
+              check and re-encoding as asked) + ``write_webdataset(encoder=None,
+              min_rows_per_file=N, try_create_dir=False)`` on the same Ray, whose object
+              store (1 GiB) holds the whole corpus several times over
   shardwriter webdataset's ``ShardWriter`` in one process, each shard uploaded when closed,
               doing ingest's per-image work (``transform_record`` with the same options:
               the decode check, re-encoding where ``--jpeg-quality`` asks)
@@ -91,7 +92,12 @@ def run_flashfeed(
 
 
 def run_ray_data(
-    corpus: Path, dest: str, rows_per_file: int, blocks: int, opts: dict[str, Any]
+    corpus: Path,
+    dest: str,
+    rows_per_file: int,
+    blocks: int,
+    opts: dict[str, Any],
+    work: Any = None,
 ) -> dict:
     import pyarrow.fs as pafs
     import ray.data
@@ -108,17 +114,24 @@ def run_ray_data(
     classes = sorted(p.name for p in corpus.iterdir() if p.is_dir())
     label = {c: i for i, c in enumerate(classes)}
 
+    busy = work is not None and (work.validate or work.reencode)
+
     def to_samples(batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
-        keys, classes = [], []
-        for path in batch["path"]:
+        from flashfeed.ingest.transforms import transform_record
+
+        keys, classes, images = [], [], []
+        for path, data in zip(batch["path"], batch["bytes"], strict=True):
             cls = path.rsplit("/", 2)[-2]
             keys.append(cls + "_" + path.rsplit("/", 1)[-1].split(".")[0])
             classes.append(str(label[cls]).encode())
+            if busy:  # ingest's own per-image work, as the other writers do it
+                data = transform_record({"jpg": bytes(data)}, {"jpg": "image"}, work)["jpg"]
+            images.append(data)
         return {
             "__key__": np.array(keys, dtype=object),
-            "jpg": batch["bytes"],
+            "jpg": np.array(images, dtype=object),
             "cls": np.array(classes, dtype=object),
         }
 
@@ -154,6 +167,7 @@ def run_shardwriter(
 ) -> dict:
     import webdataset as wds
 
+    from flashfeed.ingest.putobject import put_object
     from flashfeed.ingest.transforms import transform_record
 
     kinds = {"jpg": "image", "cls": "text"}
@@ -162,9 +176,10 @@ def run_shardwriter(
     tmp = tempfile.mkdtemp(prefix="ffbw-", dir="/tmp")
     uploaded: list[int] = []
 
-    def upload(path: str) -> None:
-        storage.put_file(path, storage.join(dest, os.path.basename(path)), storage_options=opts)
-        uploaded.append(os.path.getsize(path))
+    def upload(path: str) -> None:  # the PUT ingest makes (put_object), of the closed shard
+        data = Path(path).read_bytes()
+        put_object(storage.join(dest, os.path.basename(path)), data, storage_options=opts)
+        uploaded.append(len(data))
         os.unlink(path)
 
     t0 = time.perf_counter()
@@ -238,9 +253,11 @@ def ceilings(
     rounds: int = 3,
 ) -> dict[str, Any]:
     """Raw speeds the writers cannot beat here: reading the corpus, and PUTs in ingest's own
-    shape (shard-sized objects through ``storage.write_bytes``, ``in_flight`` at once as
+    shape (shard-sized objects through ingest's ``put_object``, ``in_flight`` at once as
     Ray runs one shard task per CPU) of ``total`` bytes, median of ``rounds``."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from flashfeed.ingest.putobject import put_object
 
     t0 = time.perf_counter()
     n = sum(len(p.read_bytes()) for p, _ in _files(corpus))
@@ -250,7 +267,7 @@ def ceilings(
     count = max(in_flight, -(-total // size))
 
     def put(i: int) -> int:
-        storage.write_bytes(f"s3://{bucket}/ceiling/{i:05d}", blob, storage_options=opts)
+        put_object(f"s3://{bucket}/ceiling/{i:05d}", blob, storage_options=opts)
         return size
 
     puts = []
@@ -339,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
                     if method == "flashfeed":
                         out = run_flashfeed(corpus, dest, shard_size, opts, work)
                     elif method == "ray-data":
-                        out = run_ray_data(corpus, dest, rows_per_file, blocks, opts)
+                        out = run_ray_data(corpus, dest, rows_per_file, blocks, opts, work)
                     else:
                         out = run_shardwriter(corpus, dest, shard_size, opts, work)
                     out["mb_s"] = corpus_bytes / out["seconds"] / 1e6
