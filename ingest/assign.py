@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -82,4 +83,4 @@ def shard_groups(shards: int, cpus: int) -> list[range]:
         raise ValueError(f"cpus must be >= 1, got {cpus}")
     groups = max(min(shards, cpus), -(-shards // GROUP_SHARDS))
     bounds = [shards * g // groups for g in range(groups + 1)] if groups else [0]
-    return [range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return [range(a, b) for a, b in pairwise(bounds)]
