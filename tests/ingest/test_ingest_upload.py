@@ -1,11 +1,14 @@
-"""How shard tasks upload: ``put_object`` (ingest's own signed PUT, s3fs's elsewhere) on the
-real S3 server, runs of shards per task (``shard_groups``), and ``run_shards`` building the
-same shards ``run_shard`` builds one by one while their uploads overlap."""
+"""How shard tasks make and upload shards: ``put_object`` (ingest's own signed PUT, s3fs's
+elsewhere) on the real S3 server, runs of shards per task (``shard_groups``), ``run_shards``
+building the same shards ``run_shard`` builds one by one while their uploads overlap, and
+tar members written whole giving the standard library's bytes."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,9 @@ from flashfeed.ingest.runner import _assign_shards
 from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.ingest.shardtask import ShardJob, TaskSpec, done_url, run_shard, run_shards
 from flashfeed.ingest.sources import StorageContext, scan_source
+from flashfeed.shardio import tar_shard_bytes
 from flashfeed.store import EmbeddedStore
+from flashfeed.tarshard import FIXED_MTIME
 
 
 def test_shard_groups_cover_every_shard_once_in_runs_that_fill_every_cpu() -> None:
@@ -91,3 +96,26 @@ def test_run_shards_writes_what_run_shard_writes_one_by_one(tmp_path: Path, s3_p
         assert storage.exists(done_url(f"{s3_prefix}/grouped", r.number))
     again = run_shards(spec, tuple(jobs))  # a retried task reuses what its first try finished
     assert all(r.reused for r in again) and [r.info for r in again] == [r.info for r in grouped]
+
+
+def test_tar_shards_are_what_tarfile_addfile_writes() -> None:
+    """Shard tars write each member whole; the bytes are the standard library's, member for
+    member (sizes on and off the 512-byte blocks, empty members, nested keys)."""
+    samples = [
+        ("000000001", {"cls": b"3", "jpg": os.urandom(70_001)}),
+        ("000000002", {"bin": b"", "seg.png": b"y" * 512}),
+        ("a/b/000000003", {"json": b"{}" * 300, "txt": b"x" * 511}),
+    ]
+    data, _, n = tar_shard_bytes(iter(samples))
+    ref = io.BytesIO()
+    with tarfile.open(fileobj=ref, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, fields in samples:
+            for ext in sorted(fields):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.mtime, info.mode = len(fields[ext]), FIXED_MTIME, 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(fields[ext]))
+    assert n == 3 and data == ref.getvalue()
+    with pytest.raises(ValueError, match="sample 'k.*too long"):
+        tar_shard_bytes(iter([("k" * 300, {"bin": b"x"})]))
