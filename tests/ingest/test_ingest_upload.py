@@ -117,5 +117,5 @@ def test_tar_shards_are_what_tarfile_addfile_writes() -> None:
                 info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(fields[ext]))
     assert n == 3 and data == ref.getvalue()
-    with pytest.raises(ValueError, match="sample 'k.*too long"):
+    with pytest.raises(ValueError, match=r"sample 'k.*too long"):
         tar_shard_bytes(iter([("k" * 300, {"bin": b"x"})]))
