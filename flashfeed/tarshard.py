@@ -11,7 +11,7 @@ import io
 import re
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from .errors import CorruptShardError, HostileInputError
 from .wdsindex import Component, SampleIndex, format_index, split_name
@@ -109,7 +109,7 @@ class TarShardWriter:
         """``TarFile.addfile`` with the member's bytes written whole: the header, the data in
         one write and its padding (``addfile`` copies through a file object 16 KiB at a
         time, a fifth of an image shard's CPU). Same bytes as ``addfile``."""
-        tar = self._tar
+        tar: Any = self._tar  # its writer state (fileobj, offset, members), as addfile keeps it
         header = info.tobuf(tar.format, tar.encoding, tar.errors)
         pad = -len(data) % tarfile.BLOCKSIZE
         tar.fileobj.write(header)
