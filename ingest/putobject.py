@@ -68,17 +68,18 @@ def _put(obj: Any, data: bytes | memoryview) -> None:
     """One signed PUT of ``data`` to ``obj`` (a ``cache.signedget.SignedObject``); a reused
     connection the server closed while idle is replaced once."""
     from flashfeed.cache.rangedbody import http_error
-    from flashfeed.cache.sigv4 import s3_get_headers
+    from flashfeed.cache.sigv4 import s3_get_headers, s3_path
 
     ep = obj.endpoint
+    path = s3_path(*obj.path.split("/", 1))
     for attempt in (0, 1):
         conn, reused = _CONNECTIONS.get(ep)
         headers = s3_get_headers(
-            host=ep.host_header, path=obj._url_path, region=ep.region, method="PUT",
+            host=ep.host_header, path=path, region=ep.region, method="PUT",
             extra={"content-type": "application/octet-stream"}, **ep.credentials(),
         )  # fmt: skip
         try:
-            conn.request("PUT", obj._url_path, body=data, headers=headers)
+            conn.request("PUT", path, body=data, headers=headers)
             response = conn.getresponse()
             body = response.read()
         except _RETRYABLE:
