@@ -93,12 +93,6 @@ class DocRows:
         self.info = np.asarray(rows, np.int64).reshape(-1, 7)
         self._keep = keep
 
-    def locate(self, shards: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's record batch (its entry in ``info``) and row within it."""
-        at = (shards.astype(np.int64) << 32) + rows
-        i = np.searchsorted(self.firsts, at, side="right") - 1
-        return i, at - self.firsts[i]
-
 
 def _info(toks: np.ndarray | None, off: np.ndarray, tab: np.ndarray | None) -> list[int]:
     ok = toks is not None and toks.ndim == 2 and len(toks) > 0
@@ -115,8 +109,9 @@ def _info(toks: np.ndarray | None, off: np.ndarray, tab: np.ndarray | None) -> l
 
 def _fill_rows(  # pragma: no cover - compiled; run through row_outputs
     like: np.ndarray,
-    index: np.ndarray,
-    inner: np.ndarray,
+    shards: np.ndarray,
+    rows: np.ndarray,
+    firsts: np.ndarray,
     info: np.ndarray,
     width: int,
     want: int,
@@ -125,38 +120,45 @@ def _fill_rows(  # pragma: no cover - compiled; run through row_outputs
     doc: np.ndarray,
     lab: np.ndarray,
     offs: np.ndarray,
-) -> tuple[np.ndarray, int, int, int, int, int]:
-    """Row ``r`` is row ``inner[r]`` of record batch ``index[r]`` (a row of ``info``):
-    its tokens at that record batch's address, its segments that row's slice of the
-    segment table. Checks every row first (nothing is written for a batch with a bad
-    row), then writes the wanted outputs row by row as ``docfill._fill`` does. Returns
-    ``(cu, sequences, max_seqlen, error, row, used)``: ``error`` 0, else that of batch row
-    ``row``: 1 (not a row of its record batch), 2 (not within its segment offsets) or 3
-    (its segments do not fit: ``used`` tokens in a row, 0 for an empty segment)."""
+) -> tuple[np.ndarray, int, int, int, int]:
+    """Row ``r`` is row ``rows[r]`` of shard ``shards[r]``: row ``i`` of the record batch
+    ``g`` of ``info`` whose ``firsts`` entry is the last at or before it, its tokens at that
+    record batch's address, its segments that row's slice of the segment table. Checks
+    every row first (nothing is written for a batch with a bad row), then writes the
+    wanted outputs row by row as ``docfill._fill`` does. Returns ``(cu_seqlens as int32,
+    max_seqlen, error, row, value)``: ``error`` 0, else that of batch row ``row``: 1 (not a
+    row of its record batch, which holds ``value`` rows), 2 (not within its segment
+    offsets) or 3 (its segments do not fit: ``value`` tokens, 0 for an empty segment)."""
     L = like.shape[1]
-    B = len(index)
+    B = len(rows)
+    index = np.empty(B, np.int64)
+    inner = np.empty(B, np.int64)
     total = 0
     for r in range(B):
-        g, i = index[r], inner[r]
-        if i < 0 or i >= info[g, 2]:
-            return np.empty(1, np.int64), 0, 0, 1, r, 0
+        at = (shards[r] << 32) + rows[r]
+        g = np.searchsorted(firsts, at, side="right") - 1
+        i = at - firsts[max(g, 0)]
+        if g < 0 or i < 0 or i >= info[g, 2]:
+            return np.empty(1, np.int32), 0, 1, r, info[g, 2] if g >= 0 else 0
         if i + 1 >= info[g, 4]:
-            return np.empty(1, np.int64), 0, 0, 2, r, 0
+            return np.empty(1, np.int32), 0, 2, r, 0
         off = carray(_int64_at(info[g, 3]), info[g, 4])
         a, b = off[i], off[i + 1]
         if not 0 <= a <= b <= info[g, 6]:
-            return np.empty(1, np.int64), 0, 0, 2, r, 0
+            return np.empty(1, np.int32), 0, 2, r, 0
         table = carray(_int64_at(info[g, 5]), info[g, 6] * width)
         used = 0
         for q in range(a, b):
             n = table[q * width]
             if n <= 0:
-                return np.empty(1, np.int64), 0, 0, 3, r, 0
+                return np.empty(1, np.int32), 0, 3, r, 0
             used += n
         if used > L:
-            return np.empty(1, np.int64), 0, 0, 3, r, used
+            return np.empty(1, np.int32), 0, 3, r, used
         total += b - a
-    cu = np.empty(total + B + 1, np.int64)
+        index[r] = g
+        inner[r] = i
+    cu = np.empty(total + B + 1, np.int32)
     cu[0] = 0
     s = 0
     longest = 0
@@ -197,7 +199,7 @@ def _fill_rows(  # pragma: no cover - compiled; run through row_outputs
             s += 1
             cu[s] = cu[s - 1] + L - p
             longest = max(longest, L - p)
-    return cu[: s + 1], s, longest, 0, 0, 0
+    return cu[: s + 1], longest, 0, 0, 0
 
 
 _fill_rows_jit = _compile(_fill_rows)
@@ -218,7 +220,6 @@ def row_outputs(
     buffer of any integer type), and ``outputs`` (names from ``DOC_OUTPUTS``), each (B, L)
     one in a buffer from ``alloc(shape, dtype)``, all in one compiled pass. ``where()``
     names the batch in an error."""
-    index, inner = table.locate(shards, rows)
     B, L = tokens.shape
     if table.like.shape[1] != L or not tokens.flags.c_contiguous:
         raise ValueError(f"tokens: a C-contiguous ({B}, {table.like.shape[1]}) buffer")
@@ -231,22 +232,22 @@ def row_outputs(
         if name in bufs:
             want |= bit
         arrays.append(bufs.get(name, _NONE2))
-    cu, _, longest, error, at, used = _fill_rows_jit(
-        table.like, index, inner, table.info, table.width, want, tokens, *arrays
+    shards, rows = np.ascontiguousarray(shards, np.int64), np.ascontiguousarray(rows, np.int64)
+    cu, longest, error, at, value = _fill_rows_jit(
+        table.like, shards, rows, table.firsts, table.info, table.width, want, tokens, *arrays
     )
     if error == 1:
-        got = int(table.info[index[at], 2])
-        raise IndexError(f"row {int(inner[at])} of a record batch of {got}")
+        raise IndexError(f"row {int(rows[at])} of a record batch of {value}")
     if error == 2:
-        raise IndexError(f"row {int(inner[at])} is not within its segment offsets")
+        raise IndexError(f"row {int(rows[at])} is not within its segment offsets")
     if error == 3:
         raise CorruptShardError(
-            f"{where()}: the document columns do not fit the rows (segments of {used} tokens "
+            f"{where()}: the document columns do not fit the rows (segments of {value} tokens "
             f"in a row of {L}, or an empty segment)"
         )
     out: dict[str, Any] = {}
     if "cu_seqlens" in outputs:  # small, and its length changes: not from the pools
-        out["cu_seqlens"] = cu.astype(np.int32)
+        out["cu_seqlens"] = cu
     if "max_seqlen" in outputs:
         out["max_seqlen"] = int(longest)
     for name in DOC_OUTPUTS:
@@ -264,7 +265,7 @@ def warm_rows(rows: np.dtype, tokens: np.dtype) -> None:
     outs = [np.empty((2, 4), np.int64) for _ in _ROW_BITS]
     want = TOKENS | POSITIONS | DOCUMENTS | LABELS | OFFSETS
     zero = np.zeros(2, np.int64)
-    got = _fill_rows_jit(stored[:0].copy(), zero, np.arange(2), info, 3, want,
+    got = _fill_rows_jit(stored[:0].copy(), zero, np.arange(2), zero[:1], info, 3, want,
                          np.empty((2, 4), tokens), *outs)  # fmt: skip
-    if got[3]:
-        raise RuntimeError(f"the document kernel's warm-up failed (error {got[3]})")
+    if got[2]:
+        raise RuntimeError(f"the document kernel's warm-up failed (error {got[2]})")

@@ -279,7 +279,7 @@ class TokenLoader(PlannedLoader):
         if self.copier is not None:
             return self.copier.staging(shape, _torch_dtype(dtype)).numpy()
         if not self.pin_memory:
-            return self.host_pool.take(shape, dtype).numpy()
+            return self.host_pool.array(shape, dtype)
         t = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=self.pin_memory)
         return t.numpy()
 
