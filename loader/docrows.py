@@ -82,6 +82,8 @@ class DocRows:
                 if tab is not None:
                     tab = np.ascontiguousarray(tab, np.int64)
                     width = width or tab.shape[1]
+                    if tab.ndim != 2 or tab.shape[1] != width:
+                        raise ValueError(f"a segment table of shape {tab.shape}: one width for all")
                 keep += [toks, off, tab]
                 rows.append(_info(toks, off, tab))
                 firsts.append(first)
@@ -236,10 +238,12 @@ def row_outputs(
     cu, longest, error, at, value = _fill_rows_jit(
         table.like, shards, rows, table.firsts, table.info, table.width, want, tokens, *arrays
     )
-    if error == 1:
-        raise IndexError(f"row {int(rows[at])} of a record batch of {value}")
-    if error == 2:
-        raise IndexError(f"row {int(rows[at])} is not within its segment offsets")
+    if error in (1, 2):
+        row = f"{where()}: row {int(rows[at])} of shard number {int(shards[at])}"
+        raise IndexError(
+            f"{row} is not within its record batch of {value} rows" if error == 1 else
+            f"{row} is not within its segment offsets"
+        )  # fmt: skip
     if error == 3:
         raise CorruptShardError(
             f"{where()}: the document columns do not fit the rows (segments of {value} tokens "
