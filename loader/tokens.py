@@ -46,19 +46,13 @@ from .mixsource import MixtureDataset
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
-from .segments import (
-    DOC_OUTPUTS,
-    MappedRows,
-    Segments,
-    check_outputs,
-    check_shared_offsets,
-    document_outputs,
-    mapped_rows,
-)
+from .segments import DOC_OUTPUTS, check_outputs, check_shared_offsets
 from .tokenrows import RowTable
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from .docrows import DocRows
 
 __all__ = ["DOC_OUTPUTS", "Batch", "TokenLoader", "default_max_open"]
 
@@ -123,6 +117,7 @@ class TokenLoader(PlannedLoader):
         self.max_open = max_open or default_max_open(sources, parts.options.window)
         self._views: OrderedDict[int, _OpenShard] = OrderedDict()
         self._rows: RowTable | None = None  # of the open shards: remade when they change
+        self._docs: tuple[RowTable, DocRows] | None = None  # remade with its RowTable
         self._scratch: dict[str, np.ndarray] = {}
         #: column -> row shape, type and the shard that set them (``_check_row_types``)
         self._row_types: dict[str, tuple[tuple[int, ...], np.dtype, str]] = {}
@@ -215,46 +210,49 @@ class TokenLoader(PlannedLoader):
         straight into the batch buffer (one ``np.concatenate`` of row views per column: one
         copy, a cost per row but none per shard, so a batch over many shards, as a
         mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``.
-        Tokens the document outputs widen are read in place by their kernel instead."""
+        With ``outputs``, the tokens are read in place by the document kernel instead,
+        which writes them and the outputs in one pass (``docrows.py``)."""
         sl = shards.tolist()
         opened = self._open_all(dict.fromkeys(sl))
         table = self._row_table(opened)
-        if not table.several:
+        out: dict[str, Any] = dict.fromkeys(self.columns)
+        gathered = [c for c in self.columns if not self.outputs or c != "tokens"]
+        if gathered and not table.several:
             at = list(zip(sl, itertools.repeat(0), rows.tolist()))
-        else:  # some shard holds several record batches: (shard, record batch, row in it)
+        elif gathered:  # some shard holds several record batches: (shard, record batch, row)
             chunks, inner = table.locate(shards, rows)
             at = list(zip(sl, chunks.tolist(), inner.tolist(), strict=True))
-        out: dict[str, Any] = {}
-        narrow: dict[str, np.ndarray | MappedRows] = {}
-        for col in self.columns:
+        for col in gathered:
             arrays = {s: o.view.columns[col] for s, o in opened.items()}
             first = next(iter(arrays.values()))[0]  # all alike (_check_row_types)
             dtype = np.dtype(self.dtype) if self.dtype else first.dtype
             buf = self._buffer((len(sl), *first.shape[1:]), dtype)
             # rows are gathered at their stored width, then widened in one contiguous pass
             rows_at = buf if dtype == first.dtype else self._narrow(col, buf.shape, first.dtype)
-            fused = bool(self.outputs) and col == "tokens" and rows_at is not buf
-            mapped = mapped_rows(arrays, at) if fused else None  # read in place, widened there
-            if mapped is None:
-                np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
-            if rows_at is not buf and not fused:  # (the outputs widen the tokens)
+            np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
+            if rows_at is not buf:
                 np.copyto(buf, rows_at, casting="unsafe")
             out[col] = buf
-            narrow[col] = rows_at if mapped is None else mapped
         keys = table.keys(sl, rows)
         if self.outputs:
+            from .docrows import DocRows, row_outputs  # numba: imported on first use
+
             if self._warm is not None:
                 self._warm.wait()  # what is left of the compile (its error, if it failed)
                 self._warm = None
-            seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
-            tokens = narrow["tokens"]
-            where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
-            wide = out["tokens"] if tokens is not out["tokens"] else None
-            docs = document_outputs(
-                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where,
-                tokens_out=wide,
-            )  # fmt: skip
-            out.update(docs)  # type: ignore[arg-type]
+            docs = self._docs
+            if docs is None or docs[0] is not table:  # the open shards changed
+                docs = self._docs = (table, DocRows(self._views if table is self._rows else opened))
+            like = docs[1].like
+            dtype = np.dtype(self.dtype) if self.dtype else like.dtype
+            out["tokens"] = self._buffer((len(sl), like.shape[1]), dtype)
+
+            def where() -> str:
+                return f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
+
+            out.update(row_outputs(
+                docs[1], shards, rows, self.outputs, out["tokens"], self._buffer, where=where
+            ))  # fmt: skip
         return out, keys
 
     def _row_table(self, opened: dict[int, _OpenShard]) -> RowTable:
@@ -281,7 +279,7 @@ class TokenLoader(PlannedLoader):
         if self.copier is not None:
             return self.copier.staging(shape, _torch_dtype(dtype)).numpy()
         if not self.pin_memory:
-            return self.host_pool.take(shape, dtype).numpy()
+            return self.host_pool.array(shape, dtype)
         t = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=self.pin_memory)
         return t.numpy()
 
@@ -396,21 +394,6 @@ class _OpenShard:
         else:
             self._made_from.append(chunks[0])
         return chunks[0].offsets, table
-
-
-def _gather_segments(
-    opened: dict[int, _OpenShard], at: list[tuple[int, int, int]], *, with_starts: bool
-) -> Segments:
-    """The segments of rows ``at`` (shard, record batch, row) in batch order: each row's
-    slice of its record batch's segment table, copied in one compiled loop (no per-row
-    numpy work in Python, no reordering)."""
-    from .docfill import gather_segments  # numba: imported on first use
-
-    groups: dict[tuple[int, int], int] = {}
-    group = [groups.setdefault((s, c), len(groups)) for s, c, _ in at]
-    tables = [opened[s].segments()[c] for s, c in groups]
-    counts, seg = gather_segments(np.array(group), np.array([i for *_, i in at]), tables)
-    return Segments(counts, seg[:, 0], seg[:, 1], seg[:, 2] if with_starts else None)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
