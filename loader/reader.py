@@ -286,10 +286,10 @@ class BatchSource:
         shards, rows = self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist()
         if self._plain:  # image bytes and labels: each sample as memoised in its open shard
             for shard, row in zip(shards, rows, strict=True):
-                values, key = self._plain_sample(shard, row)
+                values, kept_key = self._plain_sample(shard, row)
                 for col, value in zip(per_field, values, strict=True):
                     col.append(value)
-                key_col.append(key)
+                key_col.append(kept_key)
             return self._columns(per_field, key_col, lo, hi)
         for shard, row in zip(shards, rows, strict=True):
             # with several clips per video, plan row r is clip r % per of the sample r // per
