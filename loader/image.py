@@ -412,12 +412,12 @@ class Loader(PlannedLoader):
 def default_py_workers(source: ShardSource) -> int:
     """``Loader(py_workers=None)``: 0 for a source read in place, else 1.
 
-    A local shard is a memory map: the callback hands DALI views into it, and in this
-    process those views are what DALI decodes, with nothing copied or handed over. A reader
-    process instead copies every sample into shared memory and pickles the batch's layout,
-    and the loader's process unpickles it: 0.04-0.06 CPU ms per image on 2 cores, more than
-    the callback itself costs here (under 0.01 ms, on the interpreter that waits in
-    ``run()`` anyway). A cache-backed source keeps one, so a sample of a shard still
+    A local shard is a memory map: the callback hands DALI views into it in this process,
+    with nothing handed between processes. A reader process instead copies every sample
+    into shared memory and pickles the batch's layout for this process to unpickle: it
+    cost 0.054-0.067 CPU ms per image on 2 cores, while the callback and DALI's copy of its
+    views add 0.015-0.03 ms here, on the interpreter that waits in ``run()`` anyway
+    (docs/LOADER.md). A cache-backed source keeps one, so a sample of a shard still
     arriving waits in that process."""
     return 0 if reads_in_place(source) else 1
 
