@@ -24,7 +24,7 @@ rounds; the work ceiling: the per-image work alone, read + ``transform_record``,
 tar, no upload, in as many processes as Ray CPUs, timed in every round beside the writers;
 the work+PUT ceiling: that work and the PUTs of the shards it makes, each process uploading
 one shard while it works on the next, on the same cores as the S3 server:
-``ingestceilings.py``). Ingest is reported as a fraction of min(PUT limit, work ceiling,
+``harness/ingestceilings.py``). Ingest is reported as a fraction of min(PUT limit, work ceiling,
 work+PUT ceiling), the ceiling that binds, and of the PUT limit alone; writes everything as
 JSON. Not a timed test: run it by hand.
 
@@ -44,10 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.ingestceilings import WorkCeiling, ceilings
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store
-from benchmarks.stages.ingestceilings import WorkCeiling, ceilings
 from flashfeed import storage
 from flashfeed.units import format_size, parse_size
 
