@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,20 @@ from benchmarks.harness.rounds import rotated
 OUTPUTS = ("position_ids", "document_ids", "cu_seqlens", "max_seqlen", "labels")
 
 
-def packed_rows(rows: int, seq: int, seed: int = 0) -> tuple[Any, np.ndarray]:
+@dataclass(frozen=True)
+class Segments:
+    """A batch's segments, row after row: ``counts[r]`` segments in row ``r``, their
+    ``lengths``, documents ``ids`` and where in their document they start."""
+
+    counts: np.ndarray
+    lengths: np.ndarray
+    ids: np.ndarray
+    starts: np.ndarray
+
+
+def packed_rows(rows: int, seq: int, seed: int = 0) -> tuple[Segments, np.ndarray]:
     """``rows`` rows of ``seq`` uint16 tokens filled with documents of a log-normal length
     mix (median 600 tokens), a row closed with padding where the next one does not fit."""
-    from flashfeed.loader.segments import Segments
-
     rng = np.random.default_rng(seed)
     counts, lengths = [], []
     for _ in range(rows):
@@ -118,7 +128,6 @@ class Batches:
 
         from flashfeed.ingest.tokenize import DOCUMENT_COLUMNS
         from flashfeed.loader.arrowcols import open_arrow_view
-        from flashfeed.loader.segments import Segments
         from flashfeed.loader.tokens import _OpenShard
         from flashfeed.shardio import shard_name, write_arrow_shard
 
