@@ -1,40 +1,83 @@
-"""The batch kernel of ``loader/docrows.py``: rows located by (shard, row) in a table of
-several shards of several record batches, each read where it lies, give the outputs the
-per-row kernel (``docfill.py``, checked against a per-token walk in test_docfill.py) gives
-for the same rows gathered first; bad rows and bad segments are refused."""
+"""The batch kernel of ``loader/docrows.py``, the one ``TokenLoader`` calls: its outputs equal
+a plain per-token walk (``support.docref``) of random rows for every mix of outputs and token
+types, and of rows located by (shard, row) in a table of several shards of several record
+batches, each read where it lies; bad rows and bad segments are refused."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.loader.docrows import DocRows, row_outputs
-from flashfeed.loader.segments import DOC_OUTPUTS, Segments, document_outputs
+from flashfeed.loader.segments import DOC_OUTPUTS
+
+from support.docref import RefShard, Segments, random_batch, walk
 
 
-class _Shard:
-    """An open shard as ``DocRows`` reads it: token rows and a segment table per record
-    batch (offsets as Arrow keeps them, int32)."""
+def _outputs(shard: RefShard, outputs, tokens_out: np.ndarray, rows=None, where="batch x"):
+    rows = np.arange(len(tokens_out)) if rows is None else rows
+    return row_outputs(
+        DocRows({0: shard}), np.zeros(len(rows), np.int64), rows, outputs, tokens_out,
+        lambda s, d: np.full(s, 7, d), where=lambda: where,
+    )  # fmt: skip
 
-    def __init__(self, number: int, batches: list[tuple[np.ndarray, list[np.ndarray]]]):
-        self.view = SimpleNamespace(columns={"tokens": [t for t, _ in batches]})
-        sizes = [len(t) for t, _ in batches]
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-        self.firsts = (np.int64(number) << 32) + starts
-        self.starts = starts
-        self._segs = []
-        for _, rows in batches:
-            offsets = np.zeros(len(rows) + 1, np.int32)
-            np.cumsum([len(r) for r in rows], out=offsets[1:])
-            table = np.concatenate(rows) if rows else np.zeros((0, 3), np.int64)
-            self._segs.append((offsets, table.reshape(-1, 3).astype(np.int64)))
-        self.rows = [r for _, rows in batches for r in rows]  # every row's segments
 
-    def segments(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        return self._segs
+def _same(got: dict, ref: dict, outputs) -> None:
+    assert set(got) == set(outputs)
+    for name in outputs:
+        value = got[name]
+        assert (value.tolist() if isinstance(value, np.ndarray) else value) == ref[name], name
+        if isinstance(value, np.ndarray):
+            assert value.dtype == (np.int32 if name == "cu_seqlens" else np.int64), name
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "int32", "uint32"])
+@pytest.mark.parametrize(
+    "outputs",
+    [DOC_OUTPUTS, ("labels",), ("position_ids", "cu_seqlens"), ("document_ids", "max_seqlen")],
+)
+def test_the_kernel_equals_a_per_token_walk(dtype, outputs):
+    rng = np.random.default_rng(len(outputs) * 31 + len(dtype))
+    for rows, seq in ((1, 1), (5, 7), (16, 64), (3, 300)):
+        seg, tokens = random_batch(rng, rows, seq, dtype)
+        wide = np.full(tokens.shape, 7, np.int64)
+        order = rng.permutation(rows)  # asked for shuffled, as a plan asks: walked in that order
+        got = _outputs(RefShard.of(seg, tokens), outputs, wide, order)
+        assert wide.tolist() == tokens[order].astype(np.int64).tolist()
+        _same(got, walk(_take(seg, order), tokens[order]), outputs)
+
+
+def _take(seg: Segments, rows) -> Segments:
+    """The segments of rows ``rows`` of ``seg``, in that order."""
+    flat = np.concatenate([seg.row(int(r)) for r in rows])
+    return Segments(seg.counts[rows], flat[:, 0], flat[:, 1], flat[:, 2])
+
+
+def test_a_batch_of_no_rows_gives_empty_outputs():
+    seg, tokens = random_batch(np.random.default_rng(1), 3, 4, "uint16")
+    out = _outputs(
+        RefShard.of(seg, tokens), ("position_ids", "cu_seqlens", "max_seqlen"),
+        np.zeros((0, 4), np.int64),
+    )  # fmt: skip
+    assert out["position_ids"].shape == (0, 4)
+    assert out["cu_seqlens"].tolist() == [0] and out["max_seqlen"] == 0
+
+
+@pytest.mark.parametrize(
+    ("counts", "lengths", "says"),
+    [
+        ([2, 1], [3, 3, 2], "segments of 6 tokens in a row of 4"),  # row 0 overfull
+        ([1, 1], [4, 0], "segments of 0 tokens"),  # an empty segment
+        ([1, 1], [4, -2], "segments of 0 tokens"),  # a negative length
+    ],
+)
+def test_segments_that_do_not_fit_are_refused(counts, lengths, says):
+    seg = Segments(np.array(counts), np.array(lengths), np.arange(len(lengths)))
+    tokens = np.zeros((2, 4), np.uint16)
+    with pytest.raises(CorruptShardError, match=f"shard x: .*do not fit the rows.*{says}"):
+        _outputs(RefShard.of(seg, tokens), ("labels",), np.empty((2, 4), np.int64),
+                 where="shard x")  # fmt: skip
 
 
 def _row_segments(rng: np.random.Generator, seq: int) -> np.ndarray:
@@ -47,7 +90,7 @@ def _row_segments(rng: np.random.Generator, seq: int) -> np.ndarray:
     return np.array(out, np.int64).reshape(-1, 3)
 
 
-def _shards(rng: np.random.Generator, seq: int, dtype: str) -> dict[int, _Shard]:
+def _shards(rng: np.random.Generator, seq: int, dtype: str) -> dict[int, RefShard]:
     shards = {}
     for number, sizes in ((3, (5, 1, 7)), (0, (4,)), (9, (6, 2))):
         batches = []
@@ -55,7 +98,7 @@ def _shards(rng: np.random.Generator, seq: int, dtype: str) -> dict[int, _Shard]
             tokens = rng.integers(0, 30000, (n, 2 * seq)).astype(dtype)
             rows = tokens[:, :seq] if n == 7 else np.ascontiguousarray(tokens[:, :seq])
             batches.append((rows, [_row_segments(rng, seq) for _ in range(n)]))
-        shards[number] = _Shard(number, batches)
+        shards[number] = RefShard(number, batches)
     return shards
 
 
@@ -79,21 +122,9 @@ def test_rows_located_in_the_kernel_equal_the_rows_gathered_first(dtype, wide, o
         segs = [shards[s].rows[r] for s, r in zip(numbers, rows, strict=True)]
         flat = np.concatenate(segs)
         seg = Segments(np.array([len(x) for x in segs]), flat[:, 0], flat[:, 1], flat[:, 2])
-        tokens = np.stack([_row(shards[s], r) for s, r in zip(numbers, rows, strict=True)])
-        want = document_outputs(seg, seq, tokens, outputs, lambda s, d: np.empty(s, d))
+        tokens = np.stack([shards[s].row(r) for s, r in zip(numbers, rows, strict=True)])
         assert got_tokens.tolist() == tokens.astype(wide).tolist()
-        assert set(got) == set(want)
-        for name, value in want.items():
-            if isinstance(value, np.ndarray):
-                assert got[name].dtype == value.dtype, name
-                assert got[name].tolist() == value.tolist(), name
-            else:
-                assert got[name] == value, name
-
-
-def _row(shard: _Shard, row: int) -> np.ndarray:
-    c = int(np.searchsorted(shard.starts, row, side="right")) - 1
-    return shard.view.columns["tokens"][c][row - shard.starts[c]]
+        _same(got, walk(seg, tokens), outputs)
 
 
 def test_bad_rows_and_segments_are_refused():
