@@ -27,10 +27,10 @@ a stage run in interleaved rounds whose order rotates every round):
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench)
-  docfill  TokenLoader's document outputs: the one-pass kernel vs the numpy passes vs
+  docfill  TokenLoader's document outputs: the batch kernel vs the numpy passes vs
            memcpy, and its compile cost (first call, start-up, disk cache)   (docfill)
   tokcold  a token dataset's first epoch from S3 (streaming by the layout, by the walk of
-           a pyarrow file, and whole) vs local disk and the download ceiling (tokcold)
+           a pyarrow file, with dictionaries) vs local disk and the download ceiling (tokcold)
   multimodal image-text pairs vs webdataset + PIL, vs the single-image Loader; buckets vs
            square                                                  (multimodal)
   crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc)

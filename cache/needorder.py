@@ -9,6 +9,10 @@ holding a slot of the ``AdaptiveLimit``. Ties go to the part nearer its object's
 then to submission order: fills of equal need advance side by side, front first, so
 fewer parts arrive ahead of a slower one of the same shard, and more of each shard's
 checksum is computed as its bytes arrive instead of read back later.
+
+``PartQueue.hold`` keeps parts needed later than a given batch waiting for a while (a cold
+first batch: the bytes it needs get every request and the CPU its decode shares with the
+download, instead of the rest of the window's 400 MB).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -138,6 +143,8 @@ class PartQueue:
         self._seq = itertools.count()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._hold = math.inf  # parts ranked above this wait ...
+        self._hold_until = 0.0  # ... until this time.monotonic() at the latest
 
     def submit(self, priority: Callable[[], float], run: Run, *, position: int = 0) -> None:
         """Queue ``run``; ``position``: the part's place in its object (0 = first)."""
@@ -157,20 +164,58 @@ class PartQueue:
         with self._cond:
             return len(self._items)
 
+    def hold(self, beyond: float, *, seconds: float) -> None:
+        """Start no part ranked above ``beyond`` for up to ``seconds`` (or until
+        ``release``); parts already running go on. A part ranked at or below it starts as
+        before."""
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        with self._cond:
+            self._hold = float(beyond)
+            self._hold_until = time.monotonic() + seconds
+            self._cond.notify_all()
+
+    def release(self) -> None:
+        """End a ``hold``: every waiting part may start again."""
+        with self._cond:
+            self._hold = math.inf
+            self._cond.notify_all()
+
+    def _held(self) -> float:
+        """The rank above which parts wait now (infinity: none wait; a closing queue runs
+        what is queued). The caller holds ``_cond``."""
+        if self._hold != math.inf and (self._closed or time.monotonic() >= self._hold_until):
+            self._hold = math.inf
+        return self._hold
+
+    def _pick(self) -> _Item | None:
+        """The most urgent part allowed to start now, taken off the queue."""
+        keyed = [(item.key(), item) for item in self._items]
+        if not keyed:
+            return None
+        key, best = min(keyed, key=lambda pair: pair[0])
+        if key[0] > self._held():
+            return None
+        self._items.remove(best)
+        return best
+
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._items and not self._closed:
-                    self._cond.wait()
+                while not self._closed and (
+                    not self._items or min(i.key()[0] for i in self._items) > self._held()
+                ):
+                    # held parts: look again soon (a part's rank changes once its shard's
+                    # index arrives, and the hold ends by itself)
+                    self._cond.wait(0.02 if self._items else None)
                 if not self._items:
                     return
             self.limit.acquire()
             with self._cond:
-                if not self._items:
+                best = self._pick()
+                if best is None:
                     self.limit.cancel()
                     continue
-                best = min(self._items, key=_Item.key)
-                self._items.remove(best)
             best.run(True)
 
     def close(self) -> None:

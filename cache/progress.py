@@ -122,6 +122,11 @@ class FillView:
         marks = os.pread(self._fd, last - first + 1, self._flags + 1 + first)
         return len(marks) == last - first + 1 and marks.count(1) == len(marks)
 
+    def started(self) -> bool:
+        """True once any block of the shard has been written (its first GETs answer)."""
+        blocks = -(-self.size // self.block) if self.block > 0 else 0
+        return blocks == 0 or 1 in os.pread(self._fd, blocks, self._flags + 1)
+
     def complete(self) -> bool:
         return self.done(0, self.size)
 

@@ -272,6 +272,17 @@ class ShardCache:
                 f"shard {i} of {dataset.url}",
             )
 
+    def hold_fetches(self, beyond_batch: int, *, seconds: float = 3.0) -> None:
+        """For up to ``seconds`` (or until ``release_fetches``), start no GET of a part
+        that no batch up to ``beyond_batch`` needs (see ``need``; a fetch ahead's parts
+        included): a cold first batch then gets every request and the CPU its decode
+        shares with the download. Parts already started finish."""
+        self.fetcher.queue.hold(beyond_batch, seconds=seconds)
+
+    def release_fetches(self) -> None:
+        """End ``hold_fetches``."""
+        self.fetcher.queue.release()
+
     def wait_fetch_ahead(self, timeout: float | None = None) -> None:
         """Block until the fetches ahead queued so far have finished (or failed)."""
         self._ahead.wait(timeout)

@@ -112,8 +112,8 @@ class DatasetView:
 def _arrow_partial(view: FillView, name: str, rows: int) -> PartialShard | None:
     """An Arrow shard's fill, once its schema message (the first bytes) has landed: with
     the layout it records, else with a walk of its messages (a shard of ``rows`` rows);
-    None when it is no IPC file or has dictionaries (the shard is read whole), or the fill
-    ends (or the shard is renamed into place) first."""
+    None when it is no IPC file (the shard is read whole), or the fill ends (or the shard
+    is renamed into place) first."""
     size: int | None = None
     try:
         while not view.ended():
@@ -127,8 +127,6 @@ def _arrow_partial(view: FillView, name: str, rows: int) -> PartialShard | None:
                 if layout is not None:
                     return PartialShard(view.part, [], view, layout)
                 walk = start_walk(head, name=name, size=view.size, rows=rows)
-                if walk is None:
-                    break
                 return PartialShard(view.part, [], view, walk=walk)
             time.sleep(0.002)
     except FileNotFoundError:  # renamed into place meanwhile: the whole shard is there

@@ -32,11 +32,14 @@ PREFIX = 16
 class BatchLayout:
     """The record batches of one shard: batch ``b`` is the IPC message at bytes
     ``[offsets[b], offsets[b + 1])`` of the file and holds rows ``[rows[b], rows[b + 1])``;
-    the schema message (``schema``) lies at bytes ``[0, offsets[0])``."""
+    the schema message (``schema``) lies at bytes ``[0, offsets[0])``. ``sequential``: the
+    spans also hold dictionary batches, so batch ``b`` is read after the ones before it,
+    once bytes ``[offsets[0], offsets[b + 1])`` are in (``ipcwalk.py``)."""
 
     offsets: np.ndarray
     rows: np.ndarray
     schema: pa.Schema
+    sequential: bool = False
 
     @property
     def num_batches(self) -> int:
@@ -49,6 +52,11 @@ class BatchLayout:
     def batch_of(self, rows: np.ndarray) -> np.ndarray:
         """The record batch holding each row."""
         return np.searchsorted(self.rows, rows, side="right") - 1
+
+    def needs(self, b: int) -> tuple[int, int]:
+        """The bytes that must have landed before record batch ``b`` can be read."""
+        lo = int(self.offsets[0] if self.sequential else self.offsets[b])
+        return lo, int(self.offsets[b + 1])
 
 
 def head_size(first: bytes, *, name: str) -> int | None:

@@ -9,6 +9,12 @@ schema, each one is the continuation marker ``0xFFFFFFFF``, an int32 metadata le
 the body. So once a record batch's header has landed its rows and its bytes are known, and a
 reader holding only a prefix of the file knows every record batch whose header lies in it.
 The walk goes front to back, as a fill fetches an Arrow shard's parts.
+
+A schema with dictionary fields has dictionary batch messages before the record batches
+that use them (and, for deltas, between them). The walk steps over them: each record batch's
+span starts where the message before it ended, so it holds the dictionary batches that
+precede it, and such a layout is ``sequential`` (record batch ``b`` is read once bytes
+``[offsets[0], offsets[b + 1])`` have landed, after the ones before it).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ __all__ = ["IpcWalk", "message_header", "start_walk"]
 
 _CONTINUATION = b"\xff\xff\xff\xff"
 _RECORD_BATCH = 3
+_DICTIONARY_BATCH = 2
 _KINDS = {0: "an empty message", 1: "a schema", 2: "a dictionary batch", 4: "a tensor"}
 
 
@@ -82,14 +89,26 @@ class IpcWalk:
     message from byte ``start`` (where the schema message ends); ``rows``: how many the
     manifest says it holds. ``advance`` goes on as far as the landed bytes allow;
     ``layout()`` is what it has found, as a ``BatchLayout``; ``ended`` once it met the
-    end-of-stream marker, all rows found."""
+    end-of-stream marker, all rows found. With ``dictionaries`` (the schema has dictionary
+    fields) dictionary batch messages are stepped over and the layout is sequential."""
 
-    def __init__(self, schema: pa.Schema, *, start: int, size: int, rows: int, name: str):
+    def __init__(
+        self,
+        schema: pa.Schema,
+        *,
+        start: int,
+        size: int,
+        rows: int,
+        name: str,
+        dictionaries: bool = False,
+    ):
         self.schema = schema
         self.size = size
         self.expected = rows
         self.name = name
+        self.dictionaries = dictionaries
         self.ended = False
+        self._at = start  # where the next message starts
         self._offsets = [start]
         self._rows = [0]
         self._layout: BatchLayout | None = None
@@ -107,7 +126,7 @@ class IpcWalk:
         more rows than the manifest's) is a ``CorruptShardError`` naming the shard and byte."""
         grew = False
         while not self.ended:
-            at = self._offsets[-1]
+            at = self._at
             where = f"shard {self.name}: the message at byte {at}"
             if at + 8 > self.size:
                 raise CorruptShardError(f"{where} is cut off by the shard's end ({self.size})")
@@ -131,15 +150,20 @@ class IpcWalk:
             if not landed(at + 8, at + 8 + length):
                 break
             kind, body, rows = message_header(read(at + 8, at + 8 + length), where=where)
-            if kind != _RECORD_BATCH:
+            dictionary = kind == _DICTIONARY_BATCH and self.dictionaries
+            if kind != _RECORD_BATCH and not dictionary:
                 what = _KINDS.get(kind, f"of unknown type {kind}")
-                raise CorruptShardError(f"{where} is {what}, not a record batch")
+                unless = "" if self.dictionaries else " (its schema has no dictionary fields)"
+                raise CorruptShardError(f"{where} is {what}, not a record batch{unless}")
             end = at + 8 + length + body
             if body < 0 or end > self.size:
                 raise CorruptShardError(
                     f"{where} has a body of {body} bytes, which does not fit a "
                     f"{self.size}-byte shard"
                 )
+            self._at = end
+            if dictionary:  # part of the next record batch's span
+                continue
             total = self._rows[-1] + rows
             if rows < 0 or total > self.expected:
                 raise CorruptShardError(
@@ -165,19 +189,23 @@ class IpcWalk:
         """The record batches found so far (their bytes may still be landing)."""
         if self._layout is None:
             self._layout = BatchLayout(
-                np.asarray(self._offsets, np.int64), np.asarray(self._rows, np.int64), self.schema
+                np.asarray(self._offsets, np.int64),
+                np.asarray(self._rows, np.int64),
+                self.schema,
+                sequential=self.dictionaries,
             )
         return self._layout
 
 
-def start_walk(head: bytes, *, name: str, size: int, rows: int) -> IpcWalk | None:
+def start_walk(head: bytes, *, name: str, size: int, rows: int) -> IpcWalk:
     """A walk of the ``size``-byte shard whose schema message is ``head`` (magic and schema
-    message: the file's first ``arrowlayout.head_size`` bytes). None when its schema has
-    dictionary fields (their batches precede the record batches: read whole)."""
+    message: the file's first ``arrowlayout.head_size`` bytes); sequential when its schema
+    has dictionary fields (their batches precede the record batches that use them)."""
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(head)[8:])
     except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
         raise CorruptShardError(f"shard {name}: unreadable schema message ({exc})") from None
-    if any(_has_dictionary(f.type) for f in schema):
-        return None
-    return IpcWalk(schema, start=len(head), size=size, rows=rows, name=name)
+    dictionaries = any(_has_dictionary(f.type) for f in schema)
+    return IpcWalk(
+        schema, start=len(head), size=size, rows=rows, name=name, dictionaries=dictionaries
+    )

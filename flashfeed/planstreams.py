@@ -95,18 +95,30 @@ def _node_stream(
         mix = _rng(options.seed, _SALT_WINDOW, epoch, node, k).permutation(b - a)
         if k == 0 and epoch == 0 and options.arrival_slices > 1:
             first = int(np.searchsorted(bounds, b))  # the pieces of window 0
-            part = _slices(lengths[:first], options.arrival_slices)
+            part = _slices(lengths[:first], options.arrival_slices, options.arrival_spacing)
             mix = mix[np.argsort(part[mix], kind="stable")]
         ids[a:b], per_sample[a:b] = ids[a:b][mix], per_sample[a:b][mix]
     return _Stream(ids, per_sample, windows)
 
 
-def _slices(lengths: np.ndarray, slices: int) -> np.ndarray:
-    """For each sample of pieces of ``lengths`` laid end to end, which of ``slices`` equal
+def _slices(lengths: np.ndarray, slices: int, spacing: str = "even") -> np.ndarray:
+    """For each sample of pieces of ``lengths`` laid end to end, which of ``slices``
     front-to-back parts of its piece holds it: a stable sort by it, after the window's
-    shuffle, makes batch k read the k-th part of every piece, the bytes that land first."""
+    shuffle, makes the first batches read the first part of every piece, the bytes that
+    land first. ``"even"``: equal parts; ``"doubling"``: part ``j > 0`` ends at
+    ``2**(j - slices + 1)`` of the piece (the back half last), part 0 is the rest of the front."""
     within = _ranges(np.zeros(len(lengths), np.int64), lengths)
-    return within * slices // np.repeat(np.maximum(lengths, 1), lengths)
+    per = np.repeat(np.maximum(lengths, 1), lengths)
+    if spacing == "even":
+        return within * slices // per
+    # the part is slices - 1 less the halvings k of the piece that still end past the
+    # sample: within < per / 2**k, in integers within < ceil(per / 2**k) (no overflow)
+    halvings = np.zeros(len(within), np.int64)
+    for k in range(1, min(slices, 63)):
+        halvings += within < -((-per) >> k)
+    if slices > 63:  # beyond 2**62 only the first sample of a piece is in front
+        halvings += (slices - 63) * (within == 0)
+    return slices - 1 - halvings
 
 
 @dataclass(frozen=True)

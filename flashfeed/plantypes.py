@@ -7,7 +7,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["EpochPlan", "PlanOptions", "RankPlan", "Segment", "Topology", "check_int"]
+__all__ = [
+    "ARRIVAL_SPACINGS",
+    "EpochPlan",
+    "PlanOptions",
+    "RankPlan",
+    "Segment",
+    "Topology",
+    "check_int",
+]
+
+#: how the first window's arrival slices are spaced (``PlanOptions.arrival_spacing``)
+ARRIVAL_SPACINGS = ("doubling", "even")
 
 
 def check_int(name: str, value: object, *, low: int) -> int:
@@ -33,7 +44,11 @@ class PlanOptions:
     make ranks unequal (else short ranks repeat samples); ``arrival_slices``: the first epoch's
     first window is served front to back in this many slices of each shard piece, shuffled
     inside each slice, so its first batches need only the first bytes of each shard to arrive
-    from storage (1 = the plain window shuffle, the order of states saved before this option).
+    from storage (1 = the plain window shuffle, the order of states saved before this option);
+    ``arrival_spacing``: where the slices end. ``"doubling"``: each slice is as long as all
+    before it (the first ``1/2**(n-1)`` of the piece, then up to twice that, ..., the back
+    half last), so the first batches need only the very front while most of the window still
+    mixes over half its pieces; ``"even"``: equal slices (states saved before this option).
     """
 
     seed: int = 0
@@ -41,19 +56,25 @@ class PlanOptions:
     window: int = 4
     drop_last: bool = True
     arrival_slices: int = 8
+    arrival_spacing: str = "doubling"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", check_int("seed", self.seed, low=0))
         object.__setattr__(self, "window", check_int("window", self.window, low=1))
         slices = check_int("arrival_slices", self.arrival_slices, low=1)
         object.__setattr__(self, "arrival_slices", slices)
+        if self.arrival_spacing not in ARRIVAL_SPACINGS:
+            raise ValueError(
+                f"arrival_spacing must be one of {ARRIVAL_SPACINGS}, got {self.arrival_spacing!r}"
+            )
         object.__setattr__(self, "shuffle", _check_bool("shuffle", self.shuffle))
         object.__setattr__(self, "drop_last", _check_bool("drop_last", self.drop_last))
 
     def describe(self) -> str:
         return (
             f"seed {self.seed}, shuffle {self.shuffle}, window {self.window}, "
-            f"drop_last {self.drop_last}, arrival_slices {self.arrival_slices}"
+            f"drop_last {self.drop_last}, arrival_slices {self.arrival_slices} "
+            f"({self.arrival_spacing})"
         )
 
 

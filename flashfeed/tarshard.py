@@ -11,7 +11,7 @@ import io
 import re
 import tarfile
 from collections.abc import Iterable, Iterator, Mapping
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from .errors import CorruptShardError, HostileInputError
 from .wdsindex import Component, SampleIndex, format_index, split_name
@@ -97,13 +97,27 @@ class TarShardWriter:
             info.uname = info.gname = ""
             header_at = self._tar.offset
             try:
-                self._tar.addfile(info, io.BytesIO(data))
+                self._add(info, data)
             except ValueError as exc:  # name too long for ustar
                 raise ValueError(f"sample {key!r}: {exc}") from None
             comps.append(Component(ext, header_at + tarfile.BLOCKSIZE, len(data), name))
             self.num_bytes += len(data)
         self._keys.add(key)
         self._index.append(SampleIndex(key, tuple(comps)))
+
+    def _add(self, info: tarfile.TarInfo, data: bytes | bytearray | memoryview) -> None:
+        """``TarFile.addfile`` with the member's bytes written whole: the header, the data in
+        one write and its padding (``addfile`` copies through a file object 16 KiB at a
+        time, a fifth of an image shard's CPU). Same bytes as ``addfile``."""
+        tar: Any = self._tar  # its writer state (fileobj, offset, members), as addfile keeps it
+        header = info.tobuf(tar.format, tar.encoding, tar.errors)
+        pad = -len(data) % tarfile.BLOCKSIZE
+        tar.fileobj.write(header)
+        tar.fileobj.write(data)
+        if pad:
+            tar.fileobj.write(tarfile.NUL * pad)
+        tar.offset += len(header) + len(data) + pad
+        tar.members.append(info)
 
     def index_text(self) -> str:
         if not self._index:

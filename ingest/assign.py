@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
-__all__ = ["assign_shards", "item_order", "size_spread"]
+__all__ = ["GROUP_SHARDS", "assign_shards", "item_order", "shard_groups", "size_spread"]
+
+#: the most shards one ingest task builds in turn (progress is reported as tasks end)
+GROUP_SHARDS = 8
 
 
 def item_order(n: int, *, seed: int, shuffle: bool) -> np.ndarray:
@@ -67,3 +71,16 @@ def size_spread(shard_sizes: Sequence[int], target_bytes: int) -> float:
     if not body:
         return 0.0
     return max(abs(s - target_bytes) / target_bytes for s in body)
+
+
+def shard_groups(shards: int, cpus: int) -> list[range]:
+    """Shards ``0..shards-1`` as runs of consecutive numbers, one ingest task each: as few
+    as keep every CPU busy (a task uploads each shard while it builds the next, so a run
+    hides every upload but its last), of at most ``GROUP_SHARDS``, sizes within one."""
+    if shards < 0:
+        raise ValueError(f"shards must be >= 0, got {shards}")
+    if cpus < 1:
+        raise ValueError(f"cpus must be >= 1, got {cpus}")
+    groups = max(min(shards, cpus), -(-shards // GROUP_SHARDS))
+    bounds = [shards * g // groups for g in range(groups + 1)] if groups else [0]
+    return [range(a, b) for a, b in pairwise(bounds)]

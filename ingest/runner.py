@@ -31,12 +31,12 @@ from flashfeed.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
 from flashfeed.shardtable import ShardTable
 from flashfeed.video import VIDEO_MEDIA_TYPES
 
-from .assign import assign_shards
+from .assign import assign_shards, shard_groups
 from .config import IngestConfig
 from .progress import Progress
 from .raysetup import ray_map, ray_session
 from .screening import exact_duplicates, screen_text
-from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, arrow_type, run_shard
+from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, arrow_type, run_shards
 from .sources import Item, RejectInfo, SourceScan, StorageContext, scan_source
 from .tokenize import TOKEN_FEATURE, TokenPacker, text_field
 from .transforms import TransformOptions, output_fields
@@ -256,15 +256,18 @@ def _assign_shards(
 
 
 def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResult]:
-    """Stage 4: one Ray task per shard, retried on storage errors; results in shard order."""
+    """Stage 4: runs of shards as Ray tasks (``shard_groups``), retried on storage errors
+    (a retry reuses the shards its first try finished); results in shard order."""
     import ray
 
     from flashfeed.errors import StorageError
 
     retry: Any = {"max_retries": 3, "retry_exceptions": [StorageError]}
-    task = ray.remote(**retry)(run_shard)
+    task = ray.remote(**retry)(run_shards)
     spec_ref = ray.put(spec)
-    pending = {task.remote(spec_ref, job): job.number for job in jobs}
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    groups = shard_groups(len(jobs), cpus)
+    pending = {task.remote(spec_ref, tuple(jobs[i] for i in g)): g for g in groups}
     progress = Progress(len(jobs), mode=mode)
     results: list[ShardResult] = []
     try:
@@ -272,14 +275,14 @@ def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResu
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 pending.pop(ref)
-                r: ShardResult = ray.get(ref)
-                results.append(r)
-                progress.update(
-                    samples=r.info["samples"] if r.info else 0,
-                    nbytes=r.bytes_in,
-                    skipped=len(r.rejects),
-                    reused=r.reused,
-                )
+                for r in ray.get(ref):
+                    results.append(r)
+                    progress.update(
+                        samples=r.info["samples"] if r.info else 0,
+                        nbytes=r.bytes_in,
+                        skipped=len(r.rejects),
+                        reused=r.reused,
+                    )
     except BaseException:
         for ref in pending:
             ray.cancel(ref, force=True)

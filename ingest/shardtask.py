@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,11 +21,20 @@ from flashfeed.media import LOADER_IMAGE_EXTS, image_size
 from flashfeed.shardio import shard_name, tar_shard_bytes
 from flashfeed.video import VIDEO_EXTS, member_videos
 
+from .putobject import put_object
 from .sources import Item, Reject, StorageContext, open_reader
 from .tokenize import TokenPacker
 from .transforms import TransformOptions, transform_record
 
-__all__ = ["ShardJob", "ShardResult", "TaskSpec", "arrow_type", "done_url", "run_shard"]
+__all__ = [
+    "ShardJob",
+    "ShardResult",
+    "TaskSpec",
+    "arrow_type",
+    "done_url",
+    "run_shard",
+    "run_shards",
+]
 
 WORK_DIR = "_work"
 _ARROW_TYPES = {
@@ -225,7 +235,18 @@ def _arrow_table(spec: TaskSpec, samples: list[tuple[Item, dict]]) -> pa.Table:
     return pa.table(columns)
 
 
-def _upload(
+@dataclass
+class _Built:
+    """A shard made in memory, not yet uploaded: what ``_finish`` puts and records."""
+
+    result: ShardResult
+    path: str | None = None  # None: nothing to upload (every sample was skipped)
+    data: bytes = b""
+    samples: int = 0
+    index: str | None = None
+
+
+def _encoded(
     spec: TaskSpec,
     result: ShardResult,
     t0: float,
@@ -233,35 +254,20 @@ def _upload(
     data: bytes,
     samples: int,
     index: str | None = None,
-) -> ShardInfo:
-    """Upload the shard (index first: the shard's presence implies its index's)."""
+) -> _Built:
+    """The shard's bytes as they will be uploaded (sealed where a key is given)."""
     if spec.encryption is not None:
         data, result.plaintext = seal_shard(data, path, spec.encryption)
-    t1 = time.perf_counter()
-    result.timings["encode"] = t1 - t0
-    opts = spec.ctx.options(spec.dest)
-    index_path = None
-    if index is not None:
-        index_path = path + ".idx"
-        storage.write_bytes(
-            storage.join(spec.dest, index_path), index.encode(), storage_options=opts
-        )
-    storage.write_bytes(storage.join(spec.dest, path), data, storage_options=opts)
-    result.timings["upload"] = time.perf_counter() - t1
-    return ShardInfo(
-        path=path,
-        samples=samples,
-        bytes=len(data),
-        checksum=storage.checksum(data),
-        index=index_path,
-    )
+    result.timings["encode"] = time.perf_counter() - t0
+    return _Built(result, path, data, samples, index)
 
 
-def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
-    """Build, upload and record one shard; reuse it if a previous run finished it."""
+def _build(spec: TaskSpec, job: ShardJob) -> _Built:
+    """Read, transform and encode one shard; a finished one from an earlier run comes back
+    as it is (``result.reused``)."""
     reused = _reusable(spec, job)
     if reused is not None:
-        return reused
+        return _Built(reused)
     result = ShardResult(number=job.number, info=None)
     found = list(_samples(spec, job, result))
     samples = [(it, rec) for it, rec, _ in found]
@@ -271,30 +277,76 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
         table = _tokenize(spec, samples, result)
     elif samples and spec.out_format == "arrow":
         table = _arrow_table(spec, samples)
-    info: ShardInfo | None = None
     if table is not None and table.num_rows:
-        info = _upload(
-            spec, result, t0, shard_name(job.number, "arrow"), write_arrow(table), table.num_rows
-        )
-    elif table is None and samples:
-        tar_samples = (
+        path = shard_name(job.number, "arrow")
+        return _encoded(spec, result, t0, path, write_arrow(table), table.num_rows)
+    if table is None and samples:
+        members = [
             (
                 f"{it.index:09d}",
                 {k: _member(spec.out_fields.get(k, "bytes"), v) for k, v in rec.items()},
             )
             for it, rec in samples
-        )
-        members = list(tar_samples)
+        ]
         data, index, n = tar_shard_bytes(iter(members))
-        info = _upload(spec, result, t0, shard_name(job.number, "tar"), data, n, index)
         if any(ext in m for _, m in members for ext in LOADER_IMAGE_EXTS):
             result.image_sizes = _image_sizes([m for _, m in members], [z for *_, z in found])
         if any(ext in m for _, m in members for ext in VIDEO_EXTS):
             result.videos = member_videos([m for _, m in members], probed=True)
-    result.info = asdict(info) if info is not None else None
+        return _encoded(spec, result, t0, shard_name(job.number, "tar"), data, n, index)
+    return _Built(result)
+
+
+def _finish(spec: TaskSpec, job: ShardJob, built: _Built) -> ShardResult:
+    """Upload a built shard (index first: the shard's presence implies its index's), then
+    its done-record."""
+    result = built.result
+    if result.reused:
+        return result
+    if built.path is not None:
+        t1 = time.perf_counter()
+        opts = spec.ctx.options(spec.dest)
+        index_path = None
+        if built.index is not None:
+            index_path = built.path + ".idx"
+            put_object(
+                storage.join(spec.dest, index_path), built.index.encode(), storage_options=opts
+            )
+        put_object(storage.join(spec.dest, built.path), built.data, storage_options=opts)
+        result.timings["upload"] = time.perf_counter() - t1
+        info = ShardInfo(
+            path=built.path,
+            samples=built.samples,
+            bytes=len(built.data),
+            checksum=storage.checksum(built.data),
+            index=index_path,
+        )
+        result.info = asdict(info)
     record = {"fingerprint": job.fingerprint, "result": asdict(result)}
     url = done_url(spec.dest, job.number)
-    storage.write_bytes(
+    put_object(
         url, json.dumps(record, sort_keys=True).encode(), storage_options=spec.ctx.options(url)
     )
     return result
+
+
+def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
+    """Build, upload and record one shard; reuse it if a previous run finished it."""
+    return _finish(spec, job, _build(spec, job))
+
+
+def run_shards(spec: TaskSpec, jobs: tuple[ShardJob, ...]) -> list[ShardResult]:
+    """``run_shard`` for each job in turn, each shard uploading on a thread while the next
+    one is built (the PUT's send holds no GIL): one upload in flight, two shards in memory
+    at most. The first failure is raised once the upload in flight has ended."""
+    results: list[ShardResult] = []
+    with ThreadPoolExecutor(1, thread_name_prefix="ff-upload") as uploads:
+        pending: Future[ShardResult] | None = None
+        for job in jobs:
+            built = _build(spec, job)
+            if pending is not None:
+                results.append(pending.result())
+            pending = uploads.submit(_finish, spec, job, built)
+        if pending is not None:
+            results.append(pending.result())
+    return results

@@ -3,7 +3,7 @@ variable-length integer list columns as (offsets, values) views with a vectorise
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ __all__ = [
     "list_index",
     "list_views",
     "open_arrow_view",
+    "plain_keys",
 ]
 
 
@@ -63,6 +64,7 @@ class ArrowShardView:
     keys: pa.Array | pa.ChunkedArray | None  # one array: a take over many chunks costs more
     lists: dict[str, list[ListView]] | None = None
     arriving: Any = None
+    _key_memo: tuple[Any, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def catch_up(self) -> int:
         """Add the record batches landed since (a shard still arriving); how many."""
@@ -87,7 +89,24 @@ class ArrowShardView:
     def key(self, row: int) -> str:
         if self.keys is None:
             return str(row)
-        return str(self.keys[row].as_py())
+        return str(self.key_values()[row])
+
+    def key_values(self) -> np.ndarray:
+        """The ``__key__`` column as one numpy object array, made once per shard (and again
+        when an arriving shard's keys grow): a batch's keys are then one fancy index, where a
+        pyarrow ``take`` per batch and shard cost 60 times as much."""
+        keys = self.keys
+        memo = self._key_memo
+        if memo is None or memo[0] is not keys:
+            assert keys is not None
+            values = (
+                keys.to_numpy(zero_copy_only=False)
+                if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)
+                else np.array(keys.to_pylist(), dtype=object)  # ints stay ints, nulls None
+            )
+            memo = (keys, values)
+            self._key_memo = memo
+        return memo[1]
 
 
 def column_views(col: pa.ChunkedArray, name: str, shard: str) -> list[np.ndarray]:
@@ -136,8 +155,15 @@ def list_views(col: pa.ChunkedArray, name: str, shard: str) -> list[ListView]:
 
 
 def _one_array(col: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-    """The keys of a shard as one array (a copy of the keys only, once per shard opened)."""
-    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    """The keys of a shard as one array (a copy of the keys only, once per shard opened),
+    dictionary-encoded keys decoded (``plain_keys``)."""
+    return plain_keys(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
+
+
+def plain_keys(keys: pa.Array) -> pa.Array:
+    """Dictionary-encoded keys as their values: a batch takes a few keys of a shard each
+    time, and taking them from a dictionary array cost twice as much per call."""
+    return keys.dictionary_decode() if pa.types.is_dictionary(keys.type) else keys
 
 
 def open_arrow_view(

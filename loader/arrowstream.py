@@ -4,9 +4,12 @@ The fill's part file is mapped at its full size; the schema message at its front
 where each record batch lies (``flashfeed.arrowlayout``), or, when it records nothing, the
 walk of the messages landed so far finds them (``flashfeed.ipcwalk``). A record batch joins
 the view (``ArrowShardView``, one entry per record batch, as for a whole shard) once all of
-its bytes are marked landed: ``pa.ipc.read_record_batch`` on those bytes, zero copy. Entries of
-batches not landed yet are empty placeholders of the right shape; the loader gathers rows
-only after ``StreamFeeder`` has waited for their batches (``rows_landed``).
+its bytes are marked landed: ``pa.ipc.read_record_batch`` on those bytes, zero copy. A shard
+with dictionary fields is read in order by one IPC stream reader over the mapped file (the
+file after its magic is a stream: schema, dictionary batches, record batches), a record
+batch once it and everything before it has landed, so it comes with its dictionaries, also
+zero copy. Entries of batches not landed yet are empty placeholders of the right shape; the
+loader gathers rows only after ``StreamFeeder`` has waited for their batches (``rows_landed``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
 
-from .arrowcols import ArrowShardView, ListView, column_views, list_views
+from .arrowcols import ArrowShardView, ListView, column_views, list_views, plain_keys
 
 if TYPE_CHECKING:
     from flashfeed.arrowlayout import BatchLayout
@@ -34,10 +37,10 @@ def rows_landed(layout: BatchLayout, progress: FillView, rows: list[int]) -> boo
         return False
     if any(r >= layout.num_rows for r in rows):
         return False  # not located yet (a walk), or past the shard's: read whole, it fails there
-    for b in np.unique(layout.batch_of(np.asarray(rows, np.int64))).tolist():
-        if not progress.done(int(layout.offsets[b]), int(layout.offsets[b + 1])):
-            return False
-    return True
+    batches = np.unique(layout.batch_of(np.asarray(rows, np.int64))).tolist()
+    if layout.sequential:  # the last one's bytes and all before it
+        batches = batches[-1:]
+    return all(progress.done(*layout.needs(b)) for b in batches)
 
 
 class ArrowArrival:
@@ -67,6 +70,10 @@ class ArrowArrival:
         if len(self._mmap) < int(self.layout.offsets[-1]):
             raise CorruptShardError(f"shard {name}: its part file is shorter than its layout")
         self._buf = pa.py_buffer(self._mmap)
+        #: the stream reader of a sequential layout (dictionaries): batches in file order
+        self._stream: tuple[pa.BufferReader, pa.ipc.RecordBatchStreamReader] | None = None
+        if layout.sequential:
+            self._stream = _open_stream(self._buf, int(layout.offsets[0]), name)
         self.pending = list(range(self.layout.num_batches))
         #: the fill ended without some of the batches (it failed): open the shard again
         self.stale = False
@@ -75,6 +82,8 @@ class ArrowArrival:
         self.key_type = None
         if layout.schema.get_field_index("__key__") >= 0:
             self.key_type = layout.schema.field("__key__").type
+            if pa.types.is_dictionary(self.key_type):  # kept decoded (``plain_keys``)
+                self.key_type = self.key_type.value_type
             self.keys = [pa.nulls(int(n), self.key_type) for n in np.diff(layout.rows)]
         #: per column, the placeholder of a record batch not landed yet
         self.blank = _blanks(layout.schema, columns, name)
@@ -110,9 +119,12 @@ class ArrowArrival:
         if walk is not None and not walk.ended:
             self._walk(view)
         lay, added, still = self.layout, 0, []
-        for b in self.pending:
+        for n, b in enumerate(self.pending):
             lo, hi = int(lay.offsets[b]), int(lay.offsets[b + 1])
             if not self.progress.done(lo, hi):
+                if self._stream is not None:  # in order: the rest waits for this one
+                    still.extend(self.pending[n:])
+                    break
                 still.append(b)
                 continue
             self._add(view, b, self._read(b, lo, hi))
@@ -155,8 +167,17 @@ class ArrowArrival:
     def _read(self, b: int, lo: int, hi: int) -> pa.RecordBatch:
         lay = self.layout
         try:
-            batch = pa.ipc.read_record_batch(self._buf.slice(lo, hi - lo), lay.schema)
-        except (pa.ArrowInvalid, pa.ArrowIOError) as exc:
+            if self._stream is None:
+                batch = pa.ipc.read_record_batch(self._buf.slice(lo, hi - lo), lay.schema)
+            else:  # the next one in file order (dictionary batches before it read on the way)
+                source, reader = self._stream
+                batch = reader.read_next_batch()
+                if source.tell() != hi:
+                    raise pa.ArrowInvalid(f"the stream reader stopped at byte {source.tell()}")
+            # its bytes have not been checksummed yet: bounds and offsets checked before use
+            # (Arrow reads IPC buffers as they are; a garbled one would be read out of bounds)
+            batch.validate(full=True)
+        except (pa.ArrowException, OSError, StopIteration) as exc:  # Arrow IO errors are OSError
             raise CorruptShardError(
                 f"shard {self.name}: record batch {b} (bytes {lo}-{hi}) is unreadable ({exc})"
             ) from None
@@ -182,7 +203,26 @@ class ArrowArrival:
         for c in self.lists:
             held_lists[c][b] = list_views(pa.chunked_array([batch.column(c)]), c, self.name)[0]
         if view.keys is not None:
-            self.keys[b] = batch.column("__key__")
+            self.keys[b] = plain_keys(batch.column("__key__"))
+
+
+def _open_stream(
+    buf: pa.Buffer, start: int, name: str
+) -> tuple[pa.BufferReader, pa.ipc.RecordBatchStreamReader]:
+    """An IPC stream reader over the file's bytes after its magic, the schema read (it ends
+    at ``start``): positions of the reader's source are those of the file."""
+    magic = 8  # "ARROW1" padded to 8 bytes: what follows is an IPC stream
+    source = pa.BufferReader(buf)
+    source.seek(magic)
+    try:
+        reader = pa.ipc.open_stream(source)
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptShardError(f"shard {name}: unreadable schema message ({exc})") from None
+    if source.tell() != start:
+        raise CorruptShardError(
+            f"shard {name}: its schema message ends at byte {source.tell()}, not {start}"
+        )
+    return source, reader
 
 
 def _blanks(schema: pa.Schema, columns: tuple[str, ...], name: str) -> dict[str, np.ndarray]:

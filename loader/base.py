@@ -274,6 +274,8 @@ class PlannedLoader:
             asked = time.perf_counter()
             storage += feeder.wait_ready(k)
             made = make(k)
+            if k == 0:
+                feeder.release_ahead()  # held for the first batch (``hold_ahead``)
             self.deliver(
                 len(made.keys),
                 keys=made.keys,

@@ -105,17 +105,21 @@ class HostPool:
         self._free_refs = _refs_when_free()
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+        return torch.from_numpy(self.array(shape, dtype))
+
+    def array(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """``take``'s buffer as the array the pool holds (no tensor made to be dropped)."""
         key = (tuple(shape), np.dtype(dtype))
         kept = self._buffers.setdefault(key, [])
         for arr in kept:
             if sys.getrefcount(arr) <= self._free_refs:
                 self.reused += 1
-                return torch.from_numpy(arr)
+                return arr
         arr = np.empty(shape, dtype)
         self.allocated += 1
         if len(kept) < self.per_shape:
             kept.append(arr)
-        return torch.from_numpy(arr)
+        return arr
 
 
 def _refs_when_free() -> int:

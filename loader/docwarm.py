@@ -1,4 +1,4 @@
-"""The document kernels (``docfill.py``) compiled, or loaded from numba's disk cache, in a
+"""The document kernel (``docrows.py``) compiled, or loaded from numba's disk cache, in a
 daemon thread started when a ``TokenLoader`` with document outputs is built, so its first
 batch waits only for what is left of that work instead of all of it.
 
@@ -69,19 +69,11 @@ def warm_loader(schema: dict[str, str], dtype: str | None) -> Warmup:
 
 
 def _warm(rows: np.dtype, tokens: np.dtype | None) -> None:
-    """Import numba and run both kernels once on two rows of the loader's types (the same
-    calls a batch makes, so the same compiled signatures)."""
-    from .docfill import fill_documents, gather_segments
+    """Import numba and run the kernel once on two rows of the loader's types (the same
+    call a batch makes, so the same compiled signature)."""
+    from .docrows import warm_rows
 
-    offsets = np.array([0, 1, 1], np.int64)
-    table = np.array([[2, 7, 0]], np.int64)
-    seg_counts, seg = gather_segments(np.zeros(2, np.int64), np.arange(2), [(offsets, table)])
-    out = {n: np.empty((2, 4), np.int64) for n in ("position_ids", "document_ids", "labels")}
-    out["document_offsets"] = np.empty((2, 4), np.int64)
-    if tokens is not None:
-        out["tokens"] = np.empty((2, 4), tokens)
-    narrow = np.zeros((2, 4), rows)
-    fill_documents(narrow, seg_counts, seg[:, 0], seg[:, 1], seg[:, 2], out)
+    warm_rows(rows, rows if tokens is None else tokens)
 
 
 _ITEM = re.compile(r"^(?:fixed_size_)?list<(?:[^:<>]*:\s*)?(\w+)")

@@ -21,7 +21,7 @@ from flashfeed.plan import PlanOptions, RankPlan, Topology
 
 from .distributed import DistContext
 from .mixsource import MixtureDataset
-from .position import STATE_VERSION, _arrival_slices, _field, _segments
+from .position import STATE_VERSION, _arrival_slices, _arrival_spacing, _field, _segments
 
 __all__ = ["COUNT_AHEAD", "MixPosition"]
 
@@ -178,6 +178,7 @@ class MixPosition:
             "drop_last": self.options.drop_last,
             "window": self.options.window,
             "arrival_slices": self.options.arrival_slices,
+            "arrival_spacing": self.options.arrival_spacing,
             "epoch": p.epoch,
             "world_size": t.world_size,
             "ranks_per_node": t.rpn,
@@ -223,6 +224,7 @@ class MixPosition:
             drop_last=_field(state, "drop_last", bool),
             window=_field(state, "window", int),
             arrival_slices=_arrival_slices(state),
+            arrival_spacing=_arrival_spacing(state),
         )
         if options != self.options:
             self._plan(options)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.plan import PlanOptions, RankPlan, Segment, Topology, rank_plan
+from flashfeed.plantypes import ARRIVAL_SPACINGS
 
 from .distributed import DistContext
 
@@ -116,6 +117,7 @@ class Position:
             "drop_last": self.options.drop_last,
             "window": self.options.window,
             "arrival_slices": self.options.arrival_slices,
+            "arrival_spacing": self.options.arrival_spacing,
             "epoch": self.epoch,
             "world_size": t.world_size,
             "ranks_per_node": t.rpn,
@@ -152,6 +154,7 @@ class Position:
             drop_last=_field(state, "drop_last", bool),
             window=_field(state, "window", int),
             arrival_slices=_arrival_slices(state),
+            arrival_spacing=_arrival_spacing(state),
         )
         epoch = _field(state, "epoch", int)
         if epoch < 0:
@@ -186,6 +189,17 @@ def _arrival_slices(state: dict[str, Any]) -> int:
     if value < 1:
         raise ValueError(f"state field 'arrival_slices' must be >= 1, got {value}")
     return int(value)
+
+
+def _arrival_spacing(state: dict[str, Any]) -> str:
+    """The state's ``arrival_spacing``; a state saved before the option cut the first window
+    in equal slices, which is ``"even"``."""
+    value = state.get("arrival_spacing", "even")
+    if value not in ARRIVAL_SPACINGS:
+        raise ValueError(
+            f"state field 'arrival_spacing' must be one of {ARRIVAL_SPACINGS}, got {value!r}"
+        )
+    return str(value)
 
 
 def _segments(raw: Sequence[Any] | None) -> list[Segment]:

@@ -37,6 +37,8 @@ __all__ = ["StreamFeeder", "readahead_budget_bytes"]
 
 _MARGIN = 2.0  # fetch ahead for twice the time a fill takes
 _PRIOR_SHARDS = 4  # read-ahead before anything is measured
+_HOLD_SECONDS = 3.0  # the longest a first batch keeps the rest of the download waiting
+_START_WAIT = 0.25  # the longest a loader waits for its first GETs before building
 
 
 class StreamFeeder:
@@ -91,6 +93,7 @@ class StreamFeeder:
         self.streamed_batches = 0
         self.max_ahead_bytes = 0
         self.target_batches: int | None = None
+        self._holding = False
         if self.order:
             source.set_future(self.order)
 
@@ -104,6 +107,52 @@ class StreamFeeder:
             self._pos += 1
         self._hinted = max(self._hinted, self._pos)
         return limit
+
+    def hold_ahead(self, k: int = 0, *, seconds: float = _HOLD_SECONDS) -> bool:
+        """Until ``release_ahead`` (at most ``seconds``), the source starts no GET for
+        bytes that batches up to ``k + lookahead`` do not need: a cold first batch gets the
+        requests and the CPU that the rest of its window's download would take. True if
+        the source holds (a node cache does; a dataset read in place fetches nothing)."""
+        hold = getattr(self.source, "hold_fetches", None)
+        if hold is None or not self.streaming or not self.pass_order.num_batches:
+            return False
+        hold(min(k + self.lookahead, self.pass_order.num_batches - 1), seconds=seconds)
+        self._holding = True
+        return True
+
+    def wait_started(self, k: int = 0, *, timeout: float = _START_WAIT) -> float:
+        """Until the first bytes of each of batch ``k``'s shards have landed (at most
+        ``timeout`` seconds); the seconds waited. A loader waits here before it builds its
+        pipeline: the build keeps the fetch threads from running (on 2 busy cores their
+        first ranged GETs went out only as it ended), so the first GETs go out before it."""
+        if not self.streaming:
+            return 0.0
+        sl = self.pass_order.batch_slice(k)
+        shards = np.unique(self.pass_order.shards[sl]).tolist()
+        t0 = time.perf_counter()
+        delay = 0.0005
+        waited = False
+        while time.perf_counter() - t0 < timeout:
+            waiting = False
+            for shard in shards:
+                future = self._needed.get(shard)
+                if future is None or future.done():
+                    continue
+                got = self._partial(shard)
+                if got is None or not got.progress.started():
+                    waiting = True
+            if not waiting:
+                break
+            waited = True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+        return time.perf_counter() - t0 if waited else 0.0
+
+    def release_ahead(self) -> None:
+        """End ``hold_ahead``: the rest of the download goes on."""
+        if self._holding:
+            self._holding = False
+            self.source.release_fetches()  # type: ignore[attr-defined]
 
     def shards_asked(self) -> int:
         """Shards whose fills this feeder has started (needed or fetched ahead)."""
@@ -321,6 +370,7 @@ class StreamFeeder:
             self._done(shard)
 
     def close(self) -> None:
+        self.release_ahead()
         for got in self._partials.values():
             got.progress.close()
         self._partials.clear()

@@ -47,6 +47,24 @@ class _OpenShard:
             size = len(self.mmap)
             self.mmap.close()
             raise CorruptShardError(f"shard {name}: its index points past the end ({size} bytes)")
+        #: the whole map as uint8: a member is a slice of it (``np.frombuffer`` per member
+        #: costs a buffer export each time)
+        self.array = np.frombuffer(self.mmap, dtype=np.uint8) if len(self.mmap) else None
+        #: row -> what ``BatchSource`` hands on for it (views into ``array``, a parsed label,
+        #: its key bytes): made once while the shard stays open, so a hot epoch reads no index
+        #: entry, parses no label and encodes no key again
+        self.memo: dict[int, tuple[list[Any], np.ndarray]] = {}
+
+    def close(self) -> None:
+        """Unmap, dropping what was kept first. A view still held elsewhere (a sample of the
+        batch being made, from a shard evicted for a later sample of it) keeps the map until
+        that view goes: then it is unmapped with the ``mmap`` object."""
+        self.memo.clear()
+        self.array = None
+        try:
+            self.mmap.close()
+        except BufferError:
+            pass
 
 
 class ShardReader:
@@ -71,7 +89,7 @@ class ShardReader:
             s = self._map(shard)
             self._open[shard] = s
             while len(self._open) > self.max_open:
-                self._open.popitem(last=False)[1].mmap.close()
+                self._open.popitem(last=False)[1].close()
         else:
             self._open.move_to_end(shard)
         return s
@@ -101,7 +119,7 @@ class ShardReader:
         while s.view is not None and not s.view.done(entry.start, entry.end):
             if s.view.ended():
                 s.view.close()
-                self._open.pop(shard).mmap.close()
+                self._open.pop(shard).close()
                 s = self._shard(shard)
                 continue
             time.sleep(delay)
@@ -121,10 +139,13 @@ class ShardReader:
         entry = s.index[row]
         if s.view is not None and not s.view.done(entry.start, entry.end):
             s = self._arrived(shard, entry)
-        return entry.key, {
-            c.ext: np.frombuffer(s.mmap, dtype=np.uint8, count=c.size, offset=c.offset)
-            for c in entry.components
-        }
+        whole = s.array
+        if whole is None or entry.end > len(whole):
+            raise CorruptShardError(
+                f"shard {s.name}: sample {entry.key!r} ends at byte {entry.end}, past the "
+                f"shard's end ({len(s.mmap)} bytes)"
+            )
+        return entry.key, {c.ext: whole[c.offset : c.offset + c.size] for c in entry.components}
 
     def name(self, shard: int) -> str:
         """The shard's path (kept with its mapping: no lookup in the shard table per sample)."""
@@ -184,7 +205,7 @@ class ShardReader:
 
     def close(self) -> None:
         for s in self._open.values():
-            s.mmap.close()
+            s.close()
         self._open.clear()
 
 
@@ -226,6 +247,8 @@ class BatchSource:
         #: per field, once (``FieldSpec``'s kinds are properties that scan its extensions):
         #: "video", "label" (one parsed label), "bytes" (handed on as read) or "other"
         self._kinds = tuple(_kind(s) for s in specs)
+        #: every field is bytes or a label, one plan row per sample: ``_plain_sample``
+        self._plain = clips is None and all(k in ("bytes", "label") for k in self._kinds)
         self.text = text
         self.pass_dir = pass_dir
         self._epoch = -1
@@ -260,9 +283,15 @@ class BatchSource:
         key_col: list[np.ndarray] = []
         per = self.clips.clips_per_video if self.clips is not None else 1
         kinds = self._kinds
-        for shard, row in zip(
-            self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist(), strict=True
-        ):
+        shards, rows = self._shards[lo:hi].tolist(), self._rows[lo:hi].tolist()
+        if self._plain:  # image bytes and labels: each sample as memoised in its open shard
+            for shard, row in zip(shards, rows, strict=True):
+                values, kept_key = self._plain_sample(shard, row)
+                for col, value in zip(per_field, values, strict=True):
+                    col.append(value)
+                key_col.append(kept_key)
+            return self._columns(per_field, key_col, lo, hi)
+        for shard, row in zip(shards, rows, strict=True):
             # with several clips per video, plan row r is clip r % per of the sample r // per
             key, picked = self.reader.picked(shard, row // per, self.specs)
             key = clip_key(key, row % per, per)
@@ -278,6 +307,34 @@ class BatchSource:
                 else:
                     col.append(self._value(spec, got, shard, key))
             key_col.append(key_bytes(name, key))
+        return self._columns(per_field, key_col, lo, hi)
+
+    def _plain_sample(self, shard: int, row: int) -> tuple[list[Any], np.ndarray]:
+        """One sample of a pass whose fields are all bytes or labels (no clips): its values
+        in ``specs`` order and its key bytes, made on its first read while its shard is open
+        and kept with the open shard (a failing label raises each time, as it is not kept)."""
+        reader = self.reader
+        s = reader._shard(shard)
+        got = s.memo.get(row)
+        if got is not None:
+            return got
+        key, picked = reader.picked(shard, row, self.specs)
+        values = [
+            reader.label(shard, key, *p) if kind == "label" and p is not None
+            else p[1] if p is not None
+            else np.zeros(0, np.uint8)
+            for kind, p in zip(self._kinds, picked, strict=True)
+        ]  # fmt: skip
+        got = (values, key_bytes(reader.name(shard), key))
+        opened = reader._open.get(shard)  # picked() may have mapped the shard again
+        if opened is not None and opened.view is None:  # complete: its bytes stay
+            opened.memo[row] = got
+        return got
+
+    def _columns(
+        self, per_field: list[list[Any]], key_col: list[np.ndarray], lo: int, hi: int
+    ) -> tuple[list[np.ndarray], ...]:
+        """The callback's columns from each field's values: see the class docstring."""
         cols: list[Any] = []
         for spec, values in zip(self.specs, per_field, strict=True):
             if spec.is_label and all(v.ndim == 0 for v in values):

@@ -15,14 +15,13 @@ per batch of ``B`` rows of ``L`` tokens:
 - ``document_offsets`` (B, L) int64: each token's place in its whole document (a piece of a
   split document continues where the previous piece stopped), ``-1`` on padding.
 
-All of them in one compiled pass per row (``docfill.py``), written into buffers the
+All of them in one compiled pass per batch (``docrows.py``), written into buffers the
 caller gives, so a pooled or pinned buffer is filled in place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,12 +37,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DOC_OUTPUTS",
     "IGNORE_INDEX",
-    "MappedRows",
-    "Segments",
     "check_outputs",
     "check_shared_offsets",
-    "document_outputs",
-    "mapped_rows",
 ]
 
 DOC_OUTPUTS = (
@@ -55,94 +50,6 @@ DOC_OUTPUTS = (
     "document_offsets",
 )
 IGNORE_INDEX = -100
-#: the (B, L) outputs, one pooled buffer each
-_ROW_OUTPUTS = ("position_ids", "document_ids", "labels", "document_offsets")
-
-
-@dataclass(frozen=True)
-class Segments:
-    """A batch's segments, row after row: ``counts[r]`` segments in row ``r``, their
-    ``lengths``, documents ``ids`` and where in their document they start (``starts``, when
-    ``document_offsets`` is asked for)."""
-
-    counts: np.ndarray
-    lengths: np.ndarray
-    ids: np.ndarray
-    starts: np.ndarray | None = None
-
-
-@dataclass(frozen=True)
-class MappedRows:
-    """A batch's token rows read where they lie (a mapped shard's rows, no gather into a
-    buffer first): row ``r``'s items at address ``addresses[r]``, ``like`` a (0, L) array
-    of their type. The arrays they lie in must stay alive while they are read."""
-
-    addresses: np.ndarray
-    like: np.ndarray
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return len(self.addresses), self.like.shape[1]
-
-
-def mapped_rows(
-    arrays: dict[int, list[np.ndarray]], at: list[tuple[int, int, int]]
-) -> MappedRows | None:
-    """The rows ``at`` (shard, record batch, row) of ``arrays`` (per shard, a (rows, L)
-    array per record batch) by address; None when one of them is not C-contiguous."""
-    chunks: dict[tuple[int, int], tuple[int, int, int]] = {}
-    addresses = []
-    for s, c, i in at:
-        got = chunks.get((s, c))
-        if got is None:
-            a = arrays[s][c]
-            if not a.flags.c_contiguous:
-                return None
-            got = chunks[(s, c)] = (a.ctypes.data, a.strides[0], len(a))
-        if not 0 <= i < got[2]:
-            raise IndexError(f"row {i} of a record batch of {got[2]}")
-        addresses.append(got[0] + i * got[1])
-    first = next(iter(arrays.values()))[0]
-    return MappedRows(np.array(addresses, np.int64), np.empty((0, *first.shape[1:]), first.dtype))
-
-
-def document_outputs(
-    seg: Segments,
-    seq_len: int,
-    tokens: np.ndarray | MappedRows,
-    outputs: tuple[str, ...],
-    alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray],
-    *,
-    where: str = "batch",
-    tokens_out: np.ndarray | None = None,
-) -> dict[str, np.ndarray | int]:
-    """``outputs`` (names from ``DOC_OUTPUTS``) of a batch whose rows are ``tokens``;
-    ``alloc(shape, dtype)`` gives each (B, L) output's buffer, written in place. With
-    ``tokens_out``, the tokens are widened into it in the same pass (``docfill.py``: one
-    pass per row writes every output while the row is in cache)."""
-    from .docfill import fill_documents  # numba: imported (and compiled) on first use
-
-    B, L = len(seg.counts), seq_len
-    if tokens.shape != (B, L):
-        raise ValueError(f"{where}: tokens of shape {tokens.shape} for {B} rows of {L}")
-    bufs = {n: alloc((B, L), np.dtype(np.int64)) for n in _ROW_OUTPUTS if n in outputs}
-    if tokens_out is not None:
-        bufs["tokens"] = tokens_out
-    cu, longest, bad = fill_documents(tokens, seg.counts, seg.lengths, seg.ids, seg.starts, bufs)
-    if bad >= 0:
-        raise CorruptShardError(
-            f"{where}: the document columns do not fit the rows (segments of {bad} tokens "
-            f"in a row of {L}, or an empty segment)"
-        )
-    out: dict[str, np.ndarray | int] = {}
-    if "cu_seqlens" in outputs:  # small, and its length changes: not from the pools
-        out["cu_seqlens"] = cu.astype(np.int32)
-    if "max_seqlen" in outputs:
-        out["max_seqlen"] = longest
-    for name in DOC_OUTPUTS:
-        if name in bufs:
-            out[name] = bufs[name]
-    return out
 
 
 def check_outputs(

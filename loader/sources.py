@@ -278,6 +278,12 @@ class CacheShardSource:
     def set_future(self, shards: Sequence[int]) -> None:
         self._cache().set_future(self.dataset, list(shards))
 
+    def hold_fetches(self, beyond_batch: int, *, seconds: float) -> None:
+        self._cache().hold_fetches(beyond_batch, seconds=seconds)
+
+    def release_fetches(self) -> None:
+        self._cache().release_fetches()
+
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": "cache"}
         try:

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
-import pyarrow as pa
 
 from .arrowcols import ArrowShardView
 
@@ -78,4 +77,4 @@ def row_keys(view: ArrowShardView, rows: np.ndarray) -> list[str]:
     """The keys of ``rows``: the shard's ``__key__`` column, else the row number."""
     if view.keys is None:
         return [str(r) for r in rows.tolist()]
-    return [str(k) for k in view.keys.take(pa.array(rows)).to_pylist()]
+    return [str(k) for k in view.key_values()[rows].tolist()]

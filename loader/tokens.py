@@ -19,7 +19,7 @@ record batch by record batch from the cache's part file (``arrowstream.py``), ea
 as soon as its bytes have landed, and the gather takes its rows from the view exactly as
 from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
 streams the same way once the walk of its messages has found a row's record batch
-(``flashfeed.ipcwalk``); one with dictionary columns is served once whole.
+(``flashfeed.ipcwalk``); one with dictionary columns streams in file order.
 """
 
 from __future__ import annotations
@@ -45,19 +45,13 @@ from .mixsource import MixtureDataset
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
-from .segments import (
-    DOC_OUTPUTS,
-    MappedRows,
-    Segments,
-    check_outputs,
-    check_shared_offsets,
-    document_outputs,
-    mapped_rows,
-)
+from .segments import DOC_OUTPUTS, check_outputs, check_shared_offsets
 from .tokenrows import RowTable
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+    from .docrows import DocRows
 
 __all__ = ["DOC_OUTPUTS", "Batch", "TokenLoader", "default_max_open"]
 
@@ -126,6 +120,7 @@ class TokenLoader(PlannedLoader):
         self._tick = 0  # batches gathered
         self._whole = True  # no open shard is still arriving (``_open_all``)
         self._rows: RowTable | None = None  # of the open shards: remade when they change
+        self._docs: tuple[RowTable, DocRows] | None = None  # remade with its RowTable
         self._scratch: dict[str, np.ndarray] = {}
         #: column -> row shape, type and the shard that set them (``_check_row_types``)
         self._row_types: dict[str, tuple[tuple[int, ...], np.dtype, str]] = {}
@@ -226,49 +221,52 @@ class TokenLoader(PlannedLoader):
         straight into the batch buffer (one ``np.concatenate`` of row views per column: one
         copy, a cost per row but none per shard, so a batch over many shards, as a
         mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``.
-        Tokens the document outputs widen are read in place by their kernel instead."""
+        With ``outputs``, the tokens are read in place by the document kernel instead,
+        which writes them and the outputs in one pass (``docrows.py``)."""
         sl = shards.tolist()
         need = dict.fromkeys(sl)
         opened = self._open_all(need)
         table = self._row_table(opened)
-        if not table.several:
+        out: dict[str, Any] = dict.fromkeys(self.columns)
+        gathered = [c for c in self.columns if not self.outputs or c != "tokens"]
+        if gathered and not table.several:
             at = list(zip(sl, itertools.repeat(0), rows.tolist()))
-        else:  # some shard holds several record batches: (shard, record batch, row in it)
+        elif gathered:  # some shard holds several record batches: (shard, record batch, row)
             chunks, inner = table.locate(shards, rows)
             at = list(zip(sl, chunks.tolist(), inner.tolist(), strict=True))
-        out: dict[str, Any] = {}
-        narrow: dict[str, np.ndarray | MappedRows] = {}
-        for col in self.columns:
+        for col in gathered:
             arrays = table.columns[col]  # shard -> its record batches' views of ``col``
             shape, stored, _ = self._row_types[col]  # every row's (_check_row_types)
             dtype = np.dtype(self.dtype) if self.dtype else stored
             buf = self._buffer((len(sl), *shape), dtype)
             # rows are gathered at their stored width, then widened in one contiguous pass
             rows_at = buf if dtype == stored else self._narrow(col, buf.shape, stored)
-            fused = bool(self.outputs) and col == "tokens" and rows_at is not buf
-            mapped = mapped_rows(arrays, at) if fused else None  # read in place, widened there
-            if mapped is None:
-                np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
-            if rows_at is not buf and not fused:  # (the outputs widen the tokens)
+            np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
+            if rows_at is not buf:
                 np.copyto(buf, rows_at, casting="unsafe")
             out[col] = buf
-            narrow[col] = rows_at if mapped is None else mapped
         keys = table.keys(sl, rows)
         if self.outputs and len(opened) != len(need):  # the batch's shards alone
             opened = {s: opened[s] for s in need}
         if self.outputs:
+            from .docrows import DocRows, row_outputs  # numba: imported on first use
+
             if self._warm is not None:
                 self._warm.wait()  # what is left of the compile (its error, if it failed)
                 self._warm = None
-            seg = _gather_segments(opened, at, with_starts="document_offsets" in self.outputs)
-            tokens = narrow["tokens"]
-            where = f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
-            wide = out["tokens"] if tokens is not out["tokens"] else None
-            docs = document_outputs(
-                seg, tokens.shape[1], tokens, self.outputs, self._buffer, where=where,
-                tokens_out=wide,
-            )  # fmt: skip
-            out.update(docs)  # type: ignore[arg-type]
+            docs = self._docs
+            if docs is None or docs[0] is not table:  # the open shards changed
+                docs = self._docs = (table, DocRows(self._views if table is self._rows else opened))
+            like = docs[1].like
+            dtype = np.dtype(self.dtype) if self.dtype else like.dtype
+            out["tokens"] = self._buffer((len(sl), like.shape[1]), dtype)
+
+            def where() -> str:
+                return f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
+
+            out.update(row_outputs(
+                docs[1], shards, rows, self.outputs, out["tokens"], self._buffer, where=where
+            ))  # fmt: skip
         return out, keys
 
     def _row_table(self, opened: Mapping[int, _OpenShard]) -> RowTable:
@@ -295,7 +293,7 @@ class TokenLoader(PlannedLoader):
         if self.copier is not None:
             return self.copier.staging(shape, _torch_dtype(dtype)).numpy()
         if not self.pin_memory:
-            return self.host_pool.take(shape, dtype).numpy()
+            return self.host_pool.array(shape, dtype)
         t = torch.empty(shape, dtype=_torch_dtype(dtype), pin_memory=self.pin_memory)
         return t.numpy()
 
@@ -410,21 +408,6 @@ class _OpenShard:
         else:
             self._made_from.append(chunks[0])
         return chunks[0].offsets, table
-
-
-def _gather_segments(
-    opened: Mapping[int, _OpenShard], at: list[tuple[int, int, int]], *, with_starts: bool
-) -> Segments:
-    """The segments of rows ``at`` (shard, record batch, row) in batch order: each row's
-    slice of its record batch's segment table, copied in one compiled loop (no per-row
-    numpy work in Python, no reordering)."""
-    from .docfill import gather_segments  # numba: imported on first use
-
-    groups: dict[tuple[int, int], int] = {}
-    group = [groups.setdefault((s, c), len(groups)) for s, c, _ in at]
-    tables = [opened[s].segments()[c] for s, c in groups]
-    counts, seg = gather_segments(np.array(group), np.array([i for *_, i in at]), tables)
-    return Segments(counts, seg[:, 0], seg[:, 1], seg[:, 2] if with_starts else None)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:

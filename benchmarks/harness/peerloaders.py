@@ -227,13 +227,18 @@ class RamBatches:
 
 
 def loader_defaults() -> dict[str, Any]:
-    """The Loader's own defaults for the pipeline knobs the ceiling must share."""
+    """The Loader's own defaults for the pipeline knobs the ceiling must share. Bytes held in
+    RAM are read in place: ``py_workers=None`` is what the Loader picks for a local dataset
+    (``default_py_workers``)."""
     import inspect
 
     from flashfeed.loader import Loader
 
     params = inspect.signature(Loader.__init__).parameters
-    return {k: params[k].default for k in ("py_workers", "prefetch")}
+    out = {k: params[k].default for k in ("py_workers", "prefetch")}
+    if out["py_workers"] is None:  # as for a local dataset: no reader process
+        out["py_workers"] = 0
+    return out
 
 
 def _pipeline_batches(pipe: Any, names: list[str], device: str) -> Iterator[dict[str, Any]]:

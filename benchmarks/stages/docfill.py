@@ -1,17 +1,20 @@
-"""TokenLoader's document outputs: the compiled one-pass kernel beside the numpy passes it
-replaced, and what compiling it costs.
+"""TokenLoader's document outputs: the batch kernel the loader calls beside the numpy passes
+it replaced, and what compiling it costs.
 
   step     GB/s of what a batch delivers with the document outputs (tokens widened to int64,
-           position_ids, document_ids, labels, cu_seqlens, max_seqlen) made from rows of
-           uint16 tokens and their segments, at each ``--batch-sizes``, into ``--sets``
-           buffer sets used in turn (a big batch's outputs go to memory, as a loader's do),
-           in rotated rounds: numpy (each output its own pass over the batch, the path
-           before the kernel), the kernel (``loader/docfill.py``), and a memcpy of the same
-           bytes
-  compile  in new processes: seconds of the first kernel call (numba compiling it into an
-           empty cache, then loading it from that cache), and TokenLoader start-up
-           (construction to first batch) tokens only, with the outputs and an empty numba
-           cache, with the outputs and a filled one
+           position_ids, document_ids, labels, cu_seqlens, max_seqlen) from rows of uint16
+           tokens with their segments, at each ``--batch-sizes``, into ``--sets`` buffer
+           sets used in turn (a big batch's outputs go to memory, as a loader's do), in
+           rotated rounds: numpy (each output its own pass over the batch's rows and
+           segments, gathered beforehand: the path before the kernels), the batch kernel
+           (``loader/docrows.py``: ``DocRows`` over flashfeed Arrow shards written and
+           opened as ``TokenLoader`` opens them, one ``row_outputs`` per batch of shuffled
+           (shard, row) pairs that locates and reads each row and its segments where they
+           lie: what ``TokenLoader`` calls), and a memcpy of the same bytes
+  compile  in new processes: seconds of the first batch kernel call (numba's import,
+           compiling into an empty cache, then loading from that cache), and TokenLoader
+           start-up (construction to first batch) tokens only, with the outputs and an
+           empty numba cache, with the outputs and a filled one
 
 Prints tables and writes JSON. Not a timed test.
 
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +44,20 @@ from benchmarks.harness.rounds import rotated
 OUTPUTS = ("position_ids", "document_ids", "cu_seqlens", "max_seqlen", "labels")
 
 
-def packed_rows(rows: int, seq: int, seed: int = 0) -> tuple[Any, np.ndarray]:
+@dataclass(frozen=True)
+class Segments:
+    """A batch's segments, row after row: ``counts[r]`` segments in row ``r``, their
+    ``lengths``, documents ``ids`` and where in their document they start."""
+
+    counts: np.ndarray
+    lengths: np.ndarray
+    ids: np.ndarray
+    starts: np.ndarray
+
+
+def packed_rows(rows: int, seq: int, seed: int = 0) -> tuple[Segments, np.ndarray]:
     """``rows`` rows of ``seq`` uint16 tokens filled with documents of a log-normal length
     mix (median 600 tokens), a row closed with padding where the next one does not fit."""
-    from flashfeed.loader.segments import Segments
-
     rng = np.random.default_rng(seed)
     counts, lengths = [], []
     for _ in range(rows):
@@ -102,32 +115,102 @@ def numpy_outputs(
     }  # fmt: skip
 
 
-def kernel_outputs(
-    seg: Any, tokens: np.ndarray, alloc: Callable[[], np.ndarray]
-) -> dict[str, np.ndarray | int]:
-    from flashfeed.loader.segments import document_outputs
+class Batches:
+    """The batch kernel's inputs as ``TokenLoader`` builds them: ``packed_rows`` written as
+    ``shards`` flashfeed Arrow shards (tokens and the document columns, record batches as
+    ingest writes them), each opened as the loader opens it (mapped, ``_OpenShard``), one
+    ``DocRows`` over them; and ``sets`` batches of ``batch`` rows drawn without repeats in
+    a shuffled order as (shard, row) pairs, with the same rows gathered first (tokens and
+    ``Segments``) for the numpy passes."""
 
+    def __init__(self, work: Path, batch: int, seq: int, sets: int, shards: int = 2) -> None:
+        import pyarrow as pa
+
+        from flashfeed.ingest.tokenize import DOCUMENT_COLUMNS
+        from flashfeed.loader.arrowcols import open_arrow_view
+        from flashfeed.loader.tokens import _OpenShard
+        from flashfeed.shardio import shard_name, write_arrow_shard
+
+        total = batch * sets
+        per = -(-total // shards)
+        seg, tokens = packed_rows(total, seq)
+        ends = np.cumsum(seg.counts)
+        first = ends - seg.counts
+        opened = {}
+        for s in range(shards):
+            lo, hi = s * per, min(total, (s + 1) * per)
+            offsets = pa.array(np.concatenate([[0], ends[lo:hi] - first[lo]]).astype(np.int32))
+            a, b = int(first[lo]), int(ends[hi - 1])
+            values = {"doc_lens": seg.lengths[a:b], "doc_ids": seg.ids[a:b],
+                      "doc_starts": seg.starts[a:b]}  # fmt: skip
+            table = pa.table({
+                "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens[lo:hi].ravel()), seq),
+                **{n: pa.ListArray.from_arrays(offsets, pa.array(values[n], type=t))
+                   for n, t in DOCUMENT_COLUMNS.items()},
+            })  # fmt: skip
+            write_arrow_shard(str(work), shard_name(s, "arrow"), table)
+            view = open_arrow_view(
+                str(work / shard_name(s, "arrow")), ("tokens",), name=shard_name(s, "arrow"),
+                lists=("doc_lens", "doc_ids"),
+            )  # fmt: skip
+            opened[s] = _OpenShard(s, view)
+        self.opened = opened  # the views the table's addresses point into
+        self.table: Any = None  # the DocRows, made on the first batch (numba imported then)
+        order = np.random.default_rng(1).permutation(total)
+        self.pairs: list[tuple[np.ndarray, np.ndarray]] = []
+        self.gathered: list[tuple[Any, np.ndarray]] = []
+        for k in range(sets):
+            rows = order[k * batch : (k + 1) * batch]
+            self.pairs.append((rows // per, rows % per))
+            counts = seg.counts[rows]
+            at = np.concatenate([np.arange(first[r], ends[r]) for r in rows.tolist()])
+            at = at.astype(np.int64)
+            self.gathered.append((
+                Segments(counts, seg.lengths[at], seg.ids[at], seg.starts[at]), tokens[rows]
+            ))  # fmt: skip
+
+
+def kernel_outputs(
+    batches: Batches, k: int, alloc: Callable[[], np.ndarray]
+) -> dict[str, np.ndarray | int]:
+    """Batch ``k``'s outputs as ``TokenLoader._gather`` makes them: ``row_outputs`` locates
+    its (shard, row) pairs in the ``DocRows`` table and writes the widened tokens and every
+    output in one compiled pass (``loader/docrows.py``)."""
+    from flashfeed.loader.docrows import DocRows, row_outputs
+
+    if batches.table is None:  # as the loader makes it when the open shards change
+        batches.table = DocRows(batches.opened)
+    shards, rows = batches.pairs[k]
     wide = alloc()
-    out = document_outputs(seg, tokens.shape[1], tokens, OUTPUTS, lambda s, d: alloc(),
-                           tokens_out=wide)  # fmt: skip
+    out = row_outputs(batches.table, shards, rows, OUTPUTS, wide, lambda s, d: alloc(),
+                      where=lambda: "a benchmark batch")  # fmt: skip
     return {"tokens": wide, **out}
 
 
 def bench_step(batch: int, args: argparse.Namespace) -> dict[str, Any]:
-    """GB/s of the delivered bytes per way, rotated rounds of ``--batches`` batches each."""
-    seg, tokens = packed_rows(batch, args.seq_len)
-    sets = [np.ones((batch, args.seq_len), np.int64) for _ in range(4 * args.sets)]
+    """GB/s of the delivered bytes per way, rotated rounds of ``--batches`` batches each,
+    the ``--sets`` batches (their rows, their output buffers) taken in turn."""
+    with tempfile.TemporaryDirectory(prefix="ffdocstep-") as work:
+        return _step(Batches(Path(work), batch, args.seq_len, args.sets), args)
+
+
+def _step(batches: Batches, args: argparse.Namespace) -> dict[str, Any]:
+    shape = batches.gathered[0][1].shape
+    sets = [np.ones(shape, np.int64) for _ in range(4 * args.sets)]
     turn = iter(range(1 << 62))
+    which = iter(range(1 << 62))
 
     def alloc() -> np.ndarray:
         return sets[next(turn) % len(sets)]
 
-    ref, got = numpy_outputs(seg, tokens, alloc), kernel_outputs(seg, tokens, alloc)
-    for name, want in ref.items():  # same outputs, or the timing means nothing
-        same = want == got[name] if isinstance(want, int) else np.array_equal(want, got[name])
-        if not same:
-            raise SystemExit(f"kernel and numpy differ in {name} at batch {batch}")
-    nbytes = sum(v.nbytes for v in got.values() if isinstance(v, np.ndarray))
+    nbytes = 0
+    for k in range(args.sets):  # same outputs, or the timing means nothing
+        ref, got = numpy_outputs(*batches.gathered[k], alloc), kernel_outputs(batches, k, alloc)
+        for name, want in ref.items():
+            same = want == got[name] if isinstance(want, int) else np.array_equal(want, got[name])
+            if not same:
+                raise SystemExit(f"batch kernel and numpy differ in {name} at batch {shape[0]}")
+        nbytes = max(nbytes, sum(v.nbytes for v in got.values() if isinstance(v, np.ndarray)))
     src = np.ones(nbytes * args.sets // 8, np.int64)
     dst = np.ones_like(src)
     per = nbytes // 8
@@ -136,9 +219,15 @@ def bench_step(batch: int, args: argparse.Namespace) -> dict[str, Any]:
         k = next(turn) % args.sets
         np.copyto(dst[k * per : (k + 1) * per], src[k * per : (k + 1) * per])
 
+    def numpy_way() -> None:
+        numpy_outputs(*batches.gathered[next(which) % args.sets], alloc)
+
+    def kernel_way() -> None:
+        kernel_outputs(batches, next(which) % args.sets, alloc)
+
     ways: dict[str, Callable[[], Any]] = {
-        "numpy passes": lambda: numpy_outputs(seg, tokens, alloc),
-        "one-pass kernel": lambda: kernel_outputs(seg, tokens, alloc),
+        "numpy passes": numpy_way,
+        "batch kernel": kernel_way,
         "memcpy (same bytes)": memcpy,
     }
     rates: dict[str, list[float]] = {n: [] for n in ways}
@@ -153,17 +242,20 @@ def bench_step(batch: int, args: argparse.Namespace) -> dict[str, Any]:
         "bytes_per_batch": nbytes,
         "gb_per_s": med,
         "rounds": rates,
-        "kernel_vs_numpy": med["one-pass kernel"] / med["numpy passes"],
-        "kernel_of_memcpy": med["one-pass kernel"] / med["memcpy (same bytes)"],
+        "batch_kernel_vs_numpy": med["batch kernel"] / med["numpy passes"],
+        "batch_kernel_of_memcpy": med["batch kernel"] / med["memcpy (same bytes)"],
     }
 
 
 def _child(what: str, prefix: str) -> None:
     """In a new process: seconds of the first kernel call, or of TokenLoader start-up."""
-    if what == "kernel":
-        seg, tokens = packed_rows(4, 256)
-        t0 = time.perf_counter()
-        kernel_outputs(seg, tokens, lambda: np.empty(tokens.shape, np.int64))
+    if what == "kernel":  # numba's import, DocRows and the first batch (its compile)
+        with tempfile.TemporaryDirectory(prefix="ffdocstep-") as work:
+            batches = Batches(Path(work), 4, 256, 1)
+            t0 = time.perf_counter()
+            kernel_outputs(batches, 0, lambda: np.empty((4, 256), np.int64))
+            print(json.dumps({"seconds": time.perf_counter() - t0}))
+        return
     else:
         from flashfeed.loader import TokenLoader
 
@@ -240,8 +332,9 @@ def print_tables(result: dict[str, Any]) -> None:
         rates = step["gb_per_s"]
         cells = ", ".join(f"{n} {v:6.2f}" for n, v in rates.items())
         print(
-            f"  batch {b:>4s}: {cells}; kernel / numpy {step['kernel_vs_numpy']:5.2f}, "
-            f"kernel / memcpy {step['kernel_of_memcpy']:5.2f}"
+            f"  batch {b:>4s}: {cells}; batch kernel / numpy "
+            f"{step['batch_kernel_vs_numpy']:5.2f}, batch kernel / memcpy "
+            f"{step['batch_kernel_of_memcpy']:5.2f}"
         )
     print("\ncompiling the kernel (seconds, median, each in a new process)")
     for name, v in result["compile"]["seconds"].items():

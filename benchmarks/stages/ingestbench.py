@@ -2,10 +2,11 @@
 interleaved rounds:
 
   flashfeed   ``flashfeed.ingest.run`` (one Ray task per shard, tar + .idx, manifest)
-  ray-data    ``read_binary_files(override_num_blocks=shards)`` + ``map_batches`` (vectorised,
-              one call per block) + ``write_webdataset(encoder=None, min_rows_per_file=N,
-              try_create_dir=False)`` on the same Ray, whose object store (1 GiB) holds the
-              whole corpus several times over
+  ray-data    ``read_binary_files(override_num_blocks=shards)`` + ``map_batches`` (one call
+              per block, doing ingest's per-image work: ``transform_record``, the decode
+              check and re-encoding as asked) + ``write_webdataset(encoder=None,
+              min_rows_per_file=N, try_create_dir=False)`` on the same Ray, whose object
+              store (1 GiB) holds the whole corpus several times over
   shardwriter webdataset's ``ShardWriter`` in one process, each shard uploaded when closed,
               doing ingest's per-image work (``transform_record`` with the same options:
               the decode check, re-encoding where ``--jpeg-quality`` asks)
@@ -20,9 +21,12 @@ Prints MB/s (corpus bytes / wall seconds) and ratios, where flashfeed's time goe
 transform, write+upload, summed over tasks), and raw ceilings (local read; the PUT limit in
 ingest's own shape: shard-sized objects, one PUT each, as many in flight as Ray CPUs, several
 rounds; the work ceiling: the per-image work alone, read + ``transform_record``, no Ray, no
-tar, no upload, in as many processes as Ray CPUs, timed in every round beside the writers).
-Ingest is reported as a fraction of min(PUT limit, work ceiling), the ceiling that binds,
-and of the PUT limit alone; writes everything as JSON. Not a timed test: run it by hand.
+tar, no upload, in as many processes as Ray CPUs, timed in every round beside the writers;
+the work+PUT ceiling: that work and the PUTs of the shards it makes, each process uploading
+one shard while it works on the next, on the same cores as the S3 server:
+``harness/ingestceilings.py``). Ingest is reported as a fraction of min(PUT limit, work ceiling,
+work+PUT ceiling), the ceiling that binds, and of the PUT limit alone; writes everything as
+JSON. Not a timed test: run it by hand.
 
     python -m benchmarks.harness.corpus images .bench/corpus --size 2GB
     python -m benchmarks.stages.ingestbench .bench/corpus --rounds 1 --out .bench/ingest.json
@@ -40,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.ingestceilings import WorkCeiling, ceilings
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store
@@ -91,7 +96,12 @@ def run_flashfeed(
 
 
 def run_ray_data(
-    corpus: Path, dest: str, rows_per_file: int, blocks: int, opts: dict[str, Any]
+    corpus: Path,
+    dest: str,
+    rows_per_file: int,
+    blocks: int,
+    opts: dict[str, Any],
+    work: Any = None,
 ) -> dict:
     import pyarrow.fs as pafs
     import ray.data
@@ -108,17 +118,24 @@ def run_ray_data(
     classes = sorted(p.name for p in corpus.iterdir() if p.is_dir())
     label = {c: i for i, c in enumerate(classes)}
 
+    busy = work is not None and (work.validate or work.reencode)
+
     def to_samples(batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
-        keys, classes = [], []
-        for path in batch["path"]:
+        from flashfeed.ingest.transforms import transform_record
+
+        keys, classes, images = [], [], []
+        for path, data in zip(batch["path"], batch["bytes"], strict=True):
             cls = path.rsplit("/", 2)[-2]
             keys.append(cls + "_" + path.rsplit("/", 1)[-1].split(".")[0])
             classes.append(str(label[cls]).encode())
+            if busy:  # ingest's own per-image work, as the other writers do it
+                data = transform_record({"jpg": bytes(data)}, {"jpg": "image"}, work)["jpg"]
+            images.append(data)
         return {
             "__key__": np.array(keys, dtype=object),
-            "jpg": batch["bytes"],
+            "jpg": np.array(images, dtype=object),
             "cls": np.array(classes, dtype=object),
         }
 
@@ -154,6 +171,7 @@ def run_shardwriter(
 ) -> dict:
     import webdataset as wds
 
+    from flashfeed.ingest.putobject import put_object
     from flashfeed.ingest.transforms import transform_record
 
     kinds = {"jpg": "image", "cls": "text"}
@@ -162,9 +180,10 @@ def run_shardwriter(
     tmp = tempfile.mkdtemp(prefix="ffbw-", dir="/tmp")
     uploaded: list[int] = []
 
-    def upload(path: str) -> None:
-        storage.put_file(path, storage.join(dest, os.path.basename(path)), storage_options=opts)
-        uploaded.append(os.path.getsize(path))
+    def upload(path: str) -> None:  # the PUT ingest makes (put_object), of the closed shard
+        data = Path(path).read_bytes()
+        put_object(storage.join(dest, os.path.basename(path)), data, storage_options=opts)
+        uploaded.append(len(data))
         os.unlink(path)
 
     t0 = time.perf_counter()
@@ -184,86 +203,6 @@ def run_shardwriter(
         "seconds": time.perf_counter() - t0,
         "shards": len(uploaded),
         "bytes_out": sum(uploaded),
-    }
-
-
-def _work_chunk(args: tuple[list[str], Any]) -> int:
-    """Read and transform one chunk of files in a pool process; the bytes read."""
-    from flashfeed.ingest.transforms import transform_record
-
-    paths, work = args
-    kinds = {"jpg": "image", "cls": "int"}
-    n = 0
-    for path in paths:
-        data = Path(path).read_bytes()
-        transform_record({"jpg": data, "cls": 0}, kinds, work)
-        n += len(data)
-    return n
-
-
-class WorkCeiling:
-    """The per-image work alone (read, decode check, re-encode where asked) in ``procs``
-    processes, chunks handed out as processes free up: MB/s of corpus that no ingest of this
-    corpus on ``procs`` CPUs can beat. The pool starts (and imports) before it is timed."""
-
-    def __init__(self, files: list[tuple[Path, int]], work: Any, procs: int) -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        step = max(1, len(files) // (8 * procs))
-        paths = [str(p) for p, _ in files]
-        self._chunks = [(paths[i : i + step], work) for i in range(0, len(paths), step)]
-        # forked before Ray starts: the workers hold none of Ray's threads
-        self._pool = ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("fork"))
-        list(self._pool.map(time.sleep, [0.2] * procs))  # every process up before timing
-        self.measure()  # imports and page cache warm, as for the writers' later rounds
-
-    def measure(self) -> float:
-        t0 = time.perf_counter()
-        n = sum(self._pool.map(_work_chunk, self._chunks))
-        return n / (time.perf_counter() - t0) / 1e6
-
-    def close(self) -> None:
-        self._pool.shutdown()
-
-
-def ceilings(
-    corpus: Path,
-    opts: dict[str, Any],
-    bucket: str,
-    *,
-    shard_size: int,
-    in_flight: int,
-    total: int,
-    rounds: int = 3,
-) -> dict[str, Any]:
-    """Raw speeds the writers cannot beat here: reading the corpus, and PUTs in ingest's own
-    shape (shard-sized objects through ``storage.write_bytes``, ``in_flight`` at once as
-    Ray runs one shard task per CPU) of ``total`` bytes, median of ``rounds``."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    t0 = time.perf_counter()
-    n = sum(len(p.read_bytes()) for p, _ in _files(corpus))
-    read = n / (time.perf_counter() - t0) / 1e6
-    size = min(shard_size, max(total, 1 << 20))
-    blob = os.urandom(size)
-    count = max(in_flight, -(-total // size))
-
-    def put(i: int) -> int:
-        storage.write_bytes(f"s3://{bucket}/ceiling/{i:05d}", blob, storage_options=opts)
-        return size
-
-    puts = []
-    with ThreadPoolExecutor(in_flight) as pool:
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            moved = sum(pool.map(put, range(count)))
-            puts.append(moved / (time.perf_counter() - t0) / 1e6)
-    return {
-        "local_read_mb_s": round(read, 1),
-        "s3_put_mb_s": round(statistics.median(puts), 1),
-        "s3_put_rounds_mb_s": puts,
-        "s3_put_shape": {"object_bytes": size, "objects": count, "in_flight": in_flight},
     }
 
 
@@ -306,11 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     bs = start_store(root, bucket="bench")
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     work_rounds: list[float] = []
-    ceiling = WorkCeiling(files, work, args.num_cpus)
+    work_put_rounds: list[float] = []
+    ceiling = WorkCeiling(files, work, args.num_cpus, shard_size)
     try:
         opts = bs.opts
         limits = ceilings(
-            corpus,
+            files,
             opts,
             "bench",
             shard_size=shard_size,
@@ -339,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                     if method == "flashfeed":
                         out = run_flashfeed(corpus, dest, shard_size, opts, work)
                     elif method == "ray-data":
-                        out = run_ray_data(corpus, dest, rows_per_file, blocks, opts)
+                        out = run_ray_data(corpus, dest, rows_per_file, blocks, opts, work)
                     else:
                         out = run_shardwriter(corpus, dest, shard_size, opts, work)
                     out["mb_s"] = corpus_bytes / out["seconds"] / 1e6
@@ -349,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
                         file=sys.stderr,
                     )
                 work_rounds.append(ceiling.measure())
+                work_put_rounds.append(ceiling.measure_with_puts(f"s3://bench/workput-{r}", opts))
                 print(
-                    f"round {r} {'work ceiling':<12} {work_rounds[-1]:17.1f} MB/s", file=sys.stderr
+                    f"round {r} {'work ceiling':<12} {work_rounds[-1]:17.1f} MB/s, with its "
+                    f"PUTs {work_put_rounds[-1]:.1f} MB/s",
+                    file=sys.stderr,
                 )
     finally:
         ceiling.close()
@@ -374,11 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     limits["work_mb_s"] = round(statistics.median(work_rounds), 1)
     limits["work_rounds_mb_s"] = work_rounds
     limits["work_processes"] = args.num_cpus
-    binding = min(limits["s3_put_mb_s"], limits["work_mb_s"]) or None
+    limits["work_put_mb_s"] = round(statistics.median(work_put_rounds), 1)
+    limits["work_put_rounds_mb_s"] = work_put_rounds
+    binding = min(limits["s3_put_mb_s"], limits["work_mb_s"], limits["work_put_mb_s"]) or None
     print(
         f"ceilings: local read {limits['local_read_mb_s']} MB/s, "
         f"S3 PUT in ingest's shape {limits['s3_put_mb_s']} MB/s, per-image work alone in "
-        f"{args.num_cpus} processes {limits['work_mb_s']} MB/s"
+        f"{args.num_cpus} processes {limits['work_mb_s']} MB/s, the same work with its "
+        f"shards' PUTs on the same cores {limits['work_put_mb_s']} MB/s"
     )
     per_cpu = med["flashfeed"] / args.num_cpus
     of_put = med["flashfeed"] / limits["s3_put_mb_s"] if limits["s3_put_mb_s"] else None
@@ -386,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"per CPU: flashfeed {per_cpu:.1f} MB/s per Ray CPU, ShardWriter {med['shardwriter']:.1f}"
         f" MB/s in one process: {per_cpu / med['shardwriter']:.2f}x; flashfeed at "
-        f"{args.num_cpus} Ray CPUs: {of_ceiling or 0:.2f} of min(PUT limit, work ceiling), "
+        f"{args.num_cpus} Ray CPUs: {of_ceiling or 0:.2f} of min(PUT limit, work ceiling, "
+        "work+PUT ceiling), "
         f"{of_put or 0:.2f} of the PUT limit; Ray "
         f"{'joined' if reused else 'start-up'} {ray_start:.2f} s + workers' warm-up {warmup:.2f} s "
         "(not in the writers' seconds)"

@@ -1,6 +1,6 @@
 """benchmarks/tokcold.py runs at a tiny size with its five rows (cold streaming by the
-recorded layout, by the walk of a shard without one, cold whole shards, local, the download
-ceiling) and writes its rounds as JSON. No timed assertions."""
+recorded layout, by the walk of a shard without one, by the walk of one with dictionaries,
+local, the download ceiling) and writes its rounds as JSON. No timed assertions."""
 
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ def test_tokcold_prints_every_row_and_writes_its_rounds(tmp_path: Path) -> None:
         check=True,
     )
     result = json.loads(out.read_text())
-    rows = {"cold-stream", "cold-walk", "cold-whole", "local", "ceiling"}
+    rows = {"cold-stream", "cold-walk", "cold-dict", "local", "ceiling"}
     assert set(result["rounds"]) == rows
     for name in rows:
         (r,) = result["rounds"][name]
         assert r["gbps"] > 0 and r["batches"] == 2 * (1 << 20) // (512 * 2) // 16, name
+        assert r["cpu_s"] > 0, name
     assert result["of_local"]["local"] == 1.0
     printed = {line.split()[0] for line in run.stdout.splitlines() if line.split()}
     assert rows <= printed, run.stdout

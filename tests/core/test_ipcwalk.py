@@ -152,14 +152,60 @@ def test_a_body_past_the_end_and_rows_the_manifest_lacks_are_errors():
         _walk(data, rows=700)
 
 
-def test_a_schema_with_dictionaries_is_not_walked():
-    table = pa.table({"tag": pa.array(["a", "b", "a"]).dictionary_encode()})
+def _dictionary_file(*, deltas: bool) -> tuple[bytes, list[list[str]]]:
+    """A file of three record batches of dictionary-encoded tags; with ``deltas`` each
+    batch brings new words (a delta dictionary batch before it), else one dictionary for all."""
+    words = [["a", "b", "a"], ["c", "a", "d", "c"], ["e", "b"]]
+    schema = pa.schema([("tag", pa.dictionary(pa.int32(), pa.string())), ("n", pa.int64())])
     sink = io.BytesIO()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    data = sink.getvalue()
-    head = data[: head_size(data[:16], name="s")]
-    assert start_walk(head, name="s", size=len(data), rows=3) is None
+    opts = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=True)
+    with pa.ipc.RecordBatchFileWriter(sink, schema, options=opts) as writer:
+        seen: list[str] = []
+        for batch in words:
+            seen += [w for w in dict.fromkeys(batch) if w not in seen]
+            vocab = seen if deltas else sorted({w for b in words for w in b})
+            tags = pa.DictionaryArray.from_arrays(
+                pa.array([vocab.index(w) for w in batch], pa.int32()), pa.array(vocab)
+            )
+            writer.write_batch(pa.record_batch([tags, pa.array(range(len(batch)))], schema))
+    return sink.getvalue(), words
+
+
+@pytest.mark.parametrize("deltas", [False, True])
+def test_a_schema_with_dictionaries_walks_in_spans_that_hold_them(deltas):
+    data, words = _dictionary_file(deltas=deltas)
+    layout = _walk(data, rows=9).layout()
+    assert layout.sequential and layout.rows.tolist() == [0, 3, 7, 9]
+    # each span ends where pyarrow's stream reader ends that record batch (the dictionary
+    # batches before it read on the way), the first starting where the schema ends
+    source = pa.BufferReader(pa.py_buffer(data))
+    source.seek(8)
+    reader = pa.ipc.open_stream(source)
+    assert source.tell() == layout.offsets[0]
+    for b, expected in enumerate(words):
+        batch = reader.read_next_batch()
+        assert source.tell() == layout.offsets[b + 1]
+        assert batch.column(0).to_pylist() == expected
+    # batch b needs the bytes from the first span's start: its dictionaries lie there
+    assert layout.needs(2) == (int(layout.offsets[0]), int(layout.offsets[3]))
+
+
+def test_dictionary_batches_are_stepped_over_until_a_record_batch_header_lands():
+    data, _ = _dictionary_file(deltas=False)
+    whole = _walk(data, rows=9).layout()
+    first = int(whole.offsets[0])
+    assert _walk(data, upto=first + 8, rows=9).num_batches == 0  # only a dictionary's framing
+    assert _walk(data, upto=int(whole.offsets[1]), rows=9).num_batches >= 1
+
+
+def test_a_dictionary_batch_in_a_schema_without_dictionaries_is_an_error():
+    data, _ = _dictionary_file(deltas=False)
+    plain = pa.schema([("tag", pa.string()), ("n", pa.int64())])
+    start = head_size(data[:16], name="s")
+    assert start is not None
+    walk = IpcWalk(plain, start=start, size=len(data), rows=9, name="s")  # told no dictionaries
+    with pytest.raises(CorruptShardError, match="is a dictionary batch, not a record batch"):
+        walk.advance(lambda lo, hi: data[lo:hi], lambda lo, hi: True)
 
 
 FILE = _pyarrow_file(_table(60), sizes=(10, 20, 0, 30))
@@ -188,3 +234,30 @@ def test_mutated_files_end_in_record_batches_or_one_clear_error(edits, cut):
     layout = walk.layout()
     assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= len(data)
     assert (np.diff(layout.rows) >= 0).all() and layout.num_rows <= 60
+
+
+DICT_FILE = _dictionary_file(deltas=True)[0]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    edits=st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 255)), max_size=8),
+    cut=st.none() | st.integers(0, len(DICT_FILE)),
+)
+def test_mutated_dictionary_files_end_in_record_batches_or_one_clear_error(edits, cut):
+    """The same with dictionary batches before and between the record batches."""
+    data = bytearray(DICT_FILE)
+    head = head_size(DICT_FILE[:16], name="s")
+    assert head is not None
+    for pos, value in edits:
+        data[head + pos % (len(data) - head)] = value
+    data = data[:cut] if cut is not None and cut > head else data
+    walk = start_walk(DICT_FILE[:head], name="s", size=len(data), rows=9)
+    try:
+        walk.advance(lambda lo, hi: bytes(data[lo:hi]), lambda lo, hi: hi <= len(data))
+    except FlashfeedError:
+        return
+    layout = walk.layout()
+    assert layout.sequential
+    assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= len(data)
+    assert (np.diff(layout.rows) >= 0).all() and layout.num_rows <= 9

@@ -137,7 +137,7 @@ def test_store_restarted_mid_run(tmp_path: Path) -> None:
 
 
 def _running_shard_task(timeout: float = 60) -> int:
-    """The pid of a Ray worker while it runs a shard task (Ray titles it ``ray::run_shard``)."""
+    """The pid of a Ray worker while it runs shard tasks (Ray titles it ``ray::run_shards``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for pid in os.listdir("/proc"):

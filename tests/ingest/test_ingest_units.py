@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -130,6 +131,50 @@ def test_transforms_validate_reencode_and_text() -> None:
         "orig_size": "text",
         "txt": "text",
     }
+
+
+def _full_decode_refuses(data: bytes) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Image.open(io.BytesIO(data)).load()  # every pixel at full size
+    except Exception:
+        return True
+    return False
+
+
+def test_decode_check_refuses_exactly_what_a_full_decode_refuses() -> None:
+    """The check decodes JPEGs at 1/8 scale: on seeded truncations, byte flips and smeared
+    runs of a baseline and a progressive JPEG it must agree with a full decode, case by case."""
+    rng = np.random.default_rng(7)
+    opts = TransformOptions(validate=True)
+    base = Image.fromarray(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8))
+    sources = []
+    for progressive in (False, True):
+        buf = io.BytesIO()
+        base.save(buf, format="JPEG", quality=85, progressive=progressive)
+        sources.append(buf.getvalue())
+    refused = agreed = 0
+    for good in sources:
+        cases = [good[: int(n)] for n in rng.integers(20, len(good), 30)]
+        for _ in range(60):
+            bad = bytearray(good)
+            at = int(rng.integers(0, len(bad) - 40))
+            width = 1 if rng.random() < 0.5 else 32
+            bad[at : at + width] = rng.integers(0, 256, width, dtype=np.uint8).tobytes()
+            cases.append(bytes(bad))
+        for data in cases:
+            try:
+                out = transform_record({"jpg": data}, {"jpg": "image"}, opts)
+                ours = False
+                assert out["jpg"] == data  # checked, kept byte for byte
+            except Reject as r:
+                ours = True
+                assert r.reason in ("undecodable", "too_many_pixels")
+            assert ours == _full_decode_refuses(data), f"disagree on {len(data)} bytes"
+            refused += ours
+            agreed += 1
+    assert agreed == 180 and 30 <= refused < agreed  # both kinds of outcome were exercised
 
 
 def test_content_hash_ignores_label_only() -> None:

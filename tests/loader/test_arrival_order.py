@@ -25,8 +25,10 @@ from support.loader_helpers import make_image_dataset
 SIZES = [100, 120, 90, 110, 100, 100, 80, 100]
 
 
-def _order(slices: int, epoch: int = 0, world: int = 1, rank: int = 0) -> np.ndarray:
-    options = PlanOptions(seed=5, arrival_slices=slices)
+def _order(
+    slices: int, epoch: int = 0, world: int = 1, rank: int = 0, spacing: str = "even"
+) -> np.ndarray:
+    options = PlanOptions(seed=5, arrival_slices=slices, arrival_spacing=spacing)
     topology = Topology(world)
     return rank_plan(SIZES, options=options, epoch=epoch, topology=topology, rank=rank).samples
 
@@ -55,6 +57,45 @@ def test_the_first_window_is_read_front_to_back_and_the_rest_is_unchanged():
     assert set(np.searchsorted(offsets, arrival[:48], side="right").tolist()) == set(first4)
 
 
+def test_doubling_slices_read_the_very_front_first_and_the_back_half_last():
+    plain, arrival = _order(1), _order(8, spacing="doubling")
+    offsets = np.cumsum(SIZES)
+    first4 = list(dict.fromkeys(np.searchsorted(offsets, plain, side="right").tolist()))[:4]
+    window = int(np.isin(np.searchsorted(offsets, plain, side="right"), first4).sum())
+    assert sorted(plain[:window]) == sorted(arrival[:window])
+    assert np.array_equal(plain[window:], arrival[window:])
+    front = _front(arrival[:window])
+    # slice j > 0 ends at 2**(j - 7) of its piece, slice 0 is the front 1/128: slice after
+    # slice, front to back
+    part = np.searchsorted(2.0 ** -np.arange(7, 0, -1), front, side="right")
+    assert (np.diff(part) >= 0).all()
+    assert not (np.diff(np.searchsorted(2.0 ** -np.arange(7, 0, -1), _front(plain[:window]),
+                                        side="right")) >= 0).all()  # fmt: skip
+    # the first 24 samples (of about 26 in the front 1/16) come from the front 1/16 of all four;
+    # even slices need the front 1/8 for as many
+    assert front[:24].max() < 1 / 16
+    assert set(np.searchsorted(offsets, arrival[:24], side="right").tolist()) == set(first4)
+    # the back half of every piece is read last, in one slice: about half the window
+    back = front >= 0.5
+    assert back[-int(back.sum()) :].all()
+    assert 0.45 < back.mean() < 0.55
+
+
+def test_doubling_slices_mix_a_shard_sorted_by_class_better_than_even_ones():
+    """Where a shard's samples are sorted by class (an ImageFolder written class by class),
+    the arrival order costs the first window class mixing: doubling slices lose less."""
+    sizes = [1100] * 4
+    labels = np.tile(np.repeat(np.arange(10), 110), 4)  # 10 classes in order in each shard
+    q = {}
+    for slices, spacing in ((1, "even"), (8, "even"), (8, "doubling")):
+        options = PlanOptions(seed=1, arrival_slices=slices, arrival_spacing=spacing)
+        plan = plan_epoch(sizes, options=options, epoch=0, topology=Topology(1)).per_rank[0]
+        q[slices, spacing] = shuffle_quality(labels[plan], batch_size=64)
+    assert q[8, "doubling"].quality > 1.5 * q[8, "even"].quality
+    assert q[8, "doubling"].classes_per_batch > q[8, "even"].classes_per_batch
+    assert q[1, "even"].quality > q[8, "doubling"].quality  # not free: the plain order mixes best
+
+
 def test_later_epochs_keep_the_plain_window_shuffle_and_ranks_share_the_same_samples():
     assert np.array_equal(_order(1, epoch=1), _order(8, epoch=1))
     plain = [_order(1, world=4, rank=r) for r in range(4)]
@@ -70,14 +111,16 @@ def test_arrival_order_keeps_the_window_class_mixing():
     labels = np.repeat(np.arange(16), 500)  # one class per shard: the hardest case
     for world in (1, 4):
         plans = {
-            s: plan_epoch(sizes, options=PlanOptions(seed=1, arrival_slices=s), epoch=0,
-                          topology=Topology(world)).per_rank[0]
-            for s in (1, 8)
+            (s, sp): plan_epoch(sizes, options=PlanOptions(seed=1, arrival_slices=s,
+                                                           arrival_spacing=sp), epoch=0,
+                                topology=Topology(world)).per_rank[0]
+            for s, sp in ((1, "even"), (8, "even"), (8, "doubling"))
         }  # fmt: skip
-        first = len(plans[1]) // 4  # window 0 of this rank
-        q = {s: shuffle_quality(labels[p[:first]], batch_size=64) for s, p in plans.items()}
-        assert q[8].classes_per_batch == q[1].classes_per_batch == 4
-        assert q[8].quality >= 0.98 * q[1].quality
+        first = len(plans[1, "even"]) // 4  # window 0 of this rank
+        q = {k: shuffle_quality(labels[p[:first]], batch_size=64) for k, p in plans.items()}
+        for k in ((8, "even"), (8, "doubling")):
+            assert q[k].classes_per_batch == q[1, "even"].classes_per_batch == 4
+            assert q[k].quality >= 0.98 * q[1, "even"].quality
 
 
 def test_arrival_slices_is_checked_and_saved_and_old_states_keep_their_order(tmp_path):
@@ -87,6 +130,9 @@ def test_arrival_slices_is_checked_and_saved_and_old_states_keep_their_order(tmp
     loader = Loader(str(tmp_path / "ds"), batch_size=8, image_size=16, py_workers=1)
     state = loader.state_dict()
     assert state["arrival_slices"] == 8  # the default
+    assert state["arrival_spacing"] == "doubling"  # the default
+    with pytest.raises(ValueError, match="arrival_spacing must be one of"):
+        PlanOptions(arrival_spacing="log")
     position = loader.position
     assert isinstance(position, Position)
     top = Topology(1)
@@ -106,6 +152,14 @@ def test_arrival_slices_is_checked_and_saved_and_old_states_keep_their_order(tmp
     )
     with pytest.raises(ValueError, match="'arrival_slices' must be an integer"):
         position.load_state_dict({**state, "arrival_slices": "8"})
+    # a state saved before arrival_spacing cut the window in equal slices: it keeps them
+    even = {k: v for k, v in sliced.items() if k != "arrival_spacing"}
+    assert position.load_state_dict(even).arrival_spacing == "even"
+    evenly = dataclasses.replace(options, arrival_spacing="even")
+    expect = rank_plan(position.shard_sizes, options=evenly, epoch=0, topology=top, rank=0)
+    assert np.array_equal(position.remaining(), expect.samples[8:])
+    with pytest.raises(ValueError, match="'arrival_spacing' must be one of"):
+        position.load_state_dict({**state, "arrival_spacing": "odd"})
     loader.close()
 
 

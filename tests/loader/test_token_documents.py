@@ -17,8 +17,10 @@ import torch
 from tokenizers import Tokenizer
 
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX, Segments, document_outputs
+from flashfeed.loader.docrows import DocRows, row_outputs
+from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
 
+from support.docref import RefShard, Segments
 from support.loader_helpers import make_token_dataset
 from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents
 
@@ -267,7 +269,10 @@ def test_outputs_are_written_into_the_callers_buffers():
         return given[-1]
 
     wide = np.full((3, 8), 99, np.int64)
-    out = document_outputs(seg, 8, tokens, DOC_OUTPUTS, alloc, tokens_out=wide)
+    table = DocRows({0: RefShard.of(seg, tokens)})
+    out = row_outputs(
+        table, np.zeros(3, np.int64), np.arange(3), DOC_OUTPUTS, wide, alloc, where=str
+    )
     assert all(any(out[n] is g for g in given) for n in DOC_OUTPUTS if n != "max_seqlen" and
                n != "cu_seqlens")  # fmt: skip
     assert wide.tolist() == tokens.tolist()

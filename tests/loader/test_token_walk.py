@@ -1,7 +1,8 @@
 """A token dataset whose shards record no record batch layout (written by pyarrow's own
 ``RecordBatchFileWriter``) streams cold too: the loader walks each shard's IPC messages as
 its bytes land in the node cache (``flashfeed.ipcwalk``) and serves a row once the walk has
-found its record batch and that batch has landed, before the shard's last byte.
+found its record batch and that batch has landed, before the shard's last byte. So do shards
+with dictionary columns (keys too), their dictionary batches read on the way.
 
 The store sits behind ``slowproxy.SlowProxy``, which delays each request; nothing is faked.
 """
@@ -39,9 +40,11 @@ SEQ = 64  # int32 tokens: 256 bytes a row
 SHARDS = ([40, 70, 50, 90, 60, 40, 250], [64] * 9, [30, 500])  # rows per record batch
 
 
-def _write(prefix: str, *, dictionary: bool = False) -> Manifest:
+def _write(prefix: str, *, dictionary: bool = False, deltas: bool = False) -> Manifest:
     """Shards written by plain pyarrow, record batches of uneven rows, no layout recorded;
-    row n holds n*7, n*7+1, ... and ``__key__`` ``t<n>``."""
+    row n holds n*7, n*7+1, ... and ``__key__`` ``t<n>``. ``dictionary``: the keys and a
+    ``tag`` column dictionary-encoded, one dictionary per shard; ``deltas``: each record
+    batch's keys a delta dictionary batch before it."""
     infos, n = [], 0
     for i, sizes in enumerate(SHARDS):
         count = sum(sizes)
@@ -54,12 +57,21 @@ def _write(prefix: str, *, dictionary: bool = False) -> Manifest:
         if dictionary:
             cols["tag"] = pa.array(["a", "b"] * (count // 2) + ["a"] * (count % 2))
             cols["tag"] = cols["tag"].dictionary_encode()
+            cols["__key__"] = cols["__key__"].dictionary_encode()
         table = pa.table(cols)
         sink = io.BytesIO()
-        with pa.ipc.RecordBatchFileWriter(sink, table.schema) as writer:
+        opts = pa.ipc.IpcWriteOptions(emit_dictionary_deltas=deltas)
+        with pa.ipc.RecordBatchFileWriter(sink, table.schema, options=opts) as writer:
             at = 0
             for size in sizes:
-                writer.write_table(table.slice(at, size))
+                part = table.slice(at, size)
+                if deltas:  # the keys so far as this batch's dictionary: it grows by a delta
+                    keys = pa.DictionaryArray.from_arrays(
+                        pa.array(np.arange(at, at + size), pa.int32()),
+                        pa.array([f"t{j:07d}" for j in ids[: at + size]]),
+                    )
+                    part = part.set_column(0, "__key__", pa.chunked_array([keys]))
+                writer.write_table(part)
                 at += size
         data = sink.getvalue()
         path = shard_name(i, "arrow")
@@ -204,15 +216,70 @@ def test_a_garbage_message_header_fails_in_one_line_naming_it_and_leaves_no_entr
     cache.close()
 
 
-def test_unrecorded_shards_with_dictionary_columns_are_served_whole(s3_prefix, proxy, tmp_path):
+def test_shards_with_dictionary_columns_stream_and_equal_the_local_epoch(
+    s3_prefix, proxy, tmp_path
+):
     local = _both(s3_prefix, tmp_path, dictionary=True)
-    ds, cache = _cold8(s3_prefix, proxy, tmp_path, delay=0.01)
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, delay=0.05)
     loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
-    keys, rows = rows_of(list(loader))
+    it = iter(loader)
+    first = next(it)
+    fill = cache.progress(ds, 0)  # observed with the first batch in hand
+    assert fill is not None, "shard 0 had landed whole before its first rows were served"
+    assert not fill.complete() and cache.ready_path(ds, 0) is None
+    fill.close()
+    keys, rows = rows_of([first, *it])
     local_keys, local_rows = rows_of(list(TokenLoader(local, batch_size=8, shuffle=False)))
     assert keys == local_keys and np.array_equal(rows, local_rows)
-    assert loader.stats()["readahead"]["batches_served_while_arriving"] == 0  # served whole
+    assert loader.stats()["readahead"]["batches_served_while_arriving"] >= 1
     loader.close()
+    cache.close()
+
+
+def test_a_cold_shuffled_epoch_over_delta_dictionaries_equals_the_local_epoch(
+    s3_prefix, proxy, tmp_path
+):
+    local = _both(s3_prefix, tmp_path, dictionary=True, deltas=True)
+    data = (tmp_path / "local" / shard_name(0, "arrow")).read_bytes()
+    source = pa.BufferReader(pa.py_buffer(data))
+    source.seek(8)  # the file after its magic, read as a stream: the dictionaries as they grow
+    stream = pa.ipc.open_stream(source)
+    grown = [len(stream.read_next_batch().column(0).dictionary) for _ in SHARDS[0][:2]]
+    assert grown == [40, 110]  # a delta dictionary batch between the record batches
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, delay=0.02)
+    loader = TokenLoader(ds, batch_size=8, cache=cache, seed=5, window=2)
+    cold = list(loader)
+    streamed = loader.stats()["readahead"]["batches_served_while_arriving"]
+    keys, rows = rows_of(cold)
+    local_keys, local_rows = rows_of(list(TokenLoader(local, batch_size=8, seed=5, window=2)))
+    assert keys == local_keys and np.array_equal(rows, local_rows)
+    assert len(set(keys)) == len(keys) == (sum(map(sum, SHARDS)) // 8) * 8
+    assert streamed >= 1
+    loader.close()
+    cache.close()
+
+
+def test_a_garbled_dictionary_batch_fails_in_one_line_and_leaves_no_entry(
+    s3_prefix, proxy, tmp_path
+):
+    def garble(data: bytes) -> bytes:  # the metadata length of the first dictionary batch
+        at = head_size(data[:16], name="s") + 4
+        return data[:at] + struct.pack("<i", -12345) + data[at + 4 :]
+
+    _write(s3_prefix, dictionary=True)
+    ds = Dataset.open(s3_prefix)
+    url = ds.shard_url(0)
+    storage.write_bytes(url, garble(storage.read_bytes(url)))
+    fast = RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02, deadline=5)
+    ds, cache = _cold8(s3_prefix, proxy, tmp_path, retry=fast, delay=0.05)
+    loader = TokenLoader(ds, batch_size=8, cache=cache, shuffle=False)
+    message, got = serve_until_it_fails(loader)
+    assert ds.shards[0].path in message and "metadata length of -12345" in message, message
+    assert got == 0
+    loader.close()
+    with pytest.raises(FlashfeedError):
+        cache.get(ds, 0)
+    _no_entry(cache, ds, tmp_path)
     cache.close()
 
 

@@ -1,0 +1,118 @@
+"""What the batch source hands DALI for a plain image + label dataset is made once per sample
+while its shard stays mapped, and given up before the shard is unmapped; a local dataset is
+read in the loader's own process (no reader process), a cached one in a reader process."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from flashfeed.dataset import Dataset
+from flashfeed.loader import Loader
+from flashfeed.loader.fields import key_strings, parse_fields
+from flashfeed.loader.image import default_py_workers
+from flashfeed.loader.passorder import PassOrder
+from flashfeed.loader.reader import BatchSource, ShardReader, write_pass
+from flashfeed.loader.sources import LocalShardSource
+
+from support.loader_helpers import make_image_dataset
+
+SIZES = [8, 8, 8]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> str:
+    prefix = str(tmp_path_factory.mktemp("memo-img") / "ds")
+    make_image_dataset(prefix, SIZES, size=16)
+    return prefix
+
+
+def expected(prefix: str) -> dict[tuple[int, int], tuple[bytes, int, str]]:
+    """Every sample's (jpg bytes, label, ``<shard>/<key>``), read from the tar files."""
+    ds = Dataset.open(prefix)
+    out = {}
+    for i, info in enumerate(ds.shards):
+        with open(os.path.join(prefix, info.path), "rb") as f:
+            tar = f.read()
+        for row, entry in enumerate(ds.read_index(i)):
+            part = {c.ext: tar[c.offset : c.offset + c.size] for c in entry.components}
+            out[i, row] = (part["jpg"], int(part["cls"]), f"{info.path}/{entry.key}")
+    return out
+
+
+def source_for(prefix: str, pass_dir: str, order: list[tuple[int, int]], max_open: int):
+    ds = Dataset.open(prefix)
+    shards, rows = (np.array(c, np.int64) for c in zip(*order, strict=True))
+    batches = -(-len(order) // 4)
+    for epoch in (0, 1):
+        write_pass(pass_dir, epoch, PassOrder(np.arange(len(order)), shards, rows, 4, batches))
+    reader = ShardReader(LocalShardSource(ds), [s.path for s in ds.shards], max_open=max_open)
+    return BatchSource(reader, batch_size=4, specs=parse_fields(None), pass_dir=pass_dir), batches
+
+
+def read_pass(source: BatchSource, epoch: int, batches: int) -> list[tuple[bytes, int, str]]:
+    got = []
+    for i in range(batches):
+        jpgs, labels, keys = source(SimpleNamespace(epoch_idx=epoch, iteration=i))
+        assert labels.dtype == np.int64 and labels.shape == (len(jpgs),)
+        got += zip((j.tobytes() for j in jpgs), labels.tolist(), key_strings(keys), strict=True)
+    return got
+
+
+def test_a_hot_pass_hands_on_the_samples_kept_from_the_first(images, tmp_path, monkeypatch):
+    want = expected(images)
+    order = [(s, r) for s in (2, 0, 1) for r in range(SIZES[s])][::-1]
+    source, batches = source_for(images, str(tmp_path), order, max_open=3)
+    first = read_pass(source, 0, batches)
+    assert first == [want[o] for o in order]
+    # every sample of each open shard is kept, and the second pass is made from them
+    assert {s: len(o.memo) for s, o in source.reader._open.items()} == dict.fromkeys(range(3), 8)
+    reads = []
+    picked = ShardReader.picked
+    monkeypatch.setattr(
+        ShardReader, "picked", lambda self, *a: reads.append(a[:2]) or picked(self, *a)
+    )
+    assert read_pass(source, 1, batches) == first
+    assert reads == []  # no index entry, label or key was read again
+    source.reader.close()
+    assert not source.reader._open
+
+
+def test_a_shard_unmapped_between_samples_gives_up_what_was_kept(images, tmp_path):
+    # one shard open at a time, the order alternating between shards: each sample maps its
+    # shard again, and unmapping the last one (which the kept views point into) must work
+    want = expected(images)
+    order = [(s, r) for r in range(8) for s in range(3)]
+    source, batches = source_for(images, str(tmp_path), order, max_open=1)
+    for epoch in (0, 1):
+        assert read_pass(source, epoch, batches) == [want[o] for o in order]
+        assert len(source.reader._open) == 1
+    source.reader.close()
+
+
+def test_a_local_dataset_is_read_in_the_loaders_process_and_a_cached_one_in_a_reader(
+    images, tmp_path
+):
+    local = Loader(images, batch_size=4, image_size=16)
+    cached = Loader(images, batch_size=4, image_size=16, cache_dir=str(tmp_path / "cache"))
+    chosen = Loader(images, batch_size=4, image_size=16, py_workers=1)
+    try:
+        assert local.py_workers == default_py_workers(local.source) == 0
+        assert cached.py_workers == default_py_workers(cached.source) == 1
+        assert chosen.py_workers == 1
+        # both deliver the whole epoch, each sample once, labels matching their keys
+        want = {k: label for _, label, k in expected(images).values()}
+        for loader in (local, cached):
+            got = {}
+            for batch in loader:
+                got.update(zip(batch["__key__"], batch["label"].tolist(), strict=True))
+            assert got == want
+    finally:
+        for loader in (local, cached, chosen):
+            loader.close()
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match=f"must be None or an integer >= 0, got {bad!r}"):
+            Loader(images, batch_size=4, py_workers=bad)
