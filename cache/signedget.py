@@ -23,7 +23,20 @@ from flashfeed.storage import S3Options
 from .rangedbody import Body, RangedObject, http_error
 from .sigv4 import s3_get_headers, s3_path
 
-__all__ = ["Endpoint", "SignedObject"]
+__all__ = ["Endpoint", "SignedObject", "connect"]
+
+
+def connect(key: tuple[str, str, int, bool, float]) -> http.client.HTTPConnection:
+    """A new (unopened) connection for an endpoint's ``(scheme, host, port, verify, timeout)``;
+    ``verify`` off accepts any certificate."""
+    scheme, host, port, verify, timeout = key
+    if scheme != "https":
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+    context = ssl.create_default_context()
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
 
 
 class _HttpBody:
@@ -61,16 +74,7 @@ class _Connections(threading.local):
         open_ = self._mine()
         conn = open_.get(key)
         if conn is None:
-            scheme, host, port, verify, timeout = key
-            if scheme == "https":
-                context = ssl.create_default_context()
-                if not verify:
-                    context.check_hostname = False
-                    context.verify_mode = ssl.CERT_NONE
-                conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
-            else:
-                conn = http.client.HTTPConnection(host, port, timeout=timeout)
-            open_[key] = conn
+            conn = open_[key] = connect(key)
         return conn
 
     def drop(self, key: Any) -> None:

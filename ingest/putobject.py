@@ -41,18 +41,9 @@ class _Connections(threading.local):
         conn = self.open.get(endpoint.key)
         if conn is not None:
             return conn, True
-        scheme, host, port, verify, timeout = endpoint.key
-        if scheme == "https":
-            import ssl
+        from flashfeed.cache.signedget import connect
 
-            context = ssl.create_default_context()
-            if not verify:
-                context.check_hostname = False
-                context.verify_mode = ssl.CERT_NONE
-            conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
-        else:
-            conn = http.client.HTTPConnection(host, port, timeout=timeout)
-        self.open[endpoint.key] = conn
+        conn = self.open[endpoint.key] = connect(endpoint.key)
         return conn, False
 
     def drop(self, endpoint: Any) -> None:
