@@ -30,8 +30,8 @@ import numpy as np
 
 from .mixdeal import WeightCurve, deal
 from .mixture import Mixture
-from .plan import PlanOptions, Segment, Topology, _epoch, rank_plan
-from .plan import node_samples as plan_node_samples
+from .plan import PlanOptions, Segment, Topology, _epoch, _node_samples, _rank_plan, _sizes
+from .planstreams import _Chain, _Epoch
 
 __all__ = ["Cursor", "MixPlanner", "MixProgress", "MixRankPlan", "SourceTable"]
 
@@ -125,8 +125,22 @@ class MixPlanner:
         self.index = {t.name: i for i, t in enumerate(tables)}
         self._deals: dict[tuple[object, ...], np.ndarray] = {}
         self._lengths: dict[tuple[object, ...], int] = {}
+        self._chains: dict[int, _Chain] = {}
 
     # -- sources -------------------------------------------------------------------------
+
+    def _epoch(
+        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...]
+    ) -> tuple[_Epoch, int]:
+        """``plan._epoch`` of source ``s``'s cycle over its shard chain, which depends on
+        neither the epoch nor the cycle: built once, not once per cycle."""
+        try:
+            if s not in self._chains:
+                self._chains[s] = _Chain(_sizes(self.tables[s].sizes), self.src_options[s])
+            return _epoch(self.tables[s].sizes, self.src_options[s], epoch * CYCLE + cycle,
+                          topology, segments, self._chains[s])  # fmt: skip
+        except ValueError as exc:
+            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
 
     def cycle_plan(
         self,
@@ -138,25 +152,16 @@ class MixPlanner:
         segments: tuple[Segment, ...] = (),
     ) -> np.ndarray:
         """Source ``s``'s own ids that ``rank`` still reads of cycle ``cycle``."""
-        t = self.tables[s]
         options = self.src_options[s]
-        if segments and not options.drop_last:
-            rest, _ = _epoch(t.sizes, options, epoch * CYCLE + cycle, topology, segments)
-            if rest.current.length < topology.world_size:
-                # without drop_last, a cycle's rest smaller than the new world size cannot
-                # reach every rank: that stretch of the cycle is skipped, never read twice
-                return np.zeros(0, np.int64)
+        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
+        if segments and not options.drop_last and rest.current.length < topology.world_size:
+            # without drop_last, a cycle's rest smaller than the new world size cannot
+            # reach every rank: that stretch of the cycle is skipped, never read twice
+            return np.zeros(0, np.int64)
         try:
-            plan = rank_plan(
-                t.sizes,
-                options=self.src_options[s],
-                epoch=epoch * CYCLE + cycle,
-                topology=topology,
-                rank=rank,
-                segments=segments,
-            )
+            plan = _rank_plan(rest, skip, options, topology, rank)
         except ValueError as exc:
-            raise ValueError(f"source {t.name!r}: {exc}") from None
+            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
         return plan.samples
 
     def _cycle_len(
@@ -172,11 +177,7 @@ class MixPlanner:
     ) -> int:
         """``len(cycle_plan(...))``, the same on every rank, without planning a rank."""
         options = self.src_options[s]
-        try:
-            rest, skip = _epoch(self.tables[s].sizes, options, epoch * CYCLE + cycle, topology,
-                                segments)  # fmt: skip
-        except ValueError as exc:
-            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
+        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
         if segments and not options.drop_last and rest.current.length < topology.world_size:
             return 0  # the stretch cycle_plan skips
         return max(rest.current.per_rank(options.drop_last) - skip, 0)
@@ -259,14 +260,8 @@ class MixPlanner:
             ranks = [self.cycle_plan(s, epoch, cycle, topology, node * rpn + j, segments)
                      for j in range(rpn)]  # fmt: skip
             return np.stack(ranks, axis=1)
-        ids = plan_node_samples(
-            self.tables[s].sizes,
-            options=self.src_options[s],
-            epoch=epoch * CYCLE + cycle,
-            topology=topology,
-            node_rank=node,
-            segments=segments,
-        )
+        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
+        ids = _node_samples(rest, skip, self.src_options[s], topology, node)
         return ids.reshape(n, rpn)
 
     # -- deals ---------------------------------------------------------------------------

@@ -156,10 +156,13 @@ class _Epoch:
         epoch: int,
         segments: Sequence[Segment],
         topology: Topology,
+        chain: _Chain | None = None,
     ) -> None:
         self.options = options
         self.epoch = epoch
-        self.chain = _Chain(sizes, options)
+        # the chain depends only on the sizes and the options: a caller planning many
+        # epochs of one dataset builds it once and passes it in
+        self.chain = _Chain(sizes, options) if chain is None else chain
         self.levels: list[_Level] = []
         length = self.chain.total
         for seg in segments:
