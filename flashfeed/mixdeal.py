@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["WeightCurve", "deal"]
+__all__ = ["WeightCurve", "deal", "deal_order"]
 
 
 class WeightCurve:
@@ -99,7 +99,25 @@ def deal(
     (it is the last slot; n >= 1). Costs a sort of as many picks as slots (plus one per
     source); ties go to the source listed first.
     """
+    return deal_order(curve, start=start, width=width, phases=phases, slots=slots,
+                      until=until)[0]  # fmt: skip
+
+
+def deal_order(
+    curve: WeightCurve,
+    *,
+    start: float,
+    width: int,
+    phases: np.ndarray,
+    slots: int | None = None,
+    until: tuple[int, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``deal``'s labels, and which pick fills each slot: ``order[t]`` is pick
+    ``order[t] - starts[s]`` of source ``s = labels[t]`` (the sources' picks numbered end to
+    end, source ``s``'s from ``starts[s]``). A rank's ids per slot are then one gather from
+    its sources' picks laid end to end, not a sort of the slots by source."""
     sources = curve.num_sources
+    empty = np.zeros(0, np.int32), np.zeros(0, np.intp), np.zeros(sources + 1, np.int64)
     if until is not None:
         s, n = until
         last = float(_picks(curve, start, width, phases, s, n)[-1])
@@ -113,21 +131,23 @@ def deal(
         if slots is None or slots < 0:
             raise ValueError(f"deal needs slots >= 0 or until=, got slots={slots!r}")
         if slots == 0:
-            return np.zeros(0, np.int32)
+            return empty
         horizon = float(slots + sources + 2)
     owed = curve.owed(start, width, horizon)
-    times, labels = [], []
+    times, labels, counts = [], [], [0] * sources
     for s in range(sources):
         n = int(np.floor(owed[s] - phases[s])) + 1 if owed[s] >= phases[s] else 0
         if n:
             times.append(_picks(curve, start, width, phases, s, n))
             labels.append(np.full(n, s, np.int32))
+            counts[s] = n
     if not times:
-        return np.zeros(0, np.int32)
+        return empty
     order = np.argsort(np.concatenate(times), kind="stable")
     merged = np.concatenate(labels)[order]
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     if until is not None:
         s, n = until
         slot = int(np.flatnonzero(merged == s)[n - 1])
-        return merged[: slot + 1]
-    return merged[:slots]
+        return merged[: slot + 1], order[: slot + 1], starts
+    return merged[:slots], order[:slots], starts
