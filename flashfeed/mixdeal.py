@@ -64,8 +64,7 @@ class WeightCurve:
         a, b = self.a[k, s], self.b[k, s]
         den = a + np.sqrt(np.maximum(a * a + 2 * b * d, 0.0))
         step = np.where(d > 0, np.inf, 0.0)  # where den is 0: never, or already there
-        pos = den > 0
-        step[pos] = 2 * d[pos] / den[pos]
+        np.divide(2 * d, den, out=step, where=den > 0)  # no mask gather and scatter
         return np.asarray(self.x[k] + step)
 
     def owed(self, start: float, width: int, t: np.ndarray | float) -> np.ndarray:
