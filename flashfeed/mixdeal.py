@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["WeightCurve", "deal"]
+__all__ = ["WeightCurve", "deal", "deal_order"]
 
 
 class WeightCurve:
@@ -64,22 +64,31 @@ class WeightCurve:
         a, b = self.a[k, s], self.b[k, s]
         den = a + np.sqrt(np.maximum(a * a + 2 * b * d, 0.0))
         step = np.where(d > 0, np.inf, 0.0)  # where den is 0: never, or already there
-        pos = den > 0
-        step[pos] = 2 * d[pos] / den[pos]
+        np.divide(2 * d, den, out=step, where=den > 0)  # no mask gather and scatter
         return np.asarray(self.x[k] + step)
 
-    def owed(self, start: float, width: int, t: np.ndarray | float) -> np.ndarray:
+    def owed(
+        self, start: float, width: int, t: np.ndarray | float, at: np.ndarray | None = None
+    ) -> np.ndarray:
         """``A_s(t)``: samples of each source a rank owes by slot ``t`` of a deal that starts
-        at global sample ``start`` on ``width`` ranks."""
+        at global sample ``start`` on ``width`` ranks (``at``: ``integral(start)``, if known)."""
         t = np.asarray(t, dtype=np.float64)
-        return np.asarray((self.integral(start + t * width) - self.integral(start)) / width)
+        base = self.integral(start) if at is None else at
+        return np.asarray((self.integral(start + t * width) - base) / width)
 
 
 def _picks(
-    curve: WeightCurve, start: float, width: int, phases: np.ndarray, s: int, n: int
+    curve: WeightCurve,
+    start: float,
+    width: int,
+    phases: np.ndarray,
+    s: int,
+    n: int,
+    at: np.ndarray,
 ) -> np.ndarray:
-    """Ideal times (in slots) of source ``s``'s first ``n`` picks."""
-    base = float(curve.integral(start)[s])
+    """Ideal times (in slots) of source ``s``'s first ``n`` picks (``at``: the curve's
+    integral at ``start``, computed once per deal)."""
+    base = float(at[s])
     y = base + width * (np.arange(n, dtype=np.float64) + phases[s])
     return np.asarray((curve.inverse(s, y) - start) / width)
 
@@ -99,10 +108,29 @@ def deal(
     (it is the last slot; n >= 1). Costs a sort of as many picks as slots (plus one per
     source); ties go to the source listed first.
     """
+    return deal_order(curve, start=start, width=width, phases=phases, slots=slots,
+                      until=until)[0]  # fmt: skip
+
+
+def deal_order(
+    curve: WeightCurve,
+    *,
+    start: float,
+    width: int,
+    phases: np.ndarray,
+    slots: int | None = None,
+    until: tuple[int, int] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``deal``'s labels, and which pick fills each slot: ``order[t]`` is pick
+    ``order[t] - starts[s]`` of source ``s = labels[t]`` (the sources' picks numbered end to
+    end, source ``s``'s from ``starts[s]``). A rank's ids per slot are then one gather from
+    its sources' picks laid end to end, not a sort of the slots by source."""
     sources = curve.num_sources
+    at = curve.integral(start)
+    empty = np.zeros(0, np.int32), np.zeros(0, np.intp), np.zeros(sources + 1, np.int64)
     if until is not None:
         s, n = until
-        last = float(_picks(curve, start, width, phases, s, n)[-1])
+        last = float(_picks(curve, start, width, phases, s, n, at)[-1])
         if not np.isfinite(last):
             raise ValueError(
                 f"source #{s} has weight 0 from global sample {start:.0f} on: an epoch that "
@@ -113,21 +141,23 @@ def deal(
         if slots is None or slots < 0:
             raise ValueError(f"deal needs slots >= 0 or until=, got slots={slots!r}")
         if slots == 0:
-            return np.zeros(0, np.int32)
+            return empty
         horizon = float(slots + sources + 2)
-    owed = curve.owed(start, width, horizon)
-    times, labels = [], []
+    owed = curve.owed(start, width, horizon, at)
+    times, labels, counts = [], [], [0] * sources
     for s in range(sources):
         n = int(np.floor(owed[s] - phases[s])) + 1 if owed[s] >= phases[s] else 0
         if n:
-            times.append(_picks(curve, start, width, phases, s, n))
+            times.append(_picks(curve, start, width, phases, s, n, at))
             labels.append(np.full(n, s, np.int32))
+            counts[s] = n
     if not times:
-        return np.zeros(0, np.int32)
+        return empty
     order = np.argsort(np.concatenate(times), kind="stable")
     merged = np.concatenate(labels)[order]
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     if until is not None:
         s, n = until
         slot = int(np.flatnonzero(merged == s)[n - 1])
-        return merged[: slot + 1]
-    return merged[:slots]
+        return merged[: slot + 1], order[: slot + 1], starts
+    return merged[:slots], order[:slots], starts

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .mixdeal import WeightCurve, deal
+from .mixdeal import WeightCurve, deal_order
 from .mixture import Mixture
-from .plan import PlanOptions, Segment, Topology, _epoch, rank_plan
-from .plan import node_samples as plan_node_samples
+from .plan import PlanOptions, Segment, Topology, _epoch, _node_samples, _rank_plan, _sizes
+from .planstreams import _Chain, _Epoch
 
 __all__ = ["Cursor", "MixPlanner", "MixProgress", "MixRankPlan", "SourceTable"]
 
@@ -123,10 +123,25 @@ class MixPlanner:
             replace(options, seed=_derived_seed(options.seed, t.digest)) for t in tables
         )
         self.index = {t.name: i for i, t in enumerate(tables)}
-        self._deals: dict[tuple[object, ...], np.ndarray] = {}
+        # a deal: its labels, and the pick of each slot (``deal_order``)
+        self._deals: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._lengths: dict[tuple[object, ...], int] = {}
+        self._chains: dict[int, _Chain] = {}
 
     # -- sources -------------------------------------------------------------------------
+
+    def _epoch(
+        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...]
+    ) -> tuple[_Epoch, int]:
+        """``plan._epoch`` of source ``s``'s cycle over its shard chain, which depends on
+        neither the epoch nor the cycle: built once, not once per cycle."""
+        try:
+            if s not in self._chains:
+                self._chains[s] = _Chain(_sizes(self.tables[s].sizes), self.src_options[s])
+            return _epoch(self.tables[s].sizes, self.src_options[s], epoch * CYCLE + cycle,
+                          topology, segments, self._chains[s])  # fmt: skip
+        except ValueError as exc:
+            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
 
     def cycle_plan(
         self,
@@ -138,25 +153,16 @@ class MixPlanner:
         segments: tuple[Segment, ...] = (),
     ) -> np.ndarray:
         """Source ``s``'s own ids that ``rank`` still reads of cycle ``cycle``."""
-        t = self.tables[s]
         options = self.src_options[s]
-        if segments and not options.drop_last:
-            rest, _ = _epoch(t.sizes, options, epoch * CYCLE + cycle, topology, segments)
-            if rest.current.length < topology.world_size:
-                # without drop_last, a cycle's rest smaller than the new world size cannot
-                # reach every rank: that stretch of the cycle is skipped, never read twice
-                return np.zeros(0, np.int64)
+        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
+        if segments and not options.drop_last and rest.current.length < topology.world_size:
+            # without drop_last, a cycle's rest smaller than the new world size cannot
+            # reach every rank: that stretch of the cycle is skipped, never read twice
+            return np.zeros(0, np.int64)
         try:
-            plan = rank_plan(
-                t.sizes,
-                options=self.src_options[s],
-                epoch=epoch * CYCLE + cycle,
-                topology=topology,
-                rank=rank,
-                segments=segments,
-            )
+            plan = _rank_plan(rest, skip, options, topology, rank)
         except ValueError as exc:
-            raise ValueError(f"source {t.name!r}: {exc}") from None
+            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
         return plan.samples
 
     def _cycle_len(
@@ -172,11 +178,7 @@ class MixPlanner:
     ) -> int:
         """``len(cycle_plan(...))``, the same on every rank, without planning a rank."""
         options = self.src_options[s]
-        try:
-            rest, skip = _epoch(self.tables[s].sizes, options, epoch * CYCLE + cycle, topology,
-                                segments)  # fmt: skip
-        except ValueError as exc:
-            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
+        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
         if segments and not options.drop_last and rest.current.length < topology.world_size:
             return 0  # the stretch cycle_plan skips
         return max(rest.current.per_rank(options.drop_last) - skip, 0)
@@ -259,14 +261,8 @@ class MixPlanner:
             ranks = [self.cycle_plan(s, epoch, cycle, topology, node * rpn + j, segments)
                      for j in range(rpn)]  # fmt: skip
             return np.stack(ranks, axis=1)
-        ids = plan_node_samples(
-            self.tables[s].sizes,
-            options=self.src_options[s],
-            epoch=epoch * CYCLE + cycle,
-            topology=topology,
-            node_rank=node,
-            segments=segments,
-        )
+        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
+        ids = _node_samples(rest, skip, self.src_options[s], topology, node)
         return ids.reshape(n, rpn)
 
     # -- deals ---------------------------------------------------------------------------
@@ -288,6 +284,10 @@ class MixPlanner:
     def labels(self, progress: MixProgress) -> np.ndarray:
         """The source of each slot of ``progress``'s deal, from its first slot to the end of
         the epoch: the same on every rank."""
+        return self._dealt(progress)[0]
+
+    def _dealt(self, progress: MixProgress) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``progress``'s deal as ``deal_order`` gives it, memoised."""
         if progress.mixture != self.digest:
             raise ValueError("this deal ran under another mixture: settle() it first")
         key = self._key(progress)
@@ -297,7 +297,7 @@ class MixPlanner:
             self._deals[key] = self._deal(progress)
         return self._deals[key]
 
-    def _deal(self, progress: MixProgress) -> np.ndarray:
+    def _deal(self, progress: MixProgress) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         topo, mix = progress.topology, self.mixture
         clock = float(progress.epoch_start + progress.start)
         phases = self._phases(progress)
@@ -308,12 +308,14 @@ class MixPlanner:
             if cur.cycle == 0:
                 left = self._cycle_len(x, progress.epoch, 0, topo, cur.segments)
             if left == 0:
-                return np.zeros(0, np.int32)
-            return deal(self.curve, start=clock, width=topo.world_size, phases=phases,
+                return deal_order(self.curve, start=clock, width=topo.world_size,
+                                  phases=phases, slots=0)  # fmt: skip
+            return deal_order(self.curve, start=clock, width=topo.world_size, phases=phases,
                         until=(x, left))  # fmt: skip
         length = mix.length if mix.length is not None else int(self.totals.sum())
         slots = max(length - progress.start, 0) // topo.world_size
-        return deal(self.curve, start=clock, width=topo.world_size, phases=phases, slots=slots)
+        return deal_order(self.curve, start=clock, width=topo.world_size, phases=phases,
+                          slots=slots)  # fmt: skip
 
     def counts(self, progress: MixProgress, slots: int | None = None) -> np.ndarray:
         """Picks of each source in the first ``slots`` slots of the deal (default: the
@@ -325,7 +327,7 @@ class MixPlanner:
         """What ``rank`` still reads of this epoch: the rest of the deal, in order."""
         topo = progress.topology
         topo.check_rank(rank)
-        labels = self.labels(progress)
+        labels, order, starts = self._dealt(progress)
         lo = progress.consumed
         if lo > len(labels):
             raise ValueError(
@@ -335,20 +337,17 @@ class MixPlanner:
         before = np.bincount(labels[:lo], minlength=len(self.tables))
         total = np.bincount(labels, minlength=len(self.tables))
         rest = labels[lo:]
-        # each source's picks end to end, then scattered to its slots (a stable sort of the
-        # slots by source lists them source by source, each in slot order): one pass, not
-        # a mask per source; sources as bytes where they fit, which numpy sorts by radix
-        parts = []
+        # each source's picks end to end, as the deal numbers them, then one gather by the
+        # pick of each slot: no sort, no mask per source
+        picks = np.empty(int(starts[-1]), np.int64)
         for s, t in enumerate(self.tables):
             if total[s] == before[s]:
                 continue
             cur = progress.cursor(t.name)
             own = self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s])
-            parts.append(own + self.offsets[s])
-        ids = np.zeros(len(rest), np.int64)
-        if parts:
-            keys = rest.astype(np.uint8) if len(self.tables) <= 256 else rest
-            ids[np.argsort(keys, kind="stable")] = np.concatenate(parts)
+            first = int(starts[s])
+            picks[first + int(before[s]) : first + int(total[s])] = own + self.offsets[s]
+        ids = picks[order[lo:]]
         return MixRankPlan(ids, rest)
 
     def node_samples(self, progress: MixProgress, node_rank: int) -> np.ndarray:
@@ -356,18 +355,19 @@ class MixPlanner:
         ranks advance in lock-step): the order its cache needs them in."""
         topo = progress.topology
         topo.check_node(node_rank)
-        labels = self.labels(progress)
+        labels, order, starts = self._dealt(progress)
         lo = progress.consumed
         before = np.bincount(labels[:lo], minlength=len(self.tables))
         total = np.bincount(labels, minlength=len(self.tables))
-        rest = labels[lo:]
-        out = np.zeros((len(rest), topo.rpn), np.int64)
+        picks = np.empty((int(starts[-1]), topo.rpn), np.int64)  # as in rank_plan
         for s, t in enumerate(self.tables):
             if total[s] > before[s]:
                 cur = progress.cursor(t.name)
                 own = self.source_picks(s, cur, progress.epoch, topo, node_rank, before[s],
                                         total[s], node=True)  # fmt: skip
-                out[rest == s] = own + self.offsets[s]
+                first = int(starts[s])
+                picks[first + int(before[s]) : first + int(total[s])] = own + self.offsets[s]
+        out = picks[order[lo:]]
         return out.reshape(-1)
 
     def shard_of(self, ids: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .planstreams import _Epoch, _Level
+from .planstreams import _Chain, _Epoch, _Level
 from .plantypes import EpochPlan, PlanOptions, RankPlan, Segment, Topology, check_int
 
 __all__ = [
@@ -79,15 +79,19 @@ def _epoch(
     epoch: int,
     topology: Topology,
     segments: Sequence[Segment],
+    chain: _Chain | None = None,
 ) -> tuple[_Epoch, int]:
     """The remaining epoch for ``topology`` and how many samples each rank skips: training
-    that continues under the topology of the last segment continues that very sequence."""
+    that continues under the topology of the last segment continues that very sequence.
+    ``chain``: the dataset's level 1, built once by a caller that plans many epochs (its
+    sizes are then not checked again)."""
     check_int("epoch", epoch, low=0)
+    sizes = chain.sizes if chain is not None else _sizes(shard_sizes)
     skip = 0
     if segments and segments[-1].topology == topology:
         skip = segments[-1].samples_per_rank
         segments = segments[:-1]
-        rest = _Epoch(_sizes(shard_sizes), options, epoch, segments, topology)
+        rest = _Epoch(sizes, options, epoch, segments, topology, chain)
         most = rest.current.per_rank(options.drop_last)
         if skip > most:
             raise ValueError(
@@ -95,7 +99,7 @@ def _epoch(
                 f"{most}: the state belongs to another dataset"
             )
         return rest, skip
-    return _Epoch(_sizes(shard_sizes), options, epoch, segments, topology), 0
+    return _Epoch(sizes, options, epoch, segments, topology, chain), 0
 
 
 def _equalise(mine: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -128,6 +132,13 @@ def rank_plan(
     """
     topology.check_rank(rank)
     rest, skip = _epoch(shard_sizes, options, epoch, topology, segments)
+    return _rank_plan(rest, skip, options, topology, rank)
+
+
+def _rank_plan(
+    rest: _Epoch, skip: int, options: PlanOptions, topology: Topology, rank: int
+) -> RankPlan:
+    """``rank_plan`` of an epoch already resolved by ``_epoch``."""
     rpn = topology.rpn
     part = rest.node_part(rank // rpn)
     level = rest.current
@@ -150,6 +161,13 @@ def node_samples(
     (its ranks advance in lock-step, so position by position across its ranks)."""
     topology.check_node(node_rank)
     rest, skip = _epoch(shard_sizes, options, epoch, topology, segments)
+    return _node_samples(rest, skip, options, topology, node_rank)
+
+
+def _node_samples(
+    rest: _Epoch, skip: int, options: PlanOptions, topology: Topology, node_rank: int
+) -> np.ndarray:
+    """``node_samples`` of an epoch already resolved by ``_epoch``."""
     part = rest.node_part(node_rank)
     rpn = topology.rpn
     target = rest.current.per_rank(options.drop_last)

@@ -140,10 +140,13 @@ class _Level:
         return np.minimum(sizes, self.consumed * self.topology.rpn)
 
     def per_rank(self, drop_last: bool) -> int:
-        """Samples every rank reads: the shortest rank's (drop_last) or the longest's."""
-        sizes = np.diff(self.cuts)
-        rpn = self.topology.rpn
-        return int(sizes.min() // rpn) if drop_last else int(-(-sizes.max() // rpn))
+        """Samples every rank reads: the shortest rank's (drop_last) or the longest's. The
+        parts of ``cuts`` are ``length // nodes`` long or one more (Python ints, no arrays)."""
+        nodes, rpn = self.topology.num_nodes, self.topology.rpn
+        if drop_last:
+            return (self.length // nodes) // rpn
+        longest = -(-self.length // nodes)
+        return -(-longest // rpn)
 
 
 class _Epoch:
@@ -156,10 +159,13 @@ class _Epoch:
         epoch: int,
         segments: Sequence[Segment],
         topology: Topology,
+        chain: _Chain | None = None,
     ) -> None:
         self.options = options
         self.epoch = epoch
-        self.chain = _Chain(sizes, options)
+        # the chain depends only on the sizes and the options: a caller planning many
+        # epochs of one dataset builds it once and passes it in
+        self.chain = _Chain(sizes, options) if chain is None else chain
         self.levels: list[_Level] = []
         length = self.chain.total
         for seg in segments:
