@@ -265,9 +265,14 @@ def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResu
     retry: Any = {"max_retries": 3, "retry_exceptions": [StorageError]}
     task = ray.remote(**retry)(run_shards)
     spec_ref = ray.put(spec)
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    groups = shard_groups(len(jobs), cpus)
-    pending = {task.remote(spec_ref, tuple(jobs[i] for i in g)): g for g in groups}
+    slots = cpu_slots()
+    groups = shard_groups(len(jobs), max(1, len(slots)))
+    pending = {
+        task.options(scheduling_strategy=_on(slots, k)).remote(
+            spec_ref, tuple(jobs[i] for i in g)
+        ): g
+        for k, g in enumerate(groups)
+    }
     progress = Progress(len(jobs), mode=mode)
     results: list[ShardResult] = []
     try:
@@ -290,6 +295,30 @@ def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResu
     finally:
         progress.close()
     return sorted(results, key=lambda r: r.number)
+
+
+def cpu_slots() -> list[str]:
+    """One entry per CPU of each live node (its node id), node after node. Runs of shards
+    are as few as CPUs, so each is placed on a slot in turn: left to the scheduler, two runs
+    could queue on the driver's node while another node idled."""
+    import ray
+
+    cpus = {
+        n["NodeID"]: int(n.get("Resources", {}).get("CPU", 0))
+        for n in ray.nodes()
+        if n.get("Alive")
+    }
+    # node after node, a CPU of each at a time: fewer runs than CPUs still spread over nodes
+    return [node for c in range(max(cpus.values(), default=0)) for node, n in cpus.items() if n > c]
+
+
+def _on(slots: list[str], k: int) -> Any:
+    """Run ``k`` on slot ``k`` (soft: anywhere else if that node is gone), or anywhere."""
+    if not slots:
+        return "DEFAULT"
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(slots[k % len(slots)], soft=True)
 
 
 def _drop_work(dest: str, opts: dict[str, Any] | None) -> None:
