@@ -50,11 +50,9 @@ The corpus is built (benchmarks/harness/corpus.py) where it holds less than --mb
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,14 +61,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.coldpeers import convert_peers, litdata_s3, mosaic_s3_child
 from benchmarks.harness.corpus import pick_images
 from benchmarks.harness.datasets import shardwriter_dataset
 from benchmarks.harness.peerloaders import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store, upload_tree
-from benchmarks.harness.timing import BATCH, batch_len, tree_cpu_seconds
+from benchmarks.harness.timing import BATCH, batch_len, epoch, tree_cpu_seconds
 from benchmarks.machine import cpu_steal
 from benchmarks.stagerun import ensure_corpus
 from benchmarks.stages.limits import download
@@ -80,13 +78,6 @@ from benchmarks.targets_report import TARGETS, targets_markdown
 #: the issue's layout: 100 MiB ShardWriter shards of about 5,000 photos
 DEFAULT_MB = 450
 DEFAULT_SHARD_MIB = "100"
-
-
-def epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, int]:
-    """(images/s, images) of one whole epoch, the timer starting before ``make()``."""
-    t0 = time.perf_counter()
-    n = sum(batch_len(b) for b in make())
-    return n / (time.perf_counter() - t0), n
 
 
 def whole_epochs(loader: Iterable[Any], min_seconds: float) -> tuple[int, float]:
@@ -112,79 +103,6 @@ def warm_page_cache(folder: Path) -> int:
                 while chunk := fh.read(16 << 20):
                     total += len(chunk)
     return total
-
-
-def litdata_s3(url: str, cache: Path, opts: dict[str, Any], workers: int) -> Iterable[Any]:
-    """litdata from S3 through its boto3 client: its optional obstore client refuses a
-    plain-http endpoint (this SeaweedFS), so it is switched off as if not installed."""
-    import litdata.streaming.downloader as downloader
-    from litdata import StreamingDataLoader, StreamingDataset
-
-    from benchmarks.stages.peers import DecodeBatch
-
-    downloader._OBSTORE_AVAILABLE = False  # type: ignore[attr-defined]
-
-    ds = StreamingDataset(url, cache_dir=str(cache), shuffle=True, storage_options=opts)
-    return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=DecodeBatch())
-
-
-def mosaic_s3(url: str, local: Path, workers: int) -> Iterable[Any]:
-    from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
-    from torch.utils.data import DataLoader
-
-    from benchmarks.stages.peers import DecodeBatch
-
-    clean_stale_shared_memory()
-    ds = StreamingDataset(remote=url, local=str(local), shuffle=True, batch_size=BATCH)
-    return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=DecodeBatch())
-
-
-def mosaic_s3_child(url: str, local: Path, workers: int) -> float:
-    """images/s of one cold epoch of mosaic's StreamingDataset in a process of its own, as a
-    training job runs it: a second StreamingDataset in one process shares the first one's
-    shared-memory state (its downloaded-shard flags among them), and after a few rounds
-    served bytes that were not images yet. Its imports come before the timer, as
-    flashfeed's do."""
-    proc = subprocess.run(
-        module_command("benchmarks.stages.targets", "--mosaic-child", url,
-                       str(local.resolve()), str(workers)),
-        capture_output=True, text=True, timeout=900, check=False, cwd=REPO,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        # the exception's own line first: the round's one-line report keeps 160 characters
-        raise RuntimeError(f"mosaic run failed: {lines[-1] if lines else proc.returncode}")
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["rate"])
-
-
-def _mosaic_child(url: str, local: str, workers: str) -> int:
-    import streaming  # noqa: F401  (imported before the timer)
-    import torch.utils.data  # noqa: F401
-
-    rate, _ = epoch(lambda: mosaic_s3(url, Path(local), int(workers)))
-    print(json.dumps({"rate": rate}))
-    return 0
-
-
-def convert_peers(
-    files: list[tuple[Path, int]], work: Path, workers: int
-) -> tuple[dict[str, Path], dict[str, str]]:
-    """Each peer's own conversion of the files (local), or why it is unavailable."""
-    from benchmarks.stages.peers import convert_litdata, convert_mosaic
-
-    out, missing = {}, {}
-    for name, conv in (
-        ("litdata", lambda p: convert_litdata(files, p, workers)),
-        ("mosaicml-streaming", lambda p: convert_mosaic(files, p)),
-    ):
-        path = work / name
-        try:
-            conv(path)
-            out[name] = path
-        except Exception as exc:
-            missing[name] = f"unavailable: {type(exc).__name__}: {str(exc)[:160]}"
-    return out, missing
 
 
 def compile_product() -> int:
@@ -461,6 +379,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--mosaic-child"]:
-        sys.exit(_mosaic_child(*sys.argv[2:5]))
     sys.exit(main())
