@@ -97,8 +97,9 @@ class ArrowShardView:
         pyarrow ``take`` per batch and shard cost 60 times as much."""
         keys = self.keys
         memo = self._key_memo
+        if keys is None:
+            raise ValueError(f"shard {self.name} has no __key__ column: name rows by number")
         if memo is None or memo[0] is not keys:
-            assert keys is not None
             values = (
                 keys.to_numpy(zero_copy_only=False)
                 if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)
