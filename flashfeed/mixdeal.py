@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["WeightCurve", "deal", "deal_order"]
+__all__ = ["WeightCurve", "deal_order"]
 
 
 class WeightCurve:
@@ -93,25 +93,6 @@ def _picks(
     return np.asarray((curve.inverse(s, y) - start) / width)
 
 
-def deal(
-    curve: WeightCurve,
-    *,
-    start: float,
-    width: int,
-    phases: np.ndarray,
-    slots: int | None = None,
-    until: tuple[int, int] | None = None,
-) -> np.ndarray:
-    """The source of each slot of a deal (int32, one entry per slot).
-
-    ``slots``: deal that many; ``until=(s, n)``: deal until source ``s``'s ``n``-th pick
-    (it is the last slot; n >= 1). Costs a sort of as many picks as slots (plus one per
-    source); ties go to the source listed first.
-    """
-    return deal_order(curve, start=start, width=width, phases=phases, slots=slots,
-                      until=until)[0]  # fmt: skip
-
-
 def deal_order(
     curve: WeightCurve,
     *,
@@ -121,7 +102,10 @@ def deal_order(
     slots: int | None = None,
     until: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``deal``'s labels, and which pick fills each slot: ``order[t]`` is pick
+    """The source of each slot of a deal (int32 labels, one per slot), and which pick fills
+    each slot. ``slots``: deal that many; ``until=(s, n)``: deal until source ``s``'s ``n``-th
+    pick (it is the last slot; n >= 1). Costs a sort of as many picks as slots (plus one per
+    source); ties go to the source listed first. Which pick fills each slot: ``order[t]`` is pick
     ``order[t] - starts[s]`` of source ``s = labels[t]`` (the sources' picks numbered end to
     end, source ``s``'s from ``starts[s]``). A rank's ids per slot are then one gather from
     its sources' picks laid end to end, not a sort of the slots by source."""

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashfeed.mixdeal import WeightCurve, deal
+from flashfeed.mixdeal import WeightCurve, deal_order
 from flashfeed.mixplan import MixPlanner, MixProgress, SourceTable
 from flashfeed.mixture import Change, Mixture, Source
 from flashfeed.plan import PlanOptions, Topology
@@ -301,7 +301,7 @@ def test_a_source_too_small_for_the_ranks_is_named():
 def test_deal_ties_and_zero_weights():
     xs, rows = np.array([0.0, 100.0, 100.0]), np.array([[1.0, 0.0], [1.0, 0.0], [0.5, 0.5]])
     curve = WeightCurve(xs, rows)
-    labels = deal(curve, start=0.0, width=1, phases=np.array([0.5, 0.5]), slots=200)
+    labels, _, _ = deal_order(curve, start=0.0, width=1, phases=np.array([0.5, 0.5]), slots=200)
     assert (labels[:100] == 0).all()
     assert abs(np.mean(labels[100:] == 1) - 0.5) <= 0.01
 
