@@ -211,6 +211,25 @@ def test_a_dictionary_batch_in_a_schema_without_dictionaries_is_an_error():
 FILE = _pyarrow_file(_table(60), sizes=(10, 20, 0, 30))
 
 
+def _walk_mutated(file: bytes, edits, cut, *, rows: int):
+    """Walk ``file`` with ``edits`` (position, byte) after its schema and cut at ``cut``:
+    (its layout, the mutated size), or None when the walk raised a ``FlashfeedError``
+    (any other exception fails the test)."""
+    data = bytearray(file)
+    head = head_size(file[:16], name="s")
+    assert head is not None
+    for pos, value in edits:
+        data[head + pos % (len(data) - head)] = value
+    data = data[:cut] if cut is not None and cut > head else data
+    walk = start_walk(file[:head], name="s", size=len(data), rows=rows)
+    assert walk is not None
+    try:
+        walk.advance(lambda lo, hi: bytes(data[lo:hi]), lambda lo, hi: hi <= len(data))
+    except FlashfeedError:
+        return None
+    return walk.layout(), len(data)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     edits=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=8),
@@ -219,20 +238,11 @@ FILE = _pyarrow_file(_table(60), sizes=(10, 20, 0, 30))
 def test_mutated_files_end_in_record_batches_or_one_clear_error(edits, cut):
     """Whatever the bytes after the schema, the walk ends in record batches that lie inside
     the file, in order, or a ``FlashfeedError``: never another exception."""
-    data = bytearray(FILE)
-    head = head_size(FILE[:16], name="s")
-    assert head is not None
-    for pos, value in edits:
-        data[head + pos % (len(data) - head)] = value
-    data = data[:cut] if cut is not None and cut > head else data
-    walk = start_walk(FILE[:head], name="s", size=len(data), rows=60)
-    assert walk is not None
-    try:
-        walk.advance(lambda lo, hi: bytes(data[lo:hi]), lambda lo, hi: hi <= len(data))
-    except FlashfeedError:
+    got = _walk_mutated(FILE, edits, cut, rows=60)
+    if got is None:
         return
-    layout = walk.layout()
-    assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= len(data)
+    layout, size = got
+    assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= size
     assert (np.diff(layout.rows) >= 0).all() and layout.num_rows <= 60
 
 
@@ -246,18 +256,10 @@ DICT_FILE = _dictionary_file(deltas=True)[0]
 )
 def test_mutated_dictionary_files_end_in_record_batches_or_one_clear_error(edits, cut):
     """The same with dictionary batches before and between the record batches."""
-    data = bytearray(DICT_FILE)
-    head = head_size(DICT_FILE[:16], name="s")
-    assert head is not None
-    for pos, value in edits:
-        data[head + pos % (len(data) - head)] = value
-    data = data[:cut] if cut is not None and cut > head else data
-    walk = start_walk(DICT_FILE[:head], name="s", size=len(data), rows=9)
-    try:
-        walk.advance(lambda lo, hi: bytes(data[lo:hi]), lambda lo, hi: hi <= len(data))
-    except FlashfeedError:
+    got = _walk_mutated(DICT_FILE, edits, cut, rows=9)
+    if got is None:
         return
-    layout = walk.layout()
+    layout, size = got
     assert layout.sequential
-    assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= len(data)
+    assert (np.diff(layout.offsets) > 0).all() and layout.offsets[-1] <= size
     assert (np.diff(layout.rows) >= 0).all() and layout.num_rows <= 9
