@@ -11,15 +11,19 @@ is writable (a read-only install, no home) it is compiled in memory, once per pr
 
 from __future__ import annotations
 
+import functools
+import glob
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["DOCUMENTS", "LABELS", "OFFSETS", "POSITIONS", "TOKENS"]
+__all__ = ["DOCUMENTS", "LABELS", "OFFSETS", "POSITIONS", "TOKENS", "cache_bytes"]
 
 #: which outputs the kernel writes (a bit each)
 TOKENS, POSITIONS, DOCUMENTS, LABELS, OFFSETS = 1, 2, 4, 8, 16
@@ -46,22 +50,90 @@ def _compile(fn: Callable[..., Any]) -> Any:
 _UNCACHED: list[str] = []  # functions compiled without a disk cache
 
 
-def _widen_py(src: np.ndarray, dst: np.ndarray) -> None:
-    """``dst[:] = src``, any integer types (a loop the compiler vectorises)."""
-    for k in range(len(dst)):
-        dst[k] = src[k]
+@functools.cache
+def cache_bytes() -> int:
+    """The size of this machine's largest CPU cache in bytes (Linux's sysfs), 32 MiB where
+    it does not say."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=32 << 20)
 
 
-def _ramp_py(dst: np.ndarray, first: int) -> None:
+def _stream_typed(typingctx: Any, arr: Any, index: Any, value: Any) -> Any:  # pragma: no cover
+    """``arr[index] = value`` as a non-temporal store: written to memory without reading the
+    line into the cache first (a normal store reads it: twice the memory traffic for a
+    batch too big to stay in the cache, and it evicts what the cache held)."""
+    sig = types.void(arr, index, value)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        at = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        value = context.cast(builder, args[2], signature.args[2], aryty.dtype)
+        store = builder.store(value, at)
+        one = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        store.set_metadata("nontemporal", one)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_stream: Any = intrinsic(_stream_typed)
+
+
+def _fence_typed(typingctx: Any) -> Any:  # pragma: no cover - compiled
+    """A memory fence: the non-temporal stores before it are visible to every thread after
+    it (they are not ordered with other stores otherwise)."""
+    sig = types.void()
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_fence: Any = intrinsic(_fence_typed)
+
+
+def _widen_py(src: np.ndarray, dst: np.ndarray, stream: bool) -> None:
+    """``dst[:] = src``, any integer types (a loop the compiler vectorises); ``stream``:
+    with stores that bypass the cache (``_stream``)."""
+    if stream:
+        for k in range(len(dst)):
+            _stream(dst, k, src[k])
+    else:
+        for k in range(len(dst)):
+            dst[k] = src[k]
+
+
+def _ramp_py(dst: np.ndarray, first: int, stream: bool) -> None:
     """``dst[:] = first, first + 1, ...`` (indices from 0 within the slice, so vectorised)."""
-    for k in range(len(dst)):
-        dst[k] = first + k
+    if stream:
+        for k in range(len(dst)):
+            _stream(dst, k, first + k)
+    else:
+        for k in range(len(dst)):
+            dst[k] = first + k
 
 
-def _const_py(dst: np.ndarray, value: int) -> None:
+def _const_py(dst: np.ndarray, value: int, stream: bool) -> None:
     """``dst[:] = value`` (a loop: numba compiles a broadcast slice assignment slowly)."""
-    for k in range(len(dst)):
-        dst[k] = value
+    if stream:
+        for k in range(len(dst)):
+            _stream(dst, k, value)
+    else:
+        for k in range(len(dst)):
+            dst[k] = value
 
 
 _widen = _compile(_widen_py)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from flashfeed.errors import CorruptShardError
+from flashfeed.loader import docrows
 from flashfeed.loader.docrows import DocRows, row_outputs
 from flashfeed.loader.segments import DOC_OUTPUTS
 
@@ -32,12 +33,16 @@ def _same(got: dict, ref: dict, outputs) -> None:
             assert value.dtype == (np.int32 if name == "cu_seqlens" else np.int64), name
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["cached", "streamed"])
 @pytest.mark.parametrize("dtype", ["uint16", "int32", "uint32"])
 @pytest.mark.parametrize(
     "outputs",
     [DOC_OUTPUTS, ("labels",), ("position_ids", "cu_seqlens"), ("document_ids", "max_seqlen")],
 )
-def test_the_kernel_equals_a_per_token_walk(dtype, outputs):
+def test_the_kernel_equals_a_per_token_walk(dtype, outputs, stream, monkeypatch):
+    # streamed: every batch written with stores that bypass the cache, as a big batch is
+    monkeypatch.setattr(docrows, "cache_bytes", lambda: 0 if stream else 1 << 62)
+    assert docrows.streams(1) is stream
     rng = np.random.default_rng(len(outputs) * 31 + len(dtype))
     for rows, seq in ((1, 1), (5, 7), (16, 64), (3, 300)):
         seg, tokens = random_batch(rng, rows, seq, dtype)
