@@ -16,7 +16,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from flashfeed.loader import TokenLoader
+from flashfeed.loader import TokenLoader, docrows
 from flashfeed.loader.docrows import DocRows, row_outputs
 from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
 
@@ -53,7 +53,11 @@ def _walk(doc_row: np.ndarray) -> list[tuple[int, int]]:
     return runs
 
 
-def test_every_document_reassembles_to_its_source_text(packed, tok_path):
+@pytest.mark.parametrize("stream", [False, True], ids=["cached", "streamed"])
+def test_every_document_reassembles_to_its_source_text(packed, tok_path, stream, monkeypatch):
+    # streamed: batches written with stores that bypass the cache, as a big batch is
+    monkeypatch.setattr(docrows, "cache_bytes", lambda: 0 if stream else 1 << 62)
+    assert docrows.streams(1) is stream
     prefix, _ = packed
     tok = Tokenizer.from_file(tok_path)
     eos = tok.token_to_id("<|endoftext|>")
