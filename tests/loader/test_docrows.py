@@ -107,9 +107,13 @@ def _shards(rng: np.random.Generator, seq: int, dtype: str) -> dict[int, RefShar
     return shards
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["cached", "streamed"])
 @pytest.mark.parametrize("dtype, wide", [("uint16", "int64"), ("int32", "int32")])
 @pytest.mark.parametrize("outputs", [DOC_OUTPUTS, ("labels", "cu_seqlens"), ("max_seqlen",)])
-def test_rows_located_in_the_kernel_equal_the_rows_gathered_first(dtype, wide, outputs):
+def test_rows_located_in_the_kernel_equal_the_rows_gathered_first(
+    dtype, wide, outputs, stream, monkeypatch
+):
+    monkeypatch.setattr(docrows, "cache_bytes", lambda: 0 if stream else 1 << 62)
     rng = np.random.default_rng(len(outputs))
     seq = 33
     shards = _shards(rng, seq, dtype)
