@@ -21,7 +21,8 @@ interleaved, the order rotating each round:
   bound          (derived) the ceiling's seconds + the local epoch's last window's: the plan
                  shuffles the rows of a window of shards together, so the first batch of the
                  last window waits for nearly all of it, and no loader reads that window
-                 while it downloads; what a cold epoch can reach in this round
+                 while it downloads (a first window, read in arrival slices, its last
+                 slice); what a cold epoch can reach in this round
 
 A run is a whole epoch: bytes of token rows delivered / seconds from creating the loader to
 its last batch; ``--step-ms`` adds a training step per batch (sleep: the CPU is free meanwhile,
@@ -109,8 +110,8 @@ def epoch(
     ``beside``: (the url's dataset is local) download the store's copy of the streaming
     dataset into that folder meanwhile; the epoch ends when both have. A cold epoch also
     says when its last byte landed (``landed_s``) and the seconds after it (``tail_s``); a
-    local one how long its last window of shards took (``last_window_s``): the rows of a
-    window are shuffled together, so no loader reads that window before all of it landed."""
+    local one how long what the plan shuffles together last took (``last_window_s``): no
+    loader reads those rows before all of their bytes have landed (``last_window_batch``)."""
     from flashfeed.loader import TokenLoader
 
     t0, c0, wall0 = time.perf_counter(), time.process_time(), time.time()
@@ -132,7 +133,7 @@ def epoch(
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - c0
     stats = loader.stats()
-    window = loader.parts.options.window
+    options = loader.parts.options
     loader.close()
     ahead = stats.get("readahead", {})
     out = {
@@ -147,7 +148,7 @@ def epoch(
         out["landed_s"] = last_landed(cache_dir) - wall0
         out["tail_s"] = seconds - out["landed_s"]
     elif beside is None and times:
-        out["last_window_s"] = seconds - times[last_window_batch(args, window, len(times))]
+        out["last_window_s"] = seconds - times[last_window_batch(args, options, len(times))]
     return out
 
 
@@ -157,11 +158,16 @@ def last_landed(cache_dir: str) -> float:
     return max((p.stat().st_mtime for p in Path(cache_dir).rglob("*.arrow")), default=0.0)
 
 
-def last_window_batch(args: argparse.Namespace, window: int, batches: int) -> int:
-    """The first batch of the plan's last window: the shards are of equal rows, a window
-    holds ``window`` of them, the last one what is left."""
-    last = args.shards - window * ((args.shards - 1) // window)
-    return min(batches - 1, round(batches * (1 - last / args.shards)))
+def last_window_batch(args: argparse.Namespace, options: Any, batches: int) -> int:
+    """The first batch of what the plan shuffles together last: its last window (the
+    shards are of equal rows, a window holds ``options.window`` of them, the last one what
+    is left), or, when that is the first epoch's first window, read front to back in
+    arrival slices, that window's last slice (``flashfeed/planstreams.py``)."""
+    share = (args.shards - options.window * ((args.shards - 1) // options.window)) / args.shards
+    if args.shards <= options.window and options.arrival_slices > 1:
+        doubling = options.arrival_spacing == "doubling"
+        share *= 0.5 if doubling else 1 / options.arrival_slices
+    return min(batches - 1, round(batches * (1 - share)))
 
 
 def bound(ceiling: dict[str, float], local: dict[str, float]) -> dict[str, float]:

@@ -40,3 +40,20 @@ def test_tokcold_prints_every_row_and_writes_its_rounds(tmp_path: Path) -> None:
     assert result["of_local"]["local"] == 1.0 and result["of_bound"]["bound"] == 1.0
     printed = {line.split()[0] for line in run.stdout.splitlines() if line.split()}
     assert rows | {"bound"} <= printed, run.stdout
+
+
+def test_the_bound_waits_for_what_the_plan_shuffles_together_last() -> None:
+    from argparse import Namespace
+
+    from benchmarks.stages.tokcold import last_window_batch
+    from flashfeed.plan import PlanOptions
+
+    plain = PlanOptions(window=4)
+    assert last_window_batch(Namespace(shards=8), plain, 4096) == 2048  # the 2nd window
+    assert last_window_batch(Namespace(shards=10), plain, 1000) == 800  # 2 shards left
+    # one window, the first epoch's first: read in arrival slices, the back half last
+    assert last_window_batch(Namespace(shards=2), plain, 4096) == 2048
+    even = PlanOptions(window=4, arrival_spacing="even")
+    assert last_window_batch(Namespace(shards=4), even, 800) == 700
+    whole = PlanOptions(window=4, arrival_slices=1)
+    assert last_window_batch(Namespace(shards=4), whole, 800) == 0
