@@ -30,6 +30,17 @@ _MARKED: dict[str, int] = {}
 _MARKING = threading.Condition()
 
 
+def _after_fork() -> None:
+    """A forked child runs none of its parent's fills (its readers poll them), and a lock
+    a parent's thread held at the fork would stay held here."""
+    global _MARKING
+    _MARKED.clear()
+    _MARKING = threading.Condition()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def _bump(path: str, *, ended: bool = False) -> None:
     with _MARKING:
         if ended:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import threading
 import time
 
@@ -270,4 +271,22 @@ def test_a_reader_in_the_fills_process_is_woken_by_its_next_mark(tmp_path):
     reader.wait_marked(since, 600.0)  # a mark already set since: no wait at all
     writer.close()
     assert reader.marks() is None and reader.ended()  # ended: readers poll (or stop)
+    reader.close()
+
+
+def test_a_forked_child_polls_its_parents_fill_and_never_waits_on_its_lock(tmp_path):
+    path = live_path(str(tmp_path), 5)
+    writer = FillProgress(path, part="p", index_part=None, size=2000, block=1000)
+    reader = FillView.open(path)
+    assert reader is not None and reader.marks() is not None
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's fill is not its own, so it is polled
+        ok = reader.marks() is None
+        reader.wait_marked(reader.marks(), 0.001)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    writer.written(0, 2000)
+    assert reader.complete() and reader.marks() is not None  # still woken here
+    writer.close()
     reader.close()
