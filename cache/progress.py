@@ -16,11 +16,38 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
+import time
 from typing import Any
 
 __all__ = ["FillProgress", "FillView", "live_path"]
 
 _HEADER = 4096
+
+#: per live file of a fill running in this process: how often it has set marks (gone once
+#: it ended); readers here wait on ``_MARKING`` for it to change instead of sleeping
+_MARKED: dict[str, int] = {}
+_MARKING = threading.Condition()
+
+
+def _after_fork() -> None:
+    """A forked child runs none of its parent's fills (its readers poll them), and a lock
+    a parent's thread held at the fork would stay held here."""
+    global _MARKING
+    _MARKED.clear()
+    _MARKING = threading.Condition()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _bump(path: str, *, ended: bool = False) -> None:
+    with _MARKING:
+        if ended:
+            _MARKED.pop(path, None)
+        else:
+            _MARKED[path] = _MARKED.get(path, 0) + 1
+        _MARKING.notify_all()
 
 
 def live_path(parts_dir: str, shard: int) -> str:
@@ -52,6 +79,7 @@ class FillProgress:
             self._map: mmap.mmap | None = mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE)
         finally:
             os.close(fd)
+        _bump(path)
         os.replace(tmp, path)
 
     def index_ready(self) -> None:
@@ -68,6 +96,7 @@ class FillProgress:
         m = self._map
         if m is not None:
             m[lo:hi] = b"\x01" * (hi - lo)
+            _bump(self.path)
 
     def close(self) -> None:
         """The fill ended (renamed into place or failed): readers see the file unlinked."""
@@ -80,13 +109,15 @@ class FillProgress:
             pass
         finally:
             m.close()
+            _bump(self.path, ended=True)
 
 
 class FillView:
     """The reader's side: an open handle on a live file, valid after the fill ends."""
 
-    def __init__(self, fd: int, meta: dict[str, Any], flags: int) -> None:
+    def __init__(self, fd: int, meta: dict[str, Any], flags: int, path: str = "") -> None:
         self._fd = fd
+        self.path = path
         self._flags = flags
         self.part: str = meta["part"]
         self.index_part: str | None = meta["index"]
@@ -109,7 +140,22 @@ class FillView:
         if meta is None:
             os.close(fd)
             return None
-        return cls(fd, meta, end + 1)
+        return cls(fd, meta, end + 1, path)
+
+    def marks(self) -> int | None:
+        """How often the fill has set marks, if it runs in this process (else None): take
+        it before looking at the marks, then ``wait_marked`` with it."""
+        with _MARKING:
+            return _MARKED.get(self.path)
+
+    def wait_marked(self, since: int | None, timeout: float) -> None:
+        """Until the fill sets a mark after ``marks()`` said ``since`` (or it ends), at most
+        ``timeout`` seconds: a sleep when the fill runs in another process."""
+        if since is None:
+            time.sleep(timeout)
+            return
+        with _MARKING:
+            _MARKING.wait_for(lambda: _MARKED.get(self.path) != since, timeout)
 
     def index_ready(self) -> bool:
         return os.pread(self._fd, 1, self._flags) == b"\x01"

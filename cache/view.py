@@ -117,6 +117,7 @@ def _arrow_partial(view: FillView, name: str, rows: int) -> PartialShard | None:
     size: int | None = None
     try:
         while not view.ended():
+            since = view.marks()  # woken by the next mark of a fill in this process
             if size is None and view.done(0, PREFIX):
                 size = head_size(_pread(view.part, PREFIX), name=name)
                 if size is None:
@@ -128,7 +129,7 @@ def _arrow_partial(view: FillView, name: str, rows: int) -> PartialShard | None:
                     return PartialShard(view.part, [], view, layout)
                 walk = start_walk(head, name=name, size=view.size, rows=rows)
                 return PartialShard(view.part, [], view, walk=walk)
-            time.sleep(0.002)
+            view.wait_marked(since, 0.002)
     except FileNotFoundError:  # renamed into place meanwhile: the whole shard is there
         pass
     view.close()

@@ -19,7 +19,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -244,11 +244,14 @@ class StreamFeeder:
         return early, time.perf_counter() - t0
 
     def _stream_rows(self, shard: int, rows: list[int], future: Future[str]) -> bool:
-        """Poll the live fill until these rows have arrived (True) or the fill ended."""
+        """Watch the live fill until these rows have arrived (True) or the fill ended: woken
+        by each mark a fill of this process sets, else polled."""
         delay = 0.0005
         while self.streaming and not future.done():
             got = self._partial(shard)
+            since = None
             if got is not None:
+                since = got.progress.marks()  # before the look: no mark set after it is missed
                 index, view, layout = got.index, got.progress, got.located()
                 if layout is not None:  # an Arrow shard: recorded, or walked as it lands
                     if rows_landed(layout, view, rows):
@@ -260,7 +263,11 @@ class StreamFeeder:
                 if view.ended():
                     view.close()
                     self._partials.pop(shard, None)
-            time.sleep(delay)
+                    got = None
+            if got is None:  # no live fill (yet, or any more): until the future is done
+                wait((future,), timeout=delay)
+            else:
+                got.progress.wait_marked(since, delay)
             delay = min(delay * 2, 0.01)
         return False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import threading
 import time
 
@@ -245,4 +246,47 @@ def test_progress_marks_are_seen_by_a_reader_as_they_are_set(tmp_path):
     assert reader.complete() and not reader.ended()
     writer.close()
     assert reader.ended() and FillView.open(path) is None
+    reader.close()
+
+
+def test_a_reader_in_the_fills_process_is_woken_by_its_next_mark(tmp_path):
+    path = live_path(str(tmp_path), 4)
+    writer = FillProgress(path, part="p", index_part=None, size=4000, block=1000)
+    reader = FillView.open(path)
+    assert reader is not None
+    since = reader.marks()
+    assert since is not None  # the fill runs here: its marks can be waited on
+    woken = threading.Event()
+
+    def wait() -> None:
+        reader.wait_marked(since, 600.0)  # no mark: it would sleep ten minutes
+        woken.set()
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    writer.written(0, 1000)
+    waiter.join(60)
+    assert woken.is_set() and reader.done(0, 1000)
+    assert reader.marks() != since
+    reader.wait_marked(since, 600.0)  # a mark already set since: no wait at all
+    writer.close()
+    assert reader.marks() is None and reader.ended()  # ended: readers poll (or stop)
+    reader.close()
+
+
+def test_a_forked_child_polls_its_parents_fill_and_never_waits_on_its_lock(tmp_path):
+    path = live_path(str(tmp_path), 5)
+    writer = FillProgress(path, part="p", index_part=None, size=2000, block=1000)
+    reader = FillView.open(path)
+    assert reader is not None and reader.marks() is not None
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's fill is not its own, so it is polled
+        ok = reader.marks() is None
+        reader.wait_marked(reader.marks(), 0.001)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    writer.written(0, 2000)
+    assert reader.complete() and reader.marks() is not None  # still woken here
+    writer.close()
     reader.close()
