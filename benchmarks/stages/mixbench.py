@@ -38,7 +38,7 @@ import pyarrow as pa
 from benchmarks.harness.corpus import synthetic_images
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
-from benchmarks.harness.timing import BATCH
+from benchmarks.harness.timing import BATCH, tree_cpu_seconds
 from flashfeed import Manifest, Mixture, Source, commit_manifest
 from flashfeed.manifest import ShardInfo
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
@@ -189,18 +189,20 @@ def images(
     counted: dict[str, int] = {}
     starts: dict[str, list[float]] = {"single": [], "mixture": []}
     steady: dict[str, list[float]] = {"single": [], "mixture": []}
+    cpu: dict[str, list[float]] = {"single": [], "mixture": []}  # CPU ms per image
     batch = max(1, min(BATCH, count // 8))  # a tiny run still has batches to time
     loaders = {n: Loader(d, batch_size=batch, image_size=image_size, seed=0)
                for n, d in (("single", single), ("mixture", mix))}  # fmt: skip
 
     def epoch(name: str) -> float:
-        t0 = time.perf_counter()
+        c0, t0 = tree_cpu_seconds(), time.perf_counter()
         n, first, t1 = 0, 0, t0
         for batch in loaders[name]:
             if not n:
                 t1, first = time.perf_counter(), len(batch["__key__"])
             n += len(batch["__key__"])
         took = time.perf_counter() - t0
+        cpu[name].append(1000 * (tree_cpu_seconds() - c0) / max(n, 1))
         counted[name] = n
         starts[name].append(t1 - t0)
         if n > first:  # an epoch of one batch has no steady part
@@ -210,7 +212,7 @@ def images(
     try:
         for name in loaders:  # a first pass builds the pipelines
             epoch(name)
-        for v in (*starts.values(), *steady.values()):
+        for v in (*starts.values(), *steady.values(), *cpu.values()):
             v.clear()
         secs = run_rounds({n: (lambda n=n: epoch(n)) for n in loaders}, rounds)
     finally:
@@ -218,6 +220,7 @@ def images(
             loader.close()
     ips = {n: counted[n] / statistics.median(s) for n, s in secs.items()}
     rate = {n: statistics.median(v) if v else 0.0 for n, v in steady.items()}
+    cpu_ms = {n: statistics.median(v) for n, v in cpu.items()}
     return {
         "images": count,
         "mean_jpeg_bytes": nbytes / max(count, 1),
@@ -230,6 +233,9 @@ def images(
         "start_s": {n: statistics.median(v) for n, v in starts.items()},
         "steady_img_s": rate,
         "steady_ratio": rate["mixture"] / rate["single"] if rate["single"] else None,
+        # CPU ms per image of this process tree: less moved by other tenants than img/s
+        "cpu_ms_per_img": cpu_ms,
+        "cpu_ratio": cpu_ms["single"] / cpu_ms["mixture"] if cpu_ms["mixture"] else None,
         "seconds": secs,
     }
 
@@ -248,6 +254,8 @@ def _print(out: dict[str, Any]) -> None:
               f"{img['steady_ratio'] or 0:6.2f}")  # fmt: skip
         print(f"{'  epoch start ms':28} {img['start_s']['single'] * 1e3:10.1f} "
               f"{img['start_s']['mixture'] * 1e3:10.1f}")  # fmt: skip
+        print(f"{'  CPU ms/img (ratio inverse)':28} {img['cpu_ms_per_img']['single']:10.2f} "
+              f"{img['cpu_ms_per_img']['mixture']:10.2f} {img['cpu_ratio'] or 0:6.2f}")  # fmt: skip
     if tok:
         print(f"\n{'source':>7} {'weight':>8} {'share':>8} {'epoch err':>9} {'window err':>10}")
         for s in tok["shares"]:
