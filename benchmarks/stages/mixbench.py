@@ -97,13 +97,16 @@ def tokens(work: str, rows: int, rounds: int, seq_len: int = 2048) -> dict[str, 
         "mixture": mixed,
     }
 
+    cpu: dict[str, list[float]] = {"single": [], "mixture": []}  # CPU seconds per epoch
+
     def epoch(name: str) -> float:
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         got, ks = 0, []
         for batch in loaders[name]:
             got += batch["tokens"].numel() * batch["tokens"].element_size()
             ks += batch["__key__"]
         took = time.perf_counter() - t0
+        cpu[name].append(time.process_time() - c0)
         nbytes[name] = got
         if name == "mixture":
             keys[:] = ks
@@ -111,10 +114,14 @@ def tokens(work: str, rows: int, rounds: int, seq_len: int = 2048) -> dict[str, 
 
     for name in loaders:  # a first pass maps the pages in
         epoch(name)
+    for v in cpu.values():
+        v.clear()
     secs = run_rounds({n: (lambda n=n: epoch(n)) for n in loaders}, rounds)
     for loader in loaders.values():
         loader.close()
     gbs = {n: nbytes[n] / statistics.median(s) / 1e9 for n, s in secs.items()}
+    # GB per CPU second (this process): less moved by other tenants than GB/s
+    cpu_gbs = {n: nbytes[n] / max(statistics.median(v), 1e-9) / 1e9 for n, v in cpu.items()}
     return {
         "rows": rows,
         "seq_len": seq_len,
@@ -122,6 +129,8 @@ def tokens(work: str, rows: int, rounds: int, seq_len: int = 2048) -> dict[str, 
         "single_gbs": gbs["single"],
         "mixture_gbs": gbs["mixture"],
         "ratio": gbs["mixture"] / gbs["single"],
+        "cpu_gbs": cpu_gbs,
+        "cpu_ratio": cpu_gbs["mixture"] / cpu_gbs["single"],
         "seconds": secs,
         "shares": shares(keys, {s.key: s.weight for s in mix.sources}),
     }
@@ -246,6 +255,8 @@ def _print(out: dict[str, Any]) -> None:
     if tok:
         print(f"{'TokenLoader GB/s (3 sources)':28} {tok['single_gbs']:10.3f} "
               f"{tok['mixture_gbs']:10.3f} {tok['ratio']:6.2f}")  # fmt: skip
+        print(f"{'  GB per CPU second':28} {tok['cpu_gbs']['single']:10.3f} "
+              f"{tok['cpu_gbs']['mixture']:10.3f} {tok['cpu_ratio']:6.2f}")  # fmt: skip
     if img:
         print(f"{'Loader img/s (2 sources)':28} {img['single_img_s']:10.1f} "
               f"{img['mixture_img_s']:10.1f} {img['ratio']:6.2f}")  # fmt: skip

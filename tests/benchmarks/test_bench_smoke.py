@@ -281,6 +281,7 @@ def test_the_mixture_benchmark_runs_tiny_and_prints_its_keys(tmp_path: Path) -> 
     assert "Loader img/s (2 sources)" in proc.stdout and "window err" in proc.stdout
     data = json.loads(out.read_text())
     assert {"single_gbs", "mixture_gbs", "ratio", "shares"} <= set(data["tokens"])
+    assert data["tokens"]["cpu_ratio"] > 0 and "GB per CPU second" in proc.stdout
     assert {"single_img_s", "mixture_img_s", "ratio"} <= set(data["images"])
     img = data["images"]
     assert img["images"] == 32 and img["mean_jpeg_bytes"] > 1000  # photo-sized JPEGs
