@@ -69,8 +69,8 @@ class PassOrder:
 def first_uses(shards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of ``shards`` in order of first appearance, and where each first
     appears. One pass (``np.minimum.at`` over a table indexed by shard), not a stable sort of
-    the whole pass: a mixture's pass interleaves its sources' shards, the worst case of that
-    sort. Where the shard numbers span far more than the pass holds, ``np.unique``'s sort."""
+    the whole pass, which costs most on a mixture's pass (its sources' shards interleaved).
+    Where the shard numbers span far more than the pass holds, ``np.unique``'s sort."""
     n = len(shards)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
