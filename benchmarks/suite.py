@@ -287,7 +287,9 @@ def run_stages(
         data = r.run("plan", "planbench", ["--shards", "10000,100000,1000000"])
         out["plan"] = {"data": data} if data else {}
     if "mixture" in stages:
-        args = ["--rows", str(p.token_rows), "--images", str(p.loader_base_images)]
+        # enough photos for a steady state (cycled where the corpus holds fewer)
+        images = str(4 * p.loader_base_images)
+        args = ["--rows", str(p.token_rows), "--images", images, "--corpus", str(corpus)]
         data = r.run("mixture", "mixbench", [*args, "--rounds", str(max(2, p.rounds))])
         out["mixture"] = {"data": data} if data else {}
     if "crypto" in stages:

@@ -281,7 +281,13 @@ def test_the_mixture_benchmark_runs_tiny_and_prints_its_keys(tmp_path: Path) -> 
     assert "Loader img/s (2 sources)" in proc.stdout and "window err" in proc.stdout
     data = json.loads(out.read_text())
     assert {"single_gbs", "mixture_gbs", "ratio", "shares"} <= set(data["tokens"])
+    assert data["tokens"]["cpu_ratio"] > 0 and "GB per CPU second" in proc.stdout
     assert {"single_img_s", "mixture_img_s", "ratio"} <= set(data["images"])
+    img = data["images"]
+    assert img["images"] == 32 and img["mean_jpeg_bytes"] > 1000  # photo-sized JPEGs
+    assert set(img["start_s"]) == set(img["steady_img_s"]) == {"single", "mixture"}
+    assert all(v > 0 for v in img["start_s"].values()) and "epoch start ms" in proc.stdout
+    assert all(v > 0 for v in img["cpu_ms_per_img"].values()) and "CPU ms/img" in proc.stdout
     assert [s["source"] for s in data["tokens"]["shares"]] == ["t0", "t1", "t2"]
     assert all(s["epoch_error"] < 0.05 for s in data["tokens"]["shares"])
 
