@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -220,7 +220,8 @@ class BatchSource:
     pass began, holding its samples in plan order. The last batch may be short
     (``drop_last=False``); past the end it raises ``StopIteration``, which ends the pass.
     A reader process that unpickles it (DALI's ``spawn`` start) dies with the process that
-    made it.
+    made it. ``keep``: it holds the last ``keep`` batches it returned, for a pipeline that
+    reads them in place (``build_pipeline(shared=True)``).
     """
 
     def __init__(
@@ -234,8 +235,15 @@ class BatchSource:
         bucketed: bool = False,
         clips: ClipOptions | None = None,
         gpu: bool = False,
+        keep: int = 0,
     ) -> None:
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
         self.reader = reader
+        #: the last ``keep`` batches returned, held so that DALI may read them in place
+        #: (``external_source(no_copy=True)`` holds no reference of its own to what it reads)
+        self.keep = keep
+        self._held: deque[tuple[Any, ...]] = deque(maxlen=keep or 1)
         self.bucketed = bucketed
         self.clips = clips
         self.gpu = gpu
@@ -290,7 +298,7 @@ class BatchSource:
                 for col, value in zip(per_field, values, strict=True):
                     col.append(value)
                 key_col.append(kept_key)
-            return self._columns(per_field, key_col, lo, hi)
+            return self._hold(self._columns(per_field, key_col, lo, hi))
         for shard, row in zip(shards, rows, strict=True):
             # with several clips per video, plan row r is clip r % per of the sample r // per
             key, picked = self.reader.picked(shard, row // per, self.specs)
@@ -307,7 +315,13 @@ class BatchSource:
                 else:
                     col.append(self._value(spec, got, shard, key))
             key_col.append(key_bytes(name, key))
-        return self._columns(per_field, key_col, lo, hi)
+        return self._hold(self._columns(per_field, key_col, lo, hi))
+
+    def _hold(self, columns: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``columns``, kept among the last ``keep`` batches (the oldest let go) when asked."""
+        if self.keep:
+            self._held.append(columns)
+        return columns
 
     def _plain_sample(self, shard: int, row: int) -> tuple[list[Any], np.ndarray]:
         """One sample of a pass whose fields are all bytes or labels (no clips): its values
