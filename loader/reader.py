@@ -21,7 +21,7 @@ from flashfeed.errors import CorruptShardError
 from flashfeed.lifeline import ParentLink
 from flashfeed.wdsindex import SampleIndex
 
-from .fields import FieldSpec, key_bytes
+from .fields import FieldSpec, key_bytes, key_column
 from .labels import parse_label
 from .passorder import PassOrder
 from .sources import ShardSource
@@ -212,8 +212,9 @@ class ShardReader:
 class BatchSource:
     """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per column of
     ``field_columns`` (a label field: one int64 array of the batch, when every sample has
-    one; captions checked and, with ``text``, tokenized; JSON values picked), then one of the
-    samples' ``key_bytes`` (read with the sample, so the key names what was read).
+    one; captions checked and, with ``text``, tokenized; JSON values picked), then the
+    samples' ``key_bytes`` as one ``key_column`` (read with the sample, so the key names what
+    was read).
 
     One DALI pipeline serves many passes: DALI's epoch index ``e`` (incremented by each
     ``reset()``) names the pass file ``pass-<e>.npz`` that ``write_pass`` stored before the
@@ -364,7 +365,7 @@ class BatchSource:
                 cols.append(values)
         if self.bucketed and self._shapes is not None:  # each sample's bucket (h, w); _load checks
             cols.append(list(self._shapes[lo:hi]))
-        return (*cols, key_col)
+        return (*cols, key_column(key_col))
 
     def _clip(
         self,

@@ -15,7 +15,7 @@ import pytest
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.loader.convert import to_keys
-from flashfeed.loader.fields import parse_fields
+from flashfeed.loader.fields import key_bytes, key_column, key_strings, parse_fields
 from flashfeed.loader.passorder import PassOrder
 from flashfeed.loader.pipeline import AugmentOptions, build_pipeline, shared_batches
 from flashfeed.loader.reader import BatchSource, ShardReader, write_pass
@@ -119,3 +119,23 @@ def test_only_a_loader_reading_in_place_shares_its_batches(images, tmp_path):
     finally:
         local.close()
         cached.close()
+
+
+def test_keys_of_different_lengths_travel_as_one_array_and_come_back_whole():
+    from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
+
+    names = ["a.tar/x", "shards/b.tar/longer-key", "c.tar/\udcff-not-utf8", "d.tar/k"]
+    column = key_column([key_bytes(*n.split("/", 1)) for n in names])
+    assert column.shape == (4, max(len(n.encode("utf-8", "surrogateescape")) for n in names))
+    assert key_strings(column) == names
+    pipe = Pipeline(batch_size=4, num_threads=1, device_id=None, prefetch_queue_depth=1)
+    with pipe:
+        keys = fn.external_source(source=lambda: column, batch=True, dtype=types.UINT8)
+        pipe.set_outputs(keys)
+    pipe.build()
+    (out,) = pipe.run()
+    assert out.is_dense_tensor() and to_keys(out) == names
+    # keys of one length come back dense from a plain list too, and read the same
+    same = [key_bytes("s.tar", f"k{i}") for i in range(4)]
+    assert key_strings(key_column(same)) == key_strings(same) == [f"s.tar/k{i}" for i in range(4)]
