@@ -35,6 +35,8 @@ a stage run in interleaved rounds whose order rotates every round):
            square                                                  (multimodal)
   crc      TFRecord CRC check MB/s per crc32c backend             (tfrecordcrc)
   sign     CPU us to sign one ranged GET: our SigV4 vs botocore's S3SigV4Auth (signcost)
+  feed     CPU us per image handing batches to DALI: copied or in place, keys as list or column
+           (feedcost)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -85,6 +87,7 @@ STAGES = (
     "multimodal",
     "crc",
     "sign",
+    "feed",
 )
 
 
@@ -324,6 +327,10 @@ def run_stages(
             out_flag="--json",
         )  # fmt: skip
         out["sign"] = {"data": data} if data else {}
+    if "feed" in stages:
+        batches = "100" if p.rounds < 3 else "400"
+        data = r.run("feed", "feedcost", ["--batches", batches, "--rounds", str(max(3, p.rounds))])
+        out["feed"] = {"data": data} if data else {}
     return out
 
 

@@ -309,9 +309,12 @@ def _torch_dtype(t: Any) -> torch.dtype:
 
 
 def to_keys(tl: Any) -> list[str]:
-    """The ``__key__`` output (``key_bytes`` per sample, on the CPU) as strings: each
+    """The ``__key__`` output (``key_bytes`` per sample, on the CPU) as strings: a dense
+    batch (a ``key_column``, or keys of one length) as rows of one array, else each
     sample's bytes read through its buffer (``tl.at(i)`` makes a numpy array per sample,
     about 6x the cost per batch)."""
+    if type(tl).__name__ == "TensorListCPU" and tl.is_dense_tensor():
+        return key_strings(np.asarray(tl.as_tensor()))
     try:
         return [bytes(memoryview(t)).decode("utf-8", "surrogateescape") for t in tl]
     except TypeError:  # a list of arrays, or a tensor list without the buffer protocol

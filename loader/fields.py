@@ -25,6 +25,7 @@ __all__ = [
     "TEXT_EXTS",
     "FieldSpec",
     "key_bytes",
+    "key_column",
     "key_strings",
     "parse_fields",
 ]
@@ -127,6 +128,19 @@ def key_bytes(shard: str, key: str) -> np.ndarray:
     return np.frombuffer(f"{shard}/{key}".encode("utf-8", "surrogateescape"), np.uint8)
 
 
-def key_strings(samples: Sequence[Any]) -> list[str]:
-    """``key_bytes`` of a batch (any sequence of uint8 arrays) back to strings."""
-    return [np.asarray(s).tobytes().decode("utf-8", "surrogateescape") for s in samples]
+def key_column(keys: Sequence[np.ndarray]) -> np.ndarray:
+    """A batch's ``key_bytes`` as one uint8 array, a row per sample padded with NUL bytes
+    (which neither a tar member's name nor a path holds): DALI takes it whole, where a list
+    costs it a conversion per sample, and hands it back as one dense tensor."""
+    out = np.zeros((len(keys), max((len(k) for k in keys), default=0)), np.uint8)
+    for row, key in zip(out, keys, strict=True):
+        row[: len(key)] = key
+    return out
+
+
+def key_strings(samples: Sequence[Any] | np.ndarray) -> list[str]:
+    """``key_bytes`` of a batch (uint8 arrays, or the rows of a ``key_column``) back to
+    strings."""
+    return [
+        np.asarray(s).tobytes().rstrip(b"\0").decode("utf-8", "surrogateescape") for s in samples
+    ]

@@ -24,7 +24,14 @@ from .fields import KEY, parse_fields
 from .mixposition import MixPosition
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
-from .pipeline import AugmentOptions, PipelineFn, build_pipeline, cuda_device, decode_device
+from .pipeline import (
+    AugmentOptions,
+    PipelineFn,
+    build_pipeline,
+    cuda_device,
+    decode_device,
+    shared_batches,
+)
 from .position import Position
 from .reader import BatchSource, ShardReader
 from .sources import ShardSource, reads_in_place
@@ -222,6 +229,7 @@ class Loader(PlannedLoader):
             timings=self._build_timings,
             tokenized=self.text is not None,
             bucketed=self.buckets is not None,
+            shared=not self.py_workers,
         )
 
     def _source(self, pass_dir: str) -> BatchSource:
@@ -230,6 +238,8 @@ class Loader(PlannedLoader):
             reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir,
             text=self.text, bucketed=self.buckets is not None, clips=self.clips,
             gpu=self.device_kind == "gpu",
+            # read in this process: DALI takes the views into the mapped shards as they lie
+            keep=0 if self.py_workers else shared_batches(self.prefetch),
         )  # fmt: skip
 
     # -- aspect-ratio buckets: the pass order, its length, drops and resume ----------------
@@ -416,12 +426,12 @@ def default_py_workers(source: ShardSource) -> int:
     """``Loader(py_workers=None)``: 0 for a source read in place, else 1.
 
     A local shard is a memory map: the callback hands DALI views into it in this process,
-    with nothing handed between processes. A reader process instead copies every sample
-    into shared memory and pickles the batch's layout for this process to unpickle: it
-    cost 0.054-0.067 CPU ms per image on 2 cores, while the callback and DALI's copy of its
-    views add 0.015-0.03 ms here, on the interpreter that waits in ``run()`` anyway
-    (docs/LOADER.md). A cache-backed source keeps one, so a sample of a shard still
-    arriving waits in that process."""
+    which DALI reads where they lie (``build_pipeline(shared=True)``), with nothing copied
+    or handed between processes. A reader process instead copies every sample into shared
+    memory and pickles the batch's layout for this process to unpickle: it cost
+    0.054-0.067 CPU ms per image on 2 cores, while the callback adds about 0.003 ms here, on
+    the interpreter that waits in ``run()`` anyway (docs/LOADER.md). A cache-backed source
+    keeps one, so a sample of a shard still arriving waits in that process."""
     return 0 if reads_in_place(source) else 1
 
 

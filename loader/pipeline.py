@@ -33,6 +33,7 @@ __all__ = [
     "decode_device",
     "default_image_pipeline",
     "gpu_count",
+    "shared_batches",
     "torch_cuda_usable",
 ]
 
@@ -246,6 +247,13 @@ def _bucketed_images(nodes: dict[str, Any], opts: AugmentOptions) -> dict[str, A
     return {**nodes, "image": images}
 
 
+def shared_batches(prefetch: int) -> int:
+    """Batches a source must keep alive for ``build_pipeline(shared=True)``: DALI runs up to
+    ``prefetch`` batches ahead of the one handed out, whose outputs (the keys among them)
+    may still point into the source's memory until the next ``run()``; two more to spare."""
+    return prefetch + 3
+
+
 def build_pipeline(
     source: BatchSource | Callable[[Any], Any],
     *,
@@ -262,12 +270,15 @@ def build_pipeline(
     timings: dict[str, float] | None = None,
     tokenized: bool = False,
     bucketed: bool = False,
+    shared: bool = False,
 ) -> tuple[Any, list[str]]:
     """A built DALI pipeline reading ``source`` and the names of its outputs, in order
     (``tokenized``: the source tokenizes text fields into ids and a mask; ``bucketed``: it
     gives each sample's bucket (height, width) as the node ``BUCKET``). ``timings`` (if
     given) gets ``reader_start_s``: the seconds of ``pipe.build()``, where DALI starts its
-    executor and reader processes."""
+    executor and reader processes. ``shared``: the source keeps what it returns alive for
+    at least ``shared_batches(prefetch)`` more batches (``BatchSource(keep=...)``), so DALI
+    reads the samples where they lie instead of copying each batch first."""
     from nvidia.dali.pipeline import Pipeline
 
     fn, types = _dali()
@@ -299,6 +310,7 @@ def build_pipeline(
             batch=True,
             batch_info=True,
             parallel=parallel,
+            no_copy=parallel or shared,
             dtype=[*(dtypes[d] for _, d in columns), types.UINT8],
         )
         nodes = {name: node for (name, _), node in zip(columns, raw, strict=True)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ from flashfeed.errors import CorruptShardError
 from flashfeed.lifeline import ParentLink
 from flashfeed.wdsindex import SampleIndex
 
-from .fields import FieldSpec, key_bytes
+from .fields import FieldSpec, key_bytes, key_column
 from .labels import parse_label
 from .passorder import PassOrder
 from .sources import ShardSource
@@ -212,15 +212,17 @@ class ShardReader:
 class BatchSource:
     """``external_source`` callback: batch ``i`` of pass ``e`` -> one list per column of
     ``field_columns`` (a label field: one int64 array of the batch, when every sample has
-    one; captions checked and, with ``text``, tokenized; JSON values picked), then one of the
-    samples' ``key_bytes`` (read with the sample, so the key names what was read).
+    one; captions checked and, with ``text``, tokenized; JSON values picked), then the
+    samples' ``key_bytes`` as one ``key_column`` (read with the sample, so the key names what
+    was read).
 
     One DALI pipeline serves many passes: DALI's epoch index ``e`` (incremented by each
     ``reset()``) names the pass file ``pass-<e>.npz`` that ``write_pass`` stored before the
     pass began, holding its samples in plan order. The last batch may be short
     (``drop_last=False``); past the end it raises ``StopIteration``, which ends the pass.
     A reader process that unpickles it (DALI's ``spawn`` start) dies with the process that
-    made it.
+    made it. ``keep``: it holds the last ``keep`` batches it returned, for a pipeline that
+    reads them in place (``build_pipeline(shared=True)``).
     """
 
     def __init__(
@@ -234,8 +236,15 @@ class BatchSource:
         bucketed: bool = False,
         clips: ClipOptions | None = None,
         gpu: bool = False,
+        keep: int = 0,
     ) -> None:
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
         self.reader = reader
+        #: the last ``keep`` batches returned, held so that DALI may read them in place
+        #: (``external_source(no_copy=True)`` holds no reference of its own to what it reads)
+        self.keep = keep
+        self._held: deque[tuple[Any, ...]] = deque(maxlen=keep or 1)
         self.bucketed = bucketed
         self.clips = clips
         self.gpu = gpu
@@ -290,7 +299,7 @@ class BatchSource:
                 for col, value in zip(per_field, values, strict=True):
                     col.append(value)
                 key_col.append(kept_key)
-            return self._columns(per_field, key_col, lo, hi)
+            return self._hold(self._columns(per_field, key_col, lo, hi))
         for shard, row in zip(shards, rows, strict=True):
             # with several clips per video, plan row r is clip r % per of the sample r // per
             key, picked = self.reader.picked(shard, row // per, self.specs)
@@ -307,7 +316,13 @@ class BatchSource:
                 else:
                     col.append(self._value(spec, got, shard, key))
             key_col.append(key_bytes(name, key))
-        return self._columns(per_field, key_col, lo, hi)
+        return self._hold(self._columns(per_field, key_col, lo, hi))
+
+    def _hold(self, columns: tuple[Any, ...]) -> tuple[Any, ...]:
+        """``columns``, kept among the last ``keep`` batches (the oldest let go) when asked."""
+        if self.keep:
+            self._held.append(columns)
+        return columns
 
     def _plain_sample(self, shard: int, row: int) -> tuple[list[Any], np.ndarray]:
         """One sample of a pass whose fields are all bytes or labels (no clips): its values
@@ -350,7 +365,7 @@ class BatchSource:
                 cols.append(values)
         if self.bucketed and self._shapes is not None:  # each sample's bucket (h, w); _load checks
             cols.append(list(self._shapes[lo:hi]))
-        return (*cols, key_col)
+        return (*cols, key_column(key_col))
 
     def _clip(
         self,

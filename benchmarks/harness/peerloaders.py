@@ -258,8 +258,10 @@ def _pipeline_batches(pipe: Any, names: list[str], device: str) -> Iterator[dict
 
 
 def _build_like_loader(
-    source: Any, *, batch_size: int, threads: int, device: str, py_workers: int
+    source: Any, *, batch_size: int, threads: int, device: str, py_workers: int, shared: bool
 ) -> tuple[Any, list[str]]:
+    """The Loader's pipeline over ``source``; ``shared``: DALI reads its arrays in place, as
+    the Loader's does for a dataset read in place (the source must keep them alive)."""
     from flashfeed.lifeline import tie_forked_children
     from flashfeed.loader.fields import parse_fields
     from flashfeed.loader.pipeline import AugmentOptions, build_pipeline
@@ -276,6 +278,7 @@ def _build_like_loader(
             seed=0,
             prefetch=loader_defaults()["prefetch"],
             py_start_method="fork" if device == "cpu" else "spawn",
+            shared=shared and not py_workers,
         )
 
 
@@ -290,6 +293,7 @@ def dali_decode_ceiling(
         threads=threads,
         device=device,
         py_workers=loader_defaults()["py_workers"],
+        shared=True,  # RamBatches holds every array it hands out
     )
     return _pipeline_batches(pipe, names, device)
 
@@ -342,6 +346,7 @@ def webdataset_dali(
         threads=threads,
         device=device,
         py_workers=0,  # the bytes come from the DataLoader's workers, in this process
+        shared=False,  # fresh arrays each batch, held by nobody: DALI copies them
     )
     return _pipeline_batches(pipe, names, device)
 
