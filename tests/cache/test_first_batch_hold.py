@@ -159,11 +159,13 @@ def proxy(s3_store):
 
 def _first_batch_gets(
     s3_prefix: str, proxy: SlowProxy, tmp_path, monkeypatch, *, build_delay: float = 0.0
-) -> tuple[list[tuple[str, int]], set[tuple[str, int]], int]:
+) -> tuple[list[tuple[str, int]], set[tuple[str, int]], set[tuple[str, int]], int]:
     """A cold loader through the proxy (4 shards, a window of 3, a fetch ahead of the 4th):
-    the (shard, part) GETs sent before its first batch was made, the parts the batches of
-    its first run (0 to 0 + lookahead) need, and the parts of all shards. The epoch must
-    deliver every sample once. ``build_delay``: seconds added to the pipeline's build."""
+    the (shard, part) GETs sent before its first batch was made, the parts that the hold
+    lets through (those of batches 0 to lookahead + 1: the first run, and what the wait
+    after it asks for), those of them no batch of the first run needs, and the parts of
+    all shards. The epoch must deliver every sample
+    once. ``build_delay``: seconds added to the pipeline's build."""
     from flashfeed.loader.dali_runner import DaliRunner
 
     make_image_dataset(s3_prefix, [64, 64, 64, 64], classes=10)
@@ -194,14 +196,19 @@ def _first_batch_gets(
         loader.position.remaining(), loader.position.shard_sizes,
         batch_size=loader.batch_size, drop_last=loader.drop_last,
     )  # fmt: skip
-    first_run = (1 + loader._lookahead()) * loader.batch_size  # batches 0..lookahead
     index = {s: ds.read_index(s) for s in range(len(ds.shards))}
-    first = zip(plan.shards[:first_run].tolist(), plan.rows[:first_run].tolist(), strict=True)
-    allowed = {
-        (ds.shards[s].path.rsplit("/", 1)[1], p)
-        for s, r in first
-        for p in range(index[s][r].start // 4096, (index[s][r].end - 1) // 4096 + 1)
-    }
+
+    def parts_of(batches: int) -> set[tuple[str, int]]:
+        n = batches * loader.batch_size
+        rows = zip(plan.shards[:n].tolist(), plan.rows[:n].tolist(), strict=True)
+        return {
+            (ds.shards[s].path.rsplit("/", 1)[1], p)
+            for s, r in rows
+            for p in range(index[s][r].start // 4096, (index[s][r].end - 1) // 4096 + 1)
+        }
+
+    allowed = parts_of(loader._lookahead() + 2)  # batches 0..lookahead + 1
+    soon = allowed - parts_of(loader._lookahead() + 1)  # not of the first run's batches
     batches = list(loader)
     loader.close()
     cache.close()
@@ -216,27 +223,33 @@ def _first_batch_gets(
     labels = np.concatenate([b["label"].numpy() for b in batches])
     assert labels.min() >= 0 and labels.max() < 10
     total_parts = sum(-(-info.bytes // 4096) for info in ds.shards)
-    return before, allowed, total_parts
+    return before, allowed, soon, total_parts
 
 
 def test_a_cold_first_batch_asks_only_for_its_own_bytes_until_it_is_made(
     s3_prefix, proxy, tmp_path, monkeypatch
 ):
-    """Without a trickle, every shard GET sent before the first batch was made holds a
-    sample of the batches the first run reads; the epoch still delivers every sample."""
-    monkeypatch.setattr("flashfeed.loader.readahead._HOLD_TRICKLE", 0)
-    before, allowed, total_parts = _first_batch_gets(s3_prefix, proxy, tmp_path, monkeypatch)
+    """By default (no trickle), every shard GET sent before the first batch was made holds
+    a sample of the batches the first run and the wait after it read; the epoch still
+    delivers every sample."""
+    before, allowed, soon, total_parts = _first_batch_gets(
+        s3_prefix, proxy, tmp_path, monkeypatch, build_delay=0.5
+    )
     assert before and set(before) <= allowed
     assert len(before) < total_parts // 2  # the rest waited for the first batch
+    assert soon and set(before) & soon  # what batch 1's wait asks for was not held
 
 
-def test_the_download_goes_on_while_a_slow_first_batch_is_made(
+def test_a_trickle_keeps_the_download_going_while_a_slow_first_batch_is_made(
     s3_prefix, proxy, tmp_path, monkeypatch
 ):
-    """With the loader's default trickle, parts that no batch of the first run needs are
-    fetched while its first batch is made (here a pipeline build 0.5 s slower): the
-    download does not stand idle until then, and the first run's own parts still went."""
-    before, allowed, _ = _first_batch_gets(s3_prefix, proxy, tmp_path, monkeypatch, build_delay=0.5)
+    """With a trickle of one GET, parts that the hold keeps back are fetched while the
+    first batch is made (here a pipeline build 0.5 s slower): the download does not stand
+    idle until then, and the parts the hold lets through still went."""
+    monkeypatch.setattr("flashfeed.loader.readahead._HOLD_TRICKLE", 1)
+    before, allowed, _, _ = _first_batch_gets(
+        s3_prefix, proxy, tmp_path, monkeypatch, build_delay=0.5
+    )
     assert set(before) & allowed
     assert set(before) - allowed
 
