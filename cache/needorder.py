@@ -12,7 +12,8 @@ checksum is computed as its bytes arrive instead of read back later.
 
 ``PartQueue.hold`` keeps parts needed later than a given batch waiting for a while (a cold
 first batch: the bytes it needs get every request and the CPU its decode shares with the
-download, instead of the rest of the window's 400 MB).
+download, instead of the rest of the window's 400 MB), all of them or all but a
+``trickle`` of them at a time, so that the download does not stand idle meanwhile.
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ class PartQueue:
         self._closed = False
         self._hold = math.inf  # parts ranked above this wait ...
         self._hold_until = 0.0  # ... until this time.monotonic() at the latest
+        self._trickle = 0  # ... but this many of them may run at once
+        self._trickling = 0  # parts ranked above the hold running now
 
     def submit(self, priority: Callable[[], float], run: Run, *, position: int = 0) -> None:
         """Queue ``run``; ``position``: the part's place in its object (0 = first)."""
@@ -164,15 +167,19 @@ class PartQueue:
         with self._cond:
             return len(self._items)
 
-    def hold(self, beyond: float, *, seconds: float) -> None:
-        """Start no part ranked above ``beyond`` for up to ``seconds`` (or until
-        ``release``); parts already running go on. A part ranked at or below it starts as
-        before."""
+    def hold(self, beyond: float, *, seconds: float, trickle: int = 0) -> None:
+        """For up to ``seconds`` (or until ``release``), run at most ``trickle`` parts
+        ranked above ``beyond`` at a time (0: start none); parts already running go on. A
+        part ranked at or below it starts as before, and first: the trickle takes only a
+        slot that no such part waits for."""
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
+        if isinstance(trickle, bool) or not isinstance(trickle, int) or trickle < 0:
+            raise ValueError(f"trickle must be an integer >= 0, got {trickle!r}")
         with self._cond:
             self._hold = float(beyond)
             self._hold_until = time.monotonic() + seconds
+            self._trickle = trickle
             self._cond.notify_all()
 
     def release(self) -> None:
@@ -188,22 +195,30 @@ class PartQueue:
             self._hold = math.inf
         return self._hold
 
-    def _pick(self) -> _Item | None:
-        """The most urgent part allowed to start now, taken off the queue."""
+    def _startable(self, rank: float) -> bool:
+        """A part of ``rank`` may start now: not held, or within the hold's trickle. The
+        caller holds ``_cond``."""
+        return rank <= self._held() or self._trickling < self._trickle
+
+    def _pick(self) -> tuple[_Item, bool] | None:
+        """The most urgent part allowed to start now, taken off the queue, and whether it
+        runs as the hold's trickle."""
         keyed = [(item.key(), item) for item in self._items]
         if not keyed:
             return None
         key, best = min(keyed, key=lambda pair: pair[0])
-        if key[0] > self._held():
+        if not self._startable(key[0]):
             return None
         self._items.remove(best)
-        return best
+        trickle = key[0] > self._held()
+        self._trickling += trickle
+        return best, trickle
 
     def _work(self) -> None:
         while True:
             with self._cond:
                 while not self._closed and (
-                    not self._items or min(i.key()[0] for i in self._items) > self._held()
+                    not self._items or not self._startable(min(i.key()[0] for i in self._items))
                 ):
                     # held parts: look again soon (a part's rank changes once its shard's
                     # index arrives, and the hold ends by itself)
@@ -212,11 +227,18 @@ class PartQueue:
                     return
             self.limit.acquire()
             with self._cond:
-                best = self._pick()
-                if best is None:
+                picked = self._pick()
+                if picked is None:
                     self.limit.cancel()
                     continue
-            best.run(True)
+            best, trickle = picked
+            try:
+                best.run(True)
+            finally:
+                if trickle:
+                    with self._cond:
+                        self._trickling -= 1
+                        self._cond.notify_all()
 
     def close(self) -> None:
         """Run what is queued, then stop the threads."""

@@ -272,12 +272,13 @@ class ShardCache:
                 f"shard {i} of {dataset.url}",
             )
 
-    def hold_fetches(self, beyond_batch: int, *, seconds: float = 3.0) -> None:
-        """For up to ``seconds`` (or until ``release_fetches``), start no GET of a part
-        that no batch up to ``beyond_batch`` needs (see ``need``; a fetch ahead's parts
-        included): a cold first batch then gets every request and the CPU its decode
-        shares with the download. Parts already started finish."""
-        self.fetcher.queue.hold(beyond_batch, seconds=seconds)
+    def hold_fetches(self, beyond_batch: int, *, seconds: float = 3.0, trickle: int = 0) -> None:
+        """For up to ``seconds`` (or until ``release_fetches``), run at most ``trickle``
+        GETs at a time (0: none) of parts that no batch up to ``beyond_batch`` needs (see
+        ``need``; a fetch ahead's parts included): a cold first batch then gets the
+        requests and most of the CPU its decode shares with the download, while a trickle
+        keeps the download from standing idle. Parts already started finish."""
+        self.fetcher.queue.hold(beyond_batch, seconds=seconds, trickle=trickle)
 
     def release_fetches(self) -> None:
         """End ``hold_fetches``."""

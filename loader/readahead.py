@@ -38,6 +38,7 @@ __all__ = ["StreamFeeder", "readahead_budget_bytes"]
 _MARGIN = 2.0  # fetch ahead for twice the time a fill takes
 _PRIOR_SHARDS = 4  # read-ahead before anything is measured
 _HOLD_SECONDS = 3.0  # the longest a first batch keeps the rest of the download waiting
+_HOLD_TRICKLE = 0  # GETs of that rest that may run meanwhile (1 measured: see hold_ahead)
 _START_WAIT = 0.25  # the longest a loader waits for its first GETs before building
 
 
@@ -108,15 +109,25 @@ class StreamFeeder:
         self._hinted = max(self._hinted, self._pos)
         return limit
 
-    def hold_ahead(self, k: int = 0, *, seconds: float = _HOLD_SECONDS) -> bool:
-        """Until ``release_ahead`` (at most ``seconds``), the source starts no GET for
-        bytes that batches up to ``k + lookahead`` do not need: a cold first batch gets the
-        requests and the CPU that the rest of its window's download would take. True if
-        the source holds (a node cache does; a dataset read in place fetches nothing)."""
+    def hold_ahead(
+        self, k: int = 0, *, seconds: float = _HOLD_SECONDS, trickle: int | None = None
+    ) -> bool:
+        """Until ``release_ahead`` (at most ``seconds``), the source runs at most
+        ``trickle`` GETs at a time (None: ``_HOLD_TRICKLE``, none) for bytes that batches
+        up to ``k + lookahead + 1`` do not need: a cold first batch gets the requests
+        and the CPU that the rest of its window's download would take, and the batches
+        asked for right after it find their bytes. A trickle keeps the download from
+        standing idle while the first batch is made, at the cost of that batch (measured
+        on 2 busy cores: BENCHMARKS.md). True if the source holds (a node cache does; a
+        dataset read in place fetches nothing)."""
         hold = getattr(self.source, "hold_fetches", None)
         if hold is None or not self.streaming or not self.pass_order.num_batches:
             return False
-        hold(min(k + self.lookahead, self.pass_order.num_batches - 1), seconds=seconds)
+        # the first run reads batches k..k + lookahead; the wait right after it asks for
+        # batch k + lookahead + 1 too: its bytes are not held either (held, batch k + 1
+        # waited for parts asked for only at the release)
+        last = min(k + self.lookahead + 1, self.pass_order.num_batches - 1)
+        hold(last, seconds=seconds, trickle=_HOLD_TRICKLE if trickle is None else trickle)
         self._holding = True
         return True
 

@@ -278,8 +278,8 @@ class CacheShardSource:
     def set_future(self, shards: Sequence[int]) -> None:
         self._cache().set_future(self.dataset, list(shards))
 
-    def hold_fetches(self, beyond_batch: int, *, seconds: float) -> None:
-        self._cache().hold_fetches(beyond_batch, seconds=seconds)
+    def hold_fetches(self, beyond_batch: int, *, seconds: float, trickle: int = 0) -> None:
+        self._cache().hold_fetches(beyond_batch, seconds=seconds, trickle=trickle)
 
     def release_fetches(self) -> None:
         self._cache().release_fetches()

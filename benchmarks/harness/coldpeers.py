@@ -15,7 +15,7 @@ from typing import Any
 from benchmarks.harness.child import REPO, module_command
 from benchmarks.harness.timing import BATCH, epoch
 
-__all__ = ["convert_peers", "litdata_s3", "mosaic_s3", "mosaic_s3_child"]
+__all__ = ["convert_peers", "drop_s3_clients", "litdata_s3", "mosaic_s3", "mosaic_s3_child"]
 
 
 def litdata_s3(url: str, cache: Path, opts: dict[str, Any], workers: int) -> Iterable[Any]:
@@ -41,7 +41,20 @@ def mosaic_s3(url: str, local: Path, workers: int) -> Iterable[Any]:
 
     clean_stale_shared_memory()
     ds = StreamingDataset(remote=url, local=str(local), shuffle=True, batch_size=BATCH)
+    drop_s3_clients(ds)
     return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=DecodeBatch())
+
+
+def drop_s3_clients(ds: Any) -> None:
+    """Forget the S3 client each of mosaic's streams made in this process to fetch its
+    ``index.json``, so that every DataLoader worker makes its own. A forked worker inherits
+    the client with its open keep-alive connection (mosaic resets it only when a stream is
+    pickled, as under spawn): two workers then send their GETs down one socket and read each
+    other's answers. Seen: a shard landed whole in size with its first 8 MiB (the first
+    ranged GET of boto3's download) holding another shard's bytes, then
+    ``PIL.UnidentifiedImageError``; and rounds of 35-42 img/s waiting out read timeouts."""
+    for stream in ds.streams:
+        stream._downloader.clean_up()
 
 
 def mosaic_s3_child(url: str, local: Path, workers: int) -> float:

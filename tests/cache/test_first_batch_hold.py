@@ -88,6 +88,60 @@ def test_a_hold_ends_by_itself():
     assert bytes(buf) == data and sorted(asked) == [0, 1, 2, 3]
 
 
+def test_a_trickle_runs_held_parts_one_at_a_time_in_need_order():
+    """``hold(..., trickle=1)``: the parts no first batch needs still download while the
+    hold lasts, never more than one at a time, in need order."""
+    data = bytes(range(256)) * 16  # 8 parts of 512
+    need = [0, 9, 2, 14, 1, 7, 3, 11]
+    held = {i for i, n in enumerate(need) if n > 3}
+    lock = threading.Lock()
+    running: set[int] = set()
+    most = [0]
+    order: list[int] = []
+
+    def fetch(start: int, end: int) -> bytes:
+        part = start // PART
+        with lock:
+            order.append(part)
+            running.add(part)
+            most[0] = max(most[0], len(running & held))
+        time.sleep(0.02)  # long enough for a second held part to start beside it, wrongly
+        with lock:
+            running.discard(part)
+        return data[start:end]
+
+    buf = bytearray(len(data))
+
+    def write(offset: int, chunk: bytes) -> None:
+        buf[offset : offset + len(chunk)] = chunk
+
+    with RangedFetcher(part_size=PART, limit=AdaptiveLimit(4), retry=FAST) as fetcher:
+        fetcher.queue.hold(3, seconds=60)  # every part queued before the trickle begins
+        t = threading.Thread(
+            target=fetcher.fetch_into,
+            args=(fetch, len(data), write),
+            kwargs={"priority": lambda off: need[off // PART]},
+        )
+        t.start()
+        _until(lambda: fetcher.queue.pending() == len(held), "the held parts never queued")
+        time.sleep(0.05)
+        assert not set(order) & held
+        fetcher.queue.hold(3, seconds=60, trickle=1)
+        t.join(10)  # never released: the trickle alone brings every part
+        assert not t.is_alive()
+    assert bytes(buf) == data
+    assert most[0] == 1
+    assert sorted(order[: len(need) - len(held)]) == sorted(set(range(8)) - held)
+    assert order[len(need) - len(held) :] == sorted(held, key=lambda i: need[i])
+
+
+def test_hold_refuses_a_bad_trickle():
+    with RangedFetcher(part_size=PART, limit=AdaptiveLimit(2), retry=FAST) as fetcher:
+        for bad in (-1, 1.5, True):
+            with pytest.raises(ValueError, match="trickle must be an integer >= 0"):
+                fetcher.queue.hold(3, seconds=1, trickle=bad)  # type: ignore[arg-type]
+
+
 def test_hold_refuses_negative_seconds(tmp_path):
     with (
         ShardCache(str(tmp_path / "c"), capacity=1 << 20) as cache,
@@ -103,12 +157,17 @@ def proxy(s3_store):
     p.close()
 
 
-def test_a_cold_first_batch_asks_only_for_its_own_bytes_until_it_is_made(
-    s3_prefix, proxy, tmp_path, monkeypatch
-):
-    """Through the real S3 server, 4 shards, a window of 3 and a fetch ahead of the 4th:
-    every shard GET sent before the first batch was made holds a sample of the batches
-    the first run reads (0 to 0 + lookahead); the epoch still delivers every sample."""
+def _first_batch_gets(
+    s3_prefix: str, proxy: SlowProxy, tmp_path, monkeypatch, *, build_delay: float = 0.0
+) -> tuple[list[tuple[str, int]], set[tuple[str, int]], set[tuple[str, int]], int]:
+    """A cold loader through the proxy (4 shards, a window of 3, a fetch ahead of the 4th):
+    the (shard, part) GETs sent before its first batch was made, the parts that the hold
+    lets through (those of batches 0 to lookahead + 1: the first run, and what the wait
+    after it asks for), those of them no batch of the first run needs, and the parts of
+    all shards. The epoch must deliver every sample
+    once. ``build_delay``: seconds added to the pipeline's build."""
+    from flashfeed.loader.dali_runner import DaliRunner
+
     make_image_dataset(s3_prefix, [64, 64, 64, 64], classes=10)
     ds = Dataset.open(s3_prefix, storage_options={"endpoint_url": proxy.endpoint})
     cache = ShardCache(
@@ -116,13 +175,19 @@ def test_a_cold_first_batch_asks_only_for_its_own_bytes_until_it_is_made(
     )
     at_release: list[int] = []
     real = StreamFeeder.release_ahead
+    build = DaliRunner.start
 
     def release(self: StreamFeeder) -> None:
         if self._holding:
             at_release.append(len(proxy.requests))
         real(self)
 
+    def slow_build(self: DaliRunner, order: object) -> float:
+        time.sleep(build_delay)
+        return float(build(self, order))  # type: ignore[arg-type]
+
     monkeypatch.setattr(StreamFeeder, "release_ahead", release)
+    monkeypatch.setattr(DaliRunner, "start", slow_build)
     loader = Loader(
         ds, batch_size=8, image_size=16, cache=cache, shuffle=True, window=3, py_workers=0,
         fields={"image": "jpg", "label": "cls", "raw": "jpg"},
@@ -131,14 +196,19 @@ def test_a_cold_first_batch_asks_only_for_its_own_bytes_until_it_is_made(
         loader.position.remaining(), loader.position.shard_sizes,
         batch_size=loader.batch_size, drop_last=loader.drop_last,
     )  # fmt: skip
-    first_run = (1 + loader._lookahead()) * loader.batch_size  # batches 0..lookahead
     index = {s: ds.read_index(s) for s in range(len(ds.shards))}
-    first = zip(plan.shards[:first_run].tolist(), plan.rows[:first_run].tolist(), strict=True)
-    allowed = {
-        (ds.shards[s].path.rsplit("/", 1)[1], p)
-        for s, r in first
-        for p in range(index[s][r].start // 4096, (index[s][r].end - 1) // 4096 + 1)
-    }
+
+    def parts_of(batches: int) -> set[tuple[str, int]]:
+        n = batches * loader.batch_size
+        rows = zip(plan.shards[:n].tolist(), plan.rows[:n].tolist(), strict=True)
+        return {
+            (ds.shards[s].path.rsplit("/", 1)[1], p)
+            for s, r in rows
+            for p in range(index[s][r].start // 4096, (index[s][r].end - 1) // 4096 + 1)
+        }
+
+    allowed = parts_of(loader._lookahead() + 2)  # batches 0..lookahead + 1
+    soon = allowed - parts_of(loader._lookahead() + 1)  # not of the first run's batches
     batches = list(loader)
     loader.close()
     cache.close()
@@ -148,13 +218,40 @@ def test_a_cold_first_batch_asks_only_for_its_own_bytes_until_it_is_made(
         for r in proxy.requests[: at_release[0]]
         if r.method == "GET" and r.path.endswith(".tar") and r.range
     ]
-    assert before and set(before) <= allowed
-    total_parts = sum(-(-info.bytes // 4096) for info in ds.shards)
-    assert len(before) < total_parts // 2  # the rest waited for the first batch
     delivered = [k for b in batches for k in b["__key__"]]
     assert len(delivered) == len(plan.ids) == len(set(delivered))
     labels = np.concatenate([b["label"].numpy() for b in batches])
     assert labels.min() >= 0 and labels.max() < 10
+    total_parts = sum(-(-info.bytes // 4096) for info in ds.shards)
+    return before, allowed, soon, total_parts
+
+
+def test_a_cold_first_batch_asks_only_for_its_own_bytes_until_it_is_made(
+    s3_prefix, proxy, tmp_path, monkeypatch
+):
+    """By default (no trickle), every shard GET sent before the first batch was made holds
+    a sample of the batches the first run and the wait after it read; the epoch still
+    delivers every sample."""
+    before, allowed, soon, total_parts = _first_batch_gets(
+        s3_prefix, proxy, tmp_path, monkeypatch, build_delay=0.5
+    )
+    assert before and set(before) <= allowed
+    assert len(before) < total_parts // 2  # the rest waited for the first batch
+    assert soon and set(before) & soon  # what batch 1's wait asks for was not held
+
+
+def test_a_trickle_keeps_the_download_going_while_a_slow_first_batch_is_made(
+    s3_prefix, proxy, tmp_path, monkeypatch
+):
+    """With a trickle of one GET, parts that the hold keeps back are fetched while the
+    first batch is made (here a pipeline build 0.5 s slower): the download does not stand
+    idle until then, and the parts the hold lets through still went."""
+    monkeypatch.setattr("flashfeed.loader.readahead._HOLD_TRICKLE", 1)
+    before, allowed, _, _ = _first_batch_gets(
+        s3_prefix, proxy, tmp_path, monkeypatch, build_delay=0.5
+    )
+    assert set(before) & allowed
+    assert set(before) - allowed
 
 
 def test_the_first_gets_are_sent_before_the_pipeline_is_built(
