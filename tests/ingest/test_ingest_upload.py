@@ -18,7 +18,7 @@ from flashfeed.errors import StorageError
 from flashfeed.ingest import IngestConfig
 from flashfeed.ingest.assign import GROUP_SHARDS, shard_groups
 from flashfeed.ingest.putobject import put_object
-from flashfeed.ingest.runner import _assign_shards
+from flashfeed.ingest.runner import _assign_shards, _recorded
 from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.ingest.shardtask import ShardJob, TaskSpec, done_url, run_shard, run_shards
 from flashfeed.ingest.sources import StorageContext, scan_source
@@ -96,6 +96,39 @@ def test_run_shards_writes_what_run_shard_writes_one_by_one(tmp_path: Path, s3_p
         assert storage.exists(done_url(f"{s3_prefix}/grouped", r.number))
     again = run_shards(spec, tuple(jobs))  # a retried task reuses what its first try finished
     assert all(r.reused for r in again) and [r.info for r in again] == [r.info for r in grouped]
+
+
+def test_done_records_are_looked_up_where_listed_or_as_a_retry_left_them(
+    tmp_path: Path, s3_prefix: str
+) -> None:
+    """A fresh run's tasks skip the per-shard lookups; a retried task still reuses the
+    prefix of its run that its first try finished, and a resumed run what the driver's
+    listing of ``_work/`` found, wherever it lies in a run."""
+    dest = f"{s3_prefix}/records"
+    spec, jobs = _jobs(tmp_path, dest)
+    fresh = [dataclasses.replace(j, recorded=False) for j in jobs]
+    assert _recorded(dest, StorageContext.resolve(None)) == set()
+    first = run_shards(spec, tuple(fresh[:2]))  # a first try that died after two shards
+    retry = run_shards(spec, tuple(fresh))
+    assert [r.reused for r in retry] == [True, True] + [False] * (len(jobs) - 2)
+    assert [r.info for r in retry[:2]] == [r.info for r in first]
+    # a resumed run: the records of shards 1 and 4 are left, found by one listing
+    for n in (0, 2, 3, 5):
+        storage.delete(done_url(dest, n))
+    unlisted = run_shards(spec, tuple(fresh))  # unlisted and not a retry's: not looked up
+    assert not any(r.reused for r in unlisted)
+    assert [r.info for r in unlisted] == [r.info for r in retry]
+    for n in (0, 2, 3, 5):
+        storage.delete(done_url(dest, n))
+    names = _recorded(dest, StorageContext.resolve(None))
+    assert names == {done_url(dest, n).rsplit("/", 1)[-1] for n in (1, 4)}
+    listed = [
+        dataclasses.replace(j, recorded=done_url(dest, j.number).rsplit("/", 1)[-1] in names)
+        for j in jobs
+    ]
+    resumed = run_shards(spec, tuple(listed))
+    assert [r.reused for r in resumed] == [n in (1, 4) for n in range(len(jobs))]
+    assert [r.info for r in resumed] == [r.info for r in retry]
 
 
 def test_tar_shards_are_what_tarfile_addfile_writes() -> None:
