@@ -133,11 +133,14 @@ def test_done_records_are_looked_up_where_listed_or_as_a_retry_left_them(
 
 def test_tar_shards_are_what_tarfile_addfile_writes() -> None:
     """Shard tars write each member whole; the bytes are the standard library's, member for
-    member (sizes on and off the 512-byte blocks, empty members, nested keys)."""
+    member (sizes on and off the 512-byte blocks, empty members, nested keys, names of 100
+    bytes and over, which ustar splits into a prefix)."""
     samples = [
         ("000000001", {"cls": b"3", "jpg": os.urandom(70_001)}),
         ("000000002", {"bin": b"", "seg.png": b"y" * 512}),
         ("a/b/000000003", {"json": b"{}" * 300, "txt": b"x" * 511}),
+        ("k" * 96, {"jpg": b"z" * 1000}),  # 100 bytes with its extension
+        ("p" * 60 + "/" + "q" * 60, {"jpg": b"w"}),  # 125 bytes: prefix and name
     ]
     data, _, n = tar_shard_bytes(iter(samples))
     ref = io.BytesIO()
@@ -149,6 +152,6 @@ def test_tar_shards_are_what_tarfile_addfile_writes() -> None:
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(fields[ext]))
-    assert n == 3 and data == ref.getvalue()
+    assert n == 5 and data == ref.getvalue()
     with pytest.raises(ValueError, match=r"sample 'k.*too long"):
         tar_shard_bytes(iter([("k" * 300, {"bin": b"x"})]))
