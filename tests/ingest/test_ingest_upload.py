@@ -34,8 +34,15 @@ def test_shard_groups_cover_every_shard_once_in_runs_that_fill_every_cpu() -> No
             assert [n for g in groups for n in g] == list(range(shards))
             assert all(0 < len(g) <= GROUP_SHARDS for g in groups)
             assert len(groups) >= min(shards, cpus)  # no CPU idle for want of a task
+            sizes = [len(g) for g in groups]
+            assert not sizes or max(sizes) - min(sizes) <= 1
+            # more runs than CPUs come in whole waves: every CPU gets as many runs
+            assert len(groups) <= cpus or len(groups) % cpus == 0 or len(groups) == shards
     assert [list(g) for g in shard_groups(6, 1)] == [list(range(6))]  # one run: one tail
     assert [len(g) for g in shard_groups(12, 2)] == [6, 6]
+    assert [len(g) for g in shard_groups(13, 2)] == [6, 7]
+    assert [len(g) for g in shard_groups(17, 2)] == [4, 4, 4, 5]  # 8 and 9 shards a CPU
+    assert [len(g) for g in shard_groups(25, 3)] == [4, 4, 4, 4, 4, 5]  # not 4 runs on 3 CPUs
     with pytest.raises(ValueError, match="cpus must be >= 1, got 0"):
         shard_groups(4, 0)
     with pytest.raises(ValueError, match="shards must be >= 0, got -1"):
