@@ -30,7 +30,9 @@ from .errors import ManifestError
 from .shardcolumns import (
     SIZE_COLUMNS,
     all_distinct,
+    arrow_int32_lists,
     arrow_int64,
+    arrow_strings,
     check_image_sizes,
     check_paths,
     escapes,
@@ -157,8 +159,8 @@ class ShardTable:
         """This table with per-sample image sizes (one list per shard, None where unknown),
         checked like columns read from a file."""
         table = self.to_arrow()
-        table = table.append_column("widths", pa.array(list(widths), _SIZE_TYPE))
-        table = table.append_column("heights", pa.array(list(heights), _SIZE_TYPE))
+        table = table.append_column("widths", arrow_int32_lists(widths))
+        table = table.append_column("heights", arrow_int32_lists(heights))
         return ShardTable.from_arrow(table, source="shard table")
 
     def with_videos(self, rows: Sequence[Sequence[dict[str, Any] | None] | None]) -> ShardTable:
@@ -202,11 +204,11 @@ class ShardTable:
     def from_infos(cls, infos: Iterable[ShardInfo]) -> ShardTable:
         infos = list(infos)
         return cls(
-            pa.array([s.path for s in infos], pa.string()),
+            arrow_strings([s.path for s in infos]),
             np.array([s.samples for s in infos], dtype=np.int64),
             np.array([s.bytes for s in infos], dtype=np.int64),
-            pa.array([s.checksum for s in infos], pa.string()),
-            pa.array([s.index for s in infos], pa.string()),
+            arrow_strings([s.checksum for s in infos]),
+            arrow_strings([s.index for s in infos]),
         )
 
     @classmethod

@@ -76,11 +76,16 @@ def size_spread(shard_sizes: Sequence[int], target_bytes: int) -> float:
 def shard_groups(shards: int, cpus: int) -> list[range]:
     """Shards ``0..shards-1`` as runs of consecutive numbers, one ingest task each: as few
     as keep every CPU busy (a task uploads each shard while it builds the next, so a run
-    hides every upload but its last), of at most ``GROUP_SHARDS``, sizes within one."""
+    hides every upload but its last), of at most ``GROUP_SHARDS``, sizes within one. More
+    runs than CPUs come in whole waves (a multiple of ``cpus``), so every CPU builds as many
+    shards as the others: 17 shards on 2 CPUs are 4 runs (8 or 9 shards a CPU), not 3 (11
+    on one CPU while the other idles after 6)."""
     if shards < 0:
         raise ValueError(f"shards must be >= 0, got {shards}")
     if cpus < 1:
         raise ValueError(f"cpus must be >= 1, got {cpus}")
     groups = max(min(shards, cpus), -(-shards // GROUP_SHARDS))
+    if groups > cpus:
+        groups = min(shards, -(-groups // cpus) * cpus)
     bounds = [shards * g // groups for g in range(groups + 1)] if groups else [0]
     return [range(a, b) for a, b in pairwise(bounds)]

@@ -36,7 +36,15 @@ from .config import IngestConfig
 from .progress import Progress
 from .raysetup import ray_map, ray_session
 from .screening import exact_duplicates, screen_text
-from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, arrow_type, run_shards
+from .shardtask import (
+    WORK_DIR,
+    ShardJob,
+    ShardResult,
+    TaskSpec,
+    arrow_type,
+    done_url,
+    run_shards,
+)
 from .sources import Item, RejectInfo, SourceScan, StorageContext, scan_source
 from .tokenize import TOKEN_FEATURE, TokenPacker, text_field
 from .transforms import TransformOptions, output_fields
@@ -149,7 +157,7 @@ def run(config: IngestConfig) -> IngestResult:
                 config, scan, items, rejects, ctx, phases, _transform_options(config)
             )
             t0 = _lap(phases, "neardup", t0)
-        shards = _assign_shards(config, scan, items, ctx)
+        shards = _assign_shards(config, scan, items, ctx, _recorded(config.dest, ctx))
         t0 = time.monotonic()
         results = _dispatch(shards.spec, shards.jobs, config.progress)
         _lap(phases, "shards", t0)
@@ -205,10 +213,24 @@ class _ShardJobs:
     packer: TokenPacker | None
 
 
+def _recorded(dest: str, ctx: StorageContext) -> set[str]:
+    """The names of the done-records an earlier run left under ``<dest>/_work/``: one
+    listing, so that shard tasks look up only these (and a retry its own)."""
+    work = storage.join(dest, WORK_DIR)
+    return {
+        u.rsplit("/", 1)[-1] for u in storage.list_files(work, storage_options=ctx.options(dest))
+    }
+
+
 def _assign_shards(
-    config: IngestConfig, scan: SourceScan, items: list[Item], ctx: StorageContext
+    config: IngestConfig,
+    scan: SourceScan,
+    items: list[Item],
+    ctx: StorageContext,
+    recorded: set[str] | None = None,
 ) -> _ShardJobs:
-    """Stage 3: the output fields, the items of each shard, and each shard's fingerprint."""
+    """Stage 3: the output fields, the items of each shard, and each shard's fingerprint;
+    ``recorded``: the done-records found (None: look for every shard's)."""
     opts = _transform_options(config)
     out_fields = output_fields(scan.fields, opts)
     packer = None
@@ -251,7 +273,10 @@ def _assign_shards(
     jobs = []
     for n, group in enumerate(groups):
         shard_items = [items[p] for p in group]
-        jobs.append(ShardJob(n, tuple(shard_items), _fingerprint(config, out_fields, shard_items)))
+        known = recorded is None or done_url(config.dest, n).rsplit("/", 1)[-1] in recorded
+        jobs.append(
+            ShardJob(n, tuple(shard_items), _fingerprint(config, out_fields, shard_items), known)
+        )
     return _ShardJobs(spec, jobs, packer)
 
 

@@ -75,9 +75,13 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class ShardJob:
+    """One shard to make. ``recorded``: a done-record of an earlier run may be there (the
+    driver's one listing of ``_work/`` found one), so the task checks it before building."""
+
     number: int
     items: tuple[Item, ...]
     fingerprint: str
+    recorded: bool = True
 
 
 @dataclass
@@ -262,10 +266,10 @@ def _encoded(
     return _Built(result, path, data, samples, index)
 
 
-def _build(spec: TaskSpec, job: ShardJob) -> _Built:
-    """Read, transform and encode one shard; a finished one from an earlier run comes back
-    as it is (``result.reused``)."""
-    reused = _reusable(spec, job)
+def _build(spec: TaskSpec, job: ShardJob, check: bool = True) -> _Built:
+    """Read, transform and encode one shard; a finished one from an earlier run or try
+    comes back as it is (``result.reused``) where ``check`` asks to look for it."""
+    reused = _reusable(spec, job) if check else None
     if reused is not None:
         return _Built(reused)
     result = ShardResult(number=job.number, info=None)
@@ -338,12 +342,18 @@ def run_shard(spec: TaskSpec, job: ShardJob) -> ShardResult:
 def run_shards(spec: TaskSpec, jobs: tuple[ShardJob, ...]) -> list[ShardResult]:
     """``run_shard`` for each job in turn, each shard uploading on a thread while the next
     one is built (the PUT's send holds no GIL): one upload in flight, two shards in memory
-    at most. The first failure is raised once the upload in flight has ended."""
+    at most. The first failure is raised once the upload in flight has ended.
+
+    Done-records are looked up where the driver found one (``job.recorded``), and from the
+    run's first shard on until one is missing: a retried task's first try finished a prefix
+    of its run (uploads end in order), so a fresh run asks once per task, not per shard."""
     results: list[ShardResult] = []
+    retried = True  # until a shard of this run is found unfinished
     with ThreadPoolExecutor(1, thread_name_prefix="ff-upload") as uploads:
         pending: Future[ShardResult] | None = None
         for job in jobs:
-            built = _build(spec, job)
+            built = _build(spec, job, check=retried or job.recorded)
+            retried = retried and built.result.reused
             if pending is not None:
                 results.append(pending.result())
             pending = uploads.submit(_finish, spec, job, built)

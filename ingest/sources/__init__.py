@@ -20,7 +20,7 @@ from .base import (
     StorageContext,
     serial_map,
 )
-from .format import Listing, SourceFormat, SourceOption, SourceReader
+from .format import FolderFormat, Listing, SourceFormat, SourceOption, SourceReader
 from .imagefolder import IMAGEFOLDER
 from .lmdbsrc import LMDB
 from .tables import CSV, JSONL, PARQUET
@@ -56,7 +56,10 @@ FORMATS: dict[str, SourceFormat] = {
 
 def detect_format(url: str, ctx: StorageContext) -> str:
     """The source format from what lies at ``url``; a clear error when nothing fits."""
-    listing = Listing(url, ctx)
+    return _detect(url, Listing(url, ctx))
+
+
+def _detect(url: str, listing: Listing) -> str:
     for fmt in FORMATS.values():
         if fmt.detect(url, listing):
             return fmt.name
@@ -115,10 +118,15 @@ def scan_source(
 ) -> SourceScan:
     """List the source on the driver. ``mapper`` runs per-file scans (Ray in the runner);
     ``options`` are per-format options, ``{format: {option: value}}``."""
+    listing = None
     if fmt == "auto":
-        fmt = detect_format(url, ctx)
+        listing = Listing(url, ctx)
+        fmt = _detect(url, listing)
     if fmt not in FORMATS:
         raise ValueError(f"unknown source format {fmt!r}")
+    folder = FORMATS[fmt]
+    if listing is not None and isinstance(folder, FolderFormat):  # one walk, not two
+        return folder.scan_listed(url, ctx, listing)
     return FORMATS[fmt].scan(
         url,
         ctx,

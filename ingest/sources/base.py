@@ -159,7 +159,17 @@ def list_sized(url: str, ctx: StorageContext) -> list[tuple[str, int]]:
 def read(
     url: str, ctx: StorageContext, *, start: int | None = None, end: int | None = None
 ) -> bytes:
+    """The bytes of a source file, or the range ``[start, end)``. A whole local file is
+    read with one ``open``: fsspec's local layer costs about a third of a photo's read."""
+    if start is None and end is None and storage.is_local(url):
+        path = os.path.expanduser(url[7:] if url.startswith("file://") else url)
+        return storage.call(lambda: _read_file(path), url=url, what="read")
     return storage.read_bytes(url, start=start, end=end, storage_options=ctx.options(url))
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def read_listed(url: str, ctx: StorageContext) -> bytes:

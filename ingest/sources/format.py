@@ -48,20 +48,30 @@ class SourceReader(Protocol):
 
 
 class Listing:
-    """The files at a URL, listed once and only when a format's ``detect`` asks."""
+    """The files at a URL, listed once and only when a format's ``detect`` asks; a folder
+    format then scans the same listing instead of walking the source again."""
 
     def __init__(self, url: str, ctx: StorageContext) -> None:
         self.url = url
         self.ctx = ctx
+        self._sized: list[tuple[str, int]] | None = None
         self._paths: list[str] | None = None
+
+    @property
+    def sized(self) -> list[tuple[str, int]]:
+        """Every listed file with its size (``list_sized``); a missing or empty source is
+        an error."""
+        if self._sized is None:
+            self._sized = list_sized(self.url, self.ctx)
+            if not self._sized:
+                raise missing_source(self.url)
+        return self._sized
 
     @property
     def paths(self) -> list[str]:
         """Every listed path, lowercased; a missing or empty source is an error."""
         if self._paths is None:
-            self._paths = [p.lower() for p, _ in list_sized(self.url, self.ctx)]
-            if not self._paths:
-                raise missing_source(self.url)
+            self._paths = [p.lower() for p, _ in self.sized]
         return self._paths
 
     def any_endswith(self, suffixes: tuple[str, ...]) -> bool:
@@ -119,7 +129,7 @@ class FolderFormat:
 
     name: str
     field_of: Callable[[str], str | None]
-    scan_fn: Callable[[str, StorageContext], SourceScan]
+    scan_fn: Callable[[str, StorageContext, list[tuple[str, int]] | None], SourceScan]
     read_fn: ReadFn
     options: tuple[SourceOption, ...] = ()
 
@@ -135,7 +145,11 @@ class FolderFormat:
         options: dict[str, str],
         mapper: Mapper,
     ) -> SourceScan:
-        return self.scan_fn(url, ctx)
+        return self.scan_fn(url, ctx, None)
+
+    def scan_listed(self, url: str, ctx: StorageContext, listing: Listing) -> SourceScan:
+        """The scan over files already listed (by format detection)."""
+        return self.scan_fn(url, ctx, listing.sized)
 
     def open_reader(self, shared: dict[str, Any]) -> SourceReader:
         return FunctionReader(self.read_fn, shared)

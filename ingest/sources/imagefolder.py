@@ -31,13 +31,17 @@ def image_field(name: str) -> str | None:
     return "jpg" if ext == "jpeg" else ext
 
 
-def scan_imagefolder(url: str, ctx: StorageContext) -> SourceScan:
-    files = list_sized(url, ctx)
+def scan_imagefolder(
+    url: str, ctx: StorageContext, files: list[tuple[str, int]] | None = None
+) -> SourceScan:
+    """Items and labels of an ImageFolder; ``files``: its listing when already made."""
+    files = list_sized(url, ctx) if files is None else files
     if not files:
         raise missing_source(url)
+    root = source_root(url)
     entries: list[tuple[str, str, str, int]] = []
     for path, size in files:
-        rel = relative_key(path, source_root(url))
+        rel = relative_key(path, root)
         parts = rel.split("/")
         field = image_field(rel)
         if len(parts) < 2 or field is None or any(p.startswith(".") for p in parts):

@@ -32,8 +32,11 @@ def video_field(name: str) -> str | None:
     return ext if ext in VIDEO_EXTS else None
 
 
-def scan_videofolder(url: str, ctx: StorageContext) -> SourceScan:
-    files = list_sized(url, ctx)
+def scan_videofolder(
+    url: str, ctx: StorageContext, files: list[tuple[str, int]] | None = None
+) -> SourceScan:
+    """Items of a folder of videos; ``files``: its listing when already made."""
+    files = list_sized(url, ctx) if files is None else files
     if not files:
         raise missing_source(url)
     root = source_root(url)

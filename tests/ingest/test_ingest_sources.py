@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 import tarfile
 from pathlib import Path
 
@@ -232,3 +233,37 @@ def test_real_tgz_shard_from_others_becomes_loadable(
     assert ds.manifest.schema == {"cls": "int", "png": "image/png"}
     assert sorted(f["png"] for _, f in ds) == pngs
     assert ds.read_index(0)  # every shard has its DALI index
+
+
+@pytest.mark.parametrize("kind", ["images", "videos"])
+def test_detected_folder_source_is_walked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Format detection lists the source; a folder format then scans that listing (one walk
+    of a bucket of a million images, not two), with the scan an explicit format gives."""
+    from flashfeed.ingest.sources import StorageContext, base, scan_source
+
+    if kind == "images":
+        src, fmt = make_imagefolder(tmp_path / "src", classes=3, per_class=4), "imagefolder"
+    else:
+        src, fmt = tmp_path / "src", "videofolder"
+        for i in range(3):
+            (src / f"d{i}").mkdir(parents=True)
+            (src / f"d{i}" / f"clip{i}.webm").write_bytes(b"\x1a\x45\xdf\xa3" + bytes(i + 1))
+    ctx = StorageContext.resolve(None)
+    walks: list[str] = []
+    real = base.list_sized
+
+    def counted(url: str, c: StorageContext) -> list[tuple[str, int]]:
+        walks.append(url)
+        return real(url, c)
+
+    for module in (base, sys.modules[f"flashfeed.ingest.sources.{fmt}"]):
+        monkeypatch.setattr(module, "list_sized", counted)
+    monkeypatch.setattr(sys.modules["flashfeed.ingest.sources.format"], "list_sized", counted)
+    detected = scan_source(str(src), "auto", ctx)
+    assert walks == [str(src)] and detected.format == fmt
+    explicit = scan_source(str(src), fmt, ctx)
+    assert len(walks) == 2
+    assert detected.items == explicit.items and detected.fields == explicit.fields
+    assert len(detected.items) == (12 if kind == "images" else 3)

@@ -180,3 +180,24 @@ def test_decode_check_refuses_exactly_what_a_full_decode_refuses() -> None:
 def test_content_hash_ignores_label_only() -> None:
     assert content_hash({"jpg": b"x", "cls": 1}) == content_hash({"jpg": b"x", "cls": 2})
     assert content_hash({"jpg": b"x"}) != content_hash({"jpg": b"y"})
+
+
+def test_local_source_reads_equal_fsspec_and_fail_the_same(tmp_path) -> None:
+    """A whole local file is read without fsspec: the same bytes for a path and a file://
+    URL, a vanished file is a counted skip, a directory one clear error naming it."""
+    from flashfeed import storage
+    from flashfeed.errors import StorageError
+    from flashfeed.ingest.sources.base import StorageContext, read, read_listed
+
+    ctx = StorageContext.resolve(None)
+    data = bytes(range(256)) * 400 + b"tail"
+    path = tmp_path / "a.jpg"
+    path.write_bytes(data)
+    assert read(str(path), ctx) == data == read(f"file://{path}", ctx)
+    assert read(str(path), ctx) == storage.read_bytes(str(path))
+    assert read(str(path), ctx, start=3, end=9) == data[3:9]
+    with pytest.raises(Reject) as gone:
+        read_listed(str(tmp_path / "gone.jpg"), ctx)
+    assert gone.value.reason == "missing_media"
+    with pytest.raises(StorageError, match=r"could not read .*Is a directory"):
+        read(str(tmp_path), ctx)
