@@ -93,9 +93,10 @@ def _node_stream(
     for k in range(len(windows) - 1):
         a, b = int(windows[k]), int(windows[k + 1])
         mix = _rng(options.seed, _SALT_WINDOW, epoch, node, k).permutation(b - a)
-        if k == 0 and epoch == 0 and options.arrival_slices > 1:
-            first = int(np.searchsorted(bounds, b))  # the pieces of window 0
-            part = _slices(lengths[:first], options.arrival_slices, options.arrival_spacing)
+        sliced = k == 0 or options.arrival_windows == "all"
+        if sliced and epoch == 0 and options.arrival_slices > 1:
+            lo, hi = int(np.searchsorted(bounds, a)), int(np.searchsorted(bounds, b))
+            part = _slices(lengths[lo:hi], options.arrival_slices, options.arrival_spacing)
             mix = mix[np.argsort(part[mix], kind="stable")]
         ids[a:b], per_sample[a:b] = ids[a:b][mix], per_sample[a:b][mix]
     return _Stream(ids, per_sample, windows)

@@ -9,6 +9,7 @@ import numpy as np
 
 __all__ = [
     "ARRIVAL_SPACINGS",
+    "ARRIVAL_WINDOWS",
     "EpochPlan",
     "PlanOptions",
     "RankPlan",
@@ -19,6 +20,8 @@ __all__ = [
 
 #: how the first window's arrival slices are spaced (``PlanOptions.arrival_spacing``)
 ARRIVAL_SPACINGS = ("doubling", "even")
+#: which windows of the first epoch are read in arrival slices (``PlanOptions.arrival_windows``)
+ARRIVAL_WINDOWS = ("all", "first")
 
 
 def check_int(name: str, value: object, *, low: int) -> int:
@@ -42,9 +45,13 @@ class PlanOptions:
     ``seed``: the run's seed (>= 0); ``shuffle``: permute shards and mix samples; ``window``:
     shard pieces whose samples are mixed together; ``drop_last``: drop the surplus that would
     make ranks unequal (else short ranks repeat samples); ``arrival_slices``: the first epoch's
-    first window is served front to back in this many slices of each shard piece, shuffled
-    inside each slice, so its first batches need only the first bytes of each shard to arrive
-    from storage (1 = the plain window shuffle, the order of states saved before this option);
+    windows are served front to back in this many slices of each shard piece, shuffled
+    inside each slice, so a window's first batches need only the first bytes of each of its
+    shards to arrive from storage (1 = the plain window shuffle, the order of states saved
+    before this option); ``arrival_windows``: which windows of the first epoch are sliced,
+    ``"all"`` (a cold epoch never waits for a whole window to land: only the last slice of
+    the last window is read after its bytes landed) or ``"first"`` (only window 0, the order
+    of states saved before this option; later windows shuffled whole);
     ``arrival_spacing``: where the slices end. ``"doubling"``: each slice is as long as all
     before it (the first ``1/2**(n-1)`` of the piece, then up to twice that, ..., the back
     half last), so the first batches need only the very front while most of the window still
@@ -57,6 +64,7 @@ class PlanOptions:
     drop_last: bool = True
     arrival_slices: int = 8
     arrival_spacing: str = "doubling"
+    arrival_windows: str = "all"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", check_int("seed", self.seed, low=0))
@@ -67,6 +75,10 @@ class PlanOptions:
             raise ValueError(
                 f"arrival_spacing must be one of {ARRIVAL_SPACINGS}, got {self.arrival_spacing!r}"
             )
+        if self.arrival_windows not in ARRIVAL_WINDOWS:
+            raise ValueError(
+                f"arrival_windows must be one of {ARRIVAL_WINDOWS}, got {self.arrival_windows!r}"
+            )
         object.__setattr__(self, "shuffle", _check_bool("shuffle", self.shuffle))
         object.__setattr__(self, "drop_last", _check_bool("drop_last", self.drop_last))
 
@@ -74,7 +86,7 @@ class PlanOptions:
         return (
             f"seed {self.seed}, shuffle {self.shuffle}, window {self.window}, "
             f"drop_last {self.drop_last}, arrival_slices {self.arrival_slices} "
-            f"({self.arrival_spacing})"
+            f"({self.arrival_spacing}, {self.arrival_windows} windows)"
         )
 
 

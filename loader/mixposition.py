@@ -21,7 +21,14 @@ from flashfeed.plan import PlanOptions, RankPlan, Topology
 
 from .distributed import DistContext
 from .mixsource import MixtureDataset
-from .position import STATE_VERSION, _arrival_slices, _arrival_spacing, _field, _segments
+from .position import (
+    STATE_VERSION,
+    _arrival_slices,
+    _arrival_spacing,
+    _arrival_windows,
+    _field,
+    _segments,
+)
 
 __all__ = ["COUNT_AHEAD", "MixPosition"]
 
@@ -179,6 +186,7 @@ class MixPosition:
             "window": self.options.window,
             "arrival_slices": self.options.arrival_slices,
             "arrival_spacing": self.options.arrival_spacing,
+            "arrival_windows": self.options.arrival_windows,
             "epoch": p.epoch,
             "world_size": t.world_size,
             "ranks_per_node": t.rpn,
@@ -225,6 +233,7 @@ class MixPosition:
             window=_field(state, "window", int),
             arrival_slices=_arrival_slices(state),
             arrival_spacing=_arrival_spacing(state),
+            arrival_windows=_arrival_windows(state),
         )
         if options != self.options:
             self._plan(options)

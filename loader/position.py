@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.plan import PlanOptions, RankPlan, Segment, Topology, rank_plan
-from flashfeed.plantypes import ARRIVAL_SPACINGS
+from flashfeed.plantypes import ARRIVAL_SPACINGS, ARRIVAL_WINDOWS
 
 from .distributed import DistContext
 
@@ -118,6 +118,7 @@ class Position:
             "window": self.options.window,
             "arrival_slices": self.options.arrival_slices,
             "arrival_spacing": self.options.arrival_spacing,
+            "arrival_windows": self.options.arrival_windows,
             "epoch": self.epoch,
             "world_size": t.world_size,
             "ranks_per_node": t.rpn,
@@ -155,6 +156,7 @@ class Position:
             window=_field(state, "window", int),
             arrival_slices=_arrival_slices(state),
             arrival_spacing=_arrival_spacing(state),
+            arrival_windows=_arrival_windows(state),
         )
         epoch = _field(state, "epoch", int)
         if epoch < 0:
@@ -198,6 +200,17 @@ def _arrival_spacing(state: dict[str, Any]) -> str:
     if value not in ARRIVAL_SPACINGS:
         raise ValueError(
             f"state field 'arrival_spacing' must be one of {ARRIVAL_SPACINGS}, got {value!r}"
+        )
+    return str(value)
+
+
+def _arrival_windows(state: dict[str, Any]) -> str:
+    """The state's ``arrival_windows``; a state saved before the option sliced only the first
+    epoch's first window, which is ``"first"``."""
+    value = state.get("arrival_windows", "first")
+    if value not in ARRIVAL_WINDOWS:
+        raise ValueError(
+            f"state field 'arrival_windows' must be one of {ARRIVAL_WINDOWS}, got {value!r}"
         )
     return str(value)
 

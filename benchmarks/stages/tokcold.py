@@ -21,8 +21,9 @@ interleaved, the order rotating each round:
   bound          (derived) the ceiling's seconds + the local epoch's last window's: the plan
                  shuffles the rows of a window of shards together, so the first batch of the
                  last window waits for nearly all of it, and no loader reads that window
-                 while it downloads (a first window, read in arrival slices, its last
-                 slice); what a cold epoch can reach in this round
+                 while it downloads; a window read in arrival slices (every window of the
+                 first epoch, ``--arrival-windows all``, the default; or only the first),
+                 only its last slice; what a cold epoch can reach in this round
 
 A run is a whole epoch: bytes of token rows delivered / seconds from creating the loader to
 its last batch; ``--step-ms`` adds a training step per batch (sleep: the CPU is free meanwhile,
@@ -122,6 +123,8 @@ def epoch(
     loader = TokenLoader(
         url, batch_size=args.batch, dtype=None, device="cpu", cache_dir=cache_dir, seed=args.seed
     )
+    if loader.state_dict()["arrival_windows"] != args.arrival_windows:
+        loader.load_state_dict({**loader.state_dict(), "arrival_windows": args.arrival_windows})
     times = []
     for _ in loader:
         times.append(time.perf_counter() - t0)
@@ -161,10 +164,12 @@ def last_landed(cache_dir: str) -> float:
 def last_window_batch(args: argparse.Namespace, options: Any, batches: int) -> int:
     """The first batch of what the plan shuffles together last: its last window (the
     shards are of equal rows, a window holds ``options.window`` of them, the last one what
-    is left), or, when that is the first epoch's first window, read front to back in
-    arrival slices, that window's last slice (``flashfeed/planstreams.py``)."""
+    is left), or, when the first epoch reads that window front to back in arrival slices
+    (every window: ``arrival_windows="all"``; else only the first), that window's last
+    slice (``flashfeed/planstreams.py``)."""
     share = (args.shards - options.window * ((args.shards - 1) // options.window)) / args.shards
-    if args.shards <= options.window and options.arrival_slices > 1:
+    sliced = args.shards <= options.window or options.arrival_windows == "all"
+    if sliced and options.arrival_slices > 1:
         doubling = options.arrival_spacing == "doubling"
         share *= 0.5 if doubling else 1 / options.arrival_slices
     return min(batches - 1, round(batches * (1 - share)))
@@ -191,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=0.0, help="a training step per batch")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--arrival-windows",
+        choices=("all", "first"),
+        default="all",
+        help="the first epoch's windows read in arrival slices (PlanOptions.arrival_windows)",
+    )
     p.add_argument("--out", default=".bench/tokcold.json")
     args = p.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="fftokcold-", dir="/tmp"))
@@ -231,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\ntoken cold start, {args.shards} shards x {args.shard_mib} MiB ({total / 1e6:.0f} MB), "
         f"record batches {args.batch_mib:g} MiB, batch {args.batch} x {args.seq_len} "
-        f"{args.dtype}, step {args.step_ms:g} ms, whole epochs, median of {args.rounds} rounds"
+        f"{args.dtype}, step {args.step_ms:g} ms, arrival windows {args.arrival_windows}, "
+        f"whole epochs, median of {args.rounds} rounds"
     )
     print(f"{'run':<12} {'GB/s':>8} {'of local':>9} {'of ceiling':>11} {'of bound':>9} "
           f"{'first batch s':>14} {'streamed':>11} {'tail s':>7} {'CPU s':>6}")  # fmt: skip
@@ -249,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{tail} {m['cpu_s']:>6.2f}")  # fmt: skip
     print(
         "bound: the ceiling's seconds + the local epoch's last window's (that window's rows "
-        "are shuffled together: read once all of it has landed); tail: seconds after the "
-        "last byte landed"
+        "are shuffled together: read once all of it has landed; in arrival slices, its last "
+        "slice's); tail: seconds after the last byte landed"
     )
     out: dict[str, Any] = {
         "config": vars(args),

@@ -237,3 +237,43 @@ def test_a_shuffled_first_batch_is_served_before_its_shards_are_complete(
     slack = 4 * len(first_shards)  # parts taken before a shard's index had arrived
     assert last_needed < len(first) + slack < len(asked) // 2
     cache.close()
+
+
+def _shard_parts_need(windows: str) -> tuple[list[list[int]], list[list[float]]]:
+    """The second window's shards of a first epoch and each one's part priorities, derived
+    as the loader's read-ahead derives them (``StreamFeeder._tell_need``: the plan's pass
+    order, each sample's batch), 100 samples of 1 KiB per shard, 10 KiB parts."""
+    import numpy as np
+
+    from flashfeed.plan import PlanOptions, Topology, rank_plan
+
+    sizes = np.array([100] * 8)
+    options = PlanOptions(seed=3, window=4, arrival_windows=windows)
+    ids = rank_plan(sizes, options=options, epoch=0, topology=Topology(1), rank=0).samples
+    order = make_pass_order(ids, sizes, batch_size=10, drop_last=True)
+    shards, first = order.shard_order()
+    later = shards[4:]  # window 1: the shards first needed after window 0's
+    index = [_sample(1024 * r, 1024) for r in range(100)]
+    out = []
+    for shard in later:
+        pos = np.flatnonzero(order.shards == shard)
+        need = ShardNeed.build(order.rows[pos], order.batch_of(pos))
+        out.append(part_priorities(index, need, size=102400, part_size=10240).tolist())
+    return [later, first[4:]], out
+
+
+def test_every_first_epoch_window_asks_the_front_of_its_shards_first():
+    """With every window of the first epoch in arrival slices the need order of a later
+    window's shards, which the fill follows, asks the front part of each of them before any
+    shard's back half; a window shuffled whole needs every part from its first batches."""
+    (_, first_batches), every = _shard_parts_need("all")
+    window_start = min(first_batches)
+    fronts = [p[0] for p in every]
+    backs = [min(p[5:]) for p in every]  # the back half of each shard
+    assert max(fronts) < min(backs), (fronts, backs)
+    assert max(fronts) - window_start < 3  # the window's first batches need only fronts
+    (_, first_batches), whole = _shard_parts_need("first")
+    window_start = min(first_batches)
+    # shuffled whole: within its first 3 batches (30 samples of 400) most parts are needed
+    assert sum(p - window_start < 3 for parts in whole for p in parts) > 10
+    assert min(min(p[5:]) for p in whole) - window_start < 3

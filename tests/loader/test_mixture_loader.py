@@ -383,3 +383,17 @@ def test_prometheus_labels_series_by_source(corpora):
                     f'source="{name}"' in x)  # fmt: skip
         assert float(line.rsplit(" ", 1)[1]) == sum(k.startswith(name + ":") for k in keys)
     assert "flashfeed_source_storage_wait_seconds_total{" in body
+
+
+def test_mixture_states_record_the_arrival_windows_and_old_ones_keep_the_first(corpora):
+    state = _stop(TokenLoader(_mix(corpora, length=200), batch_size=4), 2)[1]
+    assert state["arrival_windows"] == "all"  # the default, saved
+    loader = TokenLoader(_mix(corpora, length=200), batch_size=4)
+    loader.load_state_dict(state)
+    assert loader.position.options.arrival_windows == "all"
+    old = {k: v for k, v in state.items() if k != "arrival_windows"}  # saved before the option
+    loader.load_state_dict(old)
+    assert loader.position.options.arrival_windows == "first"
+    assert loader.state_dict()["arrival_windows"] == "first"
+    with pytest.raises(ValueError, match="state field 'arrival_windows' must be one of"):
+        loader.load_state_dict({**state, "arrival_windows": "every"})
