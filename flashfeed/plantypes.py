@@ -49,9 +49,11 @@ class PlanOptions:
     inside each slice, so a window's first batches need only the first bytes of each of its
     shards to arrive from storage (1 = the plain window shuffle, the order of states saved
     before this option); ``arrival_windows``: which windows of the first epoch are sliced,
-    ``"all"`` (a cold epoch never waits for a whole window to land: only the last slice of
-    the last window is read after its bytes landed) or ``"first"`` (only window 0, the order
-    of states saved before this option; later windows shuffled whole);
+    ``"first"`` (only window 0; later windows shuffled whole: the default, and the order of
+    states saved before this option) or ``"all"`` (a cold epoch never waits for a whole
+    window to land: only the last slice of the last window is read after its bytes landed;
+    but on shards sorted by class inside, every window then mixes as little as the first,
+    so it is opt-in);
     ``arrival_spacing``: where the slices end. ``"doubling"``: each slice is as long as all
     before it (the first ``1/2**(n-1)`` of the piece, then up to twice that, ..., the back
     half last), so the first batches need only the very front while most of the window still
@@ -64,7 +66,7 @@ class PlanOptions:
     drop_last: bool = True
     arrival_slices: int = 8
     arrival_spacing: str = "doubling"
-    arrival_windows: str = "all"
+    arrival_windows: str = "first"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seed", check_int("seed", self.seed, low=0))

@@ -33,7 +33,9 @@ class SharedKeywords(TypedDict, total=False):
     ``cache_dir``/``cache``/``source``/``storage_options``: where shard bytes come from;
     ``rank``/``world_size``/``ranks_per_node``: this process's place in the job (default:
     torch.distributed, then the launcher's environment); ``seed``/``shuffle``/``drop_last``/
-    ``window``: the plan; ``readahead``/``readahead_budget``: how far ahead of need shards
+    ``window``/``arrival_windows``: the plan (``arrival_windows="all"``: every window of the
+    first epoch read front to back in arrival slices, for a faster cold first epoch;
+    ``PlanOptions``); ``readahead``/``readahead_budget``: how far ahead of need shards
     are fetched (``"auto"``: from the measured fetch time and batch rate; an int: that many
     shards; never more bytes than the budget, default half the cache up to 4 GiB);
     ``ledger_dir``/``stats_log``/``prometheus_port``/
@@ -49,6 +51,7 @@ class SharedKeywords(TypedDict, total=False):
     shuffle: bool
     drop_last: bool
     window: int
+    arrival_windows: str
     readahead: int | str
     readahead_budget: int | str | None
     cache: Any
@@ -118,6 +121,7 @@ def _build(
     shuffle: bool = True,
     drop_last: bool = True,
     window: int = 4,
+    arrival_windows: str = "first",
     readahead: int | str = "auto",
     readahead_budget: int | str | None = None,
     cache: Any = None,
@@ -133,7 +137,10 @@ def _build(
     anything is opened, the source after the dataset (it needs its shard table)."""
     shards_ahead = readahead_shards(readahead)
     telemetry = Telemetry(ledger_dir, stats_log, prometheus_port, prometheus_addr)
-    options = PlanOptions(seed=seed, shuffle=shuffle, drop_last=drop_last, window=window)
+    options = PlanOptions(
+        seed=seed, shuffle=shuffle, drop_last=drop_last, window=window,
+        arrival_windows=arrival_windows,
+    )  # fmt: skip
     ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
     if isinstance(dataset, Mixture) or is_mixture_file(dataset):
         mixture = load_mixture(dataset)  # type: ignore[arg-type]

@@ -121,10 +121,9 @@ def epoch(
         bg = ThreadPoolExecutor(1, thread_name_prefix="download")
         landed = bg.submit(download, args.stream_url, beside)
     loader = TokenLoader(
-        url, batch_size=args.batch, dtype=None, device="cpu", cache_dir=cache_dir, seed=args.seed
-    )
-    if loader.state_dict()["arrival_windows"] != args.arrival_windows:
-        loader.load_state_dict({**loader.state_dict(), "arrival_windows": args.arrival_windows})
+        url, batch_size=args.batch, dtype=None, device="cpu", cache_dir=cache_dir,
+        seed=args.seed, arrival_windows=args.arrival_windows,
+    )  # fmt: skip
     times = []
     for _ in loader:
         times.append(time.perf_counter() - t0)
@@ -199,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--arrival-windows",
         choices=("all", "first"),
-        default="all",
-        help="the first epoch's windows read in arrival slices (PlanOptions.arrival_windows)",
+        default="first",
+        help="the first epoch's windows read in arrival slices (the loaders' arrival_windows=; "
+        "default: theirs)",
     )
     p.add_argument("--out", default=".bench/tokcold.json")
     args = p.parse_args(argv)

@@ -53,13 +53,14 @@ def test_the_bound_waits_for_what_the_plan_shuffles_together_last() -> None:
     assert last_window_batch(Namespace(shards=10), plain, 1000) == 800  # 2 shards left
     # one window, the first epoch's first: read in arrival slices, the back half last
     assert last_window_batch(Namespace(shards=2), plain, 4096) == 2048
-    # every window of the first epoch in arrival slices (the default): the last window's
-    # back half, read after its bytes landed
-    every = PlanOptions(window=4)
+    # every window of the first epoch in arrival slices (opt-in): the last window's back
+    # half, read after its bytes landed
+    every = PlanOptions(window=4, arrival_windows="all")
     assert last_window_batch(Namespace(shards=8), every, 4096) == 3072
     assert last_window_batch(Namespace(shards=10), every, 1000) == 900
     assert last_window_batch(Namespace(shards=2), every, 4096) == 2048
-    even = PlanOptions(window=4, arrival_spacing="even")
+    assert PlanOptions(window=4) == plain  # the default slices the first window only
+    even = PlanOptions(window=4, arrival_spacing="even", arrival_windows="all")
     assert last_window_batch(Namespace(shards=4), even, 800) == 700
     whole = PlanOptions(window=4, arrival_slices=1)
     assert last_window_batch(Namespace(shards=4), whole, 800) == 0

@@ -214,7 +214,9 @@ def test_arrival_slices_is_checked_and_saved_and_old_states_keep_their_order(tmp
     with pytest.raises(ValueError, match="arrival_slices must be >= 1, got 0"):
         PlanOptions(arrival_slices=0)
     make_image_dataset(str(tmp_path / "ds"), [40, 40, 40], size=16)
-    loader = Loader(str(tmp_path / "ds"), batch_size=8, image_size=16, py_workers=1)
+    loader = Loader(
+        str(tmp_path / "ds"), batch_size=8, image_size=16, py_workers=1, arrival_windows="all"
+    )
     state = loader.state_dict()
     assert state["arrival_slices"] == 8  # the default
     assert state["arrival_spacing"] == "doubling"  # the default
@@ -248,7 +250,8 @@ def test_arrival_slices_is_checked_and_saved_and_old_states_keep_their_order(tmp
     with pytest.raises(ValueError, match="'arrival_spacing' must be one of"):
         position.load_state_dict({**state, "arrival_spacing": "odd"})
     # a state saved before arrival_windows sliced only the first epoch's first window
-    assert state["arrival_windows"] == "all"  # the default
+    assert state["arrival_windows"] == "all"  # the keyword's (the default is "first")
+    assert PlanOptions().arrival_windows == "first"
     with pytest.raises(ValueError, match=r"arrival_windows must be one of .*got 'last'"):
         PlanOptions(arrival_windows="last")
     assert position.load_state_dict(sliced).arrival_windows == "all"

@@ -386,8 +386,12 @@ def test_prometheus_labels_series_by_source(corpora):
 
 
 def test_mixture_states_record_the_arrival_windows_and_old_ones_keep_the_first(corpora):
-    state = _stop(TokenLoader(_mix(corpora, length=200), batch_size=4), 2)[1]
-    assert state["arrival_windows"] == "all"  # the default, saved
+    default = TokenLoader(_mix(corpora, length=200), batch_size=4)
+    assert default.state_dict()["arrival_windows"] == "first"  # the default, saved
+    default.close()
+    chosen = TokenLoader(_mix(corpora, length=200), batch_size=4, arrival_windows="all")
+    state = _stop(chosen, 2)[1]
+    assert state["arrival_windows"] == "all"  # the keyword's, saved
     loader = TokenLoader(_mix(corpora, length=200), batch_size=4)
     loader.load_state_dict(state)
     assert loader.position.options.arrival_windows == "all"
