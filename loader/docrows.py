@@ -10,6 +10,7 @@ quarter of its outputs; here those steps are a ``searchsorted`` and the kernel's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -225,6 +226,17 @@ def streams(nbytes: int) -> bool:
 _NONE2 = np.empty((0, 0), np.int64)
 
 
+@functools.cache
+def _wanted(outputs: tuple[str, ...]) -> tuple[int, tuple[str, ...], tuple[str, ...]]:
+    """The kernel's bits for ``outputs``, the (B, L) ones among them in kernel order, and
+    all of them in ``DOC_OUTPUTS`` order (a batch's): worked out once per set of outputs."""
+    names = tuple(n for n in _ROW_BITS if n in outputs)
+    want = TOKENS
+    for name in names:
+        want |= _ROW_BITS[name]
+    return want, names, tuple(n for n in DOC_OUTPUTS if n in outputs)
+
+
 def row_outputs(
     table: DocRows,
     shards: np.ndarray,
@@ -242,20 +254,17 @@ def row_outputs(
     B, L = tokens.shape
     if table.like.shape[1] != L or not tokens.flags.c_contiguous:
         raise ValueError(f"tokens: a C-contiguous ({B}, {table.like.shape[1]}) buffer")
-    if "document_offsets" in outputs and table.width < 3:
+    if table.width < 3 and "document_offsets" in outputs:
         raise ValueError("document_offsets needs the segments' starts")
-    bufs = {n: alloc((B, L), np.dtype(np.int64)) for n in _ROW_BITS if n in outputs}
-    want = TOKENS
-    arrays = []
-    for name, bit in _ROW_BITS.items():
-        if name in bufs:
-            want |= bit
-        arrays.append(bufs.get(name, _NONE2))
+    want, names, order = _wanted(tuple(outputs))
+    shape, wide = (B, L), np.dtype(np.int64)
+    bufs = [alloc(shape, wide) for _ in names]
+    arrays: dict[str, Any] = dict(zip(names, bufs, strict=True))
     shards, rows = np.ascontiguousarray(shards, np.int64), np.ascontiguousarray(rows, np.int64)
-    stream = streams(tokens.nbytes + sum(b.nbytes for b in bufs.values()))
+    stream = streams(tokens.nbytes + B * L * 8 * len(bufs))
     cu, longest, error, at, value = _fill_rows_jit(
         table.like, shards, rows, table.firsts, table.info, table.width, want, stream, tokens,
-        *arrays,
+        *[arrays.get(n, _NONE2) for n in _ROW_BITS],
     )  # fmt: skip
     if error in (1, 2):
         row = f"{where()}: row {int(rows[at])} of shard number {int(shards[at])}"
@@ -268,15 +277,11 @@ def row_outputs(
             f"{where()}: the document columns do not fit the rows (segments of {value} tokens "
             f"in a row of {L}, or an empty segment)"
         )
-    out: dict[str, Any] = {}
     if "cu_seqlens" in outputs:  # small, and its length changes: not from the pools
-        out["cu_seqlens"] = cu
+        arrays["cu_seqlens"] = cu
     if "max_seqlen" in outputs:
-        out["max_seqlen"] = int(longest)
-    for name in DOC_OUTPUTS:
-        if name in bufs:
-            out[name] = bufs[name]
-    return out
+        arrays["max_seqlen"] = int(longest)
+    return {n: arrays[n] for n in order}
 
 
 def warm_rows(rows: np.dtype, tokens: np.dtype) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DOC_OUTPUTS", "Batch", "TokenLoader", "default_max_open"]
 
+#: the (B, L) int64 document outputs, each a plane of a CPU batch's pooled block
+_PLANES = ("position_ids", "document_ids", "labels", "document_offsets")
 _DTYPES = {"int64", "int32", "int16", "uint16", "uint32", "int8", "uint8"}
 
 #: one batch: column -> (batch, seq_len) tensor, and ``"__key__"``: each row's
@@ -105,6 +107,12 @@ class TokenLoader(PlannedLoader):
         self.columns = tuple(columns)
         self.outputs = check_outputs(outputs, self.columns, self.dataset)
         self.dtype = dtype
+        self._dtype = np.dtype(dtype) if dtype else None
+        #: columns gathered row by row (with ``outputs``, the kernel writes the tokens)
+        self._gathered = [c for c in self.columns if not self.outputs or c != "tokens"]
+        #: the (B, L) int64 outputs of a document batch (``_output_buffers``)
+        self._planes = sum(n in self.outputs for n in _PLANES)
+        self._fill: Any = None  # ``docrows.row_outputs``, imported by the first document batch
         self.device = batch_device(device)
         self.pin_memory = self.device is not None if pin_memory is None else pin_memory
         #: pinned staging buffers and the events of the copies in flight (GPU only)
@@ -228,7 +236,7 @@ class TokenLoader(PlannedLoader):
         opened = self._open_all(need)
         table = self._row_table(opened)
         out: dict[str, Any] = dict.fromkeys(self.columns)
-        gathered = [c for c in self.columns if not self.outputs or c != "tokens"]
+        gathered = self._gathered
         if gathered and not table.several:
             at = list(zip(sl, itertools.repeat(0), rows.tolist()))
         elif gathered:  # some shard holds several record batches: (shard, record batch, row)
@@ -237,7 +245,7 @@ class TokenLoader(PlannedLoader):
         for col in gathered:
             arrays = table.columns[col]  # shard -> its record batches' views of ``col``
             shape, stored, _ = self._row_types[col]  # every row's (_check_row_types)
-            dtype = np.dtype(self.dtype) if self.dtype else stored
+            dtype = self._dtype or stored
             buf = self._buffer((len(sl), *shape), dtype)
             # rows are gathered at their stored width, then widened in one contiguous pass
             rows_at = buf if dtype == stored else self._narrow(col, buf.shape, stored)
@@ -246,28 +254,48 @@ class TokenLoader(PlannedLoader):
                 np.copyto(buf, rows_at, casting="unsafe")
             out[col] = buf
         keys = table.keys(sl, rows)
-        if self.outputs and len(opened) != len(need):  # the batch's shards alone
-            opened = {s: opened[s] for s in need}
         if self.outputs:
-            from .docrows import DocRows, row_outputs  # numba: imported on first use
-
-            if self._warm is not None:
-                self._warm.wait()  # what is left of the compile (its error, if it failed)
-                self._warm = None
-            docs = self._docs
-            if docs is None or docs[0] is not table:  # the open shards changed
-                docs = self._docs = (table, DocRows(self._views if table is self._rows else opened))
-            like = docs[1].like
-            dtype = np.dtype(self.dtype) if self.dtype else like.dtype
-            out["tokens"] = self._buffer((len(sl), like.shape[1]), dtype)
-
-            def where() -> str:
-                return f"a batch of {', '.join(sorted(o.view.name for o in opened.values()))}"
-
-            out.update(row_outputs(
-                docs[1], shards, rows, self.outputs, out["tokens"], self._buffer, where=where
-            ))  # fmt: skip
+            docs = self._doc_rows(table, opened, need)
+            tokens, alloc = self._output_buffers(len(sl), docs.like)
+            out["tokens"] = tokens
+            where = lambda: f"a batch of {', '.join(sorted(opened[s].view.name for s in need))}"  # noqa: E731
+            out.update(self._fill(docs, shards, rows, self.outputs, tokens, alloc, where=where))
         return out, keys
+
+    def _doc_rows(
+        self, table: RowTable, opened: Mapping[int, _OpenShard], need: dict[int, None]
+    ) -> DocRows:
+        """The ``DocRows`` of the open shards, remade with their ``RowTable`` (of the
+        batch's shards alone when the table is not the loader's)."""
+        docs = self._docs
+        if docs is not None and docs[0] is table:
+            return docs[1]
+        from .docrows import DocRows, row_outputs  # numba: imported on first use
+
+        if self._warm is not None:
+            self._warm.wait()  # what is left of the compile (its error, if it failed)
+            self._warm = None
+        self._fill = row_outputs
+        views = self._views if table is self._rows else {s: opened[s] for s in need}
+        self._docs = (table, DocRows(views))
+        return self._docs[1]
+
+    def _output_buffers(
+        self, batch: int, like: np.ndarray
+    ) -> tuple[np.ndarray, Callable[[tuple[int, ...], np.dtype], np.ndarray]]:
+        """A document batch's token buffer and the allocator of its (B, L) int64 outputs.
+        On the CPU pool path they are the planes of one pooled ``(n, B, L)`` int64 block
+        (the tokens too when they are int64): one pool look-up per batch, not one per
+        output; the block is reused once nothing refers to any of them (``HostPool``)."""
+        dtype = self._dtype or like.dtype
+        shape = (batch, like.shape[1])
+        if self.copier is not None or self.pin_memory:
+            return self._buffer(shape, dtype), self._buffer
+        wide = dtype == np.int64
+        block = self.host_pool.array((self._planes + wide, *shape), np.dtype(np.int64))
+        planes = iter(block)  # each plane a view that holds the block
+        tokens = next(planes) if wide else self._buffer(shape, dtype)
+        return tokens, lambda _shape, _dtype: next(planes)
 
     def _row_table(self, opened: Mapping[int, _OpenShard]) -> RowTable:
         """The ``RowTable`` of every open shard (they hold ``opened``), kept until a shard
@@ -316,16 +344,21 @@ class TokenLoader(PlannedLoader):
             self.copier.begin()
         arrays, keys = self._gather(order.shards[sl], order.rows[sl])
         t2 = time.perf_counter()
-        batch: Batch = {
-            c: a if isinstance(a, int) else self._to_device(torch.from_numpy(a))
-            for c, a in arrays.items()
-        }
+        batch: Batch = {}
+        nbytes = 0
+        for c, a in arrays.items():
+            if isinstance(a, int):  # max_seqlen
+                batch[c] = a
+            else:
+                nbytes += a.nbytes
+                t = torch.from_numpy(a)
+                batch[c] = t if self.device is None else self._to_device(t)
         batch[KEY] = keys
         h2d = time.perf_counter() - t2
         if self.copier is not None:
             self.copier.end()
             h2d = self.copier.take_h2d()  # GPU time of the copies finished so far
-        self.bytes_delivered += sum(a.nbytes for a in arrays.values() if not isinstance(a, int))
+        self.bytes_delivered += nbytes
         return Made(batch, keys, t2 - t1, h2d)
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:

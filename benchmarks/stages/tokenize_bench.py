@@ -12,6 +12,7 @@
              of the same number of bytes and a row gather: the same rows in the same order
              gathered into buffers reused batch after batch (so cache-resident at small
              batches), one per (B, L) array a batch delivers; not a limit of the loader
+             (and each loader's CPU microseconds per batch, its fixed cost at small batches)
 
 The corpus is real text found on the machine (package docs, changelogs, Python sources),
 one document per file or changelog entry (long files cut at 256 KiB), and a byte-level BPE
@@ -252,6 +253,9 @@ def _loader_rates(
     from flashfeed.loader import TokenLoader
 
     keys: list[list[str]] = []  # the timed pass's rows, for the row gather
+    #: CPU microseconds per batch of each timed pass: the loader's cost per batch, which a
+    #: machine loaded by others changes far less than it changes the wall clock
+    cpu_us: dict[tuple[str, ...], list[float]] = {}
 
     def epoch(outputs: tuple[str, ...]) -> tuple[float, int]:
         loader = TokenLoader(str(prefix), batch_size=batch_size, outputs=outputs, device="cpu")
@@ -259,10 +263,12 @@ def _loader_rates(
             pass
         before = loader.bytes_delivered
         keys.clear()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         for batch in loader:
             keys.append(batch["__key__"])  # type: ignore[arg-type]
-        return time.perf_counter() - t0, loader.bytes_delivered - before
+        secs = time.perf_counter() - t0
+        cpu_us.setdefault(outputs, []).append((time.process_time() - c0) / len(keys) * 1e6)
+        return secs, loader.bytes_delivered - before
 
     def memcpy(nbytes: int) -> float:
         src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
@@ -289,6 +295,9 @@ def _loader_rates(
         "rounds": rates,
         "of_memcpy": med["with document outputs"] / med["memcpy (same bytes)"],
         "of_row_gather": med["with document outputs"] / med[ROW_GATHER],
+        "cpu_us_per_batch": {
+            n: statistics.median(cpu_us[o]) for n, o in rows.items() if o in cpu_us
+        },
     }
 
 
@@ -382,13 +391,16 @@ def print_tables(result: dict[str, Any]) -> None:
         print(f"  {name:44s} {v:8.2f}")
     print(f"  {'with outputs / memcpy':44s} {lo['of_memcpy']:8.2f}")
     print(f"  {'with outputs / row gather (not a limit)':44s} {lo['of_row_gather']:8.2f}")
+    for name, us in lo["cpu_us_per_batch"].items():
+        print(f"  {'CPU us per batch, ' + name:44s} {us:8.1f}")
     for b, more in lo.get("by_batch_size", {}).items():
         rates = more["gb_per_s"]
         print(
             f"  batch {b:>5s}: with document outputs {rates['with document outputs']:6.2f}, "
             f"memcpy {rates['memcpy (same bytes)']:6.2f}, of memcpy {more['of_memcpy']:5.2f}, "
             f"row gather into reused buffers {rates[ROW_GATHER]:6.2f}, "
-            f"of it {more['of_row_gather']:5.2f}"
+            f"of it {more['of_row_gather']:5.2f}, "
+            f"CPU us/batch {more['cpu_us_per_batch']['with document outputs']:8.1f}"
         )
 
 

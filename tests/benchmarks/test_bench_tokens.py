@@ -78,3 +78,7 @@ def test_only_the_loader_table_at_more_batch_sizes(tmp_path: Path) -> None:
                                      "row gather into reused buffers, not a limit"}  # fmt: skip
     assert more["of_row_gather"] > 0
     assert all(v > 0 for v in more["gb_per_s"].values()) and more["of_memcpy"] > 0
+    # the CPU cost per batch of each timed loader, printed beside its rates
+    assert set(more["cpu_us_per_batch"]) == {"with document outputs"}
+    assert more["cpu_us_per_batch"]["with document outputs"] > 0 and "CPU us/batch" in proc.stdout
+    assert set(result["loader"]["cpu_us_per_batch"]) == {"tokens only", "with document outputs"}

@@ -295,3 +295,29 @@ def test_outputs_are_written_into_the_callers_buffers():
     assert out["cu_seqlens"].tolist() == [0, 3, 8, 14, 16, 24]
     assert out["cu_seqlens"].dtype == np.int32
     assert out["max_seqlen"] == 8
+
+
+@pytest.mark.parametrize("dtype", ["int64", None], ids=["int64", "stored"])
+def test_a_held_output_never_changes_and_dropped_batches_reuse_their_memory(packed, dtype):
+    # a CPU batch's (B, L) outputs share one pooled block: a view of one of them, held
+    # alone, must keep the whole block from the pool; batches dropped give it back
+    prefix, _ = packed
+
+    def loader() -> TokenLoader:
+        return TokenLoader(prefix, batch_size=4, seed=3, dtype=dtype, outputs=DOC_OUTPUTS)
+
+    names = ("tokens", "position_ids", "document_ids", "labels", "document_offsets")
+    ref = [{n: b[n].clone() for n in names} for b in loader()]
+    got = loader()
+    held = []
+    for k, batch in enumerate(got):
+        for n in names:
+            assert torch.equal(batch[n], ref[k][n]), (k, n)
+        if k % 3 == 0:
+            held.append((k, batch["labels"][1:], batch["tokens"][:, 2:]))
+        del batch
+    assert len(ref) > 6 and len(held) >= 3
+    for k, labels, tokens in held:
+        assert torch.equal(labels, ref[k]["labels"][1:]), k
+        assert torch.equal(tokens, ref[k]["tokens"][:, 2:]), k
+    assert got.host_pool.reused > 0
