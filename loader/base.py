@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -19,7 +18,7 @@ from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
 from .sources import reads_in_place
-from .stats import BatchTiming, StatsRecorder
+from .stats import StatsRecorder
 from .status import open_local_status_root
 
 __all__ = ["Made", "PlannedLoader"]
@@ -325,20 +324,11 @@ class PlannedLoader:
         if isinstance(self.position, MixPosition):
             per_source = self.position.source_counts(samples)
         self.position.advance(samples)
-        self.recorder.record(
-            BatchTiming(
-                t=time.time(),
-                rank=self.ctx.rank,
-                epoch=epoch,
-                batch=batch,
-                samples=samples,
-                storage=storage,
-                decode=decode,
-                h2d=h2d,
-                step=step,
-                sources=per_source,
-            )
-        )
+        # the values, not a ``BatchTiming``: the recorder builds one only for a reader of it
+        self.recorder.add(
+            time.time(), self.ctx.rank, epoch, batch, samples, storage, decode, h2d, step,
+            per_source,
+        )  # fmt: skip
 
     def stats(self) -> dict[str, Any]:
         """Samples/s, wait seconds and fractions per kind, cache hits, since construction."""
@@ -351,15 +341,18 @@ class PlannedLoader:
         self.recorder.close()
 
 
-@dataclass(frozen=True)
 class Made(Generic[T]):
     """One batch as a loader made it: the batch, its keys, the seconds spent decoding (or
-    gathering) it and copying it to the device."""
+    gathering) it and copying it to the device. A slotted class, not a frozen dataclass:
+    made once per batch, where a frozen dataclass's ``__init__`` costs about 1 us."""
 
-    batch: T
-    keys: Sequence[str]
-    decode: float
-    h2d: float
+    __slots__ = ("batch", "decode", "h2d", "keys")
+
+    def __init__(self, batch: T, keys: Sequence[str], decode: float, h2d: float) -> None:
+        self.batch = batch
+        self.keys = keys
+        self.decode = decode
+        self.h2d = h2d
 
 
 class _PassIterator(Generic[T]):

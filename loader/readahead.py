@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 import os
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -70,6 +72,8 @@ class StreamFeeder:
         self.budget = budget
         self.order, self.first_batch = pass_order.shard_order()
         self.bytes = [int(b) for b in shard_bytes]
+        #: bytes of ``order[:i]``: the bytes ahead are one difference, not a sum per batch
+        self._order_bytes = [0, *accumulate(self.bytes[s] for s in self.order)]
         per_sample = np.asarray(shard_bytes, np.float64) / np.maximum(shard_samples, 1)
         self._cum = np.concatenate([[0.0], np.cumsum(per_sample[pass_order.shards])])
         self.pid = os.getpid()  # its threads run in this process only
@@ -79,6 +83,7 @@ class StreamFeeder:
         self._told: set[int] = set()
         self._needed: dict[int, Future[str]] = {}
         self._ready: set[int] = set()  # shards whose fill completed: no more waiting on them
+        self._ready_upto = 0  # shards order[:_ready_upto] are all in ``_ready``
         self._asked: dict[int, float] = {}
         self._partials: dict[int, PartialShard] = {}
         self._pos = 0  # shards order[:_pos] are needed (their fills started)
@@ -215,11 +220,15 @@ class StreamFeeder:
 
     def _wait_batch(self, j: int) -> float:
         """Until batch ``j``'s samples are readable; the seconds blocked on their bytes."""
+        # the common case, once shards are local: batch j reads only shards first needed by
+        # batches up to j (``order`` is in order of first need), and those are all ready
+        if bisect_right(self.first_batch, j) <= self._ready_upto:
+            return 0.0
         sl = self.pass_order.batch_slice(j)
         shards, rows = self.pass_order.shards[sl], self.pass_order.rows[sl]
         streamed = False
         blocked = 0.0
-        if self._ready.issuperset(shards.tolist()):  # the common case, once shards are local
+        if self._ready.issuperset(shards.tolist()):  # some earlier shard it skips is not
             return 0.0
         for shard in np.unique(shards).tolist():
             if shard in self._ready:
@@ -229,6 +238,15 @@ class StreamFeeder:
             blocked += waited
         self.streamed_batches += streamed
         return blocked
+
+    def _mark_ready(self, shard: int) -> None:
+        """The shard's fill completed; ``_ready_upto`` moves past the ready prefix of
+        ``order`` (each shard passed once a pass: amortised O(1) per batch)."""
+        self._ready.add(shard)
+        order, ready, i = self.order, self._ready, self._ready_upto
+        while i < len(order) and order[i] in ready:
+            i += 1
+        self._ready_upto = i
 
     def _present(self, shard: int) -> bool:
         """The shard's bytes are all on local storage (a complete cached copy)."""
@@ -244,14 +262,14 @@ class StreamFeeder:
         if future.done() or (self.streaming and self._present(shard)):
             future.result()  # a failed fill raises here, naming the shard
             self._done(shard)
-            self._ready.add(shard)
+            self._mark_ready(shard)
             return False, 0.0
         t0 = time.perf_counter()
         early = self._stream_rows(shard, rows, future)
         if not early:
             future.result()
             self._done(shard)
-            self._ready.add(shard)
+            self._mark_ready(shard)
         return early, time.perf_counter() - t0
 
     def _stream_rows(self, shard: int, rows: list[int], future: Future[str]) -> bool:
@@ -339,7 +357,7 @@ class StreamFeeder:
         horizon = None if self.fixed is not None else self.horizon()
         self.target_batches = horizon
         until = self._k + self.lookahead + (horizon or 0)
-        ahead = sum(self.bytes[s] for s in self.order[self._pos : self._hinted])
+        ahead = self._order_bytes[self._hinted] - self._order_bytes[self._pos]
         start = self._hinted
         while self._hinted < len(self.order):
             size = self.bytes[self.order[self._hinted]]
@@ -369,7 +387,7 @@ class StreamFeeder:
         last = self.first_batch[self._hinted - 1] if ahead else k
         return {
             "shards_ahead": len(ahead),
-            "bytes_ahead": sum(self.bytes[s] for s in ahead),
+            "bytes_ahead": self._order_bytes[self._hinted] - self._order_bytes[self._pos],
             "batches_ahead": max(0, last - k),
             "target_batches": self.target_batches,
             "budget_bytes": self.budget,

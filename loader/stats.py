@@ -80,7 +80,9 @@ class StatsRecorder:
         self.first_t: float | None = None
         self.last_t: float | None = None
         self.waited_on_storage = 0
-        self.per_batch: deque[dict[str, Any]] = deque(maxlen=PER_BATCH_KEPT)
+        #: (epoch, batch, storage seconds, waited on storage) of the last batches: a tuple per
+        #: batch, the dicts of ``per_batch`` made only when read
+        self._per_batch: deque[tuple[int, int, float, bool]] = deque(maxlen=PER_BATCH_KEPT)
         #: a mixture's totals per source: samples, and storage wait seconds (``sources``)
         self._source_samples: dict[str, int] = {}
         self._source_storage: dict[str, float] = {}
@@ -92,6 +94,7 @@ class StatsRecorder:
         self._status: StatusWriter | None = None
         self._cache_at = float("-inf")
         self._cache: dict[str, Any] = {}
+        self._quiet_until = float("-inf")  # monotonic time before which nothing is due
         if status_dir is not None:
             try:
                 self._status = StatusWriter(
@@ -101,44 +104,80 @@ class StatsRecorder:
                 self._status = None
 
     def record(self, timing: BatchTiming) -> None:
-        if timing.epoch != self.epoch:
-            self.epoch, self.epoch_samples = timing.epoch, 0
-        self.batch = timing.batch
-        self.epoch_samples += timing.samples
+        """Account for one delivered batch."""
+        self.add(
+            timing.t, timing.rank, timing.epoch, timing.batch, timing.samples, timing.storage,
+            timing.decode, timing.h2d, timing.step, timing.sources, timing=timing,
+        )  # fmt: skip
+
+    def add(
+        self,
+        t: float,
+        rank: int,
+        epoch: int,
+        batch: int,
+        samples: int,
+        storage: float,
+        decode: float,
+        h2d: float,
+        step: float,
+        sources: tuple[tuple[str, int], ...] = (),
+        *,
+        timing: BatchTiming | None = None,
+    ) -> None:
+        """``record`` from the batch's values: a loader's per-batch call, which builds the
+        ``BatchTiming`` only for an exporter or a stats log that reads it."""
+        if epoch != self.epoch:
+            self.epoch, self.epoch_samples = epoch, 0
+        self.batch = batch
+        self.epoch_samples += samples
         self.batches += 1
-        self.samples += timing.samples
-        for kind in WAIT_KINDS:
-            self.waits[kind] += getattr(timing, kind)
-        self.step_time += timing.step
-        if timing.sources:  # a mixture's batch: a few steps per source, no dict per source
+        self.samples += samples
+        waits = self.waits
+        waits["storage"] += storage
+        waits["decode"] += decode
+        waits["h2d"] += h2d
+        self.step_time += step
+        if sources:  # a mixture's batch: a few steps per source, no dict per source
             got = self._source_samples
-            for name, n in timing.sources:
+            for name, n in sources:
                 got[name] = got.get(name, 0) + n
-            if timing.storage:  # most batches waited on nothing: no sum to add
+            if storage:  # most batches waited on nothing: no sum to add
                 wait = self._source_storage
-                for name, n in timing.sources:
-                    wait[name] = wait.get(name, 0.0) + timing.storage * n / max(timing.samples, 1)
+                for name, n in sources:
+                    wait[name] = wait.get(name, 0.0) + storage * n / max(samples, 1)
             if self.exporter is not None:
                 totals = self.sources
                 self.exporter.set_sources(
                     {k: int(v["samples"]) for k, v in totals.items()},
                     {k: v["storage_s"] for k, v in totals.items()},
                 )
-        waited = timing.waited_on_storage
+        waited = storage > STORAGE_WAIT_THRESHOLD  # ``BatchTiming.waited_on_storage``
         self.waited_on_storage += waited
-        self.per_batch.append(
-            {"epoch": timing.epoch, "batch": timing.batch, "storage_s": timing.storage,
-             "waited_on_storage": waited}
-        )  # fmt: skip
+        self._per_batch.append((epoch, batch, storage, waited))
         if self.first_t is None:
-            self.first_t = timing.t - timing.wait
-        self.last_t = timing.t
+            self.first_t = t - (storage + decode + h2d)
+        self.last_t = t
+        if self.exporter is None and self._log is None and self._status is None:
+            return
+        if timing is None and (self.exporter is not None or self._log is not None):
+            timing = BatchTiming(t, rank, epoch, batch, samples, storage, decode, h2d, step,
+                                 sources)  # fmt: skip
         if self.exporter is not None:
             self.exporter.observe(timing)
         cache = self._publish()
         if self._log is not None:
+            assert timing is not None
             self._log.write(json.dumps(self._record(timing, cache).to_json()) + "\n")
             self._log.flush()
+
+    @property
+    def per_batch(self) -> list[dict[str, Any]]:
+        """The last batches (``PER_BATCH_KEPT`` at most): epoch, batch, storage wait."""
+        return [
+            {"epoch": e, "batch": b, "storage_s": s, "waited_on_storage": w}
+            for e, b, s, w in self._per_batch
+        ]
 
     @property
     def sources(self) -> dict[str, dict[str, float]]:
@@ -177,14 +216,20 @@ class StatsRecorder:
         cache directory: not a per-batch cost); returns the counters when read now."""
         if self._status is None and self.exporter is None and self._log is None:
             return None
+        now = time.monotonic()
+        if now < self._quiet_until:  # neither the counters nor the status file due: most batches
+            return None
         cache = None
-        if time.monotonic() - self._cache_at >= CACHE_STATS_EVERY_S:
-            self._cache_at = time.monotonic()
+        if now - self._cache_at >= CACHE_STATS_EVERY_S:
+            self._cache_at = now
             cache = self._cache = self._cache_snapshot()
             if self.exporter is not None and cache:
                 self.exporter.set_cache(cache)
+        quiet = self._cache_at + CACHE_STATS_EVERY_S
         if self._status is not None:
             self._status.write(lambda: self.status(self._cache))
+            quiet = min(quiet, self._status.next_due())
+        self._quiet_until = quiet
         return cache
 
     def _cache_snapshot(self) -> dict[str, Any]:
@@ -244,7 +289,7 @@ class StatsRecorder:
             },
             "step_s": self.step_time,
             "batches_waited_on_storage": self.waited_on_storage,
-            "per_batch": list(self.per_batch),
+            "per_batch": self.per_batch,
         }
         if self.extra is not None:
             out.update(self.extra())

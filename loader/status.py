@@ -86,6 +86,10 @@ class StatusWriter:
     def due(self) -> bool:
         return time.monotonic() - self._last >= self.interval
 
+    def next_due(self) -> float:
+        """The ``time.monotonic()`` from which the next ``write`` writes."""
+        return self._last + self.interval
+
     def write(self, state: Callable[[], dict[str, Any]], *, force: bool = False) -> bool:
         """Write ``state()`` if ``interval`` has passed since the last write (or ``force``).
         A full or read-only disk costs the status, never the training."""
