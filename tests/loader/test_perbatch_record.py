@@ -24,7 +24,7 @@ TIMINGS = [
         h2d=0.001,
         step=0.1 + i,
         sources=(("a", 2), ("b", 2 + i)),
-    )  # fmt: skip
+    )
     for i in range(7)
 ]
 
