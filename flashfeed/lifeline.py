@@ -40,6 +40,7 @@ __all__ = [
     "Reaper",
     "descendants",
     "popen",
+    "process_start",
     "reap_with_parent",
     "set_parent_death_signal",
     "tie_forked_children",
@@ -209,6 +210,25 @@ def popen(args: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
             os._exit(137)
 
     return _on_long_lived_thread(lambda: subprocess.Popen(args, preexec_fn=arm, **kwargs))
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot, from ``/proc``), so that a
+    pid the system reused is not taken for the process that had it; None when no such
+    process runs (a zombie counts as gone); "" for one that runs but whose start time
+    cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return ""
+    return None if fields[0] == "Z" else fields[19]
 
 
 # -- trees started by others: a reaper process ----------------------------------------------

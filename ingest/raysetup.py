@@ -14,16 +14,18 @@ raising ``KeyboardInterrupt`` inside Ray's driver code, which can end in a nativ
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from flashfeed import lifeline
 from flashfeed.interrupt import cleanup_on_interrupt
+from flashfeed.scratch import make_owned_dir, remove_owned
 
 __all__ = ["ray_map", "ray_session"]
+
+#: the name of an embedded Ray's session folder in /tmp begins with this
+RAY_PREFIX = "ffray-"
 
 _SAFE_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -47,7 +49,8 @@ def ray_session(*, address: str | None = None, num_cpus: int | None = None) -> I
     if address:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     else:
-        temp = tempfile.mkdtemp(prefix="ffray-", dir="/tmp")
+        # swept by a later run if this process is killed before drop_temp
+        temp = make_owned_dir(RAY_PREFIX, "/tmp")
         before = set(lifeline.descendants([os.getpid()]))
         ray.init(
             num_cpus=num_cpus or os.cpu_count() or 1,
@@ -62,7 +65,7 @@ def ray_session(*, address: str | None = None, num_cpus: int | None = None) -> I
 
     def drop_temp() -> None:
         if temp:
-            shutil.rmtree(temp, ignore_errors=True)
+            remove_owned(temp, RAY_PREFIX)
 
     try:
         with cleanup_on_interrupt(drop_temp):  # a Ctrl-C'd command leaves no ffray- dir

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
-import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -24,6 +22,7 @@ from typing import Any
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.lifeline import tie_forked_children
+from flashfeed.scratch import make_owned_dir, remove_owned
 
 from .passorder import PassOrder
 from .reader import BatchSource, write_pass
@@ -94,6 +93,16 @@ def cuda_initialized() -> bool:
         return False
 
 
+#: the name of a pass folder begins with this
+PASS_PREFIX = "flashfeed-pass-"
+
+
+def _pass_base() -> str | None:
+    """Where pass folders go: ``/dev/shm`` where it can be written, else the system's."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
 def stop_path(pass_dir: str, epoch: int) -> str:
     return os.path.join(pass_dir, f"stop-{epoch}")
 
@@ -113,12 +122,6 @@ class StoppableSource:
         return self.source(info)
 
 
-def _scratch_dir() -> str:
-    shm = "/dev/shm"
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-    return tempfile.mkdtemp(prefix="flashfeed-pass-", dir=base)
-
-
 class DaliRunner:
     """Starts passes on a reusable pipeline built by ``build(batch_source)``."""
 
@@ -126,8 +129,10 @@ class DaliRunner:
         self._build = build
         self._make_source = make_source
         _runners.add(self)
-        self.pass_dir = _scratch_dir()
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.pass_dir, True)
+        # removed on close, collection or exit; swept by a later loader if this process is
+        # killed (``flashfeed/scratch.py``)
+        self.pass_dir = make_owned_dir(PASS_PREFIX, _pass_base())
+        self._cleanup = weakref.finalize(self, remove_owned, self.pass_dir, PASS_PREFIX)
         self.pipe: Any = None
         self.names: list[str] = []
         self.epoch = -1

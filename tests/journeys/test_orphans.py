@@ -8,6 +8,7 @@ descendants from /proc, SIGKILLs it, and waits for every descendant to be gone.
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -18,6 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from flashfeed.ingest.raysetup import RAY_PREFIX
+from flashfeed.loader.dali_runner import PASS_PREFIX, DaliRunner
+from flashfeed.scratch import make_owned_dir, remove_owned
 
 from support import TESTS
 from support.loader_helpers import make_image_dataset
@@ -119,6 +124,15 @@ def test_dali_reader_processes_die_with_a_killed_loader(tmp_path: Path, child, s
     make_image_dataset(ds, [16, 16], size=16)
     pid = run_until_ready(child, LOADER_CHILD, ds, start)
     kill_and_expect_orphans_gone(child, pid, at_least=2)
+    # the killed loader could not remove its pass folder; the next loader made sweeps it
+    left = glob.glob(f"/dev/shm/{PASS_PREFIX}{pid}-*")
+    if os.access("/dev/shm", os.W_OK):
+        assert len(left) == 1, left
+    runner = DaliRunner(lambda source: (object(), ["x"]), lambda pass_dir: None)  # type: ignore[arg-type,return-value]
+    try:
+        assert not any(os.path.exists(p) for p in left), left
+    finally:
+        runner.close()
 
 
 SHARD_DATASET_CHILD = """
@@ -181,6 +195,11 @@ def test_embedded_ray_dies_with_the_ingest_driver(child) -> None:
     pid = run_until_ready(child, RAY_CHILD)
     named = kill_and_expect_orphans_gone(child, pid, at_least=2)
     assert any("raylet" in cmd for cmd in named.values()), named
+    # its session folder outlived it; the next embedded Ray's folder sweeps it
+    left = glob.glob(f"/tmp/{RAY_PREFIX}{pid}-*")
+    assert len(left) == 1, left
+    remove_owned(make_owned_dir(RAY_PREFIX, "/tmp"), RAY_PREFIX)
+    assert not os.path.exists(left[0])
 
 
 SPAWN_CHILD = """
