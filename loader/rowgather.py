@@ -1,13 +1,11 @@
-"""A ``TokenLoader`` batch's rows copied in address order: one compiled pass per batch that
-locates each row in its open shards, then reads the rows sorted by where they lie (shard,
-record batch, row) and writes each straight to its own place in the batch.
+"""A ``TokenLoader`` batch's rows copied by one compiled pass (``rowkernel.py``) that
+locates each row in its open shards and copies it straight to its place in the batch, at
+the stored or a wider type: no Python step per row, and no second pass to widen.
 
-The gather's cost follows the order rows are read in, not the instructions it runs: a
-mixture's batch reads from about 11 shards where one dataset's reads from about 4, and
-reading its rows in plan order (a jump between mappings at nearly every row) cost it 0.88
-of one dataset's speed. Read in address order, the same rows cost what one dataset's do.
-The batch is bit-identical to a plan-order copy: only the order the rows are read in
-differs. Rows stored narrower than the batch are widened in the same pass.
+The ``np.concatenate`` of one row view per row it replaces paid Python per row (a view made
+and listed); this pass takes about 0.6 of its CPU time over an epoch's batches, on one
+dataset as on a 3-source mixture. Reading a batch's rows in address order (sorted by shard and row) instead
+of batch order was measured too and kept out: it cost 11% more (``docs/MIXTURES.md``).
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ class RowAddresses:
         self, firsts: np.ndarray, numbers: np.ndarray, views: Mapping[int, Sequence[np.ndarray]]
     ) -> None:
         info: list[tuple[int, int, int]] = []
+        keep: list[np.ndarray] = []  # what the addresses point into
         like: np.ndarray | None = None
         self.ok = True
         for s, c in zip((firsts >> 32).tolist(), numbers.tolist(), strict=True):
@@ -51,17 +50,19 @@ class RowAddresses:
                 self.ok = False
                 break
             info.append((arr.ctypes.data, arr.strides[0], len(arr)))
+            keep.append(arr)
         self.ok = self.ok and like is not None
         self.like = like if like is not None else np.empty((0, 0), np.uint8)
         self.firsts = np.ascontiguousarray(firsts, np.int64)
         self.info = np.asarray(info, np.int64).reshape(-1, 3)
-        self._keep = views  # what the addresses point into
+        self._keep = keep
 
 
-def gather_rows(table: RowTable, column: str, shards: np.ndarray, rows: np.ndarray,
-                out: np.ndarray) -> bool:
+def gather_rows(
+    table: RowTable, column: str, shards: np.ndarray, rows: np.ndarray, out: np.ndarray
+) -> bool:
     """Rows ``rows`` of shards ``shards`` of ``column`` written into ``out`` (a C-contiguous
-    ``(B, length)`` buffer of any integer type) in batch order, read in address order;
+    ``(B, length)`` buffer of any integer type) in batch order by the compiled pass;
     False (nothing written) where the kernel cannot read the rows (``RowAddresses.ok``)."""
     where = table.addresses(column)
     if not where.ok or out.ndim != 2 or where.like.shape[1] != out.shape[1]:
@@ -83,8 +84,9 @@ def gather_rows(table: RowTable, column: str, shards: np.ndarray, rows: np.ndarr
     return True
 
 
-def copy_rows(table: RowTable, column: str, shards: np.ndarray, rows: np.ndarray,
-              out: np.ndarray) -> None:
+def copy_rows(
+    table: RowTable, column: str, shards: np.ndarray, rows: np.ndarray, out: np.ndarray
+) -> None:
     """Rows ``rows`` of shards ``shards`` of ``column`` copied into ``out`` (their stored
     type) in batch order: one ``np.concatenate`` of row views, for rows the kernel does not
     read (1-D columns, rows whose items are not contiguous)."""

@@ -1,6 +1,6 @@
 """The compiled pass of ``rowgather.py``: a batch's rows located in its open shards, then
-read in address order and written each to its own place in the batch (numba, compiled on
-first use and cached on disk as the document kernel is: ``docfill.py``)."""
+copied one after the other into the batch (numba, compiled on first use and cached on disk
+as the document kernel is: ``docfill.py``)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def _gather(  # pragma: no cover - compiled; run through gather_rows
     """Row ``r`` of ``out`` is row ``rows[r]`` of shard ``shards[r]``: row ``i`` of the
     record batch ``g`` of ``info`` whose ``firsts`` entry is the last at or before it.
     Every row is located first (nothing is written for a batch with a bad row), then the
-    rows are read in address order. Returns ``(-1, 0)``, else ``(r, rows)`` for a batch
+    rows are copied in batch order (measured faster than reading them in address order:
+    ``rowgather.py``). Returns ``(-1, 0)``, else ``(r, rows)`` for a batch
     row ``r`` outside its record batch of ``rows`` rows."""
     B = len(rows)
     L = like.shape[1]
@@ -36,9 +37,7 @@ def _gather(  # pragma: no cover - compiled; run through gather_rows
         if g < 0 or i < 0 or i >= info[g, 2]:
             return r, info[g, 2] if g >= 0 else 0
         addr[r] = info[g, 0] + i * info[g, 1]
-    order = np.argsort(addr)
-    for k in range(B):
-        r = order[k]
+    for r in range(B):
         _widen(carray(_at_like(addr[r], like), L), out[r], stream)
     if stream:
         _fence()  # the streamed stores visible to the thread that reads the batch

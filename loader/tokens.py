@@ -226,9 +226,9 @@ class TokenLoader(PlannedLoader):
 
     def _gather(self, shards: np.ndarray, rows: np.ndarray) -> tuple[dict[str, Any], list[str]]:
         """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards
-        straight into the batch buffer, read in address order (``rowgather.py``: one copy,
-        so a batch over many shards, as a mixture's is, costs what one over few does),
-        with their keys as ``<shard>/<key>``.
+        straight into the batch buffer (``rowgather.py``: one compiled copy, no Python per
+        row or per shard, so a batch over many shards, as a mixture's is, costs what one
+        over few does), with their keys as ``<shard>/<key>``.
         With ``outputs``, the tokens are read in place by the document kernel instead,
         which writes them and the outputs in one pass (``docrows.py``)."""
         sl = shards.tolist()
@@ -240,7 +240,7 @@ class TokenLoader(PlannedLoader):
             shape, stored, _ = self._row_types[col]  # every row's (_check_row_types)
             dtype = self._dtype or stored
             buf = out[col] = self._buffer((len(sl), *shape), dtype)
-            if not gather_rows(table, col, shards, rows, buf):  # read in address order
+            if not gather_rows(table, col, shards, rows, buf):  # compiled: rows it can read
                 # rows are copied at their stored width, then widened in one contiguous pass
                 rows_at = buf if dtype == stored else self._narrow(col, buf.shape, stored)
                 copy_rows(table, col, shards, rows, rows_at)
