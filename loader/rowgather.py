@@ -4,8 +4,9 @@ the stored or a wider type: no Python step per row, and no second pass to widen.
 
 The ``np.concatenate`` of one row view per row it replaces paid Python per row (a view made
 and listed); this pass takes about 0.6 of its CPU time over an epoch's batches, on one
-dataset as on a 3-source mixture. Reading a batch's rows in address order (sorted by shard and row) instead
-of batch order was measured too and kept out: it cost 11% more (``docs/MIXTURES.md``).
+dataset as on a 3-source mixture. Reading a batch's rows in address order (sorted by shard
+and row) instead of batch order was measured too and kept out: it cost 11% more in the
+pass and the same through the loader (``docs/MIXTURES.md``).
 """
 
 from __future__ import annotations
