@@ -12,6 +12,7 @@ pass and the same through the loader (``docs/MIXTURES.md``).
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ import numpy as np
 if TYPE_CHECKING:
     from .tokenrows import RowTable
 
-__all__ = ["RowAddresses", "copy_rows", "gather_rows"]
+__all__ = ["RowAddresses", "copy_rows", "gather_rows", "kernel_ready"]
 
 
 class RowAddresses:
@@ -60,15 +61,22 @@ class RowAddresses:
 
 
 def gather_rows(
-    table: RowTable, column: str, shards: np.ndarray, rows: np.ndarray, out: np.ndarray
+    table: RowTable,
+    column: str,
+    shards: np.ndarray,
+    rows: np.ndarray,
+    out: np.ndarray,
+    *,
+    wait: bool = False,
 ) -> bool:
     """Rows ``rows`` of shards ``shards`` of ``column`` written into ``out`` (a C-contiguous
     ``(B, length)`` buffer of any integer type) in batch order by the compiled pass;
-    False (nothing written) where the kernel cannot read the rows (``RowAddresses.ok``)."""
+    False (nothing written) where the kernel cannot read the rows (``RowAddresses.ok``)
+    or, unless ``wait``, is still being loaded for these types (``kernel_ready``)."""
     where = table.addresses(column)
     if not where.ok or out.ndim != 2 or where.like.shape[1] != out.shape[1]:
         return False
-    if not out.flags.c_contiguous:
+    if not out.flags.c_contiguous or not kernel_ready(where.like.dtype, out.dtype, wait=wait):
         return False
     from .docrows import streams
     from .rowkernel import gather_jit  # numba: imported on first use
@@ -97,5 +105,56 @@ def copy_rows(
         chunks, inner = table.locate(shards, rows)
         at = zip(sl, chunks.tolist(), inner.tolist(), strict=True)
     else:
-        at = zip(sl, itertools.repeat(0), rows.tolist(), strict=True)
+        at = zip(sl, itertools.repeat(0), rows.tolist())  # one record batch a shard
     np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=out)
+
+
+class _Warmup:
+    """numba imported and the kernel compiled (or loaded from its disk cache) for rows of
+    ``stored`` written as ``out``, in a daemon thread; ``error``: what it raised."""
+
+    def __init__(self, stored: np.dtype, out: np.dtype) -> None:
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(stored, out), name="flashfeed-rowwarm", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, stored: np.dtype, out: np.dtype) -> None:
+        try:
+            from .rowkernel import gather_jit
+
+            rows = np.arange(8, dtype=stored).reshape(2, 4)
+            info = np.array([[rows.ctypes.data, rows.strides[0], 2]], np.int64)
+            got = np.empty((2, 4), out)
+            zero = np.zeros(2, np.int64)
+            gather_jit(rows[:0].copy(), zero, np.arange(2), zero[:1], info, got, False)
+            if not np.array_equal(got, rows):
+                raise RuntimeError(f"the row gather's warm-up copied {got.tolist()}")
+        except BaseException as e:  # kept for the batch that asks next (raised there)
+            self.error = e
+        finally:
+            self.done.set()
+
+
+#: the warm-ups started in this process, by (stored type, batch type): one per pair
+_WARM: dict[tuple[str, str], _Warmup] = {}
+_LOCK = threading.Lock()
+
+
+def kernel_ready(stored: np.dtype, out: np.dtype, *, wait: bool = False) -> bool:
+    """Whether the kernel for rows of ``stored`` written as ``out`` is ready; the first ask
+    starts loading it in a daemon thread (numba's import alone takes about 0.4 s), so a
+    loader's first batches are copied by ``copy_rows`` meanwhile instead of waiting.
+    ``wait``: until it is. Raises what loading it raised."""
+    key = (stored.str, out.str)
+    with _LOCK:
+        got = _WARM.get(key)
+        if got is None:
+            got = _WARM[key] = _Warmup(stored, out)
+    if wait:
+        got.thread.join()
+    if got.error is not None:
+        raise got.error
+    return got.done.is_set()

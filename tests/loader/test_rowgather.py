@@ -42,7 +42,7 @@ def test_compiled_gather_writes_what_the_concatenate_copy_does(tmp_path, wide):
         plan = np.empty((batch, SEQ), np.int32)
         copy_rows(table, "tokens", shards, rows, plan)
         got = np.full((batch, SEQ), -1, wide or np.int32)
-        assert gather_rows(table, "tokens", shards, rows, got)
+        assert gather_rows(table, "tokens", shards, rows, got, wait=True)
         assert got.dtype == (wide or np.int32)
         np.testing.assert_array_equal(got, plan)
         np.testing.assert_array_equal(got, _expected(table, shards, rows))
@@ -55,7 +55,7 @@ def test_a_row_outside_its_record_batch_is_one_error_and_nothing_written(tmp_pat
     out = np.full((3, SEQ), -1, np.int32)
     with pytest.raises(IndexError, match=r"row 1 of shard number 3 is not within its record "
                        r"batch of 1 rows"):  # fmt: skip
-        gather_rows(table, "tokens", shards, rows, out)
+        gather_rows(table, "tokens", shards, rows, out, wait=True)
     assert (out == -1).all()
     loader.close()
 
@@ -63,8 +63,8 @@ def test_a_row_outside_its_record_batch_is_one_error_and_nothing_written(tmp_pat
 def test_rows_the_kernel_cannot_read_are_left_to_the_copy(tmp_path):
     table, loader = _table(tmp_path)
     shards, rows = np.array([0, 4]), np.array([3, 39])
-    assert not gather_rows(table, "tokens", shards, rows, np.empty((2, SEQ + 1), np.int32))
-    assert not gather_rows(table, "tokens", shards, rows, np.empty((SEQ, 2), np.int32).T)
+    for out in (np.empty((2, SEQ + 1), np.int32), np.empty((SEQ, 2), np.int32).T):
+        assert not gather_rows(table, "tokens", shards, rows, out, wait=True)
     loader.close()
     one = np.zeros(1, np.int64)
     flat = RowAddresses(one, one, {0: [np.arange(8, dtype=np.int32)]})  # 1-D column
