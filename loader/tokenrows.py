@@ -9,11 +9,14 @@ locates and names its rows with as few numpy and Python steps as a batch from a 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .arrowcols import ArrowShardView
+
+if TYPE_CHECKING:
+    from .rowgather import RowAddresses
 
 __all__ = ["RowTable", "row_keys"]
 
@@ -50,6 +53,19 @@ class RowTable:
         self.views = {s: o.view for s, o in opened.items()} if not self.keyless else {}
         #: column -> shard -> its record batches' views of the column
         self.columns = {c: {s: o.view.columns[c] for s, o in opened.items()} for c in columns}
+        self._addresses: dict[str, RowAddresses] = {}
+
+    def addresses(self, column: str) -> RowAddresses:
+        """Where ``column``'s rows lie in every record batch (``rowgather.py``), made on
+        first use and kept with the table."""
+        got = self._addresses.get(column)
+        if got is None:
+            from .rowgather import RowAddresses  # numba: imported on first use
+
+            got = self._addresses[column] = RowAddresses(
+                self.firsts, self.numbers, self.columns[column]
+            )
+        return got
 
     def locate(self, shards: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's record batch and row in it."""

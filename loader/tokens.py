@@ -24,7 +24,6 @@ streams the same way once the walk of its messages has found a row's record batc
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,6 +44,7 @@ from .mixsource import MixtureDataset
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
+from .rowgather import copy_rows, gather_rows
 from .segments import DOC_OUTPUTS, check_outputs, check_shared_offsets
 from .tokenrows import RowTable
 
@@ -226,9 +226,9 @@ class TokenLoader(PlannedLoader):
 
     def _gather(self, shards: np.ndarray, rows: np.ndarray) -> tuple[dict[str, Any], list[str]]:
         """Copy rows ``rows`` of shards ``shards``, in that order, from the mapped shards
-        straight into the batch buffer (one ``np.concatenate`` of row views per column: one
-        copy, a cost per row but none per shard, so a batch over many shards, as a
-        mixture's is, costs what one over few does), with their keys as ``<shard>/<key>``.
+        straight into the batch buffer (``rowgather.py``: one compiled copy, no Python per
+        row or per shard, so a batch over many shards, as a mixture's is, costs what one
+        over few does), with their keys as ``<shard>/<key>``.
         With ``outputs``, the tokens are read in place by the document kernel instead,
         which writes them and the outputs in one pass (``docrows.py``)."""
         sl = shards.tolist()
@@ -236,23 +236,16 @@ class TokenLoader(PlannedLoader):
         opened = self._open_all(need)
         table = self._row_table(opened)
         out: dict[str, Any] = dict.fromkeys(self.columns)
-        gathered = self._gathered
-        if gathered and not table.several:
-            at = list(zip(sl, itertools.repeat(0), rows.tolist()))
-        elif gathered:  # some shard holds several record batches: (shard, record batch, row)
-            chunks, inner = table.locate(shards, rows)
-            at = list(zip(sl, chunks.tolist(), inner.tolist(), strict=True))
-        for col in gathered:
-            arrays = table.columns[col]  # shard -> its record batches' views of ``col``
+        for col in self._gathered:
             shape, stored, _ = self._row_types[col]  # every row's (_check_row_types)
             dtype = self._dtype or stored
-            buf = self._buffer((len(sl), *shape), dtype)
-            # rows are gathered at their stored width, then widened in one contiguous pass
-            rows_at = buf if dtype == stored else self._narrow(col, buf.shape, stored)
-            np.concatenate([arrays[s][c][i : i + 1] for s, c, i in at], out=rows_at)
-            if rows_at is not buf:
-                np.copyto(buf, rows_at, casting="unsafe")
-            out[col] = buf
+            buf = out[col] = self._buffer((len(sl), *shape), dtype)
+            if not gather_rows(table, col, shards, rows, buf):  # compiled: rows it can read
+                # rows are copied at their stored width, then widened in one contiguous pass
+                rows_at = buf if dtype == stored else self._narrow(col, buf.shape, stored)
+                copy_rows(table, col, shards, rows, rows_at)
+                if rows_at is not buf:
+                    np.copyto(buf, rows_at, casting="unsafe")
         keys = table.keys(sl, rows)
         if self.outputs:
             docs = self._doc_rows(table, opened, need)
