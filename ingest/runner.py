@@ -146,8 +146,9 @@ def run(config: IngestConfig) -> IngestResult:
     ctx = StorageContext.resolve(config.storage_options)
     _prepare_dest(config, ctx)
     phases: dict[str, float] = {}
+    t0 = _lap(phases, "prepare", start)
     with ray_session(address=config.ray_address, num_cpus=config.num_cpus):
-        t0 = _lap(phases, "ray_start", start)
+        t0 = _lap(phases, "ray_start", t0)
         scan = _scan(config, ctx)
         t0 = _lap(phases, "scan", t0)
         items, rejects = scan.items, list(scan.rejects)
@@ -163,7 +164,7 @@ def run(config: IngestConfig) -> IngestResult:
             t0 = _lap(phases, "neardup", t0)
         recorded = _recorded(config.dest, ctx)
         shards = _assign_shards(config, scan, items, ctx, recorded)
-        t0 = time.monotonic()
+        t0 = _lap(phases, "assign", t0)
         results = _dispatch(shards.spec, shards.jobs, config.progress)
         _lap(phases, "shards", t0)
     t0 = time.monotonic()
