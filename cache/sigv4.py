@@ -43,11 +43,13 @@ def s3_get_headers(
     extra: dict[str, str] | None = None,
     now: float | None = None,
     method: str = "GET",
+    query: str = "",
 ) -> dict[str, str]:
     """The headers of a signed GET of ``path`` (already encoded, see ``s3_path``) on
     ``host`` (with its port when not the scheme's default). ``extra`` headers (a Range,
     say) are signed too; ``now`` fixes the time (seconds since the epoch) for tests;
-    ``method`` signs another bodiless request (a HEAD) the same way."""
+    ``method`` signs another request (a HEAD; a PUT or POST, its payload unsigned) the same
+    way; ``query``: the canonical query string (keys sorted, values encoded), if any."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     day = stamp[:8]
     headers = {"host": host, "x-amz-content-sha256": UNSIGNED, "x-amz-date": stamp}
@@ -57,9 +59,8 @@ def s3_get_headers(
         headers[name.lower()] = value
     names = sorted(headers)
     signed = ";".join(names)
-    canonical = "\n".join(
-        [method, path, "", "".join(f"{n}:{headers[n].strip()}\n" for n in names), signed, UNSIGNED]
-    )
+    lines = "".join(f"{n}:{headers[n].strip()}\n" for n in names)
+    canonical = "\n".join([method, path, query, lines, signed, UNSIGNED])
     scope = f"{day}/{region}/s3/aws4_request"
     to_sign = "\n".join([_ALGORITHM, stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
     signature = hmac.new(

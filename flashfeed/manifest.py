@@ -10,7 +10,7 @@ is still read. See docs/FORMAT.md for the field-by-field description.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -355,6 +355,15 @@ def _committed_table(prefix: str, storage_options: dict[str, Any] | None) -> str
         return None
 
 
+def _present(url: str, storage_options: dict[str, Any] | None) -> bool:
+    """Whether the object at ``url`` exists: one HEAD (signed where it can be), no listing."""
+    try:
+        storage.head(url, storage_options=storage_options)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def commit_manifest(
     prefix: str,
     manifest: Manifest,
@@ -362,15 +371,19 @@ def commit_manifest(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     format_version: int = FORMAT_VERSION,
+    put: Callable[..., None] | None = None,
 ) -> str:
     """Write the manifest (the commit). Refuses to replace a committed one unless told to.
 
     Version 2: the shard table first, under a name made of its checksum, then the header;
-    a reader sees the old dataset or the new one, never a part.
+    a reader sees the old dataset or the new one, never a part. ``put(url, data,
+    storage_options=)`` writes each file whole (``storage.write_bytes`` unless given: ingest
+    passes its signed PUT).
     """
+    write = storage.write_bytes if put is None else put
     url = manifest_url(prefix)
     old_table = None
-    if storage.exists(url, storage_options=storage_options):
+    if _present(url, storage_options):
         if not overwrite:
             raise DatasetExistsError(
                 f"a committed dataset already exists at {prefix}; datasets are immutable: "
@@ -378,13 +391,13 @@ def commit_manifest(
             )
         old_table = _committed_table(prefix, storage_options)
     if format_version == 1:
-        storage.write_bytes(url, manifest.to_json().encode(), storage_options=storage_options)
+        write(url, manifest.to_json().encode(), storage_options=storage_options)
         new_table = None
     elif format_version in (2, 3):  # 3 when the manifest requires features
         data = memoryview(manifest.table.to_ipc())
         digest = storage.checksum(data)
         new_table = f"{TABLE_PREFIX}{digest[len(storage.CHECKSUM_PREFIX) :][:16]}.arrow"
-        storage.write_bytes(storage.join(prefix, new_table), data, storage_options=storage_options)
+        write(storage.join(prefix, new_table), data, storage_options=storage_options)
         ref = {
             "path": new_table,
             "format": TABLE_FORMAT,
@@ -393,7 +406,7 @@ def commit_manifest(
             "checksum": digest,
         }
         header = canonical_json(manifest.header_dict(ref)).encode()
-        storage.write_bytes(url, header, storage_options=storage_options)
+        write(url, header, storage_options=storage_options)
     else:
         raise ValueError(f"format_version must be one of {READ_VERSIONS}, got {format_version}")
     if old_table is not None and old_table != new_table:

@@ -34,6 +34,7 @@ from flashfeed.video import VIDEO_MEDIA_TYPES
 from .assign import assign_shards, shard_groups
 from .config import IngestConfig
 from .progress import Progress
+from .putobject import delete_objects, list_keys, put_object
 from .raysetup import ray_map, ray_session
 from .screening import exact_duplicates, screen_text
 from .shardtask import (
@@ -124,13 +125,16 @@ def _schema(
 def _prepare_dest(config: IngestConfig, ctx: StorageContext) -> None:
     url = manifest_url(config.dest)
     opts = ctx.options(url)
-    if storage.exists(url, storage_options=opts):
-        if not config.overwrite:
-            raise DatasetExistsError(
-                f"a committed dataset already exists at {config.dest}; datasets are "
-                "immutable: write to a new prefix, or pass --overwrite"
-            )
-        delete_manifest(config.dest, storage_options=opts)  # and the shard table it names
+    try:
+        storage.head(url, storage_options=opts)  # one HEAD, signed where it can be
+    except FileNotFoundError:
+        return
+    if not config.overwrite:
+        raise DatasetExistsError(
+            f"a committed dataset already exists at {config.dest}; datasets are "
+            "immutable: write to a new prefix, or pass --overwrite"
+        )
+    delete_manifest(config.dest, storage_options=opts)  # and the shard table it names
 
 
 def run(config: IngestConfig) -> IngestResult:
@@ -142,8 +146,9 @@ def run(config: IngestConfig) -> IngestResult:
     ctx = StorageContext.resolve(config.storage_options)
     _prepare_dest(config, ctx)
     phases: dict[str, float] = {}
+    t0 = _lap(phases, "prepare", start)
     with ray_session(address=config.ray_address, num_cpus=config.num_cpus):
-        t0 = _lap(phases, "ray_start", start)
+        t0 = _lap(phases, "ray_start", t0)
         scan = _scan(config, ctx)
         t0 = _lap(phases, "scan", t0)
         items, rejects = scan.items, list(scan.rejects)
@@ -157,14 +162,16 @@ def run(config: IngestConfig) -> IngestResult:
                 config, scan, items, rejects, ctx, phases, _transform_options(config)
             )
             t0 = _lap(phases, "neardup", t0)
-        shards = _assign_shards(config, scan, items, ctx, _recorded(config.dest, ctx))
-        t0 = time.monotonic()
+        recorded = _recorded(config.dest, ctx)
+        shards = _assign_shards(config, scan, items, ctx, recorded)
+        t0 = _lap(phases, "assign", t0)
         results = _dispatch(shards.spec, shards.jobs, config.progress)
         _lap(phases, "shards", t0)
     t0 = time.monotonic()
     result = _commit(
-        config, scan, shards.spec, shards.packer, results, rejects, ctx, start, near_dup
-    )
+        config, scan, shards.spec, shards.packer, results, rejects, ctx, start, near_dup,
+        recorded,
+    )  # fmt: skip
     _lap(phases, "commit", t0)
     result.phases = phases
     result.seconds = time.monotonic() - start
@@ -215,11 +222,14 @@ class _ShardJobs:
 
 def _recorded(dest: str, ctx: StorageContext) -> set[str]:
     """The names of the done-records an earlier run left under ``<dest>/_work/``: one
-    listing, so that shard tasks look up only these (and a retry its own)."""
+    listing (signed where it can be), so that shard tasks look up only these (and a retry
+    its own), and the commit deletes them by name."""
     work = storage.join(dest, WORK_DIR)
-    return {
-        u.rsplit("/", 1)[-1] for u in storage.list_files(work, storage_options=ctx.options(dest))
-    }
+    opts = ctx.options(dest)
+    urls = list_keys(work, storage_options=opts)
+    if urls is None:
+        urls = storage.list_files(work, storage_options=opts)
+    return {u.rsplit("/", 1)[-1] for u in urls}
 
 
 def _assign_shards(
@@ -346,18 +356,24 @@ def _on(slots: list[str], k: int) -> Any:
     return NodeAffinitySchedulingStrategy(slots[k % len(slots)], soft=True)
 
 
-def _drop_work(dest: str, opts: dict[str, Any] | None) -> None:
-    """Remove ``<dest>/_work/`` after the commit: on S3 one bulk delete per 1,000 done-records
-    (not one request each), locally file by file and then the folder."""
+def _drop_work(dest: str, names: set[str], opts: dict[str, Any] | None) -> None:
+    """Remove ``<dest>/_work/`` after the commit, its done-records by ``names`` (the ones
+    found before the run and the run's own: no second listing): on S3 one bulk delete per
+    1,000 (signed where it can be), locally file by file and then the folder."""
     work = storage.join(dest, WORK_DIR)
-    urls = storage.list_files(work, storage_options=opts)
-    if urls and not storage.is_local(work):
+    urls = [storage.join(work, n) for n in sorted(names)]
+    if not urls:
+        return
+    if delete_objects(urls, storage_options=opts):
+        return
+    if not storage.is_local(work):
         fs, _ = storage.filesystem(work, opts)
         paths = [storage.filesystem(u, opts)[1] for u in urls]
         storage.call(lambda: fs.rm(paths), url=work, what="delete", storage_options=opts)
         return
     for url in urls:
-        storage.delete(url, storage_options=opts)
+        with contextlib.suppress(FileNotFoundError):
+            storage.delete(url, storage_options=opts)
     if storage.is_local(work):
         _, path = storage.filesystem(work)
         with contextlib.suppress(OSError):
@@ -374,8 +390,10 @@ def _commit(
     ctx: StorageContext,
     start: float,
     near_dup: dict[str, Any] | None = None,
+    recorded: set[str] = frozenset(),  # type: ignore[assignment]
 ) -> IngestResult:
-    """Stage 5: rejects, then the manifest (the commit), then ``_work/`` goes."""
+    """Stage 5: rejects, then the manifest (the commit), then ``_work/`` goes; every write
+    a single signed PUT where the endpoint allows (``put_object``)."""
     rejects = [r.to_dict() for r in scan_rejects]
     for r in results:
         rejects += r.rejects
@@ -401,7 +419,7 @@ def _commit(
     dest_opts = ctx.options(config.dest)
     if rejects:
         body = "".join(json.dumps(d, sort_keys=True) + "\n" for d in rejects)
-        storage.write_bytes(
+        put_object(
             storage.join(config.dest, REJECTS_NAME), body.encode(), storage_options=dest_opts
         )
         extra["rejects"] = REJECTS_NAME
@@ -437,8 +455,12 @@ def _commit(
         extra=extra,
         requires=(TOKEN_FEATURE,) if packer is not None else (),
     )
-    commit_manifest(config.dest, manifest, overwrite=config.overwrite, storage_options=dest_opts)
-    _drop_work(config.dest, dest_opts)
+    commit_manifest(
+        config.dest, manifest, overwrite=config.overwrite, storage_options=dest_opts,
+        put=put_object,
+    )  # fmt: skip
+    names = set(recorded) | {done_url(config.dest, r.number).rsplit("/", 1)[-1] for r in results}
+    _drop_work(config.dest, names, dest_opts)
     timings: Counter[str] = Counter()
     for r in results:
         timings.update(r.timings)

@@ -41,3 +41,6 @@ def test_ingestbench_prints_ceilings_and_fractions(tmp_path: Path) -> None:
     assert "of min(PUT limit, work ceiling, work+PUT ceiling)" in run.stdout, run.stdout
     assert "with its shards' PUTs on the same cores" in run.stdout, run.stdout
     assert "per-image work alone in 1 processes" in run.stdout, run.stdout
+    assert "flashfeed driver phases (median of rounds): prepare " in run.stdout, run.stdout
+    assert " ms" in run.stdout and "before tasks " in run.stdout, run.stdout
+    assert set(result["runs"]["flashfeed"][0]["phases"]) >= {"prepare", "assign", "commit"}
