@@ -7,8 +7,6 @@ Both start once (Ray alone takes seconds and ~1 GiB), listen on 127.0.0.1 only, 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +19,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("FLASHFEED_RETRY_DEADLINE", "20")
 
+from flashfeed.ingest.raysetup import RAY_PREFIX
+from flashfeed.scratch import make_owned_dir, remove_owned
 from flashfeed.store import EmbeddedStore, StoreInfo
 
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
@@ -30,7 +30,7 @@ REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 def s3_store() -> Iterator[EmbeddedStore]:
     """The real S3 server. Its AWS_* variables are exported for the whole session, so every
     client (fsspec, DALI, Ray workers) finds it as a user's shell would."""
-    root = tempfile.mkdtemp(prefix="ffs3-", dir="/tmp")
+    root = make_owned_dir("ffs3-", "/tmp")  # swept by a later run if this one is killed
     store = EmbeddedStore(root, port=0)  # any free port: never races another store for 8333
     saved = {k: os.environ.get(k) for k in store.info.env()}
     try:
@@ -45,7 +45,7 @@ def s3_store() -> Iterator[EmbeddedStore]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        shutil.rmtree(root, ignore_errors=True)
+        remove_owned(root, "ffs3-")
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +73,8 @@ def ray_session() -> Iterator[None]:
     """One embedded Ray for the session: 2 CPUs, capped object store, short temp dir."""
     import ray
 
-    temp = tempfile.mkdtemp(prefix="ffray-", dir="/tmp")
+    # named for this process, so a later run sweeps it if this one is killed
+    temp = make_owned_dir(RAY_PREFIX, "/tmp")
     ray.init(
         num_cpus=2,
         object_store_memory=300 * 1024 * 1024,
@@ -86,7 +87,7 @@ def ray_session() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
+        remove_owned(temp, RAY_PREFIX)
 
 
 @pytest.fixture(scope="session")
