@@ -158,16 +158,17 @@ class StatsRecorder:
         if self.first_t is None:
             self.first_t = t - (storage + decode + h2d)
         self.last_t = t
-        if self.exporter is None and self._log is None and self._status is None:
+        if self.exporter is None and self._log is None:
+            if self._status is not None:
+                self._publish()
             return
-        if timing is None and (self.exporter is not None or self._log is not None):
+        if timing is None:  # built only here, where an exporter or the stats log reads it
             timing = BatchTiming(t, rank, epoch, batch, samples, storage, decode, h2d, step,
                                  sources)  # fmt: skip
         if self.exporter is not None:
             self.exporter.observe(timing)
         cache = self._publish()
         if self._log is not None:
-            assert timing is not None
             self._log.write(json.dumps(self._record(timing, cache).to_json()) + "\n")
             self._log.flush()
 
