@@ -53,6 +53,7 @@ __all__ = [
     "check_relative_path",
     "commit_manifest",
     "delete_manifest",
+    "is_committed",
     "manifest_files",
     "read_manifest",
     "synthetic_shard_table",
@@ -355,10 +356,11 @@ def _committed_table(prefix: str, storage_options: dict[str, Any] | None) -> str
         return None
 
 
-def _present(url: str, storage_options: dict[str, Any] | None) -> bool:
-    """Whether the object at ``url`` exists: one HEAD (signed where it can be), no listing."""
+def is_committed(prefix: str, *, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether a dataset is committed at ``prefix``: one HEAD of its manifest (signed where
+    it can be), no listing."""
     try:
-        storage.head(url, storage_options=storage_options)
+        storage.head(manifest_url(prefix), storage_options=storage_options)
     except FileNotFoundError:
         return False
     return True
@@ -383,7 +385,7 @@ def commit_manifest(
     write = storage.write_bytes if put is None else put
     url = manifest_url(prefix)
     old_table = None
-    if _present(url, storage_options):
+    if is_committed(prefix, storage_options=storage_options):
         if not overwrite:
             raise DatasetExistsError(
                 f"a committed dataset already exists at {prefix}; datasets are immutable: "

@@ -16,7 +16,7 @@ import xxhash
 
 from flashfeed import storage
 from flashfeed.errors import DatasetExistsError
-from flashfeed.manifest import delete_manifest, manifest_url
+from flashfeed.manifest import delete_manifest, is_committed, manifest_url
 
 from .assign import assign_shards, shard_groups
 from .commit import IngestResult, commit_run
@@ -44,11 +44,8 @@ def _fingerprint(config: IngestConfig, out_fields: dict[str, str], items: list[I
 
 
 def _prepare_dest(config: IngestConfig, ctx: StorageContext) -> None:
-    url = manifest_url(config.dest)
-    opts = ctx.options(url)
-    try:
-        storage.head(url, storage_options=opts)  # one HEAD, signed where it can be
-    except FileNotFoundError:
+    opts = ctx.options(manifest_url(config.dest))
+    if not is_committed(config.dest, storage_options=opts):
         return
     if not config.overwrite:
         raise DatasetExistsError(
