@@ -4,7 +4,6 @@ read in the loader's own process (no reader process), a cached one in a reader p
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,7 +17,7 @@ from flashfeed.loader.passorder import PassOrder
 from flashfeed.loader.reader import BatchSource, ShardReader, write_pass
 from flashfeed.loader.sources import LocalShardSource
 
-from support.loader_helpers import make_image_dataset
+from support.loader_helpers import image_samples, make_image_dataset
 
 SIZES = [8, 8, 8]
 
@@ -28,19 +27,6 @@ def images(tmp_path_factory) -> str:
     prefix = str(tmp_path_factory.mktemp("memo-img") / "ds")
     make_image_dataset(prefix, SIZES, size=16)
     return prefix
-
-
-def expected(prefix: str) -> dict[tuple[int, int], tuple[bytes, int, str]]:
-    """Every sample's (jpg bytes, label, ``<shard>/<key>``), read from the tar files."""
-    ds = Dataset.open(prefix)
-    out = {}
-    for i, info in enumerate(ds.shards):
-        with open(os.path.join(prefix, info.path), "rb") as f:
-            tar = f.read()
-        for row, entry in enumerate(ds.read_index(i)):
-            part = {c.ext: tar[c.offset : c.offset + c.size] for c in entry.components}
-            out[i, row] = (part["jpg"], int(part["cls"]), f"{info.path}/{entry.key}")
-    return out
 
 
 def source_for(prefix: str, pass_dir: str, order: list[tuple[int, int]], max_open: int):
@@ -63,7 +49,7 @@ def read_pass(source: BatchSource, epoch: int, batches: int) -> list[tuple[bytes
 
 
 def test_a_hot_pass_hands_on_the_samples_kept_from_the_first(images, tmp_path, monkeypatch):
-    want = expected(images)
+    want = image_samples(images)
     order = [(s, r) for s in (2, 0, 1) for r in range(SIZES[s])][::-1]
     source, batches = source_for(images, str(tmp_path), order, max_open=3)
     first = read_pass(source, 0, batches)
@@ -84,7 +70,7 @@ def test_a_hot_pass_hands_on_the_samples_kept_from_the_first(images, tmp_path, m
 def test_a_shard_unmapped_between_samples_gives_up_what_was_kept(images, tmp_path):
     # one shard open at a time, the order alternating between shards: each sample maps its
     # shard again, and unmapping the last one (which the kept views point into) must work
-    want = expected(images)
+    want = image_samples(images)
     order = [(s, r) for r in range(8) for s in range(3)]
     source, batches = source_for(images, str(tmp_path), order, max_open=1)
     for epoch in (0, 1):
@@ -104,7 +90,7 @@ def test_a_local_dataset_is_read_in_the_loaders_process_and_a_cached_one_in_a_re
         assert cached.py_workers == default_py_workers(cached.source) == 1
         assert chosen.py_workers == 1
         # both deliver the whole epoch, each sample once, labels matching their keys
-        want = {k: label for _, label, k in expected(images).values()}
+        want = {k: label for _, label, k in image_samples(images).values()}
         for loader in (local, cached):
             got = {}
             for batch in loader:

@@ -21,7 +21,7 @@ from flashfeed.loader.pipeline import AugmentOptions, build_pipeline, shared_bat
 from flashfeed.loader.reader import BatchSource, ShardReader, write_pass
 from flashfeed.loader.sources import LocalShardSource
 
-from support.loader_helpers import make_image_dataset
+from support.loader_helpers import image_samples, make_image_dataset
 
 SIZES = [8, 8, 8]
 
@@ -31,19 +31,6 @@ def images(tmp_path_factory) -> str:
     prefix = str(tmp_path_factory.mktemp("shared-img") / "ds")
     make_image_dataset(prefix, SIZES, size=16)
     return prefix
-
-
-def expected(prefix: str) -> dict[tuple[int, int], tuple[bytes, int, str]]:
-    """(shard, row) -> (jpg bytes, label, ``<shard>/<key>``), read from the tar files."""
-    ds = Dataset.open(prefix)
-    out = {}
-    for i, info in enumerate(ds.shards):
-        with open(f"{prefix}/{info.path}", "rb") as f:
-            tar = f.read()
-        for row, entry in enumerate(ds.read_index(i)):
-            part = {c.ext: tar[c.offset : c.offset + c.size] for c in entry.components}
-            out[i, row] = (part["jpg"], int(part["cls"]), f"{info.path}/{entry.key}")
-    return out
 
 
 def held_source(
@@ -78,7 +65,7 @@ def test_dali_reads_the_views_in_place_while_their_shards_are_unmapped(images, t
     # one shard mapped at a time and every sample from another shard than the one before:
     # each sample unmaps the shard the previous batch's views point into, while DALI still
     # has that batch to read; two passes through a pipeline that outputs the bytes it got
-    want = expected(images)
+    want = image_samples(images)
     order = [(s, r) for r in range(8) for s in range(3)]
     prefetch = 2
     source, batches = held_source(
@@ -109,7 +96,7 @@ def test_only_a_loader_reading_in_place_shares_its_batches(images, tmp_path):
     local = Loader(images, batch_size=4, image_size=16, prefetch=3)
     cached = Loader(images, batch_size=4, image_size=16, cache_dir=str(tmp_path / "cache"))
     try:
-        want = {k: label for _, label, k in expected(images).values()}
+        want = {k: label for _, label, k in image_samples(images).values()}
         for loader, keep in ((local, shared_batches(3)), (cached, 0)):
             got = {}
             for batch in loader:

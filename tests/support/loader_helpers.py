@@ -156,3 +156,17 @@ def token_keys(prefix: str) -> list[str]:
         out += [f"{s.path}/t{j:07d}" for j in range(n, n + s.samples)]
         n += s.samples
     return out
+
+
+def image_samples(prefix: str) -> dict[tuple[int, int], tuple[bytes, int, str]]:
+    """(shard, row) -> (jpg bytes, label, ``<shard>/<key>``) of every sample of an image
+    dataset, read straight from its tar files (what a loader must deliver)."""
+    ds = Dataset.open(prefix)
+    out = {}
+    for i, info in enumerate(ds.shards):
+        with open(f"{prefix}/{info.path}", "rb") as f:
+            tar = f.read()
+        for row, entry in enumerate(ds.read_index(i)):
+            part = {c.ext: tar[c.offset : c.offset + c.size] for c in entry.components}
+            out[i, row] = (part["jpg"], int(part["cls"]), f"{info.path}/{entry.key}")
+    return out
