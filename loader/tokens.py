@@ -251,7 +251,10 @@ class TokenLoader(PlannedLoader):
             docs = self._doc_rows(table, opened, need)
             tokens, alloc = self._output_buffers(len(sl), docs.like)
             out["tokens"] = tokens
-            where = lambda: f"a batch of {', '.join(sorted(opened[s].view.name for s in need))}"  # noqa: E731
+
+            def where() -> str:  # named only in an error
+                return f"a batch of {', '.join(sorted(opened[s].view.name for s in need))}"
+
             out.update(self._fill(docs, shards, rows, self.outputs, tokens, alloc, where=where))
         return out, keys
 
