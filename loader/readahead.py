@@ -152,8 +152,8 @@ class StreamFeeder:
             waiting = False
             for shard in shards:
                 future = self._needed.get(shard)
-                if future is None or future.done():
-                    continue
+                if future is None or future.done() or self._present(shard):
+                    continue  # nothing to wait for: a complete copy is not a fill to start
                 got = self._partial(shard)
                 if got is None or not got.progress.started():
                     waiting = True
