@@ -20,6 +20,7 @@ from .readahead import StreamFeeder
 from .sources import reads_in_place
 from .stats import StatsRecorder
 from .status import open_local_status_root
+from .weakcall import weakly
 
 __all__ = ["Made", "PlannedLoader"]
 
@@ -92,7 +93,7 @@ class PlannedLoader:
         self._feeder: StreamFeeder | None = None
         self._primed = False  # the feeder was started by start_fetching(), no pass has it
         self.mixture = isinstance(dataset, MixtureDataset)
-        self.recorder.extra = self._readahead_stats
+        self.recorder.extra = weakly(self._readahead_stats, gone=dict)
         self._finished = False
         self._active = False
 

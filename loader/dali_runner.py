@@ -121,6 +121,11 @@ class StoppableSource:
             raise StopIteration
         return self.source(info)
 
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)  # a test's stand-in may have none
+        if close is not None:
+            close()
+
 
 class DaliRunner:
     """Starts passes on a reusable pipeline built by ``build(batch_source)``."""
@@ -132,7 +137,10 @@ class DaliRunner:
         # removed on close, collection or exit; swept by a later loader if this process is
         # killed (``flashfeed/scratch.py``)
         self.pass_dir = make_owned_dir(PASS_PREFIX, _pass_base())
-        self._cleanup = weakref.finalize(self, remove_owned, self.pass_dir, PASS_PREFIX)
+        #: the pipe's source (this process's copy), closed when the pipe is dropped or this
+        #: runner goes: a pipeline may be kept by a cycle of its own, its source with it
+        self._sources: list[StoppableSource] = []
+        self._cleanup = weakref.finalize(self, _release, self.pass_dir, self._sources)
         self.pipe: Any = None
         self.names: list[str] = []
         self.epoch = -1
@@ -156,6 +164,7 @@ class DaliRunner:
             # DALI forks its reader processes while building; they must die with us
             with tie_forked_children():
                 source = StoppableSource(self._make_source(self.pass_dir), self.pass_dir)
+                self._sources.append(source)
                 self.pipe, self.names = self._build(source)
             self.builds += 1
         self.ready = False
@@ -210,12 +219,26 @@ class DaliRunner:
         global _dropped
         alive = _watch(self.pipe)
         self.pipe, self.names, self.ready = None, [], False
+        _close_sources(self._sources)  # its shards unmapped now, whatever keeps the pipe
         if alive is not None and alive() is not None:  # still referenced: maybe a cycle
             _dropped += 1
 
     def close(self) -> None:
         self.drop()
         self._cleanup()
+
+
+def _close_sources(sources: list[StoppableSource]) -> None:
+    while sources:
+        sources.pop().close()
+
+
+def _release(pass_dir: str, sources: list[StoppableSource]) -> None:
+    """A runner's end (closed, collected or at exit): its sources closed, its folder gone."""
+    try:
+        _close_sources(sources)
+    finally:
+        remove_owned(pass_dir, PASS_PREFIX)
 
 
 def _watch(pipe: Any) -> Callable[[], Any] | None:

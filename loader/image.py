@@ -38,6 +38,7 @@ from .sources import ShardSource, reads_in_place
 from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
 from .text import TextEncoder, collate_json, collate_text, load_tokenizer
 from .video import check_clip_state, clip_draws, clip_options, require_pyav
+from .weakcall import weakly
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -190,7 +191,7 @@ class Loader(PlannedLoader):
         self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
         self.host_pool = HostPool()  # CPU batches: reused once nothing refers to them
         self.missing: Counter[str] = Counter({s.name: 0 for s in self.specs if s.optional})
-        self.runner = DaliRunner(self._build, self._source)
+        self.runner = DaliRunner(weakly(self._build), weakly(self._source))
         #: start-up seconds, filled in up to the first batch: ``stats()["startup"]``
         self.startup: dict[str, float] = {
             "construction_s": time.perf_counter() - created,

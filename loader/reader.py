@@ -204,6 +204,7 @@ class ShardReader:
         return np.array(label, dtype=np.int64)
 
     def close(self) -> None:
+        """Unmap every open shard (a later read maps it again)."""
         for s in self._open.values():
             s.close()
         self._open.clear()
@@ -265,6 +266,12 @@ class BatchSource:
         self._rows = np.zeros(0, np.int64)
         self._num_batches = 0
         self._link = ParentLink()
+
+    def close(self) -> None:
+        """Let go of the batches held for DALI and unmap the open shards: a dropped
+        pipeline may be kept by a cycle until a garbage collection, this source with it."""
+        self._held.clear()
+        self.reader.close()
 
     def _load(self, epoch: int) -> None:
         with np.load(pass_path(self.pass_dir, epoch)) as f:

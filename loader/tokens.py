@@ -365,9 +365,19 @@ class TokenLoader(PlannedLoader):
         return t.to(self.device)
 
     def close(self) -> None:
-        """Wait for the copies in flight; close the stats log."""
+        """Wait for the copies in flight; let go of the open shards (their memory maps: a
+        shard the cache evicts or a dataset removed meanwhile would otherwise keep its pages
+        and disk blocks while this object lives); close the stats log. A later pass opens
+        the shards it reads again."""
         if self.copier is not None:
             self.copier.flush()
+        for got in self._views.values():
+            if got.view.arriving is not None:
+                got.view.arriving.progress.close()
+        self._views.clear()
+        self._used.clear()
+        self._rows = self._docs = None
+        self._whole = True
         super().close()
 
     def stats(self) -> dict[str, Any]:
