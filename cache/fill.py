@@ -19,6 +19,7 @@ from flashfeed import crypto, storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
 from flashfeed.manifest import ShardInfo
+from flashfeed.storage import file_checksum
 from flashfeed.units import format_size
 from flashfeed.wdsindex import parse_index
 
@@ -34,16 +35,6 @@ from .space import space_lock
 __all__ = ["CHUNK", "OrderedHasher", "block_size", "file_checksum", "fill_shard"]
 
 Reserve = Callable[[int, str], int]
-
-
-def file_checksum(path: str) -> str:
-    """The manifest checksum (xxh3-128) of a local file, read through a memory map."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return storage.checksum(b"")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            return storage.checksum(memoryview(m))
 
 
 #: bytes read from a response body at a time: small enough to stay in the CPU's cache

@@ -184,7 +184,11 @@ def check_shard_bytes(data: bytes | memoryview, info: ShardInfo, *, dataset: str
             f"shard {info.path} of dataset {dataset} has {len(data)} bytes, "
             f"the manifest says {info.bytes} (truncated or replaced)"
         )
-    got = storage.checksum(data)
+    check_shard_checksum(storage.checksum(data), info, dataset=dataset)
+
+
+def check_shard_checksum(got: str, info: ShardInfo, *, dataset: str) -> None:
+    """Raise ``CorruptShardError`` naming the shard unless ``got`` is its manifest checksum."""
     if got != info.checksum:
         raise CorruptShardError(
             f"shard {info.path} of dataset {dataset} fails its checksum "

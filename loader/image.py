@@ -319,8 +319,10 @@ class Loader(PlannedLoader):
             # the first batches' fetches start, then the pipeline builds while they run: a
             # built pipeline takes no sample before the first run(), after wait_ready(0);
             # the rest of the download waits until the first batch is made
+            asked = time.perf_counter()
             feeder.hold_ahead()
-            feeder.ask(0)
+            feeder.ask(0)  # a local shard's first use checks it (size and checksum) here
+            asked = time.perf_counter() - asked
             started = feeder.wait_started(0)  # storage wait: the first bytes, pre-build
             startup = self.runner.start(order) if order.num_batches else 0.0
             storage = started + feeder.wait_ready(0)
@@ -328,7 +330,7 @@ class Loader(PlannedLoader):
                 reader = self._build_timings.get("reader_start_s", 0.0)
                 self.startup["pipeline_build_s"] = max(startup - reader, 0.0)
                 self.startup["reader_start_s"] = reader
-                self.startup["first_fetch_s"] = storage
+                self.startup["first_fetch_s"] = asked + storage
             yield from self._deliver_batches(
                 order, feeder, lambda k: self._make(startup if k == 0 else 0.0), storage=storage
             )

@@ -7,7 +7,6 @@ and knows its sample index. Sources are picklable, so DALI's reader processes an
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from flashfeed import storage
-from flashfeed.dataset import Dataset, check_shard_bytes
+from flashfeed.dataset import Dataset, check_shard_checksum
 from flashfeed.errors import CorruptShardError, ManifestError
 from flashfeed.wdsindex import SampleIndex, parse_index
 
@@ -196,12 +195,7 @@ def _verify_file(path: str, info: Any, *, dataset: str) -> None:
             f"shard {info.path} of dataset {dataset} has {size} bytes, the manifest says "
             f"{info.bytes} (truncated or replaced)"
         )
-    with (
-        open(path, "rb") as f,
-        mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
-        memoryview(m) as view,
-    ):
-        check_shard_bytes(view, info, dataset=dataset)
+    check_shard_checksum(storage.file_checksum(path), info, dataset=dataset)
 
 
 class CacheShardSource:

@@ -52,7 +52,9 @@ def interrupt_at(
     try:
         deadline = time.monotonic() + MOMENT_WITHIN
         while not moment():
-            assert proc.poll() is None, f"ended (rc {proc.returncode}) before the moment"
+            if proc.poll() is not None:
+                err = proc.stderr.read() if proc.stderr is not None else ""
+                raise AssertionError(f"ended (rc {proc.returncode}) before the moment:\n{err}")
             assert time.monotonic() < deadline, "the moment never came"
             time.sleep(0.05)
         time.sleep(settle)

@@ -240,3 +240,19 @@ def test_reader_groups_members_by_key_and_keeps_slashes() -> None:
         "class0/img00003",
     ]
     assert got == samples(0, 4)
+
+
+@pytest.mark.parametrize("size", [0, 1, (8 << 20) - 1, 8 << 20, (16 << 20) + 12345])
+def test_a_file_checksum_read_in_pieces_is_the_checksum_of_its_bytes(tmp_path: Path, size: int):
+    import os
+
+    from flashfeed import storage
+
+    data = os.urandom(size)
+    path = tmp_path / "shard.bin"
+    path.write_bytes(data)
+    assert storage.file_checksum(path) == storage.checksum(data)
+    flipped = bytearray(data or b"\0")
+    flipped[-1] ^= 1
+    path.write_bytes(bytes(flipped))
+    assert storage.file_checksum(path) != storage.checksum(data)
