@@ -130,13 +130,16 @@ def loader_conversion() -> Callable[[Any, torch.device | None], Any]:
     return lambda tl, dev: convert.to_torch(tl, dev, None, pool)
 
 
-def _dali_iter(pipe: Any, batches: int | None) -> Iterator[Any]:
-    """Batches as torch tensors, copied out as flashfeed's Loader and DALI's iterator do;
-    endless (the reader wraps around epochs) when ``batches`` is None."""
+def _dali_iter(
+    pipe: Any, batches: int | None, to_torch: Callable[[Any, Any], Any] | None = None
+) -> Iterator[Any]:
+    """Batches as torch tensors, copied out as flashfeed's Loader and DALI's iterator do
+    (``to_torch``: a ``loader_conversion()`` kept across epochs, as DALI's iterator keeps its
+    tensors); endless (the reader wraps around epochs) when ``batches`` is None."""
     import itertools
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else None
-    to_torch = loader_conversion()  # DALI's own iterator also copies into reused tensors
+    to_torch = to_torch or loader_conversion()  # DALI's iterator copies into reused tensors
     for _ in itertools.count() if batches is None else range(batches):
         outputs = pipe.run()
         batch = [to_torch(outputs[0], device)]
@@ -196,9 +199,10 @@ class DaliReaderEpochs:
             shards, batch_size=batch_size, threads=threads, device=device
         )
         self.batches = -(-int(self.pipe.epoch_size("reader")) // batch_size)
+        self.to_torch = loader_conversion()  # one pool for every epoch, as the Loader's
 
     def __iter__(self) -> Iterator[Any]:
-        return _dali_iter(self.pipe, self.batches)
+        return _dali_iter(self.pipe, self.batches, self.to_torch)
 
     def close(self) -> None:
         self.pipe = None

@@ -340,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
             bs.restart()
             time.sleep(2.0)  # let the restarted server settle before the first run is timed
             for name in rotated(list(runs), r):
+                # untimed: the last run's writes (a cache fill, a download: hundreds of MB)
+                # leave the disk, so their writeback does not land in this run's timer (the
+                # rotation keeps neighbours: ff-local always follows ff-s3's fills)
+                os.sync()
                 before = cpu_steal()
                 try:
                     got = runs[name]()
