@@ -227,6 +227,11 @@ class DaliRunner:
         self.drop()
         self._cleanup()
 
+    @property
+    def closed(self) -> bool:
+        """Closed (or collected): its pass folder is gone, no pass can start."""
+        return not self._cleanup.alive
+
 
 def _close_sources(sources: list[StoppableSource]) -> None:
     while sources:

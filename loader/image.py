@@ -202,6 +202,11 @@ class Loader(PlannedLoader):
 
     # -- iteration --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
+        if self.runner.closed:
+            raise RuntimeError(
+                f"{self._describe()} is closed (its DALI pipeline and pass folder are gone): "
+                "make a new Loader to read again"
+            )
         return self._pass_iter(self._run(self.begin_pass()))
 
     def _build(self, batch_source: BatchSource) -> tuple[Any, list[str]]:

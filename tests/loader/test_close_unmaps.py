@@ -66,6 +66,8 @@ def test_image_loader_close_unmaps_its_shards(tmp_path):
     assert n == 64 and mapped_under(prefix)
     loader.close()
     assert mapped_under(prefix) == set()
+    with pytest.raises(RuntimeError, match=r"is closed .* make a new Loader"):
+        iter(loader)
 
 
 def test_a_cold_token_loader_closed_mid_pass_unmaps_the_part_files(s3_prefix, proxy, tmp_path):
