@@ -52,7 +52,7 @@ _ADDR, _STRIDE, _ROWS, _OFF, _OFFLEN, _TAB, _TABROWS = range(7)
 
 
 class OpenShard(Protocol):
-    """What the table reads of an open shard (``tokens._OpenShard``)."""
+    """What the table reads of an open shard (``openshard.OpenShard``)."""
 
     view: ArrowShardView
     firsts: np.ndarray  # ``(shard << 32) + first row`` of each record batch

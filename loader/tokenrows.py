@@ -22,7 +22,7 @@ __all__ = ["RowTable", "row_keys"]
 
 
 class OpenRows(Protocol):
-    """What the table reads of an open shard (``tokens._OpenShard``)."""
+    """What the table reads of an open shard (``openshard.OpenShard``)."""
 
     view: ArrowShardView
     several: bool

@@ -41,6 +41,7 @@ from .convert import DeviceCopier, HostPool
 from .docwarm import warm_loader
 from .fields import KEY
 from .mixsource import MixtureDataset
+from .openshard import OpenShard, default_max_open
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .pipeline import batch_device, check_device
@@ -122,7 +123,7 @@ class TokenLoader(PlannedLoader):
         )
         sources = len(self.dataset.names) if isinstance(self.dataset, MixtureDataset) else 1
         self.max_open = max_open or default_max_open(sources, parts.options.window)
-        self._views: dict[int, _OpenShard] = {}
+        self._views: dict[int, OpenShard] = {}
         #: the batch that last read each open shard (the least recent is closed first)
         self._used: dict[int, int] = {}
         self._tick = 0  # batches gathered
@@ -136,7 +137,7 @@ class TokenLoader(PlannedLoader):
         #: the document kernels compiled meanwhile (``docwarm.py``), waited for by batch 1
         self._warm = warm_loader(self.dataset.manifest.schema, dtype) if self.outputs else None
 
-    def _open(self, shard: int) -> _OpenShard:
+    def _open(self, shard: int) -> OpenShard:
         """Shard ``shard`` viewed and checked (the ``max_open`` most recent are kept); a
         shard still arriving takes in the record batches landed since it was last asked."""
         got = self._views.get(shard)
@@ -160,7 +161,7 @@ class TokenLoader(PlannedLoader):
             )
         check_shared_offsets(view)
         self._check_row_types(view)
-        got = self._views[shard] = _OpenShard(shard, view)
+        got = self._views[shard] = OpenShard(shard, view)
         views, used = self._views, self._used
         used[shard] = self._tick
         while len(views) > self.max_open:  # the least recently read goes
@@ -168,7 +169,7 @@ class TokenLoader(PlannedLoader):
             del views[victim], used[victim]
         return got
 
-    def _open_all(self, shards: dict[int, None]) -> Mapping[int, _OpenShard]:
+    def _open_all(self, shards: dict[int, None]) -> Mapping[int, OpenShard]:
         """``_open`` of each shard. Once they are all open and whole (a pass under way
         over local shards), one set test and one dict update, no Python step per shard (a
         mixture's batch spans a window of shards per source): the map returned is then
@@ -259,7 +260,7 @@ class TokenLoader(PlannedLoader):
         return out, keys
 
     def _doc_rows(
-        self, table: RowTable, opened: Mapping[int, _OpenShard], need: dict[int, None]
+        self, table: RowTable, opened: Mapping[int, OpenShard], need: dict[int, None]
     ) -> DocRows:
         """The ``DocRows`` of the open shards, remade with their ``RowTable`` (of the
         batch's shards alone when the table is not the loader's)."""
@@ -293,7 +294,7 @@ class TokenLoader(PlannedLoader):
         tokens = next(planes) if wide else self._buffer(shape, dtype)
         return tokens, lambda _shape, _dtype: next(planes)
 
-    def _row_table(self, opened: Mapping[int, _OpenShard]) -> RowTable:
+    def _row_table(self, opened: Mapping[int, OpenShard]) -> RowTable:
         """The ``RowTable`` of every open shard (they hold ``opened``), kept until a shard
         opens; of ``opened`` alone when it holds more than ``max_open`` shards."""
         if len(opened) > self.max_open:
@@ -386,67 +387,6 @@ class TokenLoader(PlannedLoader):
         out["bytes"] = self.bytes_delivered
         out["gb_per_s"] = self.bytes_delivered / elapsed / 1e9 if elapsed > 0 else 0.0
         return out
-
-
-def default_max_open(sources: int, window: int) -> int:
-    """Shards kept open by default: every source reads a window of ``window`` shards at a
-    time, and two windows meet at a boundary, so fewer than ``2 * sources * window`` would
-    close shards still being read (a mixture's batches would reopen them over and over)."""
-    return max(16, 2 * sources * window)
-
-
-class _OpenShard:
-    """A viewed shard and what the gather looks up in it row by row, made once per open:
-    where its record batches start, and its document columns as one table per record
-    batch (made when first needed, and again for record batches that land later)."""
-
-    def __init__(self, shard: int, view: ArrowShardView) -> None:
-        self.view = view
-        self.shard = shard
-        self._where()
-
-    def _where(self) -> None:
-        view = self.view
-        self._starts = view.starts
-        #: several record batches (else every row is in record batch 0 at its own number)
-        self.several = len(view.starts) > 1
-        #: ``(shard << 32) + first row`` of each record batch, and its number (``RowTable``)
-        firsts = np.asarray(view.starts if len(view.starts) else [0], np.int64)
-        self.firsts = (np.int64(self.shard) << 32) + firsts
-        self.numbers = np.arange(len(firsts), dtype=np.int64)
-        self._segs: list[tuple[np.ndarray, np.ndarray]] | None = None
-        self._made_from: list[object] = []  # the doc_lens view each table was made from
-
-    def segments(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per record batch: the shared offsets of the document columns, and a ``(segments,
-        k)`` int64 table of ``doc_lens``, ``doc_ids`` (and ``doc_starts`` when read), so a
-        row's segments are one slice of one table."""
-        if self._segs is None:
-            n = len((self.view.lists or {}).get("doc_lens", []))
-            self._segs = [self._table(c) for c in range(n)]
-        return self._segs
-
-    def landed(self) -> None:
-        """Record batches landed in the view (a shard still arriving): tables for them; all
-        made again when a shard walked as it lands has located more of them."""
-        if self.view.starts is not self._starts:
-            self._where()
-        if self._segs is None:
-            return
-        for c, lens in enumerate((self.view.lists or {}).get("doc_lens", [])):
-            if lens is not self._made_from[c]:
-                self._segs[c] = self._table(c)
-
-    def _table(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        lists = self.view.lists or {}
-        chunks = [lists[n][c] for n in ("doc_lens", "doc_ids", "doc_starts") if n in lists]
-        end = int(chunks[0].offsets[-1]) if len(chunks[0].offsets) else 0
-        table = np.stack([v.values[:end] for v in chunks], axis=1).astype(np.int64)
-        if c < len(self._made_from):
-            self._made_from[c] = chunks[0]
-        else:
-            self._made_from.append(chunks[0])
-        return chunks[0].offsets, table
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:

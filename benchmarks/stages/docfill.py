@@ -118,7 +118,7 @@ def numpy_outputs(
 class Batches:
     """The batch kernel's inputs as ``TokenLoader`` builds them: ``packed_rows`` written as
     ``shards`` flashfeed Arrow shards (tokens and the document columns, record batches as
-    ingest writes them), each opened as the loader opens it (mapped, ``_OpenShard``), one
+    ingest writes them), each opened as the loader opens it (mapped, ``OpenShard``), one
     ``DocRows`` over them; and ``sets`` batches of ``batch`` rows drawn without repeats in
     a shuffled order as (shard, row) pairs, with the same rows gathered first (tokens and
     ``Segments``) for the numpy passes."""
@@ -128,7 +128,7 @@ class Batches:
 
         from flashfeed.ingest.tokenize import DOCUMENT_COLUMNS
         from flashfeed.loader.arrowcols import open_arrow_view
-        from flashfeed.loader.tokens import _OpenShard
+        from flashfeed.loader.openshard import OpenShard
         from flashfeed.shardio import shard_name, write_arrow_shard
 
         total = batch * sets
@@ -153,7 +153,7 @@ class Batches:
                 str(work / shard_name(s, "arrow")), ("tokens",), name=shard_name(s, "arrow"),
                 lists=("doc_lens", "doc_ids"),
             )  # fmt: skip
-            opened[s] = _OpenShard(s, view)
+            opened[s] = OpenShard(s, view)
         self.opened = opened  # the views the table's addresses point into
         self.table: Any = None  # the DocRows, made on the first batch (numba imported then)
         order = np.random.default_rng(1).permutation(total)

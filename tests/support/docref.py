@@ -89,7 +89,7 @@ def walk(seg: Segments, tokens: np.ndarray) -> dict[str, list]:
 
 
 class RefShard:
-    """An open shard as ``DocRows`` reads it (``tokens._OpenShard``'s fields): per record
+    """An open shard as ``DocRows`` reads it (``openshard.OpenShard``'s fields): per record
     batch its token rows and a segment table (offsets as Arrow keeps them, int32; rows of
     (length, document, start))."""
 
