@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from flashfeed import storage
 from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
 
-from .fill import file_checksum
 from .layout import DatasetDir, list_dataset_dirs, read_json
 from .nodeshare import NodeShare, fitting_prefix, warm_mismatch
 from .pins import release_warm_pins
@@ -138,7 +138,7 @@ def verify(root: str) -> dict[str, Any]:
             checked += 1
             info = cached_info(d.manifest, d.manifest.shards[e.shard])
             try:
-                ok = os.path.getsize(e.path) == info.bytes and file_checksum(e.path) == (
+                ok = os.path.getsize(e.path) == info.bytes and storage.file_checksum(e.path) == (
                     info.checksum
                 )
             except FileNotFoundError:

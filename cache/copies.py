@@ -14,13 +14,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from flashfeed import storage
 from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
 from flashfeed.manifest import ShardInfo
 
 from .aimd import AdaptiveLimit
 from .errors import CacheFullError, CacheOverCapacityError
-from .fill import file_checksum, fill_shard
+from .fill import fill_shard
 from .hints import ReadHints
 from .layout import DatasetDir
 from .locks import FileLock
@@ -68,7 +69,7 @@ class ShardCopies:
         if mode == "never" or (mode == "once" and self._verified.get(path) == ident):
             return True
         try:
-            ok = file_checksum(path) == info.checksum
+            ok = storage.file_checksum(path) == info.checksum
         except FileNotFoundError:
             return None
         if ok:

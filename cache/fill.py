@@ -19,7 +19,6 @@ from flashfeed import crypto, storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
 from flashfeed.manifest import ShardInfo
-from flashfeed.storage import file_checksum
 from flashfeed.units import format_size
 from flashfeed.wdsindex import parse_index
 
@@ -32,7 +31,7 @@ from .progress import FillProgress, live_path
 from .ranged import FetchReport, RangedFetcher
 from .space import space_lock
 
-__all__ = ["CHUNK", "OrderedHasher", "block_size", "file_checksum", "fill_shard"]
+__all__ = ["CHUNK", "OrderedHasher", "block_size", "fill_shard"]
 
 Reserve = Callable[[int, str], int]
 

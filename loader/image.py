@@ -324,10 +324,10 @@ class Loader(PlannedLoader):
             # the first batches' fetches start, then the pipeline builds while they run: a
             # built pipeline takes no sample before the first run(), after wait_ready(0);
             # the rest of the download waits until the first batch is made
-            asked = time.perf_counter()
+            ask_start = time.perf_counter()
             feeder.hold_ahead()
             feeder.ask(0)  # a local shard's first use checks it (size and checksum) here
-            asked = time.perf_counter() - asked
+            asked = time.perf_counter() - ask_start
             started = feeder.wait_started(0)  # storage wait: the first bytes, pre-build
             startup = self.runner.start(order) if order.num_batches else 0.0
             storage = started + feeder.wait_ready(0)

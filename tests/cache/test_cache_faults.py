@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cache.fill import file_checksum
+from flashfeed.storage import file_checksum
 
 from support import SUPPORT
 from support.cache_data import make_dataset

@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 from flashfeed.lifeline import process_start
-from flashfeed.loader.dali_runner import PASS_PREFIX, DaliRunner
+from flashfeed.loader.dali_runner import PASS_PREFIX
 from flashfeed.scratch import make_owned_dir, remove_owned, sweep_orphans
+
+from support.loader_helpers import stub_runner
 
 PREFIX = "fftest-"
 
@@ -85,7 +87,7 @@ def test_a_forked_child_never_removes_its_parents_folder(tmp_path: Path) -> None
 
 
 def test_a_loader_runner_removes_its_pass_folder_on_close_and_in_no_forked_child() -> None:
-    runner = DaliRunner(lambda source: (object(), ["x"]), lambda pass_dir: None)  # type: ignore[arg-type,return-value]
+    runner = stub_runner()
     assert os.path.basename(runner.pass_dir).startswith(f"{PASS_PREFIX}{os.getpid()}-")
     pid = os.fork()
     if pid == 0:

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from flashfeed.ingest.raysetup import RAY_PREFIX
-from flashfeed.loader.dali_runner import PASS_PREFIX, DaliRunner
+from flashfeed.loader.dali_runner import PASS_PREFIX
 from flashfeed.scratch import make_owned_dir, remove_owned
 
 from support import TESTS
-from support.loader_helpers import make_image_dataset
+from support.loader_helpers import make_image_dataset, stub_runner
 from support.procs import GONE_WITHIN, alive, descendants
 
 
@@ -128,7 +128,7 @@ def test_dali_reader_processes_die_with_a_killed_loader(tmp_path: Path, child, s
     left = glob.glob(f"/dev/shm/{PASS_PREFIX}{pid}-*")
     if os.access("/dev/shm", os.W_OK):
         assert len(left) == 1, left
-    runner = DaliRunner(lambda source: (object(), ["x"]), lambda pass_dir: None)  # type: ignore[arg-type,return-value]
+    runner = stub_runner()
     try:
         assert not any(os.path.exists(p) for p in left), left
     finally:

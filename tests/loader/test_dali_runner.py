@@ -11,6 +11,8 @@ import pytest
 from flashfeed.loader import dali_runner
 from flashfeed.loader.dali_runner import DaliRunner, collect_dropped_pipelines
 
+from support.loader_helpers import stub_runner
+
 
 @pytest.fixture
 def fresh_process(monkeypatch):
@@ -24,7 +26,7 @@ def fresh_process(monkeypatch):
 
 
 def _runner() -> DaliRunner:
-    return DaliRunner(lambda source: (object(), ["x"]), lambda pass_dir: None)  # type: ignore[arg-type,return-value]
+    return stub_runner()
 
 
 def test_the_first_loader_of_a_process_does_not_collect(fresh_process):

@@ -170,3 +170,17 @@ def image_samples(prefix: str) -> dict[tuple[int, int], tuple[bytes, int, str]]:
             part = {c.ext: tar[c.offset : c.offset + c.size] for c in entry.components}
             out[i, row] = (part["jpg"], int(part["cls"]), f"{info.path}/{entry.key}")
     return out
+
+
+class _NoSource:
+    """A batch source stand-in for a runner whose pipeline never runs."""
+
+    def close(self) -> None:
+        pass
+
+
+def stub_runner():
+    """A ``DaliRunner`` whose build makes no DALI pipeline (its pass folder is real)."""
+    from flashfeed.loader.dali_runner import DaliRunner
+
+    return DaliRunner(lambda source: (object(), ["x"]), lambda pass_dir: _NoSource())  # type: ignore[arg-type,return-value]
