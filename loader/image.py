@@ -18,7 +18,7 @@ from flashfeed.mixture import Mixture
 
 from .base import Made, PlannedLoader
 from .bucketplan import BucketPlanner, bucket_options
-from .convert import DeviceCopier, HostPool, to_keys, to_torch
+from .convert import DeviceCopier, to_keys, to_torch
 from .dali_runner import DaliRunner, collect_dropped_pipelines, cuda_initialized, py_start_method
 from .fields import KEY, parse_fields
 from .mixposition import MixPosition
@@ -189,7 +189,6 @@ class Loader(PlannedLoader):
         # decode_device() made sure a "gpu" loader has a CUDA torch
         self.torch_device = cuda_device() if self.device_kind == "gpu" else None
         self.copier = DeviceCopier(self.torch_device) if self.torch_device is not None else None
-        self.host_pool = HostPool()  # CPU batches: reused once nothing refers to them
         self.missing: Counter[str] = Counter({s.name: 0 for s in self.specs if s.optional})
         self.runner = DaliRunner(weakly(self._build), weakly(self._source))
         #: start-up seconds, filled in up to the first batch: ``stats()["startup"]``
@@ -377,7 +376,7 @@ class Loader(PlannedLoader):
                 batch[n] = collate_text(o) if kind == "text" else collate_json(o)
                 self._count_missing(n, batch[n])
             else:
-                batch[n] = to_torch(o, self._out_device(n), copier, self.host_pool)
+                batch[n] = to_torch(o, self._out_device(n), copier)
         label = batch.get("label")
         if isinstance(label, torch.Tensor) and label.ndim > 1:
             batch["label"] = label.reshape(-1)

@@ -119,27 +119,44 @@ def imagefolder_loader(
 
 
 def loader_conversion() -> Callable[[Any, torch.device | None], Any]:
-    """DALI output -> torch as the Loader converts CPU batches: into a pool of host buffers
-    reused once a batch is dropped (``HostPool``), where this flashfeed has one."""
+    """DALI output -> torch as the Loader converts it: on the CPU, as this flashfeed's
+    ``to_torch`` does (DALI's own buffer handed out in place, as DALI's PyTorch iterator
+    does under its dynamic executor; an older flashfeed copied into a ``HostPool``)."""
+    import inspect
+
     from flashfeed.loader import convert
 
-    pool_type = getattr(convert, "HostPool", None)
-    if pool_type is None:
+    if "pool" not in inspect.signature(convert.to_torch).parameters:
         return lambda tl, dev: convert.to_torch(tl, dev)
-    pool = pool_type()
+    pool = convert.HostPool()
     return lambda tl, dev: convert.to_torch(tl, dev, None, pool)
+
+
+def dali_iterator_conversion() -> Callable[[Any, torch.device | None], Any]:
+    """DALI output -> torch as DALI's own PyTorch iterator converts it under the dynamic
+    executor (DALI's default): a dense CPU output handed out in place (``from_dlpack``, no
+    copy; DALI reuses the buffer once nothing refers to it); on a GPU machine, as the
+    Loader's ``to_torch`` does."""
+    to_gpu = loader_conversion()
+
+    def convert(tl: Any, device: torch.device | None) -> Any:
+        if device is None and type(tl).__name__ == "TensorListCPU" and tl.is_dense_tensor():
+            return torch.from_dlpack(tl.as_tensor())
+        return to_gpu(tl, device)
+
+    return convert
 
 
 def _dali_iter(
     pipe: Any, batches: int | None, to_torch: Callable[[Any, Any], Any] | None = None
 ) -> Iterator[Any]:
-    """Batches as torch tensors, copied out as flashfeed's Loader and DALI's iterator do
-    (``to_torch``: a ``loader_conversion()`` kept across epochs, as DALI's iterator keeps its
-    tensors); endless (the reader wraps around epochs) when ``batches`` is None."""
+    """Batches as torch tensors, converted as DALI's iterator converts them (``to_torch``: a
+    ``dali_iterator_conversion()`` by default); endless (the reader wraps around epochs)
+    when ``batches`` is None."""
     import itertools
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else None
-    to_torch = to_torch or loader_conversion()  # DALI's iterator copies into reused tensors
+    to_torch = to_torch or dali_iterator_conversion()
     for _ in itertools.count() if batches is None else range(batches):
         outputs = pipe.run()
         batch = [to_torch(outputs[0], device)]
@@ -199,7 +216,7 @@ class DaliReaderEpochs:
             shards, batch_size=batch_size, threads=threads, device=device
         )
         self.batches = -(-int(self.pipe.epoch_size("reader")) // batch_size)
-        self.to_torch = loader_conversion()  # one pool for every epoch, as the Loader's
+        self.to_torch = dali_iterator_conversion()  # kept for every epoch, as DALI's iterator
 
     def __iter__(self) -> Iterator[Any]:
         return _dali_iter(self.pipe, self.batches, self.to_torch)
