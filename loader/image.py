@@ -34,7 +34,6 @@ from .pipeline import (
 )
 from .position import Position
 from .reader import BatchSource, ShardReader
-from .sources import ShardSource, reads_in_place
 from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
 from .text import TextEncoder, collate_json, collate_text, load_tokenizer
 from .video import check_clip_state, clip_draws, clip_options, require_pyav
@@ -43,7 +42,7 @@ from .weakcall import weakly
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["Batch", "Loader", "default_py_workers"]
+__all__ = ["Batch", "Loader"]
 
 #: one batch: output name -> tensor (a list of per-sample tensors for ragged raw fields),
 #: and ``"__key__"``: each sample's ``<shard>/<key>``, carried through DALI with it
@@ -54,11 +53,15 @@ class Loader(PlannedLoader):
     """Batches of a WebDataset-format dataset, decoded by DALI in the order of the plan.
 
     ``device``: ``"gpu"`` (nvJPEG "mixed" decode; needs a CUDA build of torch), ``"cpu"``, or
-    ``"auto"``. ``py_workers``: reader processes of DALI's parallel external source; None
-    (default): none for a dataset read in place (the samples are views into its memory-mapped
-    shards, read in this process without a copy or a hand-off), one otherwise (a sample of a
-    shard still arriving in the cache waits there, not in this process); see
-    ``default_py_workers``. ``reader_start``: how DALI starts those processes,
+    ``"auto"``. ``py_workers``: reader processes of DALI's parallel external source; 0
+    (default; None means the same): none. The samples are views into the memory-mapped
+    local or cached shards, read in this process without a copy or a hand-off, and a shard
+    still arriving in the cache needs no process of its own: before each ``run()`` the pass
+    waits here (counted as storage wait) until every batch DALI may ask for next has landed
+    (``StreamFeeder.wait_ready``). A reader process copies every sample into shared memory
+    and pickles each batch's layout: 0.054-0.067 CPU ms per image on 2 cores, where the
+    callback adds about 0.003 ms; a cold first epoch from S3 ran 1.18x faster without it
+    (docs/LOADER.md). ``reader_start``: how DALI starts those processes,
     ``"fork"``, ``"spawn"``, or ``"auto"``: spawn when decode runs on the GPU or this process
     has already initialised CUDA (DALI cannot fork then), fork otherwise; a spawning loader
     built by a script without an ``if __name__ == "__main__":`` guard raises ``SpawnError``
@@ -113,7 +116,7 @@ class Loader(PlannedLoader):
         clip: str = "random",
         clips_per_video: int = 1,
         num_threads: int = 2,
-        py_workers: int | None = None,
+        py_workers: int | None = 0,
         reader_start: str = "auto",
         prefetch: int = 2,
         **shared: Unpack[SharedKeywords],
@@ -144,8 +147,8 @@ class Loader(PlannedLoader):
         per_video = self.clips.clips_per_video if self.clips is not None else 1
         parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
         opened = time.perf_counter()
-        if py_workers is None:
-            py_workers = default_py_workers(parts.source)
+        if py_workers is None:  # the default before it was 0
+            py_workers = 0
         self.device_kind = decode_device(device)
         # decided now, before the caller's next CUDA call could change the answer
         self.py_start_method = py_start_method(
@@ -427,19 +430,6 @@ class Loader(PlannedLoader):
             self.copier.flush()
         self.runner.close()
         super().close()
-
-
-def default_py_workers(source: ShardSource) -> int:
-    """``Loader(py_workers=None)``: 0 for a source read in place, else 1.
-
-    A local shard is a memory map: the callback hands DALI views into it in this process,
-    which DALI reads where they lie (``build_pipeline(shared=True)``), with nothing copied
-    or handed between processes. A reader process instead copies every sample into shared
-    memory and pickles the batch's layout for this process to unpickle: it cost
-    0.054-0.067 CPU ms per image on 2 cores, while the callback adds about 0.003 ms here, on
-    the interpreter that waits in ``run()`` anyway (docs/LOADER.md). A cache-backed source
-    keeps one, so a sample of a shard still arriving waits in that process."""
-    return 0 if reads_in_place(source) else 1
 
 
 def _single(position: Position | MixPosition) -> Position:

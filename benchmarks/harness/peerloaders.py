@@ -249,8 +249,8 @@ class RamBatches:
 
 def loader_defaults() -> dict[str, Any]:
     """The Loader's own defaults for the pipeline knobs the ceiling must share. Bytes held in
-    RAM are read in place: ``py_workers=None`` is what the Loader picks for a local dataset
-    (``default_py_workers``)."""
+    RAM are read in place, as the Loader reads its shards (an older Loader's default
+    ``py_workers=None`` picked no reader process for a local dataset)."""
     import inspect
 
     from flashfeed.loader import Loader

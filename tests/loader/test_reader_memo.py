@@ -1,6 +1,7 @@
 """What the batch source hands DALI for a plain image + label dataset is made once per sample
 while its shard stays mapped, and given up before the shard is unmapped; a local dataset is
-read in the loader's own process (no reader process), a cached one in a reader process."""
+read in the loader's own process (no reader process), and so is a cached one unless a reader
+process is asked for."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.loader.fields import key_strings, parse_fields
-from flashfeed.loader.image import default_py_workers
 from flashfeed.loader.passorder import PassOrder
 from flashfeed.loader.reader import BatchSource, ShardReader, write_pass
 from flashfeed.loader.sources import LocalShardSource
@@ -79,19 +79,18 @@ def test_a_shard_unmapped_between_samples_gives_up_what_was_kept(images, tmp_pat
     source.reader.close()
 
 
-def test_a_local_dataset_is_read_in_the_loaders_process_and_a_cached_one_in_a_reader(
+def test_local_and_cached_datasets_are_read_in_the_loaders_process_unless_asked_otherwise(
     images, tmp_path
 ):
     local = Loader(images, batch_size=4, image_size=16)
     cached = Loader(images, batch_size=4, image_size=16, cache_dir=str(tmp_path / "cache"))
     chosen = Loader(images, batch_size=4, image_size=16, py_workers=1)
     try:
-        assert local.py_workers == default_py_workers(local.source) == 0
-        assert cached.py_workers == default_py_workers(cached.source) == 1
+        assert local.py_workers == cached.py_workers == 0
         assert chosen.py_workers == 1
-        # both deliver the whole epoch, each sample once, labels matching their keys
+        # each delivers the whole epoch, each sample once, labels matching their keys
         want = {k: label for _, label, k in image_samples(images).values()}
-        for loader in (local, cached):
+        for loader in (local, cached, chosen):
             got = {}
             for batch in loader:
                 got.update(zip(batch["__key__"], batch["label"].tolist(), strict=True))

@@ -1,7 +1,7 @@
-"""A loader reading a local dataset in place hands DALI views into its mapped shards without
-a copy (``external_source(no_copy=True)``): the batch source holds the last batches it
-returned, since DALI holds no reference of its own, and what comes out of DALI is still
-each sample's bytes when shards are unmapped between samples."""
+"""A loader reading its shards (local or cached) in its own process hands DALI views into
+its mapped shards without a copy (``external_source(no_copy=True)``): the batch source holds
+the last batches it returned, since DALI holds no reference of its own, and what comes out
+of DALI is still each sample's bytes when shards are unmapped between samples."""
 
 from __future__ import annotations
 
@@ -92,20 +92,21 @@ def test_dali_reads_the_views_in_place_while_their_shards_are_unmapped(images, t
     source.reader.close()
 
 
-def test_only_a_loader_reading_in_place_shares_its_batches(images, tmp_path):
+def test_only_a_loader_reading_in_its_own_process_shares_its_batches(images, tmp_path):
     local = Loader(images, batch_size=4, image_size=16, prefetch=3)
     cached = Loader(images, batch_size=4, image_size=16, cache_dir=str(tmp_path / "cache"))
+    reader = Loader(images, batch_size=4, image_size=16, py_workers=1)
     try:
         want = {k: label for _, label, k in image_samples(images).values()}
-        for loader, keep in ((local, shared_batches(3)), (cached, 0)):
+        for loader, keep in ((local, shared_batches(3)), (cached, shared_batches(2)), (reader, 0)):
             got = {}
             for batch in loader:
                 got.update(zip(batch["__key__"], batch["label"].tolist(), strict=True))
             assert got == want
             assert loader._source(str(tmp_path)).keep == keep
     finally:
-        local.close()
-        cached.close()
+        for loader in (local, cached, reader):
+            loader.close()
 
 
 def test_keys_of_different_lengths_travel_as_one_array_and_come_back_whole():
