@@ -147,8 +147,7 @@ class Loader(PlannedLoader):
         per_video = self.clips.clips_per_video if self.clips is not None else 1
         parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
         opened = time.perf_counter()
-        if py_workers is None:  # the default before it was 0
-            py_workers = 0
+        py_workers = py_workers or 0  # None: the default, no reader process
         self.device_kind = decode_device(device)
         # decided now, before the caller's next CUDA call could change the answer
         self.py_start_method = py_start_method(
