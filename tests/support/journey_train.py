@@ -39,7 +39,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--image-size", type=int, default=16)
-    p.add_argument("--py-workers", type=int, default=1)
+    p.add_argument(
+        "--py-workers", type=int, default=None, help="reader processes (default: the Loader's)"
+    )
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--hold-after-step", type=int, default=0)
     p.add_argument("--hold-node", type=int, default=-1)
