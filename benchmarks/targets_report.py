@@ -1,9 +1,10 @@
 """The targets table (benchmarks/stages/targets.py's result): per shard size, each ratio
-with its per-round min-max, its target and whether it was met. Two rows have a ceiling
+with its per-round min-max, its target and whether it was met. Three rows have a ceiling
 measured in the same run, and a result above it is refused as a measurement error: the hot
-epoch (the decode ceiling) and the cold epoch (the local epoch with a plain download of the
-same shards beside it). Where a target lies above its ceiling, the row says how much of the
-ceiling was reached."""
+epoch, against the DALI reader and alone (both bounded by the Loader's pipeline fed from
+RAM in the Loader's own order), and the cold epoch (the local epoch with a plain download of
+the same shards beside it). Where a target lies above its ceiling, the row says how much of
+the ceiling was reached."""
 
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ STARTUPS = {
 
 #: what bounds the cold epoch (benchmarks/stages/targets.py's ``ceiling-cold-<S>``)
 COLD_CEILING = "local epoch + a plain download of the shards"
+#: what bounds the hot epoch (``ceiling-<S>``): any loader that feeds DALI its own order
+HOT_CEILING = "the Loader's pipeline fed from RAM, same order"
 
 COLD_PEERS = {"litdata-s3": "litdata from S3", "mosaic-s3": "mosaicml-streaming from S3"}
 
@@ -69,6 +72,7 @@ def targets_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             target: bool = True,
             s: str = s,
             limit: str | None = None,
+            limit_label: str = COLD_CEILING,
         ) -> None:
             if mine not in r or ref not in r:
                 return
@@ -95,12 +99,12 @@ def targets_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 # the best round of the ceiling bounds the median result
                 best = max(r[limit])
                 row["ceiling"] = {
-                    "label": COLD_CEILING,
+                    "label": limit_label,
                     "ratio": ratio(r[limit], r[ref]),
                     "reached": statistics.median(r[mine]) / best,
                 }
                 try:
-                    check_limit(statistics.median(r[mine]), best, COLD_CEILING)
+                    check_limit(statistics.median(r[mine]), best, limit_label)
                 except OverLimitError as exc:
                     row["refused"], row["met"] = str(exc), None
             if key == "hot_vs_ceiling":
@@ -111,7 +115,16 @@ def targets_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(row)
 
         dali = "DALI fn.readers.webdataset"
-        add("hot_vs_dali_reader", f"ff-local-{size}-hot", f"dali-reader-{size}-hot", dali)
+        # an older result measured one ceiling for every size, in the files' order
+        hot_limit = f"ceiling-{size}" if f"ceiling-{size}" in r else "ceiling"
+        add(
+            "hot_vs_dali_reader",
+            f"ff-local-{size}-hot",
+            f"dali-reader-{size}-hot",
+            dali,
+            limit=hot_limit,
+            limit_label=HOT_CEILING,
+        )
         add(
             "cpu_vs_dali_reader",
             f"ff-local-{size}-hot-cpu-ms",
@@ -136,7 +149,7 @@ def targets_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             for k, label in peers.items():
                 if k != best:
                     add("", f"ff-s3-first-{size}", k, label, target=False)
-        add("hot_vs_ceiling", f"ff-hot-{size}", "ceiling", "decode ceiling (RAM)")
+        add("hot_vs_ceiling", f"ff-hot-{size}", hot_limit, "decode ceiling (RAM)")
         for key, name in STARTUPS.items():
             got = r.get(name.format(size=size))
             if not got:

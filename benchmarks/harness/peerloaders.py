@@ -30,6 +30,7 @@ __all__ = [
     "dali_decode_ceiling",
     "dali_webdataset_reader",
     "imagefolder_loader",
+    "loader_epoch_samples",
     "optional_peers",
     "pil_transform",
     "webdataset_dali",
@@ -227,7 +228,8 @@ class DaliReaderEpochs:
 
 class RamBatches:
     """``external_source`` callback in the Loader's layout (one list per field: JPEG bytes,
-    int64 labels; then each sample's key bytes), cycling over samples held in RAM."""
+    int64 labels; then each sample's key bytes), cycling over samples held in RAM in the
+    order they are listed."""
 
     def __init__(self, jpegs: list[bytes], labels: list[int], batch_size: int) -> None:
         from flashfeed.loader.fields import key_bytes
@@ -317,6 +319,37 @@ def dali_decode_ceiling(
         shared=True,  # RamBatches holds every array it hands out
     )
     return _pipeline_batches(pipe, names, device)
+
+
+def loader_epoch_samples(
+    dataset: Path, *, batch_size: int, threads: int
+) -> tuple[list[bytes], list[int]]:
+    """The JPEG bytes and labels of one epoch of the Loader on ``dataset`` (a folder of
+    webdataset tars), in the order it delivered them (its batches' keys, read off one pass):
+    a decode ceiling fed in this order decodes what the Loader decodes, batch for batch."""
+    import tarfile
+
+    from flashfeed.loader import Loader
+
+    loader = Loader(str(dataset), batch_size=batch_size, num_threads=threads)
+    try:
+        keys = [k for batch in loader for k in batch["__key__"]]
+    finally:
+        loader.close()
+    members: dict[str, dict[str, bytes]] = {}
+    for tar in sorted(dataset.glob("*.tar")):
+        with tarfile.open(tar) as tf:
+            for m in tf:
+                stem, _, ext = m.name.rpartition(".")
+                got = tf.extractfile(m) if m.isfile() else None
+                if got is not None and ext in ("jpg", "cls"):
+                    members.setdefault(f"{tar.name}/{stem}", {})[ext] = got.read()
+    jpegs, labels = [], []
+    for key in keys:
+        sample = members[key]
+        jpegs.append(sample["jpg"])
+        labels.append(int(sample["cls"]) if "cls" in sample else 0)
+    return jpegs, labels
 
 
 class _WdsBytes:

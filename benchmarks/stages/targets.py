@@ -33,7 +33,15 @@ and peer workers, image size 224):
   litdata-s3       litdata's StreamingDataset from S3 (its boto3 client), empty cache dir
   mosaic-s3        mosaic's StreamingDataset from S3 (its boto3 client), empty local dir, in
                    a process of its own (as a training job runs it)
-  ceiling          the Loader's own DALI pipeline fed from RAM, an epoch after warm-up
+  ceiling-<S>      the hot epoch's ceiling: the Loader's own DALI pipeline (its executor,
+                   operators, threads and prefetch, fed through ``external_source`` as the
+                   Loader feeds it) fed from RAM with the images of one of the Loader's
+                   epochs on the same shards, in the order it delivered them (read once
+                   before the rounds, untimed); whole epochs after warm-up, at least
+                   --min-seconds, with CPU ms per image: the same pipeline with nothing
+                   before it, so it bounds any loader that feeds DALI an order of its own (a
+                   plan, exact resume); its ratio to the DALI reader is what feeding through
+                   ``external_source`` costs against DALI's native reader
 
 Every peer's timer starts before its dataset/loader is constructed. Targets (printed at the
 end, each with its ratio; benchmarks/targets_report.py): hot epoch >= 1.0x the DALI reader
@@ -64,7 +72,12 @@ from typing import Any
 from benchmarks.harness.coldpeers import convert_peers, litdata_s3, mosaic_s3_child
 from benchmarks.harness.corpus import pick_images
 from benchmarks.harness.datasets import shardwriter_dataset
-from benchmarks.harness.peerloaders import DaliReaderEpochs, dali_decode_ceiling, webdataset_loader
+from benchmarks.harness.peerloaders import (
+    DaliReaderEpochs,
+    dali_decode_ceiling,
+    loader_epoch_samples,
+    webdataset_loader,
+)
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store, upload_tree
@@ -190,10 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     shard_counts = {s: shardwriter_dataset(files, layouts[s], s) for s in sizes}
     peer_dirs, missing = convert_peers(files, work / "peers", args.threads)
     images = len(files)
-    # the ceiling decodes the very images the epochs decode (all of them, from RAM): a
-    # subset of other sizes made a hot epoch on 128 MiB shards read 102% of it
-    jpegs, labels = [f.read_bytes() for f, _ in files], [c for _, c in files]
     thr = args.threads
+    # each ceiling decodes the very images a Loader epoch decodes, in its order: a ceiling
+    # in another order (the files' own) measured below the hot epoch it bounds
+    epoch_samples = {
+        s: loader_epoch_samples(layouts[s], batch_size=BATCH, threads=thr) for s in sizes
+    }
     scratch = Path(tempfile.mkdtemp(prefix="fftarget-", dir="/tmp"))
     bs = start_store(scratch, bucket="flashfeed", export_env=True)
     rounds: dict[str, list[float]] = {}
@@ -305,19 +320,26 @@ def main(argv: list[str] | None = None) -> int:
             rate, _ = epoch(lambda: webdataset_loader(urls, batch_size=BATCH, workers=thr))
             return {f"wds-http-{s}": rate}
 
-        def ceiling() -> dict[str, float]:
+        def ceiling(s: int) -> dict[str, float]:
+            jpegs, labels = epoch_samples[s]
             it = iter(dali_decode_ceiling(jpegs, labels, batch_size=BATCH, threads=thr,
                                           device="cpu"))  # fmt: skip
-            for _ in range(5):  # construction, start-up, the reader's prefetch
+            for _ in range(5):  # construction, start-up, the prefetch
                 next(it)
-            t0, n = time.perf_counter(), 0  # an epoch's batches, and at least min_seconds
-            while n < images - BATCH + 1 or time.perf_counter() - t0 < args.min_seconds:
+            per_epoch = len(jpegs) // BATCH  # whole epochs, at least min_seconds
+            c0, t0, n = tree_cpu_seconds(), time.perf_counter(), 0
+            while not n or n % per_epoch or time.perf_counter() - t0 < args.min_seconds:
                 next(it)
-                n += BATCH
-            return {"ceiling": n / (time.perf_counter() - t0)}
+                n += 1
+            secs, cpu, images_read = time.perf_counter() - t0, tree_cpu_seconds() - c0, n * BATCH
+            return {
+                f"ceiling-{s}": images_read / secs,
+                f"ceiling-{s}-cpu-ms": 1e3 * cpu / images_read,
+            }
 
-        runs: dict[str, Callable[[], dict[str, float]]] = {"ceiling": ceiling}
+        runs: dict[str, Callable[[], dict[str, float]]] = {}
         for s in sizes:
+            runs[f"ceiling-{s}"] = lambda s=s: ceiling(s)  # type: ignore[misc]
             runs[f"ff-s3-{s}"] = lambda s=s: ff_s3(s)  # type: ignore[misc]
             runs[f"ff-local-{s}"] = lambda s=s: ff_local(s)  # type: ignore[misc]
             runs[f"dali-reader-{s}"] = lambda s=s: dali_reader(s)  # type: ignore[misc]
