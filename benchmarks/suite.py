@@ -37,6 +37,9 @@ a stage run in interleaved rounds whose order rotates every round):
   sign     CPU us to sign one ranged GET: our SigV4 vs botocore's S3SigV4Auth (signcost)
   feed     CPU us per image handing batches to DALI: copied or in place, keys as list or column
            (feedcost)
+  extsource DALI's native webdataset reader vs the same operators fed through external_source
+           from RAM, on the targets stage's shards: the bound on a loader that feeds DALI
+           its own order                                           (extsource)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -88,6 +91,7 @@ STAGES = (
     "crc",
     "sign",
     "feed",
+    "extsource",
 )
 
 
@@ -331,6 +335,16 @@ def run_stages(
         batches = "100" if p.rounds < 3 else "400"
         data = r.run("feed", "feedcost", ["--batches", batches, "--rounds", str(max(3, p.rounds))])
         out["feed"] = {"data": data} if data else {}
+    if "extsource" in stages:  # the targets stage's first layout: tars with their .idx
+        size = p.targets_shard_mib.split(",")[0].strip()
+        tars = r.work / "targets" / f"wds-{size}MiB"
+        data = None
+        if any(tars.glob("*.tar.idx")):
+            data = r.run("extsource", "extsource", ["--tars", str(tars), "--rounds",
+                                                    str(max(3, p.rounds))])  # fmt: skip
+        else:
+            print(f"extsource: no tars at {tars} (the targets stage writes them)", flush=True)
+        out["extsource"] = {"data": data} if data else {}
     return out
 
 
