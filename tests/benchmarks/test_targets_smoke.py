@@ -1,6 +1,7 @@
 """benchmarks/stages/targets.py runs at a tiny size with every row it measures (DALI's own
-reader, start-up local and from S3 with an empty cache, the cold epoch and its peers) and
-prints each target with its ratio. No timed assertions."""
+reader, the hot epoch's ceiling, start-up local and from S3 with an empty cache, the cold
+epoch and its peers) and prints each target with its ratio; benchmarks/stages/extsource.py
+runs on the same tars. No timed assertions."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def test_targets_stage_measures_every_row_and_prints_each_target(tmp_path: Path)
     )
     result = json.loads(out.read_text())
     rows = {
-        "ceiling", "ff-s3-first-2", "ff-hot-2", "ff-local-first-2", "ff-local-2-hot",
-        "ff-local-2-hot-cpu-ms", "dali-reader-2-first", "dali-reader-2-hot",
+        "ceiling-2", "ceiling-2-cpu-ms", "ff-s3-first-2", "ff-hot-2", "ff-local-first-2",
+        "ff-local-2-hot", "ff-local-2-hot-cpu-ms", "dali-reader-2-first", "dali-reader-2-hot",
         "dali-reader-2-hot-cpu-ms", "ceiling-cold-2", "startup-2", "startup-again-2",
         "startup-s3-2", "startup-s3-construct-2", "wds-http-2",
     }  # fmt: skip
@@ -48,3 +49,19 @@ def test_targets_stage_measures_every_row_and_prints_each_target(tmp_path: Path)
         "Loader(...) to first batch, a second loader in the same process",
     ):
         assert f"| 2 MiB | {measure}" in run.stdout, measure
+    hot = next(ln for ln in run.stdout.splitlines() if "| 2 MiB | hot epoch, local /" in ln)
+    assert "the Loader's pipeline fed from RAM, same order" in hot
+    # the stage that measures what external_source costs, on the same tars
+    ext_out = tmp_path / "extsource.json"
+    ext = subprocess.run(
+        [sys.executable, "-m", "benchmarks.stages.extsource", "--tars",
+         str(tmp_path / "work" / "wds-2MiB"), "--rounds", "1", "--out", str(ext_out)],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    ways = json.loads(ext_out.read_text())["ways"]
+    assert set(ways) == {"reader", "ram, shuffled", "ram, tar order", "ram, + label, key"}
+    for way, row in ways.items():
+        assert row["img_s"] > 0 and row["cpu_ms"] > 0 and len(row["epochs"]) == 1, way
+        assert any(line.startswith(way) for line in ext.stdout.splitlines()), way
+    assert ways["reader"]["speed_vs_reader"] == [1.0, 1.0, 1.0]
+    assert "extsource" in load_bench("suite").STAGES
