@@ -59,10 +59,10 @@ def checksum(data: bytes | memoryview) -> str:
     return CHECKSUM_PREFIX + xxhash.xxh3_128_hexdigest(data)
 
 
-#: bytes a file checksum reads at a time, into one buffer a thread keeps: read into a warm
-#: buffer and hashed there, a shard is checked at about 10 GB/s from the page cache here,
-#: where hashing a memory map of it ran at 6 (the map's page faults)
-_HASH_READ = 8 << 20
+#: bytes a file checksum reads at a time, into one buffer a thread keeps: one that stays in
+#: the core's cache between the read and the hash checked 900 MiB of shards from the page
+#: cache with 0.140 s of CPU at 256 KiB-1 MiB against 0.169 s at 8 MiB
+_HASH_READ = 512 << 10
 _HASH_BUFFERS = threading.local()
 
 
