@@ -327,9 +327,8 @@ def loader_epoch_samples(
     """The JPEG bytes and labels of one epoch of the Loader on ``dataset`` (a folder of
     webdataset tars), in the order it delivered them (its batches' keys, read off one pass):
     a decode ceiling fed in this order decodes what the Loader decodes, batch for batch."""
-    import tarfile
-
     from flashfeed.loader import Loader
+    from flashfeed.tarshard import iter_samples
 
     loader = Loader(str(dataset), batch_size=batch_size, num_threads=threads)
     try:
@@ -338,12 +337,9 @@ def loader_epoch_samples(
         loader.close()
     members: dict[str, dict[str, bytes]] = {}
     for tar in sorted(dataset.glob("*.tar")):
-        with tarfile.open(tar) as tf:
-            for m in tf:
-                stem, _, ext = m.name.rpartition(".")
-                got = tf.extractfile(m) if m.isfile() else None
-                if got is not None and ext in ("jpg", "cls"):
-                    members.setdefault(f"{tar.name}/{stem}", {})[ext] = got.read()
+        with open(tar, "rb") as f:
+            for key, fields in iter_samples(f, source=str(tar)):
+                members[f"{tar.name}/{key}"] = fields
     jpegs, labels = [], []
     for key in keys:
         sample = members[key]

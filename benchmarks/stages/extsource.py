@@ -31,7 +31,6 @@ import os
 import random
 import statistics
 import sys
-import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,14 +53,15 @@ WAYS = {
 
 
 def _read_images(tars: list[str]) -> list[np.ndarray]:
-    """Every ``.jpg`` member of ``tars``, in the order the tars hold them."""
+    """Every sample's ``.jpg`` in ``tars``, in the order the tars hold them."""
+    from flashfeed.tarshard import iter_samples
+
     images = []
     for path in tars:
-        with tarfile.open(path) as tf:
-            for m in tf:
-                got = tf.extractfile(m) if m.isfile() and m.name.endswith(".jpg") else None
-                if got is not None:
-                    images.append(np.frombuffer(got.read(), np.uint8))
+        with open(path, "rb") as f:
+            for _, fields in iter_samples(f, source=path):
+                if "jpg" in fields:
+                    images.append(np.frombuffer(fields["jpg"], np.uint8))
     return images
 
 
