@@ -33,7 +33,8 @@ from .pipeline import (
     shared_batches,
 )
 from .position import Position
-from .reader import BatchSource, ShardReader
+from .reader import BatchSource
+from .shardreader import ShardReader
 from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
 from .text import TextEncoder, collate_json, collate_text, load_tokenizer
 from .video import check_clip_state, clip_draws, clip_options, require_pyav

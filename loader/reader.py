@@ -1,213 +1,28 @@
-"""Sample bytes by plan position, memory-mapped from local shards through their ``.idx``.
+"""The external source's callback: sample bytes by plan position.
 
-``ShardReader`` keeps a few shards of one process open; ``BatchSource`` is the callback a
-DALI ``fn.external_source`` calls with a batch number: it returns that batch of the plan,
-one list per field. Both are picklable and open their files lazily in the process that
-uses them.
+``BatchSource`` is the callback a DALI ``fn.external_source`` calls with a batch number: it
+returns that batch of the plan, one list per field, read through a ``ShardReader``
+(``shardreader.py``). Picklable; it opens its files lazily in the process that uses it.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
-import time
-from collections import OrderedDict, deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import Any
 
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.lifeline import ParentLink
-from flashfeed.wdsindex import SampleIndex
 
 from .fields import FieldSpec, key_bytes, key_column
-from .labels import parse_label
 from .passorder import PassOrder
-from .sources import ShardSource
+from .shardreader import ShardReader
 from .text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
 from .video import ClipOptions, clip_key, clip_start, probe_at
 
-if TYPE_CHECKING:
-    from flashfeed.cache import FillView
-
 __all__ = ["BatchSource", "ShardReader", "pass_path", "write_pass"]
-
-
-class _OpenShard:
-    def __init__(
-        self, path: str, index: list[SampleIndex], name: str, view: FillView | None = None
-    ) -> None:
-        with open(path, "rb") as f:
-            self.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.index = index
-        self.name = name
-        self.view = view  # set while the shard is still arriving: which bytes are there
-        if index and index[-1].end > len(self.mmap):
-            size = len(self.mmap)
-            self.mmap.close()
-            raise CorruptShardError(f"shard {name}: its index points past the end ({size} bytes)")
-        #: the whole map as uint8: a member is a slice of it (``np.frombuffer`` per member
-        #: costs a buffer export each time)
-        self.array = np.frombuffer(self.mmap, dtype=np.uint8) if len(self.mmap) else None
-        #: row -> what ``BatchSource`` hands on for it (views into ``array``, a parsed label,
-        #: its key bytes): made once while the shard stays open, so a hot epoch reads no index
-        #: entry, parses no label and encodes no key again
-        self.memo: dict[int, tuple[list[Any], np.ndarray]] = {}
-
-    def close(self) -> None:
-        """Unmap, dropping what was kept first. A view still held elsewhere (a sample of the
-        batch being made, from a shard evicted for a later sample of it) keeps the map until
-        that view goes: then it is unmapped with the ``mmap`` object."""
-        self.memo.clear()
-        self.array = None
-        try:
-            self.mmap.close()
-        except BufferError:
-            pass
-
-
-class ShardReader:
-    """Random access to samples of local shards; at most ``max_open`` stay mapped."""
-
-    def __init__(
-        self, source: ShardSource, shard_names: Sequence[str], *, max_open: int = 16
-    ) -> None:
-        self.source = source
-        self.shard_names = shard_names
-        self.max_open = max_open
-        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_open"] = OrderedDict()
-        return state
-
-    def _shard(self, shard: int) -> _OpenShard:
-        s = self._open.get(shard)
-        if s is None:
-            s = self._map(shard)
-            self._open[shard] = s
-            while len(self._open) > self.max_open:
-                self._open.popitem(last=False)[1].close()
-        else:
-            self._open.move_to_end(shard)
-        return s
-
-    def _map(self, shard: int, attempts: int = 3) -> _OpenShard:
-        got = self.source.partial(shard)
-        if got is not None:
-            try:
-                return _OpenShard(got.part, got.index, self.shard_names[shard], got.progress)
-            except FileNotFoundError:  # renamed into place meanwhile
-                got.progress.close()
-        # a cache may evict a shard between handing out its path and our open: ask again
-        for attempt in range(attempts):
-            try:
-                index = self.source.index(shard)
-                return _OpenShard(self.source.local_path(shard), index, self.shard_names[shard])
-            except FileNotFoundError:
-                if attempt == attempts - 1:
-                    raise
-        raise AssertionError("unreachable")
-
-    def _arrived(self, shard: int, entry: SampleIndex) -> _OpenShard:
-        """Wait until the sample's bytes are in the part file; if that fill ended without
-        them (it failed), map the shard again (the cache retries or names the error)."""
-        s = self._open[shard]
-        delay = 0.001
-        while s.view is not None and not s.view.done(entry.start, entry.end):
-            if s.view.ended():
-                s.view.close()
-                self._open.pop(shard).close()
-                s = self._shard(shard)
-                continue
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
-        return s
-
-    def key(self, shard: int, row: int) -> str:
-        return self._shard(shard).index[row].key
-
-    def members(self, shard: int, row: int) -> tuple[str, dict[str, np.ndarray]]:
-        """``(key, {ext: uint8 view})``: views into the mapped shard, no copy."""
-        s = self._shard(shard)
-        if not 0 <= row < len(s.index):
-            raise CorruptShardError(
-                f"shard {s.name}: sample {row} requested but its index has {len(s.index)}"
-            )
-        entry = s.index[row]
-        if s.view is not None and not s.view.done(entry.start, entry.end):
-            s = self._arrived(shard, entry)
-        whole = s.array
-        if whole is None or entry.end > len(whole):
-            raise CorruptShardError(
-                f"shard {s.name}: sample {entry.key!r} ends at byte {entry.end}, past the "
-                f"shard's end ({len(s.mmap)} bytes)"
-            )
-        return entry.key, {c.ext: whole[c.offset : c.offset + c.size] for c in entry.components}
-
-    def name(self, shard: int) -> str:
-        """The shard's path (kept with its mapping: no lookup in the shard table per sample)."""
-        return self._shard(shard).name
-
-    def picked(
-        self, shard: int, row: int, specs: tuple[FieldSpec, ...]
-    ) -> tuple[str, list[tuple[str, np.ndarray] | None]]:
-        """One sample's ``(ext, bytes)`` per field in ``specs`` order (None for a missing
-        optional field); a missing required field is a ``CorruptShardError`` naming it."""
-        key, members = self.members(shard, row)
-        out: list[tuple[str, np.ndarray] | None] = []
-        for spec in specs:
-            ext = spec.pick(members)
-            if ext is None:
-                if spec.optional:
-                    out.append(None)
-                    continue
-                raise CorruptShardError(
-                    f"shard {self.shard_names[shard]}: sample {key!r} has no "
-                    f"{'/'.join(spec.exts)} member for field {spec.name!r} "
-                    f"(it has {sorted(members)}); pass optional=[{spec.name!r}] to allow that"
-                )
-            out.append((ext, members[ext]))
-        return key, out
-
-    def fields(
-        self, shard: int, row: int, specs: tuple[FieldSpec, ...]
-    ) -> tuple[str, list[np.ndarray]]:
-        """One sample's fields in ``specs`` order: labels as int64 scalars, the rest bytes
-        (no bytes for a missing optional field)."""
-        key, picked = self.picked(shard, row, specs)
-        out = []
-        for spec, got in zip(specs, picked, strict=True):
-            if got is None:
-                out.append(np.zeros(0, np.uint8))
-            elif spec.is_label:
-                out.append(self.label(shard, key, *got))
-            else:
-                out.append(got[1])
-        return key, out
-
-    def label(self, shard: int, key: str, ext: str, data: np.ndarray) -> np.ndarray:
-        """A label member as an int64 scalar; unparsable is a ``CorruptShardError``."""
-        raw = data.tobytes()
-        if ext == "cls":  # the common case, without a message built per sample
-            try:
-                return np.array(int(raw), dtype=np.int64)
-            except ValueError:
-                pass  # parse_label says why, naming the sample
-        where = f"shard {self.shard_names[shard]} sample {key!r}"
-        try:
-            label = parse_label(raw, ext, where=where)
-        except ValueError as exc:
-            raise CorruptShardError(str(exc)) from None
-        return np.array(label, dtype=np.int64)
-
-    def close(self) -> None:
-        """Unmap every open shard (a later read maps it again)."""
-        for s in self._open.values():
-            s.close()
-        self._open.clear()
 
 
 class BatchSource:

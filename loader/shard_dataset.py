@@ -31,7 +31,7 @@ from .fields import KEY, FieldSpec, parse_fields
 from .labels import parse_label
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
-from .reader import ShardReader
+from .shardreader import ShardReader
 from .stats import StatsRecorder
 
 if TYPE_CHECKING:

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from flashfeed.dataset import Dataset
-from flashfeed.loader import Loader
+from flashfeed.loader import Loader, shardreader
 from flashfeed.loader.fields import key_strings, parse_fields
 from flashfeed.loader.passorder import PassOrder
-from flashfeed.loader.reader import BatchSource, ShardReader, write_pass
+from flashfeed.loader.reader import BatchSource, write_pass
+from flashfeed.loader.shardreader import CACHED_MAX_OPEN, ShardReader
 from flashfeed.loader.sources import LocalShardSource
 
 from support.loader_helpers import image_samples, make_image_dataset
@@ -29,7 +30,7 @@ def images(tmp_path_factory) -> str:
     return prefix
 
 
-def source_for(prefix: str, pass_dir: str, order: list[tuple[int, int]], max_open: int):
+def source_for(prefix: str, pass_dir: str, order: list[tuple[int, int]], max_open: int | None):
     ds = Dataset.open(prefix)
     shards, rows = (np.array(c, np.int64) for c in zip(*order, strict=True))
     batches = -(-len(order) // 4)
@@ -76,6 +77,70 @@ def test_a_shard_unmapped_between_samples_gives_up_what_was_kept(images, tmp_pat
     for epoch in (0, 1):
         assert read_pass(source, epoch, batches) == [want[o] for o in order]
         assert len(source.reader._open) == 1
+    source.reader.close()
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory) -> str:
+    """More shards than a node cache's reader keeps open."""
+    prefix = str(tmp_path_factory.mktemp("memo-many") / "ds")
+    make_image_dataset(prefix, [2] * (CACHED_MAX_OPEN + 4), size=16)
+    return prefix
+
+
+def counting_maps(monkeypatch) -> list[int]:
+    """The shards ``ShardReader`` maps from now on, in order."""
+    mapped: list[int] = []
+    real = ShardReader._map
+    monkeypatch.setattr(
+        ShardReader, "_map", lambda self, shard, *a: mapped.append(shard) or real(self, shard, *a)
+    )
+    return mapped
+
+
+def test_a_dataset_read_in_place_keeps_every_small_shard_mapped_across_passes(
+    many_shards, tmp_path, monkeypatch
+):
+    # a pass over 20 shards of 2 samples, in a shuffled order: each shard is mapped once,
+    # and the next pass maps none again and reads no sample again (the old limit of 16
+    # mapped at least 4 again per pass, parsing their indexes and samples again)
+    want = image_samples(many_shards)
+    order = [(s, r) for s in range(CACHED_MAX_OPEN + 4) for r in range(2)]
+    order = [order[i] for i in np.random.default_rng(3).permutation(len(order))]
+    source, batches = source_for(many_shards, str(tmp_path), order, max_open=None)
+    mapped = counting_maps(monkeypatch)
+    first = read_pass(source, 0, batches)
+    assert first == [want[o] for o in order]
+    assert sorted(mapped) == list(range(CACHED_MAX_OPEN + 4))
+    assert read_pass(source, 1, batches) == first
+    assert len(mapped) == CACHED_MAX_OPEN + 4  # nothing mapped again
+    assert source.reader._samples == len(order)
+    source.reader.close()
+    assert source.reader._samples == 0
+
+
+def test_shards_beyond_the_cached_limit_are_let_go_once_their_samples_pass_the_budget(
+    many_shards, tmp_path, monkeypatch
+):
+    # a budget of 37 samples: past 16 shards, at most 18 shards of 2 samples stay mapped,
+    # the least recently read going first; what is read stays right
+    monkeypatch.setattr(shardreader, "LOCAL_OPEN_SAMPLES", 2 * CACHED_MAX_OPEN + 5)
+    want = image_samples(many_shards)
+    order = [(s, r) for r in range(2) for s in range(CACHED_MAX_OPEN + 4)]
+    source, batches = source_for(many_shards, str(tmp_path), order, max_open=None)
+    mapped = counting_maps(monkeypatch)
+    for epoch in (0, 1):
+        assert read_pass(source, epoch, batches) == [want[o] for o in order]
+        assert len(source.reader._open) == CACHED_MAX_OPEN + 2
+        assert source.reader._samples == 2 * (CACHED_MAX_OPEN + 2)
+    # the second round of the first pass found the last 18 shards read still open, but
+    # not the first 2: every later pass maps again whatever it reads after 18 others
+    assert len(mapped) > CACHED_MAX_OPEN + 4
+    # an explicit limit is kept as given, whatever the budget
+    few, _ = source_for(many_shards, str(tmp_path), order, max_open=3)
+    read_pass(few, 0, batches)
+    assert len(few.reader._open) == 3
+    few.reader.close()
     source.reader.close()
 
 
