@@ -91,12 +91,11 @@ class ShardReader:
         self.max_open = max_open
         #: samples the open shards may hold in all, once more than ``CACHED_MAX_OPEN`` are open
         self.max_samples = LOCAL_OPEN_SAMPLES if local else None
-        self._samples = 0  # samples of the open shards
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_open"], state["_samples"] = OrderedDict(), 0
+        state["_open"] = OrderedDict()
         return state
 
     def _shard(self, shard: int) -> _OpenShard:
@@ -104,12 +103,16 @@ class ShardReader:
         if s is None:
             s = self._map(shard)
             self._open[shard] = s
-            self._samples += len(s.index)
             while len(self._open) > self.max_open or self._over_samples():
                 self._evict()
         else:
             self._open.move_to_end(shard)
         return s
+
+    @property
+    def _samples(self) -> int:
+        """Samples of the open shards."""
+        return sum(len(s.index) for s in self._open.values())
 
     def _over_samples(self) -> bool:
         return (
@@ -121,7 +124,6 @@ class ShardReader:
     def _evict(self, shard: int | None = None) -> None:
         """Unmap ``shard`` (None: the least recently read)."""
         s = self._open.pop(shard) if shard is not None else self._open.popitem(last=False)[1]
-        self._samples -= len(s.index)
         s.close()
 
     def _map(self, shard: int, attempts: int = 3) -> _OpenShard:
@@ -238,4 +240,3 @@ class ShardReader:
         for s in self._open.values():
             s.close()
         self._open.clear()
-        self._samples = 0
