@@ -10,7 +10,9 @@ starts at ``g0`` on ``W`` ranks stands for global samples ``g0 + t W``, so by sl
 source ``s`` is owed ``A_s(t) = (F_s(g0 + t W) - F_s(g0)) / W`` samples. Its ``j``-th pick
 has the ideal time where ``A_s`` reaches ``j + phase_s``; the slots go to the picks in order
 of ideal time (one stable sort). Each source's count over any stretch of slots is then
-within about two samples of what its weights owe it: shares hold at every scale of time.
+within ``1 + w_max (n - 2) + n (w_max - w_min)`` samples of what its weights owe it (``n``
+sources, its share between ``w_min`` and ``w_max``; about two for most mixtures): shares
+hold at every scale of time.
 """
 
 from __future__ import annotations
