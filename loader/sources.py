@@ -19,6 +19,8 @@ from flashfeed.dataset import Dataset, check_shard_checksum
 from flashfeed.errors import CorruptShardError, ManifestError
 from flashfeed.wdsindex import SampleIndex, parse_index
 
+from . import verified
+
 if TYPE_CHECKING:
     from flashfeed.cache import PartialShard
 
@@ -130,6 +132,8 @@ class LocalShardSource:
 
     The first use of a shard in a process checks its size and checksum against the manifest
     (``verify=True``), so a truncated or replaced shard fails with its name, not mid-decode.
+    The checksum is hashed once per node while the file stays unchanged (``verified``: a
+    record of the hash in the node's cache directory stands for it in later processes).
     """
 
     def __init__(self, dataset: Dataset, *, verify: bool = True) -> None:
@@ -145,6 +149,10 @@ class LocalShardSource:
             )
         self.dataset = dataset
         self.verify = verify
+        #: where this node keeps records of shards hashed (None: hash in every process)
+        self.records = verified.records_dir() if verify else None
+        #: shards checked by hashing their bytes, and by a record of an earlier hash
+        self._hashed = self._recalled = 0
         #: shard -> its checked local path (resolved once: the read-ahead asks again per pass)
         self._checked: dict[int, str] = {}
         self._hits = 0
@@ -170,7 +178,10 @@ class LocalShardSource:
                     f"shard {info.path} of dataset {self.dataset.url} is missing ({path})"
                 )
             if self.verify:
-                _verify_file(path, info, dataset=self.dataset.url)
+                hashed = _verify_file(path, info, dataset=self.dataset.url, records=self.records)
+                with self._lock:
+                    self._hashed += hashed
+                    self._recalled += not hashed
             known = self._checked[shard] = str(path)
         with self._lock:
             self._hits += 1
@@ -194,17 +205,26 @@ class LocalShardSource:
         return None
 
     def stats(self) -> dict[str, Any]:
-        return {"kind": "local", "hits": self._hits, "misses": 0}
+        return {
+            "kind": "local",
+            "hits": self._hits,
+            "misses": 0,
+            "checked_by_hash": self._hashed,
+            "checked_by_record": self._recalled,
+        }
 
 
-def _verify_file(path: str, info: Any, *, dataset: str) -> None:
+def _verify_file(path: str, info: Any, *, dataset: str, records: str | None) -> bool:
+    """Check size and checksum; True when the bytes were hashed (not a record's)."""
     size = os.path.getsize(path)
     if size == 0 or size != info.bytes:
         raise CorruptShardError(
             f"shard {info.path} of dataset {dataset} has {size} bytes, the manifest says "
             f"{info.bytes} (truncated or replaced)"
         )
-    check_shard_checksum(storage.file_checksum(path), info, dataset=dataset)
+    got, hashed = verified.checksum(path, expected=info.checksum, records=records)
+    check_shard_checksum(got, info, dataset=dataset)
+    return hashed
 
 
 class CacheShardSource:

@@ -26,6 +26,22 @@ from flashfeed.store import EmbeddedStore, StoreInfo
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def verified_records(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Records of hashed local shards (``flashfeed.loader.verified``) go to the session's
+    own folder, not the user's cache directory; child processes inherit it."""
+    path = tmp_path_factory.mktemp("verified")
+    saved = os.environ.get("FLASHFEED_VERIFIED_DIR")
+    os.environ["FLASHFEED_VERIFIED_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if saved is None:
+            os.environ.pop("FLASHFEED_VERIFIED_DIR", None)
+        else:
+            os.environ["FLASHFEED_VERIFIED_DIR"] = saved
+
+
 @pytest.fixture(scope="session")
 def s3_store() -> Iterator[EmbeddedStore]:
     """The real S3 server. Its AWS_* variables are exported for the whole session, so every
