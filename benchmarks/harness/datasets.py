@@ -21,6 +21,7 @@ from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
 __all__ = [
+    "gnutar_dataset",
     "image_dataset",
     "noise_jpeg_dataset",
     "random_dataset",
@@ -165,3 +166,61 @@ def shardwriter_dataset(files: Sequence[tuple[Path, int]], out: Path, shard_mib:
     cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
     subprocess.run(cli, check=True)
     return len(list(out.glob("*.tar")))
+
+
+def gnutar_dataset(files: Sequence[tuple[Path, int]], out: Path, shard_mb: int) -> int:
+    """``files`` as img2dataset lays a sample out (``<key>.jpg``, a caption ``<key>.txt``,
+    ``<key>.json`` of its metadata) in shards of about ``shard_mb`` MB written by GNU ``tar``
+    from a folder, adopted with ``flashfeed index``; the number of shards (kept when already
+    there). Seeded captions: the same files give the same bytes (up to tar's own times)."""
+    import json
+
+    _check(shard_mb=shard_mb)
+    if (out / "manifest.json").exists():
+        return len(list(out.glob("*.tar")))
+    shutil.rmtree(out, ignore_errors=True)
+    staging = out.with_name(out.name + ".files")
+    shutil.rmtree(staging, ignore_errors=True)
+    out.mkdir(parents=True)
+    staging.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    words = [
+        "a",
+        "photo",
+        "of",
+        "the",
+        "red",
+        "blue",
+        "small",
+        "large",
+        "dog",
+        "cat",
+        "tree",
+        "house",
+        "street",
+        "river",
+        "city",
+    ]
+    names: list[str] = []
+    size, shards = 0, 0
+    try:
+        for i, (path, _label) in enumerate(files):
+            key = f"{i:09d}"
+            caption = " ".join(rng.choice(words, size=int(rng.integers(5, 20))))
+            data = path.read_bytes()
+            meta = {"key": key, "caption": caption, "url": f"https://example.com/{path.name}",
+                    "similarity": float(rng.random())}  # fmt: skip
+            for ext, body in (("jpg", data), ("txt", caption.encode()),
+                              ("json", json.dumps(meta).encode())):  # fmt: skip
+                (staging / f"{key}.{ext}").write_bytes(body)
+                names.append(f"{key}.{ext}")
+            size += len(data)
+            if size >= shard_mb * 1_000_000 or i == len(files) - 1:
+                tar = ["tar", "--format=gnu", "-cf", str(out / f"{shards:05d}.tar")]
+                subprocess.run([*tar, "-C", str(staging), *names], check=True)
+                shards, size, names = shards + 1, 0, []
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
+    subprocess.run(cli, check=True)
+    return shards

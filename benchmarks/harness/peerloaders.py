@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,11 +149,15 @@ def dali_iterator_conversion() -> Callable[[Any, torch.device | None], Any]:
 
 
 def _dali_iter(
-    pipe: Any, batches: int | None, to_torch: Callable[[Any, Any], Any] | None = None
+    pipe: Any,
+    batches: int | None,
+    to_torch: Callable[[Any, Any], Any] | None = None,
+    ext: Sequence[str] = ("jpg", "cls"),
 ) -> Iterator[Any]:
     """Batches as torch tensors, converted as DALI's iterator converts them (``to_torch``: a
     ``dali_iterator_conversion()`` by default); endless (the reader wraps around epochs)
-    when ``batches`` is None."""
+    when ``batches`` is None. Members after the image: ``.cls`` labels parsed into a tensor,
+    others decoded to ``str`` per sample (as the Loader hands text on)."""
     import itertools
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else None
@@ -161,19 +165,28 @@ def _dali_iter(
     for _ in itertools.count() if batches is None else range(batches):
         outputs = pipe.run()
         batch = [to_torch(outputs[0], device)]
-        if len(outputs) > 1:  # .cls text labels: bytes of varying length, parsed here
-            labels = outputs[1]
-            batch.append(
-                torch.tensor([int(np.array(labels[i]).tobytes()) for i in range(len(labels))])
-            )
+        for name, out in zip(ext[1:], outputs[1:], strict=False):
+            raw = [np.array(out[i]).tobytes() for i in range(len(out))]
+            if name == "cls":  # text labels: bytes of varying length, parsed here
+                batch.append(torch.tensor([int(b) for b in raw]))
+            else:
+                batch.append([b.decode("utf-8") for b in raw])
         yield batch
 
 
-def _dali_reader_pipeline(shards: list[str], *, batch_size: int, threads: int, device: str) -> Any:
+def _dali_reader_pipeline(
+    shards: list[str],
+    *,
+    batch_size: int,
+    threads: int,
+    device: str,
+    ext: Sequence[str] = ("jpg", "cls"),
+) -> Any:
     """Plain DALI as its documentation sets it up: ``fn.readers.webdataset`` over the tars
     with their index files (``wds2idx`` format; the reader scans a tar without one), its
     shuffle buffer (``initial_fill`` 1024), then the Loader's operators (ROI crop decode,
-    resize, flip, normalise to float CHW)."""
+    resize, flip, normalise to float CHW) on the first of ``ext``; the others are outputs
+    as read."""
     from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
 
@@ -184,16 +197,17 @@ def _dali_reader_pipeline(shards: list[str], *, batch_size: int, threads: int, d
         batch_size=batch_size, num_threads=threads, device_id=0 if device == "gpu" else None
     )
     with pipe:
-        jpg, cls = fn.readers.webdataset(
+        read = fn.readers.webdataset(
             paths=shards,
             index_paths=indexes if all(Path(i).exists() for i in indexes) else None,
-            ext=["jpg", "cls"],
+            ext=list(ext),
             random_shuffle=True,
             initial_fill=1024,
             name="reader",
         )
-        out = default_image_pipeline({"image": jpg}, AugmentOptions(device=device))
-        pipe.set_outputs(out["image"], cls)
+        members = list(read) if len(ext) > 1 else [read]
+        out = default_image_pipeline({"image": members[0]}, AugmentOptions(device=device))
+        pipe.set_outputs(out["image"], *members[1:])
     pipe.build()
     return pipe
 
@@ -212,15 +226,24 @@ class DaliReaderEpochs:
     so a first epoch and hot epochs are timed like the Loader's. Constructing it builds the
     pipeline: a timer started before the constructor counts DALI's start-up."""
 
-    def __init__(self, shards: list[str], *, batch_size: int, threads: int, device: str) -> None:
+    def __init__(
+        self,
+        shards: list[str],
+        *,
+        batch_size: int,
+        threads: int,
+        device: str,
+        ext: Sequence[str] = ("jpg", "cls"),
+    ) -> None:
         self.pipe = _dali_reader_pipeline(
-            shards, batch_size=batch_size, threads=threads, device=device
+            shards, batch_size=batch_size, threads=threads, device=device, ext=ext
         )
         self.batches = -(-int(self.pipe.epoch_size("reader")) // batch_size)
         self.to_torch = dali_iterator_conversion()  # kept for every epoch, as DALI's iterator
+        self.ext = tuple(ext)
 
     def __iter__(self) -> Iterator[Any]:
-        return _dali_iter(self.pipe, self.batches, self.to_torch)
+        return _dali_iter(self.pipe, self.batches, self.to_torch, self.ext)
 
     def close(self) -> None:
         self.pipe = None

@@ -10,7 +10,16 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["BATCH", "batch_len", "epoch", "first_epoch", "timed", "tree_cpu_seconds"]
+__all__ = [
+    "BATCH",
+    "batch_len",
+    "epoch",
+    "first_epoch",
+    "first_then_hot",
+    "timed",
+    "tree_cpu_seconds",
+    "whole_epochs",
+]
 
 #: samples in a batch; what ``batch_len`` counts for a batch that carries no keys
 BATCH = 64
@@ -95,3 +104,29 @@ def epoch(make: Callable[[], Iterable[Any]]) -> tuple[float, int]:
     t0 = time.perf_counter()
     n = sum(batch_len(b) for b in make())
     return n / (time.perf_counter() - t0), n
+
+
+def whole_epochs(loader: Iterable[Any], min_seconds: float) -> tuple[int, float]:
+    """(samples, seconds) of whole epochs of ``loader``, at least one and ``min_seconds``;
+    an epoch without a batch is an error (fewer samples than a batch, with ``drop_last``)."""
+    t0, n = time.perf_counter(), 0
+    while not n or time.perf_counter() - t0 < min_seconds:
+        got = sum(batch_len(b) for b in loader)
+        if not got:
+            raise RuntimeError("an epoch gave no batch: the dataset holds less than a batch")
+        n += got
+    return n, time.perf_counter() - t0
+
+
+def first_then_hot(make: Callable[[], Any], *, min_seconds: float) -> dict[str, float]:
+    """A loader's first epoch from its construction (samples/s), then its whole hot epochs
+    (samples/s and CPU ms per sample of the process tree); closed after."""
+    t0 = time.perf_counter()
+    loader = make()
+    n = sum(batch_len(b) for b in loader)
+    first = n / (time.perf_counter() - t0)
+    c0 = tree_cpu_seconds()
+    n, secs = whole_epochs(loader, min_seconds)
+    cpu = tree_cpu_seconds() - c0
+    loader.close()
+    return {"first": first, "hot": n / secs, "cpu_ms": 1e3 * cpu / n}

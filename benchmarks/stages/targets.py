@@ -64,7 +64,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,14 @@ from benchmarks.harness.peerloaders import (
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store, upload_tree
-from benchmarks.harness.timing import BATCH, batch_len, epoch, tree_cpu_seconds
+from benchmarks.harness.timing import (
+    BATCH,
+    batch_len,
+    epoch,
+    first_then_hot,
+    tree_cpu_seconds,
+    whole_epochs,
+)
 from benchmarks.machine import cpu_steal
 from benchmarks.stagerun import ensure_corpus
 from benchmarks.stages.limits import download
@@ -91,18 +98,6 @@ from benchmarks.targets_report import TARGETS, targets_markdown
 #: the issue's layout: 100 MiB ShardWriter shards of about 5,000 photos
 DEFAULT_MB = 450
 DEFAULT_SHARD_MIB = "100"
-
-
-def whole_epochs(loader: Iterable[Any], min_seconds: float) -> tuple[int, float]:
-    """(samples, seconds) of whole epochs of ``loader``, at least one and ``min_seconds``;
-    an epoch without a batch is an error (fewer samples than a batch, with ``drop_last``)."""
-    t0, n = time.perf_counter(), 0
-    while not n or time.perf_counter() - t0 < min_seconds:
-        got = sum(batch_len(b) for b in loader)
-        if not got:
-            raise RuntimeError("an epoch gave no batch: the dataset holds less than a batch")
-        n += got
-    return n, time.perf_counter() - t0
 
 
 def warm_page_cache(folder: Path) -> int:
@@ -252,21 +247,15 @@ def main(argv: list[str] | None = None) -> int:
             hot = n / secs
             return {f"ff-s3-first-{s}": first, f"ff-hot-{s}": hot}
 
-        def first_then_hot(name: str, make: Callable[[], Any]) -> dict[str, float]:
+        def named_first_then_hot(name: str, make: Callable[[], Any]) -> dict[str, float]:
             # the first epoch from construction, then whole hot epochs of the same loader
-            t0 = time.perf_counter()
-            loader = make()
-            n = sum(batch_len(b) for b in loader)
-            first = n / (time.perf_counter() - t0)
-            c0 = tree_cpu_seconds()
-            n, secs = whole_epochs(loader, args.min_seconds)
-            hot, cpu = n / secs, tree_cpu_seconds() - c0
-            loader.close()
-            return {f"{name}-first": first, f"{name}-hot": hot, f"{name}-hot-cpu-ms": 1e3 * cpu / n}
+            got = first_then_hot(make, min_seconds=args.min_seconds)
+            return {f"{name}-first": got["first"], f"{name}-hot": got["hot"],
+                    f"{name}-hot-cpu-ms": got["cpu_ms"]}  # fmt: skip
 
         def ff_local(s: int) -> dict[str, float]:
             warm_page_cache(layouts[s])
-            got = first_then_hot(
+            got = named_first_then_hot(
                 f"ff-local-{s}", lambda: Loader(str(layouts[s]), batch_size=BATCH, num_threads=thr)
             )
             got[f"ff-local-first-{s}"] = got.pop(f"ff-local-{s}-first")
@@ -275,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         def dali_reader(s: int) -> dict[str, float]:
             tars = [str(t) for t in sorted(layouts[s].glob("*.tar"))]
             warm_page_cache(layouts[s])
-            return first_then_hot(
+            return named_first_then_hot(
                 f"dali-reader-{s}",
                 lambda: DaliReaderEpochs(tars, batch_size=BATCH, threads=thr, device="cpu"),
             )

@@ -308,3 +308,42 @@ def test_the_dali_reader_peer_reads_whole_epochs(tmp_path: Path) -> None:
         assert tuple(images.shape) == (16, 3, 224, 224) and str(images.dtype) == "torch.float32"
         assert all(0 <= int(v) < 10 for b in batches for v in b[1])
     reader.close()
+
+
+def test_the_layouts_stage_compares_the_loader_and_dali_on_a_gnu_tar_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    import numpy as np
+
+    from support.loader_helpers import _jpeg
+
+    datasets = _load("harness.datasets")
+    stage = _load("stages.layouts")
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(130):
+        f = tmp_path / "photos" / f"{i:03d}.jpg"
+        f.parent.mkdir(exist_ok=True)
+        f.write_bytes(_jpeg(rng, i % 5, 32))
+        files.append((f, i % 5))
+    layout = tmp_path / "gnutar"
+    assert datasets.gnutar_dataset(files, layout, 1) == 1  # 130 small photos: one shard
+    from flashfeed.dataset import Dataset
+
+    ds = Dataset.open(str(layout))
+    assert sum(s.samples for s in ds.shards) == 130
+    assert set(ds.manifest.schema) == {"jpg", "txt", "json"}
+    out = tmp_path / "layouts.json"
+    argv = [str(layout), "--rounds", "1", "--min-seconds", "0", "--fields",
+            "image=jpg,caption=txt", "--out", str(out)]  # fmt: skip
+    assert stage.main(argv) == 0
+    table = capsys.readouterr().out
+    for measure in ("hot epoch, img/s", "CPU ms per image, hot", "first epoch, img/s"):
+        assert f"| gnutar | {measure} |" in table
+    rounds = json.loads(out.read_text())["rounds"]
+    for side in ("ff-gnutar", "dali-gnutar"):
+        assert all(rounds[f"{side}-{k}"][0] > 0 for k in ("first", "hot", "cpu_ms"))
+    with pytest.raises(SystemExit):
+        stage.main([str(tmp_path / "photos"), "--out", str(out)])  # no manifest: refused
