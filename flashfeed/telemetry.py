@@ -29,6 +29,7 @@ __all__ = [
     "RankState",
     "RankStatus",
     "StatsRecord",
+    "default_cache_dir",
     "local_status_root",
     "parse_record",
     "parse_status",
@@ -258,6 +259,14 @@ def status_dir(root: str) -> str:
     """Where the loaders using ``root`` (a node cache, or the runtime directory) keep their
     status files."""
     return os.path.join(root, STATUS_DIRNAME)
+
+
+def default_cache_dir() -> str:
+    """The node cache a loader uses when given none: ``$FLASHFEED_CACHE_DIR``, else
+    ``~/.cache/flashfeed``."""
+    return os.environ.get("FLASHFEED_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "flashfeed"
+    )
 
 
 def local_status_root() -> str:

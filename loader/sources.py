@@ -17,6 +17,7 @@ import numpy as np
 from flashfeed import storage
 from flashfeed.dataset import Dataset, check_shard_checksum
 from flashfeed.errors import CorruptShardError, ManifestError
+from flashfeed.telemetry import default_cache_dir
 from flashfeed.wdsindex import SampleIndex, parse_index
 
 from . import verified
@@ -79,9 +80,7 @@ def node_cache_dir(cache_dir: str | None, url: str) -> str | None:
     ``FLASHFEED_CACHE_DIR`` or ``~/.cache/flashfeed``; None for a local dataset read in place.
     """
     if cache_dir is None and not storage.is_local(url):
-        return os.environ.get("FLASHFEED_CACHE_DIR") or os.path.join(
-            os.path.expanduser("~"), ".cache", "flashfeed"
-        )
+        return default_cache_dir()
     return cache_dir
 
 

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import xxhash
 
 from flashfeed import storage
+from flashfeed.telemetry import default_cache_dir
 
 __all__ = ["SETTLE_NS", "FileStamp", "checksum", "records_dir"]
 
@@ -57,10 +58,7 @@ def records_dir() -> str | None:
     given = os.environ.get("FLASHFEED_VERIFIED_DIR")
     if given is not None:
         return given or None
-    base = os.environ.get("FLASHFEED_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "flashfeed"
-    )
-    return os.path.join(base, "verified")
+    return os.path.join(default_cache_dir(), "verified")
 
 
 def checksum(path: str, *, expected: str, records: str | None) -> tuple[str, bool]:

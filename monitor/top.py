@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO
 
-from flashfeed.telemetry import WAIT_KINDS
+from flashfeed.telemetry import WAIT_KINDS, default_cache_dir
 
 from .status import (
     NodeCache,
@@ -39,13 +39,6 @@ WINDOW_S = 5.0
 #: how often the view scans the cache directory for its size when no loader reports it
 SCAN_EVERY_S = 5.0
 HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
-
-
-def default_cache_dir() -> str:
-    """The node cache a loader uses when given none (see ``loader.sources``)."""
-    return os.environ.get("FLASHFEED_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "flashfeed"
-    )
 
 
 @dataclass
