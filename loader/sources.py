@@ -215,13 +215,14 @@ class LocalShardSource:
 
 def _verify_file(path: str, info: Any, *, dataset: str, records: str | None) -> bool:
     """Check size and checksum; True when the bytes were hashed (not a record's)."""
-    size = os.path.getsize(path)
+    st = os.stat(path)
+    size = st.st_size
     if size == 0 or size != info.bytes:
         raise CorruptShardError(
             f"shard {info.path} of dataset {dataset} has {size} bytes, the manifest says "
             f"{info.bytes} (truncated or replaced)"
         )
-    got, hashed = verified.checksum(path, expected=info.checksum, records=records)
+    got, hashed = verified.checksum(path, st, expected=info.checksum, records=records)
     check_shard_checksum(got, info, dataset=dataset)
     return hashed
 

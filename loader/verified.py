@@ -61,12 +61,15 @@ def records_dir() -> str | None:
     return os.path.join(default_cache_dir(), "verified")
 
 
-def checksum(path: str, *, expected: str, records: str | None) -> tuple[str, bool]:
+def checksum(
+    path: str, st: os.stat_result, *, expected: str, records: str | None
+) -> tuple[str, bool]:
     """``path``'s manifest checksum and whether it was hashed now: a record of an earlier hash
-    that gave ``expected`` for the same, unchanged file stands for it (False). A record is
-    never trusted for a mismatch: that is always hashed again, so errors name fresh bytes."""
+    that gave ``expected`` for the same, unchanged file (``st``: its ``os.stat``, taken
+    before) stands for it (False). A record is never trusted for a mismatch: that is always
+    hashed again, so errors name fresh bytes."""
     real = os.path.realpath(path)
-    before = FileStamp.of(os.stat(real))
+    before = FileStamp.of(st)
     if records is not None and _recorded(records, real, before) == expected:
         return expected, False
     started = time.time_ns()
