@@ -150,6 +150,17 @@ def token_dataset(prefix: Prefix, *, rows: int, seq_len: int, shards: int = 8) -
     return base
 
 
+#: seeded captions of the GNU tar layout are drawn from these
+_CAPTION_WORDS = ("a", "photo", "of", "the", "red", "blue", "small", "large", "dog", "cat",
+                  "tree", "house", "street", "river", "city")  # fmt: skip
+
+
+def _adopt(out: Path) -> None:
+    """Index the tars under ``out`` and commit their manifest (``flashfeed index``)."""
+    cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
+    subprocess.run(cli, check=True)
+
+
 def shardwriter_dataset(files: Sequence[tuple[Path, int]], out: Path, shard_mib: int) -> int:
     """``files`` in webdataset ``ShardWriter`` tars of ``shard_mib`` MiB, adopted with
     ``flashfeed index``; the number of shards (kept when already there)."""
@@ -163,8 +174,7 @@ def shardwriter_dataset(files: Sequence[tuple[Path, int]], out: Path, shard_mib:
     with wds.ShardWriter(str(out / "%06d.tar"), maxsize=shard_mib << 20, verbose=0) as sink:
         for i, (path, label) in enumerate(files):
             sink.write({"__key__": f"img{i:07d}", "jpg": path.read_bytes(), "cls": str(label)})
-    cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
-    subprocess.run(cli, check=True)
+    _adopt(out)
     return len(list(out.glob("*.tar")))
 
 
@@ -184,29 +194,12 @@ def gnutar_dataset(files: Sequence[tuple[Path, int]], out: Path, shard_mb: int) 
     out.mkdir(parents=True)
     staging.mkdir(parents=True)
     rng = np.random.default_rng(7)
-    words = [
-        "a",
-        "photo",
-        "of",
-        "the",
-        "red",
-        "blue",
-        "small",
-        "large",
-        "dog",
-        "cat",
-        "tree",
-        "house",
-        "street",
-        "river",
-        "city",
-    ]
     names: list[str] = []
     size, shards = 0, 0
     try:
         for i, (path, _label) in enumerate(files):
             key = f"{i:09d}"
-            caption = " ".join(rng.choice(words, size=int(rng.integers(5, 20))))
+            caption = " ".join(rng.choice(_CAPTION_WORDS, size=int(rng.integers(5, 20))))
             data = path.read_bytes()
             meta = {"key": key, "caption": caption, "url": f"https://example.com/{path.name}",
                     "similarity": float(rng.random())}  # fmt: skip
@@ -221,6 +214,5 @@ def gnutar_dataset(files: Sequence[tuple[Path, int]], out: Path, shard_mb: int) 
                 shards, size, names = shards + 1, 0, []
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    cli = [sys.executable, "-m", "flashfeed.cli", "index", str(out), "--no-progress"]
-    subprocess.run(cli, check=True)
+    _adopt(out)
     return shards

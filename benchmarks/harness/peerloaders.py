@@ -148,11 +148,15 @@ def dali_iterator_conversion() -> Callable[[Any, torch.device | None], Any]:
     return convert
 
 
+#: the members DALI's reader peer reads by default: the image, then its ``.cls`` label
+READER_EXT = ("jpg", "cls")
+
+
 def _dali_iter(
     pipe: Any,
     batches: int | None,
     to_torch: Callable[[Any, Any], Any] | None = None,
-    ext: Sequence[str] = ("jpg", "cls"),
+    ext: Sequence[str] = READER_EXT,
 ) -> Iterator[Any]:
     """Batches as torch tensors, converted as DALI's iterator converts them (``to_torch``: a
     ``dali_iterator_conversion()`` by default); endless (the reader wraps around epochs)
@@ -180,7 +184,7 @@ def _dali_reader_pipeline(
     batch_size: int,
     threads: int,
     device: str,
-    ext: Sequence[str] = ("jpg", "cls"),
+    ext: Sequence[str] = READER_EXT,
 ) -> Any:
     """Plain DALI as its documentation sets it up: ``fn.readers.webdataset`` over the tars
     with their index files (``wds2idx`` format; the reader scans a tar without one), its
@@ -233,7 +237,7 @@ class DaliReaderEpochs:
         batch_size: int,
         threads: int,
         device: str,
-        ext: Sequence[str] = ("jpg", "cls"),
+        ext: Sequence[str] = READER_EXT,
     ) -> None:
         self.pipe = _dali_reader_pipeline(
             shards, batch_size=batch_size, threads=threads, device=device, ext=ext
