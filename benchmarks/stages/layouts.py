@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.benchmath import ratio
 from benchmarks.harness.corpus import pick_images
 from benchmarks.harness.datasets import gnutar_dataset
 from benchmarks.harness.peerloaders import DaliReaderEpochs
@@ -52,12 +53,6 @@ def parse_field_list(text: str) -> dict[str, str]:
             )
         out[name] = ext.strip().lstrip(".")
     return out
-
-
-def ratios(rounds: dict[str, list[float]], a: str, b: str) -> tuple[float, float, float]:
-    """Median, min and max of ``a / b`` per round."""
-    per = [x / y for x, y in zip(rounds[a], rounds[b], strict=True)]
-    return statistics.median(per), min(per), max(per)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,10 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     for d in layouts:
         for key, label, target in rows:
             a, b = f"ff-{d.name}-{key}", f"dali-{d.name}-{key}"
-            med, lo, hi = ratios(rounds, a, b)
+            r = ratio(rounds[a], rounds[b])  # of the medians; min-max of the rounds' ratios
             print(
                 f"| {d.name} | {label} | {statistics.median(rounds[a]):.2f} | "
-                f"{statistics.median(rounds[b]):.2f} | {med:.2f}x ({lo:.2f}-{hi:.2f}) | {target} |"
+                f"{statistics.median(rounds[b]):.2f} | {r['ratio']:.2f}x "
+                f"({r['min']:.2f}-{r['max']:.2f}) | {target} |"
             )
     write_json(args.out, {"config": {k: str(v) for k, v in vars(args).items()},
                           "layouts": [str(d) for d in layouts], "rounds": rounds})  # fmt: skip
