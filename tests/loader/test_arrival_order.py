@@ -14,11 +14,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from benchmarks.harness.shuffle_quality import shuffle_quality
 from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.loader.position import Position
-from flashfeed.loader.shuffle_quality import shuffle_quality
 from flashfeed.plan import PlanOptions, Topology, plan_epoch, rank_plan
 from flashfeed.retry import RetryPolicy
 

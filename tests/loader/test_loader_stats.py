@@ -13,13 +13,13 @@ import urllib.request
 import numpy as np
 import pytest
 
-from flashfeed.loader import Loader, TokenLoader
-from flashfeed.loader.shuffle_quality import (
+from benchmarks.harness.shuffle_quality import (
     batch_entropy,
     buffer_shuffle_order,
     plan_shuffle_quality,
     shuffle_quality,
 )
+from flashfeed.loader import Loader, TokenLoader
 
 from support.loader_helpers import make_image_dataset
 

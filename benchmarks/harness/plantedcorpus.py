@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .minhash import jaccard, shingles
+from flashfeed.ingest.minhash import jaccard, shingles
 
 __all__ = ["PlantedCorpus", "PlantedPair", "make_planted_corpus", "write_jsonl"]
 
