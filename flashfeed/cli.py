@@ -27,7 +27,7 @@ _COMMAND_MODULES = (
     "flashfeed.cli_store",
     "flashfeed.cli_dataset",
     "flashfeed.ingest.cli",
-    "flashfeed.cache.cli",
+    "flashfeed.cache.cli.cli",
     "flashfeed.monitor.cli",
 )
 

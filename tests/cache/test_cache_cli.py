@@ -17,7 +17,7 @@ import pytest
 
 from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cache.admin import status
+from flashfeed.cache.cli.admin import status
 from flashfeed.cache.stats import read_persisted
 from flashfeed.cache.warm import NodeShare, fitting_prefix, warm
 from flashfeed.cli import main

@@ -21,7 +21,7 @@ import pytest
 
 from flashfeed import Dataset
 from flashfeed.cache import ShardCache
-from flashfeed.cache.admin import status
+from flashfeed.cache.cli.admin import status
 from flashfeed.cache.cluster import map_hosts, parse_hostfile, parse_hosts, warm_node
 from flashfeed.cache.warm import (
     NodeShare,

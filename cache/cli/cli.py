@@ -8,16 +8,21 @@ import os
 import sys
 from typing import Any, TextIO
 
+from flashfeed.cache.cli import admin
+from flashfeed.cache.cli.cliprint import (
+    evict_lines,
+    status_lines,
+    verify_lines,
+    warm_errors,
+    warm_summary,
+)
+from flashfeed.cache.cluster import CACHE_DIR_ENV
+from flashfeed.cache.nodeshare import NodeShare
+from flashfeed.cache.shardcache import ShardCache
+from flashfeed.cache.warm import warm_share
 from flashfeed.mixture import Mixture, is_mixture_file, load_mixture
 from flashfeed.plan import PlanOptions
 from flashfeed.units import parse_size
-
-from . import admin
-from .cliprint import evict_lines, status_lines, verify_lines, warm_errors, warm_summary
-from .cluster import CACHE_DIR_ENV
-from .nodeshare import NodeShare
-from .shardcache import ShardCache
-from .warm import warm_share
 
 __all__ = ["register"]
 
@@ -286,7 +291,7 @@ def _warm(args: argparse.Namespace) -> int:
 
 def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, Any]) -> int:
     """``cache warm MIXTURE.json``: every source's shards this node reads first."""
-    from .warmmix import warm_mixture
+    from flashfeed.cache.warmmix import warm_mixture
 
     mixture = load_mixture(args.dataset)
     if args.ray_address is not None:
@@ -312,7 +317,7 @@ def _warm_cluster(
     kwargs: dict[str, Any],
     mixture: Mixture | None = None,
 ) -> list[dict[str, Any]]:
-    from .cluster import parse_hostfile, parse_hosts, warm_cluster
+    from flashfeed.cache.cluster import parse_hostfile, parse_hosts, warm_cluster
 
     if args.node_rank is not None:
         raise ValueError(
