@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from flashfeed.cache.warm.warm import check_warm_record
+
 from .errors import (
     CacheCapacityError,
     CacheError,
@@ -20,7 +22,6 @@ from .options import CacheOptions
 from .progress import FillView
 from .shardcache import ShardCache
 from .view import DatasetView, PartialShard
-from .warm import check_warm_record
 
 __all__ = [
     "CacheCapacityError",

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from flashfeed import storage
+from flashfeed.cache.warm.warmrecord import read_warm_records, write_warm_record
 from flashfeed.dataset import Dataset
 from flashfeed.manifest import ShardInfo
 from flashfeed.storage import RetryPolicy
@@ -46,7 +47,6 @@ from .ranged import RangedFetcher
 from .space import SpaceManager, settle_capacity, sweep_dead_parts
 from .stats import Counters
 from .view import DatasetView, PartialShard
-from .warmrecord import read_warm_records, write_warm_record
 
 __all__ = ["ShardCache"]
 

@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace, work: Path, dataset_url: str) -> None:
     # imported here: each pulls in a large framework (Ray, DALI, torch)
     from flashfeed import Dataset
     from flashfeed.cache import ShardCache
-    from flashfeed.cache.warm import NodeShare, warm_share
+    from flashfeed.cache.warm.warm import NodeShare, warm_share
     from flashfeed.ingest import IngestConfig, run
     from flashfeed.ingest.progress import summary_table
     from flashfeed.ingest.samplecorpus import make_imagefolder

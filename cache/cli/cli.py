@@ -16,10 +16,10 @@ from flashfeed.cache.cli.cliprint import (
     warm_errors,
     warm_summary,
 )
-from flashfeed.cache.cluster import CACHE_DIR_ENV
-from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.shardcache import ShardCache
-from flashfeed.cache.warm import warm_share
+from flashfeed.cache.warm.cluster import CACHE_DIR_ENV
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warm import warm_share
 from flashfeed.mixture import Mixture, is_mixture_file, load_mixture
 from flashfeed.plan import PlanOptions
 from flashfeed.units import parse_size
@@ -291,7 +291,7 @@ def _warm(args: argparse.Namespace) -> int:
 
 def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, Any]) -> int:
     """``cache warm MIXTURE.json``: every source's shards this node reads first."""
-    from flashfeed.cache.warmmix import warm_mixture
+    from flashfeed.cache.warm.warmmix import warm_mixture
 
     mixture = load_mixture(args.dataset)
     if args.ray_address is not None:
@@ -317,7 +317,7 @@ def _warm_cluster(
     kwargs: dict[str, Any],
     mixture: Mixture | None = None,
 ) -> list[dict[str, Any]]:
-    from flashfeed.cache.cluster import parse_hostfile, parse_hosts, warm_cluster
+    from flashfeed.cache.warm.cluster import parse_hostfile, parse_hosts, warm_cluster
 
     if args.node_rank is not None:
         raise ValueError(

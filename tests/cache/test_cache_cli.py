@@ -19,7 +19,7 @@ from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.cli.admin import status
 from flashfeed.cache.stats import read_persisted
-from flashfeed.cache.warm import NodeShare, fitting_prefix, warm
+from flashfeed.cache.warm.warm import NodeShare, fitting_prefix, warm
 from flashfeed.cli import main
 from flashfeed.storage import RetryPolicy
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from flashfeed.cache import ShardCache
-from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.policy import FutureOrder, MixtureFuture
-from flashfeed.cache.warmmix import mixture_order, open_sources, warm_mixture
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warmmix import mixture_order, open_sources, warm_mixture
 from flashfeed.loader import TokenLoader
 from flashfeed.loader.mixledger import check_mixture
 from flashfeed.loader.mixsource import MixtureShardSource, open_mixture

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from flashfeed.cache import ShardCache
-from flashfeed.cache.nodeshare import NodeShare
-from flashfeed.cache.warmmix import mixture_order, open_sources
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warmmix import mixture_order, open_sources
 from flashfeed.cli import main
 from flashfeed.loader import TokenLoader
 from flashfeed.mixture import Mixture, Source

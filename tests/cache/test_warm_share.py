@@ -22,8 +22,8 @@ import pytest
 from flashfeed import Dataset
 from flashfeed.cache import ShardCache
 from flashfeed.cache.cli.admin import status
-from flashfeed.cache.cluster import map_hosts, parse_hostfile, parse_hosts, warm_node
-from flashfeed.cache.warm import (
+from flashfeed.cache.warm.cluster import map_hosts, parse_hostfile, parse_hosts, warm_node
+from flashfeed.cache.warm.warm import (
     NodeShare,
     check_warm_record,
     dataset_digest,

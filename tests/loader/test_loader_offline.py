@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from flashfeed.cache import ShardCache
-from flashfeed.cache.nodeshare import NodeShare
-from flashfeed.cache.warm import warm_share
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warm import warm_share
 from flashfeed.cli import main as cli_main
 from flashfeed.loader import TokenLoader
 from flashfeed.storage import RetryPolicy

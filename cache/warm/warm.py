@@ -21,19 +21,18 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from flashfeed.dataset import Dataset
-from flashfeed.plan import PlanOptions, Topology
-
-from .errors import CacheFullError
-from .nodeshare import (
+from flashfeed.cache.errors import CacheFullError
+from flashfeed.cache.pins import pin_warmed, release_warm_pins
+from flashfeed.cache.shardcache import ShardCache
+from flashfeed.cache.warm.nodeshare import (
     NodeShare,
     dataset_digest,
     describe_warm_record,
     fitting_prefix,
     warm_mismatch,
 )
-from .pins import pin_warmed, release_warm_pins
-from .shardcache import ShardCache
+from flashfeed.dataset import Dataset
+from flashfeed.plan import PlanOptions, Topology
 
 __all__ = [
     "NodeShare",
