@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.interrupt import exit_on_interrupt
-from flashfeed.store import EmbeddedStore
 
 
 def _say(step: str, text: str = "") -> None:

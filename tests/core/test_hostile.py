@@ -13,7 +13,7 @@ import pytest
 from numpy.random import default_rng
 
 from flashfeed import CorruptShardError, Dataset, FlashfeedError, ManifestError, storage
-from flashfeed.cli import main
+from flashfeed.cli.main import main
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import jpeg_bytes
 from flashfeed.manifest import Manifest, commit_manifest

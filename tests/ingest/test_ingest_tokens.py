@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 from flashfeed import Dataset, storage
 from flashfeed.arrowlayout import head_size, read_layout
-from flashfeed.cli import main as cli_main
+from flashfeed.cli.main import main as cli_main
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.loader import TokenLoader
 

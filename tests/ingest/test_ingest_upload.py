@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from flashfeed import storage
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.errors import StorageError
 from flashfeed.ingest import IngestConfig
 from flashfeed.ingest.assign import GROUP_SHARDS, shard_groups
@@ -23,7 +24,6 @@ from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.ingest.shardtask import ShardJob, TaskSpec, done_url, run_shard, run_shards
 from flashfeed.ingest.sources import StorageContext, scan_source
 from flashfeed.shardio import tar_shard_bytes
-from flashfeed.store import EmbeddedStore
 from flashfeed.tarshard import FIXED_MTIME
 
 

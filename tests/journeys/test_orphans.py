@@ -155,7 +155,7 @@ def test_dataloader_workers_die_with_a_killed_trainer(tmp_path: Path, child) -> 
 
 STORE_CHILD = """
     import sys, threading, time
-    from flashfeed.store import EmbeddedStore
+    from flashfeed.cli.devstore import EmbeddedStore
 
     store = EmbeddedStore(sys.argv[1], port=0)
     if sys.argv[2] == "thread":  # started by a short-lived thread: must outlive the thread

@@ -10,12 +10,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .cli_help import formatter
-from .dataset import Dataset
-from .indexer import index_dataset
-from .summary import format_summary, summarize
-from .units import format_size
-from .verify import verify_dataset
+from flashfeed.cli.help import formatter
+from flashfeed.dataset import Dataset
+from flashfeed.indexer import index_dataset
+from flashfeed.summary import format_summary, summarize
+from flashfeed.units import format_size
+from flashfeed.verify import verify_dataset
 
 __all__ = ["register"]
 

@@ -15,17 +15,17 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from . import __version__
-from .cli_help import formatter
-from .errors import FlashfeedError
-from .interrupt import exit_on_interrupt, interrupted_line
-from .storage import redact
+from flashfeed import __version__
+from flashfeed.cli.help import formatter
+from flashfeed.errors import FlashfeedError
+from flashfeed.interrupt import exit_on_interrupt, interrupted_line
+from flashfeed.storage import redact
 
 __all__ = ["build_parser", "main"]
 
 _COMMAND_MODULES = (
-    "flashfeed.cli_store",
-    "flashfeed.cli_dataset",
+    "flashfeed.cli.store",
+    "flashfeed.cli.dataset",
     "flashfeed.ingest.cli",
     "flashfeed.cache.cli.cli",
     "flashfeed.monitor.cli",

@@ -8,8 +8,8 @@ import shlex
 import sys
 from typing import Any
 
-from .cli_help import formatter
-from .store import DEFAULT_BUCKET, EmbeddedStore
+from flashfeed.cli.devstore import DEFAULT_BUCKET, EmbeddedStore
+from flashfeed.cli.help import formatter
 
 DEFAULT_DIR = ".flashfeed-store"
 

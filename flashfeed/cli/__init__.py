@@ -1,0 +1,1 @@
+"""The ``flashfeed`` command (``main``) and the commands of the core: store, dataset."""

@@ -1,0 +1,7 @@
+"""``python -m flashfeed.cli``: the ``flashfeed`` command."""
+
+import sys
+
+from flashfeed.cli.main import main
+
+sys.exit(main())
