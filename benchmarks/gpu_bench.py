@@ -246,8 +246,8 @@ def stage_tokens(run: Run) -> dict[str, Any]:
     import pyarrow as pa
     import torch
 
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.loader import TokenLoader
-    from flashfeed.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_arrow_shard
 
     seq, shards, batch = 4096, 8, 256

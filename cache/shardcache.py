@@ -20,7 +20,7 @@ from typing import Any
 from flashfeed import storage
 from flashfeed.cache.warm.warmrecord import read_warm_records, write_warm_record
 from flashfeed.dataset import Dataset
-from flashfeed.manifest import ShardInfo
+from flashfeed.format.manifest import ShardInfo
 from flashfeed.storage import RetryPolicy
 from flashfeed.units import format_size, parse_size
 

@@ -8,6 +8,14 @@ Components: ``flashfeed.ingest``, ``flashfeed.cache``, ``flashfeed.loader``, and
 
 from __future__ import annotations
 
+from flashfeed.format.manifest import (
+    FORMAT_VERSION,
+    Manifest,
+    ShardInfo,
+    commit_manifest,
+    read_manifest,
+)
+
 from .dataset import Dataset, TarShardReader
 from .errors import (
     CorruptShardError,
@@ -17,7 +25,6 @@ from .errors import (
     ManifestError,
     StorageError,
 )
-from .manifest import FORMAT_VERSION, Manifest, ShardInfo, commit_manifest, read_manifest
 from .mixture import Change, Mixture, Source, load_mixture
 from .units import format_size, parse_size
 

@@ -16,7 +16,7 @@ import xxhash
 
 from flashfeed import storage
 from flashfeed.errors import DatasetExistsError
-from flashfeed.manifest import delete_manifest, is_committed, manifest_url
+from flashfeed.format.manifest import delete_manifest, is_committed, manifest_url
 
 from .assign import assign_shards, shard_groups
 from .commit import IngestResult, commit_run

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from flashfeed.arrowshard import open_arrow
 from flashfeed.errors import CorruptShardError
+from flashfeed.format.arrowshard import open_arrow
 
 __all__ = [
     "ArrowShardView",

@@ -1,8 +1,8 @@
 """An Arrow shard read while its cache fill is under way, record batch by record batch.
 
 The fill's part file is mapped at its full size; the schema message at its front records
-where each record batch lies (``flashfeed.arrowlayout``), or, when it records nothing, the
-walk of the messages landed so far finds them (``flashfeed.ipcwalk``). A record batch joins
+where each record batch lies (``flashfeed.format.arrowlayout``), or, when it records nothing, the
+walk of the messages landed so far finds them (``flashfeed.format.ipcwalk``). A record batch joins
 the view (``ArrowShardView``, one entry per record batch, as for a whole shard) once all of
 its bytes are marked landed: ``pa.ipc.read_record_batch`` on those bytes, zero copy. A shard
 with dictionary fields is read in order by one IPC stream reader over the mapped file (the
@@ -25,8 +25,8 @@ from flashfeed.errors import CorruptShardError
 from .arrowcols import ArrowShardView, ListView, column_views, list_views, plain_keys
 
 if TYPE_CHECKING:
-    from flashfeed.arrowlayout import BatchLayout
     from flashfeed.cache import FillView, PartialShard
+    from flashfeed.format.arrowlayout import BatchLayout
 
 __all__ = ["ArrowArrival", "open_arriving_view", "rows_landed"]
 

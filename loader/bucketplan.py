@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.manifest import Manifest
+from flashfeed.format.manifest import Manifest
 from flashfeed.plan import RankPlan, Segment, deal, epoch_sequence, locate
 
 from .buckets import (

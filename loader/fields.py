@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.media import LOADER_IMAGE_EXTS
-from flashfeed.video import VIDEO_EXTS
+from flashfeed.format.media import LOADER_IMAGE_EXTS
+from flashfeed.format.video import VIDEO_EXTS
 
 from .labels import LABEL_EXTS
 

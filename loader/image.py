@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
-from flashfeed.manifest import Manifest
+from flashfeed.format.manifest import Manifest
 from flashfeed.mixture import Mixture
 
 from .base import Made, PlannedLoader

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.wdsindex import SampleIndex
+from flashfeed.format.wdsindex import SampleIndex
 
 from .fields import FieldSpec
 from .labels import parse_label

@@ -14,12 +14,12 @@ The first epoch streams as ``Loader``'s does. The pass's ``StreamFeeder`` starts
 a shard only when a batch within reach needs it, fetches further ahead as measured, and
 waits for a needed row's bytes only, never for the rest of the pass. flashfeed writes Arrow
 shards in record batches of about 4 MiB whose byte and row ranges the schema message (the
-file's first bytes) records (``flashfeed.arrowlayout``): a shard still arriving is viewed
+file's first bytes) records (``flashfeed.format.arrowlayout``): a shard still arriving is viewed
 record batch by record batch from the cache's part file (``arrowstream.py``), each one read
 as soon as its bytes have landed, and the gather takes its rows from the view exactly as
 from a whole shard's. A shard without that layout (another tool's, or an older flashfeed's)
 streams the same way once the walk of its messages has found a row's record batch
-(``flashfeed.ipcwalk``); one with dictionary columns streams in file order.
+(``flashfeed.format.ipcwalk``); one with dictionary columns streams in file order.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError, FlashfeedError
-from flashfeed.video import VIDEO_EXTS, VideoProbe, probe_video, require_pyav
+from flashfeed.format.video import VIDEO_EXTS, VideoProbe, probe_video, require_pyav
 
 __all__ = [
     "CLIP_MODES",

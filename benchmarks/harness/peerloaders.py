@@ -354,8 +354,8 @@ def loader_epoch_samples(
     """The JPEG bytes and labels of one epoch of the Loader on ``dataset`` (a folder of
     webdataset tars), in the order it delivered them (its batches' keys, read off one pass):
     a decode ceiling fed in this order decodes what the Loader decodes, batch for batch."""
+    from flashfeed.format.tarshard import iter_samples
     from flashfeed.loader import Loader
-    from flashfeed.tarshard import iter_samples
 
     loader = Loader(str(dataset), batch_size=batch_size, num_threads=threads)
     try:

@@ -54,7 +54,7 @@ WAYS = {
 
 def _read_images(tars: list[str]) -> list[np.ndarray]:
     """Every sample's ``.jpg`` in ``tars``, in the order the tars hold them."""
-    from flashfeed.tarshard import iter_samples
+    from flashfeed.format.tarshard import iter_samples
 
     images = []
     for path in tars:

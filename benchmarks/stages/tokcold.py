@@ -55,7 +55,7 @@ from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store, upload_tree
 from benchmarks.stages.limits import download
 from flashfeed import storage
-from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard
 
 ROWS = ("cold-stream", "cold-walk", "cold-dict", "local", "ceiling")

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from flashfeed.cli.help import formatter
 from flashfeed.dataset import Dataset
-from flashfeed.indexer import index_dataset
+from flashfeed.format.indexer import index_dataset
 from flashfeed.summary import format_summary, summarize
 from flashfeed.units import format_size
 from flashfeed.verify import verify_dataset

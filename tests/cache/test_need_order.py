@@ -17,10 +17,10 @@ from flashfeed.cache.aimd import AdaptiveLimit
 from flashfeed.cache.needorder import PartPriority, part_priorities
 from flashfeed.cache.ranged import RangedFetcher
 from flashfeed.dataset import Dataset
+from flashfeed.format.wdsindex import Component, SampleIndex
 from flashfeed.loader import Loader
 from flashfeed.loader.passorder import make_pass_order
 from flashfeed.retry import RetryPolicy
-from flashfeed.wdsindex import Component, SampleIndex
 
 from support.loader_helpers import make_image_dataset
 from support.slowproxy import SlowProxy

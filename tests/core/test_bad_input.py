@@ -22,8 +22,8 @@ from flashfeed import (
 )
 from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.cli.main import main
+from flashfeed.format.tarshard import iter_samples, scan_index
 from flashfeed.shardio import shard_name, tar_shard_bytes, write_tar_shard
-from flashfeed.tarshard import iter_samples, scan_index
 from flashfeed.verify import verify_dataset
 
 

@@ -16,8 +16,8 @@ import pytest
 
 from flashfeed import Dataset, Manifest, ManifestError, ShardInfo, commit_manifest, read_manifest
 from flashfeed.cli.main import main
-from flashfeed.indexer import index_dataset
-from flashfeed.manifest import (
+from flashfeed.format.indexer import index_dataset
+from flashfeed.format.manifest import (
     MANIFEST_NAME,
     ShardTable,
     manifest_files,

@@ -54,7 +54,7 @@ _INGEST = """
 import json, sys
 from flashfeed import storage
 from flashfeed.ingest import IngestConfig, run
-from flashfeed.manifest import read_manifest
+from flashfeed.format.manifest import read_manifest
 src, dest = sys.argv[1], sys.argv[2]
 result = run(IngestConfig(source=src, dest=dest, shard_size=20_000, progress="none",
                           num_cpus=1))

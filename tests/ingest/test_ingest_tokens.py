@@ -12,8 +12,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from flashfeed import Dataset, storage
-from flashfeed.arrowlayout import head_size, read_layout
 from flashfeed.cli.main import main as cli_main
+from flashfeed.format.arrowlayout import head_size, read_layout
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.loader import TokenLoader
 

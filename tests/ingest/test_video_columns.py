@@ -14,9 +14,9 @@ import pytest
 from flashfeed.cli.main import main
 from flashfeed.dataset import Dataset
 from flashfeed.errors import ManifestError
+from flashfeed.format.shardtable import ShardTable
+from flashfeed.format.videocolumns import VIDEO_TYPE
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.shardtable import ShardTable
-from flashfeed.videocolumns import VIDEO_TYPE
 
 from support.videos import encode, reference_probe
 

@@ -15,6 +15,8 @@ from PIL import Image
 from flashfeed.cli.main import main
 from flashfeed.dataset import Dataset
 from flashfeed.errors import ManifestError
+from flashfeed.format.manifest import Manifest, commit_manifest
+from flashfeed.format.shardtable import ShardTable
 from flashfeed.loader import Loader
 from flashfeed.loader.buckets import (
     NO_SIZE,
@@ -26,9 +28,7 @@ from flashfeed.loader.buckets import (
     parse_buckets,
 )
 from flashfeed.loader.ledger import check_exactly_once, read_dropped
-from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.shardtable import ShardTable
 
 from support.loader_helpers import image_keys, resume_scenario, run_epochs
 

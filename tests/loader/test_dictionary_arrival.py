@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashfeed.arrowlayout import head_size
 from flashfeed.cache.progress import FillProgress, FillView, live_path
 from flashfeed.cache.view import _arrow_partial
 from flashfeed.errors import FlashfeedError
-from flashfeed.ipcwalk import message_header
+from flashfeed.format.arrowlayout import head_size
+from flashfeed.format.ipcwalk import message_header
 from flashfeed.loader.arrowstream import open_arriving_view
 
 ROWS = (30, 50, 20, 40)

@@ -142,7 +142,7 @@ def test_a_token_loader_reading_the_wrong_row_fails_the_ledger_check(tokens, tmp
 def test_token_keys_without_a_key_column_are_row_numbers(tmp_path):
     import pyarrow as pa
 
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_arrow_shard
 
     prefix = str(tmp_path / "ds")

@@ -128,7 +128,7 @@ def test_the_way_to_the_first_batch_does_not_import_pandas(tmp_path):
     # pyarrow imports pandas on the first to_numpy() or Python scalar: about a second of a
     # fresh process's start-up, for a loader that never uses it. A dataset adopted with
     # `flashfeed index` has the per-sample image size columns the shard table checks.
-    from flashfeed.indexer import index_dataset
+    from flashfeed.format.indexer import index_dataset
 
     prefix = str(tmp_path / "ds")
     make_image_dataset(prefix, [12, 12], size=16)

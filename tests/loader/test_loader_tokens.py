@@ -139,7 +139,7 @@ def test_a_state_saved_after_an_exhausted_epoch(tokens):
 def test_shards_of_different_row_lengths_are_refused_naming_both(tmp_path):
     import pyarrow as pa
 
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_arrow_shard
 
     prefix = str(tmp_path / "ds")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from flashfeed.dataset import Dataset
+from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.loader import TokenLoader
 from flashfeed.loader.ledger import read_ledger
 from flashfeed.loader.mixledger import check_mixture
-from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.mixture import Mixture, Source
 
 from support.loader_helpers import make_image_dataset, make_token_dataset

@@ -205,7 +205,7 @@ def test_document_columns_that_do_not_fit_their_rows_are_refused_naming_the_shar
     import pyarrow as pa
 
     from flashfeed.errors import CorruptShardError
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import write_arrow_shard
 
     prefix = str(tmp_path / "bad")
@@ -234,7 +234,7 @@ def test_document_columns_with_different_row_lengths_are_refused_naming_the_shar
     import pyarrow as pa
 
     from flashfeed.errors import CorruptShardError
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import write_arrow_shard
 
     prefix = str(tmp_path / "bad")

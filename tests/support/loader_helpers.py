@@ -10,7 +10,7 @@ import pyarrow as pa
 from PIL import Image
 
 from flashfeed.dataset import Dataset
-from flashfeed.manifest import Manifest, commit_manifest
+from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
 __all__ = ["label_of", "make_image_dataset", "make_token_dataset"]

@@ -25,8 +25,8 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from .arrowlayout import BatchLayout
-from .errors import CorruptShardError
+from flashfeed.errors import CorruptShardError
+from flashfeed.format.arrowlayout import BatchLayout
 
 __all__ = ["IpcWalk", "message_header", "start_walk"]
 

@@ -13,8 +13,8 @@ import tarfile
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from .errors import CorruptShardError, HostileInputError
-from .wdsindex import Component, SampleIndex, format_index, split_name
+from flashfeed.errors import CorruptShardError, HostileInputError
+from flashfeed.format.wdsindex import Component, SampleIndex, format_index, split_name
 
 if TYPE_CHECKING:
     from typing import Self
@@ -289,7 +289,7 @@ def group_samples(members: Iterable[tuple[str, bytes]], *, source: str = "tar") 
 
 def scan_index(fileobj: IO[bytes], *, source: str = "tar") -> list[SampleIndex]:
     """Build the DALI index of an uncompressed tar: data offsets of each regular member."""
-    from .wdsindex import samples_from_members
+    from flashfeed.format.wdsindex import samples_from_members
 
     members: list[tuple[str, int, int]] = []
     try:

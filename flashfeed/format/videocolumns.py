@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import ManifestError
-from .shardcolumns import checked_per_sample
+from flashfeed.errors import ManifestError
+from flashfeed.format.shardcolumns import checked_per_sample
 
 __all__ = [
     "VIDEO_COLUMN",

@@ -9,8 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from .arrowlayout import LAYOUT_KEY, head_size, layout_metadata
-from .errors import CorruptShardError
+from flashfeed.errors import CorruptShardError
+from flashfeed.format.arrowlayout import LAYOUT_KEY, head_size, layout_metadata
 
 __all__ = ["BATCH_BYTES", "open_arrow", "schema_of", "write_arrow"]
 

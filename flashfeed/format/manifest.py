@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from . import storage
-from .errors import DatasetExistsError, ManifestError, StorageError
-from .manifestheader import (
+from flashfeed import storage
+from flashfeed.errors import DatasetExistsError, ManifestError, StorageError
+from flashfeed.format.manifestheader import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     READ_VERSIONS,
@@ -34,8 +34,8 @@ from .manifestheader import (
     parse_json,
     table_ref,
 )
-from .shardlist import ShardList
-from .shardtable import (
+from flashfeed.format.shardlist import ShardList
+from flashfeed.format.shardtable import (
     ShardInfo,
     ShardTable,
     check_relative_path,

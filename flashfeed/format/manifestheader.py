@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from . import storage
-from .errors import ManifestError
-from .shardtable import check_relative_path
+from flashfeed import storage
+from flashfeed.errors import ManifestError
+from flashfeed.format.shardtable import check_relative_path
 
 if TYPE_CHECKING:
-    from .manifest import Manifest
+    from flashfeed.format.manifest import Manifest
 
 __all__ = [
     "FEATURES",

@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from . import storage
-from .errors import ManifestError
-from .shardcolumns import (
+from flashfeed import storage
+from flashfeed.errors import ManifestError
+from flashfeed.format.shardcolumns import (
     SIZE_COLUMNS,
     all_distinct,
     arrow_int32_lists,
@@ -41,7 +41,13 @@ from .shardcolumns import (
     list_values_at,
     string_parts,
 )
-from .videocolumns import VIDEO_COLUMN, VIDEO_TYPE, check_videos, video_column, videos_at
+from flashfeed.format.videocolumns import (
+    VIDEO_COLUMN,
+    VIDEO_TYPE,
+    check_videos,
+    video_column,
+    videos_at,
+)
 
 __all__ = [
     "COLUMNS",

@@ -7,7 +7,7 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-from .shardtable import ShardInfo, ShardTable
+from flashfeed.format.shardtable import ShardInfo, ShardTable
 
 __all__ = ["ShardList"]
 

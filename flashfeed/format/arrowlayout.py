@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .errors import CorruptShardError
+from flashfeed.errors import CorruptShardError
 
 __all__ = ["LAYOUT_KEY", "BatchLayout", "head_size", "read_layout"]
 

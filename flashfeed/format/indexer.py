@@ -15,14 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from . import storage
-from .errors import CorruptShardError, DatasetExistsError, FlashfeedError
-from .manifest import Manifest, ShardInfo, commit_manifest, manifest_url
-from .media import IMAGE_MEDIA_TYPES, LOADER_IMAGE_EXTS, member_image_sizes
-from .shardtable import ShardTable
-from .tarshard import scan_index
-from .video import VIDEO_EXTS, member_videos
-from .wdsindex import SampleIndex, format_index
+from flashfeed import storage
+from flashfeed.errors import CorruptShardError, DatasetExistsError, FlashfeedError
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest, manifest_url
+from flashfeed.format.media import IMAGE_MEDIA_TYPES, LOADER_IMAGE_EXTS, member_image_sizes
+from flashfeed.format.shardtable import ShardTable
+from flashfeed.format.tarshard import scan_index
+from flashfeed.format.video import VIDEO_EXTS, member_videos
+from flashfeed.format.wdsindex import SampleIndex, format_index
 
 __all__ = [
     "COMPRESSED_SUFFIXES",

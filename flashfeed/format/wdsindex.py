@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .errors import CorruptShardError
+from flashfeed.errors import CorruptShardError
 
 __all__ = ["Component", "SampleIndex", "format_index", "parse_index", "split_name"]
 

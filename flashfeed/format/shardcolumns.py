@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import ManifestError
+from flashfeed.errors import ManifestError
 
 #: the optional per-sample image size columns of a shard table (both or neither)
 SIZE_COLUMNS = ("widths", "heights")
