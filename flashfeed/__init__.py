@@ -15,6 +15,7 @@ from flashfeed.format.manifest import (
     commit_manifest,
     read_manifest,
 )
+from flashfeed.plan.mixture import Change, Mixture, Source, load_mixture
 
 from .dataset import Dataset, TarShardReader
 from .errors import (
@@ -25,7 +26,6 @@ from .errors import (
     ManifestError,
     StorageError,
 )
-from .mixture import Change, Mixture, Source, load_mixture
 from .units import format_size, parse_size
 
 __version__ = "0.1.0"

@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 class PlannedLoader:
-    """Epoch/position bookkeeping over ``flashfeed.plan`` for one rank.
+    """Epoch/position bookkeeping over ``flashfeed.plan.plan`` for one rank.
 
     One pass (``for batch in loader``) reads what remains of the current epoch; once a pass
     has run to its end, the next pass starts the next epoch unless ``set_epoch`` says

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.format.manifest import Manifest
-from flashfeed.plan import RankPlan, Segment, deal, epoch_sequence, locate
+from flashfeed.plan.plan import RankPlan, Segment, deal, epoch_sequence, locate
 
 from .buckets import (
     BucketedOrder,

@@ -14,7 +14,7 @@ import torch
 
 from flashfeed.dataset import Dataset
 from flashfeed.format.manifest import Manifest
-from flashfeed.mixture import Mixture
+from flashfeed.plan.mixture import Mixture
 
 from .base import Made, PlannedLoader
 from .bucketplan import BucketPlanner, bucket_options

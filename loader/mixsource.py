@@ -21,8 +21,8 @@ from flashfeed import storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.wdsindex import SampleIndex
-from flashfeed.mixplan import SourceTable
-from flashfeed.mixture import Mixture
+from flashfeed.plan.mixplan import SourceTable
+from flashfeed.plan.mixture import Mixture
 
 from .sources import (
     CacheShardSource,

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 
 from flashfeed.dataset import Dataset
 from flashfeed.lifeline import tie_to_parent
-from flashfeed.mixture import Mixture
+from flashfeed.plan.mixture import Mixture
 
 from .base import PlannedLoader
 from .fields import KEY, FieldSpec, parse_fields

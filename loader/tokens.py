@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
-from flashfeed.mixture import Mixture
+from flashfeed.plan.mixture import Mixture
 
 from .arrowcols import ArrowShardView, open_arrow_view
 from .arrowstream import open_arriving_view

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flashfeed.plan import PlanOptions, Topology, plan_epoch
+from flashfeed.plan.plan import PlanOptions, Topology, plan_epoch
 
 __all__ = [
     "ShuffleQuality",

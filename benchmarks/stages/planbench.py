@@ -71,8 +71,8 @@ def plan_cost(
     """Seconds to commit, open and plan a dataset of ``shards`` shards (no shard bytes)."""
     from flashfeed import Dataset, Manifest, commit_manifest
     from flashfeed.format.shardtable import synthetic_shard_table
-    from flashfeed.plan import PlanOptions, Segment, Topology, node_shard_order, plan_epoch
-    from flashfeed.plan import rank_plan as plan_rank
+    from flashfeed.plan.plan import PlanOptions, Segment, Topology, node_shard_order, plan_epoch
+    from flashfeed.plan.plan import rank_plan as plan_rank
 
     work = tempfile.mkdtemp(prefix="ffplan-", dir="/tmp")
     options, topology = PlanOptions(seed=0), Topology(world_size, ranks_per_node)
@@ -150,9 +150,9 @@ def mixture_scale(
     """The design point as a mixture of ``sources`` datasets, measured in this process."""
     from flashfeed import Dataset, Manifest, commit_manifest
     from flashfeed.format.shardtable import synthetic_shard_table
-    from flashfeed.mixplan import MixPlanner, SourceTable
-    from flashfeed.mixture import Mixture, Source
-    from flashfeed.plan import PlanOptions, Topology
+    from flashfeed.plan.mixplan import MixPlanner, SourceTable
+    from flashfeed.plan.mixture import Mixture, Source
+    from flashfeed.plan.plan import PlanOptions, Topology
 
     work = tempfile.mkdtemp(prefix="ffmix-", dir="/tmp")
     topology = Topology(world_size, ranks_per_node)

@@ -20,8 +20,8 @@ from flashfeed.cache.shardcache import ShardCache
 from flashfeed.cache.warm.cluster import CACHE_DIR_ENV
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cache.warm.warm import warm_share
-from flashfeed.mixture import Mixture, is_mixture_file, load_mixture
-from flashfeed.plan import PlanOptions
+from flashfeed.plan.mixture import Mixture, is_mixture_file, load_mixture
+from flashfeed.plan.plan import PlanOptions
 from flashfeed.units import parse_size
 
 __all__ = ["register"]

@@ -22,8 +22,8 @@ from flashfeed.cache.shardcache import ShardCache
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cache.warm.warm import WarmResult, warm_share
 from flashfeed.errors import FlashfeedError
-from flashfeed.mixture import Mixture
-from flashfeed.plan import PlanOptions, Topology
+from flashfeed.plan.mixture import Mixture
+from flashfeed.plan.plan import PlanOptions, Topology
 
 __all__ = [
     "CACHE_DIR_ENV",

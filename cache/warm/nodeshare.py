@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flashfeed.dataset import Dataset
-from flashfeed.plan import PlanOptions, Topology, node_shard_order
+from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order
 
 __all__ = [
     "NodeShare",

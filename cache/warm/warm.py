@@ -32,7 +32,7 @@ from flashfeed.cache.warm.nodeshare import (
     warm_mismatch,
 )
 from flashfeed.dataset import Dataset
-from flashfeed.plan import PlanOptions, Topology
+from flashfeed.plan.plan import PlanOptions, Topology
 
 __all__ = [
     "NodeShare",

@@ -1,5 +1,5 @@
 """Warming a node cache for a mixture: every source's shards this node reads first, in the
-order the mixture's plan reads them (``flashfeed.mixplan``), as far as the capacity allows.
+order the mixture's plan reads them (``flashfeed.plan.mixplan``), as far as the capacity allows.
 
 The order is the loader's own: the same ``MixPlanner`` over the same shard tables, options
 and topology, node by node, epoch after epoch. Each source's warm record names the mixture.
@@ -21,8 +21,8 @@ from flashfeed.cache.shardcache import ShardCache
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cache.warm.warm import WarmResult
 from flashfeed.dataset import Dataset
-from flashfeed.mixplan import MixPlanner, SourceTable
-from flashfeed.mixture import Mixture
+from flashfeed.plan.mixplan import MixPlanner, SourceTable
+from flashfeed.plan.mixture import Mixture
 
 __all__ = ["mixture_order", "open_sources", "warm_mixture"]
 

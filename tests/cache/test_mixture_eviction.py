@@ -19,9 +19,9 @@ from flashfeed.cache.warm.warmmix import mixture_order, open_sources, warm_mixtu
 from flashfeed.loader import TokenLoader
 from flashfeed.loader.mixledger import check_mixture
 from flashfeed.loader.mixsource import MixtureShardSource, open_mixture
-from flashfeed.mixplan import MixPlanner, SourceTable
-from flashfeed.mixture import Mixture, Source
-from flashfeed.plan import PlanOptions, Topology
+from flashfeed.plan.mixplan import MixPlanner, SourceTable
+from flashfeed.plan.mixture import Mixture, Source
+from flashfeed.plan.plan import PlanOptions, Topology
 
 from support.loader_helpers import make_token_dataset
 

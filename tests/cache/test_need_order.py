@@ -245,7 +245,7 @@ def _shard_parts_need(windows: str) -> tuple[list[list[int]], list[list[float]]]
     order, each sample's batch), 100 samples of 1 KiB per shard, 10 KiB parts."""
     import numpy as np
 
-    from flashfeed.plan import PlanOptions, Topology, rank_plan
+    from flashfeed.plan.plan import PlanOptions, Topology, rank_plan
 
     sizes = np.array([100] * 8)
     options = PlanOptions(seed=3, window=4, arrival_windows=windows)

@@ -13,7 +13,7 @@ from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cache.warm.warmmix import mixture_order, open_sources
 from flashfeed.cli.main import main
 from flashfeed.loader import TokenLoader
-from flashfeed.mixture import Mixture, Source
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import make_token_dataset
 

@@ -31,7 +31,7 @@ from flashfeed.cache.warm.warm import (
     warm_share,
 )
 from flashfeed.cli.main import main
-from flashfeed.plan import PlanOptions, Topology, node_shard_order
+from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order
 
 from support.cache_data import make_dataset
 

@@ -11,7 +11,7 @@ import pytest
 
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cache.warm.warmmix import mixture_order, open_sources
-from flashfeed.mixture import Mixture, Source
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.cluster import SimCluster, bytes_read, namespaces_available
 from support.loader_helpers import make_token_dataset

@@ -331,7 +331,7 @@ def test_bucketed_resplits_across_nodes_take_every_sample_once(tmp_path, drop_la
     from flashfeed.loader.bucketplan import BucketPlanner
     from flashfeed.loader.distributed import DistContext
     from flashfeed.loader.position import Position
-    from flashfeed.plan import PlanOptions, Segment
+    from flashfeed.plan.plan import PlanOptions, Segment
 
     prefix = str(tmp_path / "ds")
     write_sized(prefix, [230, 170, 200], extreme=(7, 300))
@@ -439,7 +439,7 @@ def test_with_drop_last_every_rank_yields_the_same_batches_count(sized):
 
 
 def test_buckets_refuse_a_mixture_at_construction(tmp_path):
-    from flashfeed.mixture import Mixture, Source
+    from flashfeed.plan.mixture import Mixture, Source
 
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     write_sized(a, [6])

@@ -38,8 +38,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .planstreams import _Chain, _Epoch, _Level
-from .plantypes import EpochPlan, PlanOptions, RankPlan, Segment, Topology, check_int
+from flashfeed.plan.streams import _Chain, _Epoch, _Level
+from flashfeed.plan.types import EpochPlan, PlanOptions, RankPlan, Segment, Topology, check_int
 
 __all__ = [
     "EpochPlan",

@@ -1,6 +1,6 @@
 """How the plan is computed: the stable chain of shards (level 1), a node's stream of one
 epoch (level 2), and what remains of an epoch after resume segments, resolved range by range
-down to the node streams of the first topology (see ``flashfeed.plan``)."""
+down to the node streams of the first topology (see ``flashfeed.plan.plan``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .plantypes import PlanOptions, Segment, Topology
+from flashfeed.plan.types import PlanOptions, Segment, Topology
 
 __all__: list[str] = []
 

@@ -1,13 +1,13 @@
 """The read plan of a mixture: which sample of which source each rank reads, in order.
 
-Pure and rank-local, like ``flashfeed.plan``, on which it is built:
+Pure and rank-local, like ``flashfeed.plan.plan``, on which it is built:
 
 - Each source keeps its own plan (``rank_plan`` over its shard sizes, with a seed derived
   from the run's seed and the source's digest): its own shard order, windows and node
   affinity. A source read more often than its plan is long is read again in a fresh
   permutation (a new *cycle*, planned as source epoch ``epoch * 2**32 + cycle``); one read
   less is read as a prefix of its order: sampled without replacement.
-- ``flashfeed.mixdeal`` deals a rank's slots to sources by weight. The deal does not depend
+- ``flashfeed.plan.mixdeal`` deals a rank's slots to sources by weight. The deal does not depend
   on the rank: all ranks read the same number of samples of each source, in lock-step.
 - So a source's place in an epoch is a ``Cursor``: its cycle and the ``Segment`` values
   of that cycle already trained, today's elastic-resume state per source. A deal runs under
@@ -28,10 +28,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .mixdeal import WeightCurve, deal_order
-from .mixture import Mixture
-from .plan import PlanOptions, Segment, Topology, _epoch, _node_samples, _rank_plan, _sizes
-from .planstreams import _Chain, _Epoch
+from flashfeed.plan.mixdeal import WeightCurve, deal_order
+from flashfeed.plan.mixture import Mixture
+from flashfeed.plan.plan import (
+    PlanOptions,
+    Segment,
+    Topology,
+    _epoch,
+    _node_samples,
+    _rank_plan,
+    _sizes,
+)
+from flashfeed.plan.streams import _Chain, _Epoch
 
 __all__ = ["Cursor", "MixPlanner", "MixProgress", "MixRankPlan", "SourceTable"]
 

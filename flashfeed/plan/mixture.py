@@ -2,7 +2,7 @@
 
 A ``Mixture`` is a value, like ``PlanOptions``: its sources (dataset URLs or local paths),
 their relative weights, a weight schedule (piecewise constant changes and linear ramps at
-given global sample counts) and the length of one epoch. ``flashfeed.mixplan`` turns it into
+given global sample counts) and the length of one epoch. ``flashfeed.plan.mixplan`` turns it into
 each rank's order; ``load_mixture`` reads its file form (JSON, or YAML when PyYAML is
 installed)::
 
