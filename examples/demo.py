@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 
 from flashfeed.cli.devstore import EmbeddedStore
-from flashfeed.interrupt import exit_on_interrupt
+from flashfeed.runtime.interrupt import exit_on_interrupt
 
 
 def _say(step: str, text: str = "") -> None:

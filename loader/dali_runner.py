@@ -1,6 +1,7 @@
 """One DALI pipeline kept across passes, so reader processes start once per loader.
 
-Its reader processes die with the loader's process, however that dies (``flashfeed.lifeline``).
+Its reader processes die with the loader's process, however that dies
+(``flashfeed.runtime.lifeline``).
 
 Each pass's samples go to a pass file before the pass starts; ``reset()`` moves DALI to the
 next epoch index, which names the next pass file (see ``reader.BatchSource``). A pass left
@@ -21,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.lifeline import tie_forked_children
-from flashfeed.scratch import make_owned_dir, remove_owned
+from flashfeed.runtime.lifeline import tie_forked_children
+from flashfeed.runtime.scratch import make_owned_dir, remove_owned
 
 from .passorder import PassOrder
 from .reader import BatchSource, write_pass
@@ -133,7 +134,7 @@ class DaliRunner:
         self._make_source = make_source
         _runners.add(self)
         # removed on close, collection or exit; swept by a later loader if this process is
-        # killed (``flashfeed/scratch.py``)
+        # killed (``flashfeed/runtime/scratch.py``)
         self.pass_dir = make_owned_dir(PASS_PREFIX, _pass_base())
         #: the pipe's source (this process's copy), closed when the pipe is dropped or this
         #: runner goes: a pipeline may be kept by a cycle of its own, its source with it

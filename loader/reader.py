@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.lifeline import ParentLink
+from flashfeed.runtime.lifeline import ParentLink
 
 from .fields import FieldSpec, key_bytes, key_column
 from .passorder import PassOrder

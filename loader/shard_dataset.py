@@ -23,8 +23,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from flashfeed.dataset import Dataset
-from flashfeed.lifeline import tie_to_parent
 from flashfeed.plan.mixture import Mixture
+from flashfeed.runtime.lifeline import tie_to_parent
 
 from .base import PlannedLoader
 from .fields import KEY, FieldSpec, parse_fields

@@ -21,7 +21,7 @@ os.environ.setdefault("FLASHFEED_RETRY_DEADLINE", "20")
 
 from flashfeed.cli.devstore import EmbeddedStore, StoreInfo
 from flashfeed.ingest.raysetup import RAY_PREFIX
-from flashfeed.scratch import make_owned_dir, remove_owned
+from flashfeed.runtime.scratch import make_owned_dir, remove_owned
 
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 

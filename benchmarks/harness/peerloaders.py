@@ -312,9 +312,9 @@ def _build_like_loader(
 ) -> tuple[Any, list[str]]:
     """The Loader's pipeline over ``source``; ``shared``: DALI reads its arrays in place, as
     the Loader's does for a dataset read in place (the source must keep them alive)."""
-    from flashfeed.lifeline import tie_forked_children
     from flashfeed.loader.fields import parse_fields
     from flashfeed.loader.pipeline import AugmentOptions, build_pipeline
+    from flashfeed.runtime.lifeline import tie_forked_children
 
     with tie_forked_children():  # the reader process dies with this one
         return build_pipeline(

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from flashfeed import lifeline
 from flashfeed.errors import FlashfeedError
+from flashfeed.runtime import lifeline
 
 __all__ = ["DEFAULT_BUCKET", "EmbeddedStore", "StoreInfo", "find_weed"]
 

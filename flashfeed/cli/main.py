@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from flashfeed import __version__
 from flashfeed.cli.help import formatter
 from flashfeed.errors import FlashfeedError
-from flashfeed.interrupt import exit_on_interrupt, interrupted_line
+from flashfeed.runtime.interrupt import exit_on_interrupt, interrupted_line
 from flashfeed.storage import redact
 
 __all__ = ["build_parser", "main"]

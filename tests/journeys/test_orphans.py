@@ -22,7 +22,7 @@ import pytest
 
 from flashfeed.ingest.raysetup import RAY_PREFIX
 from flashfeed.loader.dali_runner import PASS_PREFIX
-from flashfeed.scratch import make_owned_dir, remove_owned
+from flashfeed.runtime.scratch import make_owned_dir, remove_owned
 
 from support import TESTS
 from support.loader_helpers import make_image_dataset, stub_runner
@@ -204,7 +204,7 @@ def test_embedded_ray_dies_with_the_ingest_driver(child) -> None:
 
 SPAWN_CHILD = """
     import multiprocessing as mp, time
-    from flashfeed.lifeline import ParentLink
+    from flashfeed.runtime.lifeline import ParentLink
 
     def work(link):
         time.sleep(3600)

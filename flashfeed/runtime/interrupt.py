@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-from . import lifeline
+from flashfeed.runtime import lifeline
 
 __all__ = ["MESSAGE", "cleanup_on_interrupt", "exit_on_interrupt", "interrupted_line"]
 

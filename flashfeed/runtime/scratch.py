@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 
-from .lifeline import process_start
+from flashfeed.runtime.lifeline import process_start
 
 __all__ = ["make_owned_dir", "remove_owned", "sweep_orphans"]
 

@@ -1,0 +1,1 @@
+"""Process plumbing: children that die with their parent, interrupts, scratch dirs, lazy imports."""
