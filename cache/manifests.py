@@ -29,7 +29,7 @@ from flashfeed import storage
 from flashfeed.errors import ManifestError, StorageError
 from flashfeed.format.manifest import MANIFEST_NAME, Manifest, manifest_url, read_manifest
 from flashfeed.format.shardtable import check_relative_path
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from .layout import (
     atomic_write_json,

@@ -21,13 +21,13 @@ from flashfeed import storage
 from flashfeed.cache.warm.warmrecord import read_warm_records, write_warm_record
 from flashfeed.dataset import Dataset
 from flashfeed.format.manifest import ShardInfo
+from flashfeed.s3.directget import signed_endpoint, warm_client
 from flashfeed.storage import RetryPolicy
 from flashfeed.units import format_size, parse_size
 
 from .ahead import FetchAhead
 from .aimd import AdaptiveLimit
 from .copies import ShardCopies
-from .directget import signed_endpoint, warm_client
 from .errors import CacheCapacityError
 from .handle import CacheHandle
 from .hints import ReadHints

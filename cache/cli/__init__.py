@@ -1,1 +1,1 @@
-"""flashfeed.cache.cli."""
+"""The `flashfeed cache` commands: warm, status, verify, evict."""

@@ -29,7 +29,7 @@ from flashfeed.cache import CacheHandle, ShardCache
 from flashfeed.cache.space import DEFAULT_FRACTION, scan
 from flashfeed.cache.stats import read_persisted
 from flashfeed.format.manifest import Manifest, commit_manifest
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.units import format_size
 

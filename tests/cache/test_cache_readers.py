@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from flashfeed import storage
-from flashfeed.cache import directget
-from flashfeed.cache.directget import (
+from flashfeed.s3 import directget
+from flashfeed.s3.directget import (
     BACKENDS,
     Backend,
     FsObject,

@@ -20,7 +20,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.format.wdsindex import Component, SampleIndex
 from flashfeed.loader import Loader
 from flashfeed.loader.passorder import make_pass_order
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
 from support.slowproxy import SlowProxy

@@ -20,7 +20,7 @@ from flashfeed import storage
 from flashfeed.errors import FlashfeedError, StorageError
 from flashfeed.ingest.cli import check_bucket
 from flashfeed.ingest.samplecorpus import make_imagefolder
-from flashfeed.retry import FIRST_CONTACT, RetryPolicy
+from flashfeed.s3.retry import FIRST_CONTACT, RetryPolicy
 
 from support.procs import session_members
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flashfeed import storage
-from flashfeed.ingest.putobject import delete_objects, list_keys, put_object
+from flashfeed.s3.putobject import delete_objects, list_keys, put_object
 
 _NAMES = ["a.json", "b c.json", "d&e.json", "f+g=h.json", "ü/x.json", "z" * 60 + ".json"]
 

@@ -19,11 +19,11 @@ from flashfeed.errors import StorageError
 from flashfeed.format.tarshard import FIXED_MTIME
 from flashfeed.ingest import IngestConfig
 from flashfeed.ingest.assign import GROUP_SHARDS, shard_groups
-from flashfeed.ingest.putobject import put_object
 from flashfeed.ingest.runner import _assign_shards, _recorded
 from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.ingest.shardtask import ShardJob, TaskSpec, done_url, run_shard, run_shards
 from flashfeed.ingest.sources import StorageContext, scan_source
+from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import tar_shard_bytes
 
 

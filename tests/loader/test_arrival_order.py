@@ -20,7 +20,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.loader.position import Position
 from flashfeed.plan.plan import PlanOptions, Topology, plan_epoch, rank_plan
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
 

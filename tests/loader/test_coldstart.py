@@ -23,7 +23,7 @@ from flashfeed.loader import Loader, read_ledger
 from flashfeed.loader.ledger import key_hash
 from flashfeed.loader.passorder import make_pass_order
 from flashfeed.loader.sources import CacheShardSource
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support import SUPPORT
 from support.loader_helpers import label_of, make_image_dataset

@@ -17,7 +17,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.format.arrowshard import open_arrow
 from flashfeed.loader import ShardDataset, TokenLoader, read_ledger
 from flashfeed.loader.ledger import key_hash
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
 

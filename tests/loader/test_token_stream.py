@@ -18,7 +18,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.format.arrowlayout import head_size, read_layout
 from flashfeed.format.arrowshard import open_arrow, write_arrow
 from flashfeed.loader import DOC_OUTPUTS, TokenLoader
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_token_dataset
 from support.token_cold import (

@@ -24,7 +24,7 @@ from flashfeed.format.arrowlayout import head_size
 from flashfeed.format.ipcwalk import start_walk
 from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.loader import DOC_OUTPUTS, TokenLoader
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 from flashfeed.shardio import shard_name
 
 from support.token_cold import (

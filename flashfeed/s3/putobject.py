@@ -56,7 +56,7 @@ class _Connections(threading.local):
         conn = self.open.get(endpoint.key)
         if conn is not None:
             return conn, True
-        from flashfeed.cache.signedget import connect
+        from flashfeed.s3.signedget import connect
 
         conn = self.open[endpoint.key] = connect(endpoint.key)
         return conn, False
@@ -83,8 +83,8 @@ def _send(
     """One signed request on the thread's keep-alive connection to ``endpoint`` (a
     ``cache.signedget.Endpoint``); its response body. A reused connection the server closed
     while idle is replaced once; an error response raises as s3fs would for ``name``."""
-    from flashfeed.cache.rangedbody import http_error
-    from flashfeed.cache.sigv4 import s3_get_headers
+    from flashfeed.s3.rangedbody import http_error
+    from flashfeed.s3.sigv4 import s3_get_headers
 
     target = f"{path}?{query}" if query else path
     for attempt in (0, 1):
@@ -116,7 +116,7 @@ def _send(
 
 def _put(obj: Any, data: bytes | memoryview) -> None:
     """One signed PUT of ``data`` to ``obj`` (a ``cache.signedget.SignedObject``)."""
-    from flashfeed.cache.sigv4 import s3_path
+    from flashfeed.s3.sigv4 import s3_path
 
     path = s3_path(*obj.path.split("/", 1))
     extra = {"content-type": "application/octet-stream"}

@@ -18,10 +18,9 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
+from flashfeed.s3.rangedbody import Body, RangedObject, http_error
+from flashfeed.s3.sigv4 import s3_get_headers, s3_path
 from flashfeed.storage import S3Options
-
-from .rangedbody import Body, RangedObject, http_error
-from .sigv4 import s3_get_headers, s3_path
 
 __all__ = ["Endpoint", "SignedObject", "connect"]
 

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashfeed import storage
+from flashfeed.s3.rangedbody import Body, RangedObject, RangedReader, as_oserror
+from flashfeed.s3.signedget import Endpoint, SignedObject
 from flashfeed.storage import S3Options, s3_options_of
-
-from .rangedbody import Body, RangedObject, RangedReader, as_oserror
-from .signedget import Endpoint, SignedObject
 
 __all__ = [
     "BACKENDS",
