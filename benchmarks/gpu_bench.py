@@ -141,8 +141,8 @@ def stage_ceiling(run: Run) -> dict[str, Any]:
     fn: Any = importlib.import_module("nvidia.dali.fn")
     types: Any = importlib.import_module("nvidia.dali.types")
 
-    from flashfeed.loader.convert import DeviceCopier, to_torch
-    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
+    from flashfeed.loader.image.convert import DeviceCopier, to_torch
+    from flashfeed.loader.image.pipeline import AugmentOptions, default_image_pipeline
 
     jpegs = [np.frombuffer(j, np.uint8) for j in read_jpegs(run.work / "photos")]
     labels = [np.array([i % 1000], np.int64) for i in range(len(jpegs))]

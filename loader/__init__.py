@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 from flashfeed.runtime.lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from flashfeed.loader.image.image import Loader
+    from flashfeed.loader.image.pipeline import decode_device
+
     from .distributed import DistContext, resolve_context
-    from .image import Loader
     from .ledger import Ledger, read_ledger
     from .mixledger import SourceCheck, check_mixture
     from .mixsource import MixtureDataset
     from .parts import LoaderParts, SharedKeywords
-    from .pipeline import decode_device
     from .position import PlanOptions, Position
     from .segments import DOC_OUTPUTS
     from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
@@ -32,7 +33,7 @@ _LAZY = {
     "DOC_OUTPUTS": ".segments",
     "DistContext": ".distributed",
     "Ledger": ".ledger",
-    "Loader": ".image",
+    "Loader": ".image.image",
     "LoaderParts": ".parts",
     "LocalShardSource": ".sources",
     "MixtureDataset": ".mixsource",
@@ -46,7 +47,7 @@ _LAZY = {
     "TokenLoader": ".tokens",
     "check_mixture": ".mixledger",
     "collate_samples": ".shard_dataset",
-    "decode_device": ".pipeline",
+    "decode_device": ".image.pipeline",
     "read_ledger": ".ledger",
     "resolve_context": ".distributed",
 }

@@ -32,19 +32,19 @@ import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
+from flashfeed.loader.image.convert import DeviceCopier, HostPool
+from flashfeed.loader.image.fields import KEY
+from flashfeed.loader.image.pipeline import batch_device, check_device
 from flashfeed.plan.mixture import Mixture
 
 from .arrowcols import ArrowShardView, open_arrow_view
 from .arrowstream import open_arriving_view
 from .base import Made, PlannedLoader
-from .convert import DeviceCopier, HostPool
 from .docwarm import warm_loader
-from .fields import KEY
 from .mixsource import MixtureDataset
 from .openshard import OpenShard, default_max_open
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
-from .pipeline import batch_device, check_device
 from .rowgather import copy_rows, gather_rows
 from .segments import DOC_OUTPUTS, check_outputs, check_shared_offsets
 from .tokenrows import RowTable

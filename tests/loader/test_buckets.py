@@ -18,7 +18,7 @@ from flashfeed.errors import ManifestError
 from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.format.shardtable import ShardTable
 from flashfeed.loader import Loader
-from flashfeed.loader.buckets import (
+from flashfeed.loader.image.buckets import (
     NO_SIZE,
     TOO_MUCH_CROP,
     BucketOptions,
@@ -328,8 +328,8 @@ def test_bucketed_resplits_across_nodes_take_every_sample_once(tmp_path, drop_la
     """The plan alone, on more samples and several nodes: 4 ranks (2 a node) take 5 batches,
     6 ranks (3 a node) take 3, then 3 ranks (one node) read the rest; lock-step ranks
     deliver one-bucket batches, and what is delivered and dropped is the epoch, once."""
-    from flashfeed.loader.bucketplan import BucketPlanner
     from flashfeed.loader.distributed import DistContext
+    from flashfeed.loader.image.bucketplan import BucketPlanner
     from flashfeed.loader.position import Position
     from flashfeed.plan.plan import PlanOptions, Segment
 

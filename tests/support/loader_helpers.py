@@ -181,6 +181,6 @@ class _NoSource:
 
 def stub_runner():
     """A ``DaliRunner`` whose build makes no DALI pipeline (its pass folder is real)."""
-    from flashfeed.loader.dali_runner import DaliRunner
+    from flashfeed.loader.image.dali_runner import DaliRunner
 
     return DaliRunner(lambda source: (object(), ["x"]), lambda pass_dir: _NoSource())  # type: ignore[arg-type,return-value]

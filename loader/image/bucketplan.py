@@ -19,9 +19,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.format.manifest import Manifest
-from flashfeed.plan.plan import RankPlan, Segment, deal, epoch_sequence, locate
-
-from .buckets import (
+from flashfeed.loader.image.buckets import (
     BucketedOrder,
     BucketOptions,
     assign_buckets,
@@ -29,8 +27,9 @@ from .buckets import (
     bucket_order,
     parse_buckets,
 )
-from .passorder import PassOrder
-from .position import Position
+from flashfeed.loader.passorder import PassOrder
+from flashfeed.loader.position import Position
+from flashfeed.plan.plan import RankPlan, Segment, deal, epoch_sequence, locate
 
 __all__ = ["BucketPlanner", "bucket_options", "covering_windows"]
 

@@ -14,17 +14,17 @@ import torch
 
 from flashfeed.dataset import Dataset
 from flashfeed.format.manifest import Manifest
-from flashfeed.plan.mixture import Mixture
-
-from .base import Made, PlannedLoader
-from .bucketplan import BucketPlanner, bucket_options
-from .convert import DeviceCopier, to_keys, to_torch
-from .dali_runner import DaliRunner, collect_dropped_pipelines, cuda_initialized, py_start_method
-from .fields import KEY, parse_fields
-from .mixposition import MixPosition
-from .parts import SharedKeywords, loader_parts
-from .passorder import PassOrder
-from .pipeline import (
+from flashfeed.loader.base import Made, PlannedLoader
+from flashfeed.loader.image.bucketplan import BucketPlanner, bucket_options
+from flashfeed.loader.image.convert import DeviceCopier, to_keys, to_torch
+from flashfeed.loader.image.dali_runner import (
+    DaliRunner,
+    collect_dropped_pipelines,
+    cuda_initialized,
+    py_start_method,
+)
+from flashfeed.loader.image.fields import KEY, parse_fields
+from flashfeed.loader.image.pipeline import (
     AugmentOptions,
     PipelineFn,
     build_pipeline,
@@ -32,13 +32,17 @@ from .pipeline import (
     decode_device,
     shared_batches,
 )
-from .position import Position
-from .reader import BatchSource
-from .shardreader import ShardReader
-from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
-from .text import TextEncoder, collate_json, collate_text, load_tokenizer
-from .video import check_clip_state, clip_draws, clip_options, require_pyav
-from .weakcall import weakly
+from flashfeed.loader.image.spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
+from flashfeed.loader.image.text import TextEncoder, collate_json, collate_text, load_tokenizer
+from flashfeed.loader.image.video import check_clip_state, clip_draws, clip_options, require_pyav
+from flashfeed.loader.mixposition import MixPosition
+from flashfeed.loader.parts import SharedKeywords, loader_parts
+from flashfeed.loader.passorder import PassOrder
+from flashfeed.loader.position import Position
+from flashfeed.loader.reader import BatchSource
+from flashfeed.loader.shardreader import ShardReader
+from flashfeed.loader.weakcall import weakly
+from flashfeed.plan.mixture import Mixture
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -69,17 +73,17 @@ class Loader(PlannedLoader):
     (``spawncheck.py``). Every loader's
     keywords (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
 
-    ``fields``: output -> member extensions (``loader/fields.py``): a caption field
+    ``fields``: output -> member extensions (``loader/image/fields.py``): a caption field
     (``{"caption": "txt"}``) comes out as a list of ``str`` per batch, or with ``tokenizer``
     (a ``tokenizer.json`` path) as int64 ids ``(batch, max_len)`` and ``<field>_mask`` (rule:
-    ``loader/text.py``); ``"json:KEY"`` picks one value of a JSON member. ``optional``: fields
+    ``loader/image/text.py``); ``"json:KEY"`` picks one value of a JSON member. ``optional``: fields
     a sample may lack (None in the batch, counted in ``stats()["missing"]``); a sample
     without a required field, a caption that is not UTF-8 or a JSON member without its key
     is a ``CorruptShardError`` naming the shard and the sample.
 
     ``buckets``: aspect-ratio buckets, a list of (height, width) or ``"auto"`` (from the
     image sizes the shard table records): each image is cropped to its nearest bucket's
-    aspect ratio and resized to it, every batch holds one bucket (``loader/buckets.py``);
+    aspect ratio and resized to it, every batch holds one bucket (``loader/image/buckets.py``);
     ``max_crop``: samples whose crop would lose more of their area are skipped and counted
     (``bucket_report()``).
 
@@ -89,7 +93,7 @@ class Loader(PlannedLoader):
     drawn from the seed, epoch, video and clip; ``"uniform"``: the K clips evenly spaced;
     ``"center"``: one clip, the middle): it comes out as ``(batch, frames, 3, image_size,
     image_size)`` float32 and ``<field>_start``, each clip's start in seconds
-    (``loader/video.py``).
+    (``loader/image/video.py``).
 
     >>> loader = Loader("s3://b/imagenet", batch_size=256, cache_dir="/nvme/ff")  # doctest: +SKIP
     >>> for batch in loader:                                                      # doctest: +SKIP

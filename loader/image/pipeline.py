@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .distributed import cuda_device_index
-from .fields import KEY, FieldSpec
-from .reader import BatchSource
-from .text import field_columns
+from flashfeed.loader.distributed import cuda_device_index
+from flashfeed.loader.image.fields import KEY, FieldSpec
+from flashfeed.loader.image.text import field_columns
+from flashfeed.loader.reader import BatchSource
 
 __all__ = [
     "BUCKET",

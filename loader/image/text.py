@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
-
-from .fields import FieldSpec
+from flashfeed.loader.image.fields import FieldSpec
 
 __all__ = [
     "PAD_TOKENS",
@@ -62,7 +61,7 @@ def mask_name(field: str) -> str:
 def field_columns(specs: Sequence[FieldSpec], *, tokenized: bool) -> list[tuple[str, str]]:
     """``(name, dtype)`` of each column the reader hands DALI for ``specs``, in order: a
     label is int64, a tokenized caption int64 ids and an int64 mask, a video its bytes, its
-    clip's first frame and start time (``loader/video.py``), the rest bytes."""
+    clip's first frame and start time (``loader/image/video.py``), the rest bytes."""
     out: list[tuple[str, str]] = []
     for s in specs:
         if s.is_label:

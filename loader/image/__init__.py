@@ -1,0 +1,1 @@
+"""The image loader: DALI pipelines, fields, labels, captions, buckets, video clips."""
