@@ -322,7 +322,7 @@ def stage_tokens(run: Run) -> dict[str, Any]:
 def stage_exactly_once(run: Run) -> dict[str, Any]:
     """Two epochs on the GPU with a ledger; epoch 1 is left after two batches and finished by
     a second pass (the readers must serve it without being spawned again)."""
-    from flashfeed.loader.ledger import check_exactly_once
+    from flashfeed.loader.telemetry.ledger import check_exactly_once
 
     keys = json.loads((run.work / "photos-keys.json").read_text())
     ledger = run.work / "ledger"

@@ -14,10 +14,10 @@ from flashfeed.runtime.lazy import lazy_attributes
 if TYPE_CHECKING:
     from flashfeed.loader.image.image import Loader
     from flashfeed.loader.image.pipeline import decode_device
+    from flashfeed.loader.telemetry.ledger import Ledger, read_ledger
+    from flashfeed.loader.telemetry.mixledger import SourceCheck, check_mixture
 
     from .distributed import DistContext, resolve_context
-    from .ledger import Ledger, read_ledger
-    from .mixledger import SourceCheck, check_mixture
     from .mixsource import MixtureDataset
     from .parts import LoaderParts, SharedKeywords
     from .position import PlanOptions, Position
@@ -32,7 +32,7 @@ _LAZY = {
     "CacheShardSource": ".sources",
     "DOC_OUTPUTS": ".segments",
     "DistContext": ".distributed",
-    "Ledger": ".ledger",
+    "Ledger": ".telemetry.ledger",
     "Loader": ".image.image",
     "LoaderParts": ".parts",
     "LocalShardSource": ".sources",
@@ -43,12 +43,12 @@ _LAZY = {
     "ShardDataset": ".shard_dataset",
     "ShardSource": ".sources",
     "SharedKeywords": ".parts",
-    "SourceCheck": ".mixledger",
+    "SourceCheck": ".telemetry.mixledger",
     "TokenLoader": ".tokens",
-    "check_mixture": ".mixledger",
+    "check_mixture": ".telemetry.mixledger",
     "collate_samples": ".shard_dataset",
     "decode_device": ".image.pipeline",
-    "read_ledger": ".ledger",
+    "read_ledger": ".telemetry.ledger",
     "resolve_context": ".distributed",
 }
 

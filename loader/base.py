@@ -9,8 +9,11 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from flashfeed.loader.telemetry.ledger import Ledger
+from flashfeed.loader.telemetry.stats import StatsRecorder
+from flashfeed.loader.telemetry.status import open_local_status_root
+
 from .datasetinfo import ShardNames, check_version, dataset_id, shard_samples
-from .ledger import Ledger
 from .mixposition import MixPosition
 from .mixsource import MixtureDataset, status_root
 from .parts import LoaderParts
@@ -18,8 +21,6 @@ from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
 from .sources import reads_in_place
-from .stats import StatsRecorder
-from .status import open_local_status_root
 from .weakcall import weakly
 
 __all__ = ["Made", "PlannedLoader"]
@@ -67,7 +68,7 @@ class PlannedLoader:
         )
         exporter = None
         if telemetry.prometheus_port is not None:
-            from .prometheus import PrometheusExporter
+            from flashfeed.loader.telemetry.prometheus import PrometheusExporter
 
             exporter = PrometheusExporter(
                 port=telemetry.prometheus_port,

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from flashfeed.dataset import Dataset
 from flashfeed.loader.image.fields import KEY, FieldSpec, parse_fields
 from flashfeed.loader.image.labels import parse_label
+from flashfeed.loader.telemetry.stats import StatsRecorder
 from flashfeed.plan.mixture import Mixture
 from flashfeed.runtime.lifeline import tie_to_parent
 
@@ -32,7 +33,6 @@ from .base import PlannedLoader
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .shardreader import ShardReader
-from .stats import StatsRecorder
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

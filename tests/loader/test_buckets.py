@@ -27,7 +27,7 @@ from flashfeed.loader.image.buckets import (
     bucket_order,
     parse_buckets,
 )
-from flashfeed.loader.ledger import check_exactly_once, read_dropped
+from flashfeed.loader.telemetry.ledger import check_exactly_once, read_dropped
 from flashfeed.shardio import shard_name, write_tar_shard
 
 from support.loader_helpers import image_keys, resume_scenario, run_epochs

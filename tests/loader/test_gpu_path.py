@@ -22,7 +22,7 @@ from flashfeed.loader.distributed import cuda_device_index
 from flashfeed.loader.image.convert import DeviceCopier, to_torch
 from flashfeed.loader.image.dali_runner import py_start_method
 from flashfeed.loader.image.pipeline import decode_device
-from flashfeed.loader.ledger import check_exactly_once
+from flashfeed.loader.telemetry.ledger import check_exactly_once
 from flashfeed.runtime.lifeline import descendants
 
 from support.loader_helpers import (

@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from flashfeed.loader import Loader, ShardDataset, TokenLoader
-from flashfeed.loader.ledger import check_exactly_once, key_hash, read_ledger
 from flashfeed.loader.reader import ShardReader
+from flashfeed.loader.telemetry.ledger import check_exactly_once, key_hash, read_ledger
 
 from support.loader_helpers import (
     image_keys,

@@ -16,7 +16,7 @@ from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.format.arrowshard import open_arrow
 from flashfeed.loader import ShardDataset, TokenLoader, read_ledger
-from flashfeed.loader.ledger import key_hash
+from flashfeed.loader.telemetry.ledger import key_hash
 from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset, make_token_dataset

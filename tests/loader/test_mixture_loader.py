@@ -13,8 +13,8 @@ import pytest
 from flashfeed.dataset import Dataset
 from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.ledger import read_ledger
-from flashfeed.loader.mixledger import check_mixture
+from flashfeed.loader.telemetry.ledger import read_ledger
+from flashfeed.loader.telemetry.mixledger import check_mixture
 from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import make_image_dataset, make_token_dataset

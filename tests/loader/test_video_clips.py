@@ -12,7 +12,7 @@ import pytest
 from flashfeed.errors import CorruptShardError
 from flashfeed.loader import Loader
 from flashfeed.loader.image.video import clip_draws
-from flashfeed.loader.ledger import check_exactly_once, read_dropped, read_ledger
+from flashfeed.loader.telemetry.ledger import check_exactly_once, read_dropped, read_ledger
 from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import resume_scenario, run_epochs

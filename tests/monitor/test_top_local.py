@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.loader.status import open_local_status_root
+from flashfeed.loader.telemetry.status import open_local_status_root
 from flashfeed.monitor.status import local_status_root, read_statuses, status_dir
 from flashfeed.runtime.lifeline import popen
 

@@ -123,7 +123,7 @@ def resume_scenario(factory, tmp_path, *, before: int, after: int, stop: int, ep
     """Ledgers of one uninterrupted run on ``before`` ranks and of a run interrupted after
     ``stop`` batches of epoch 0 and resumed on ``after`` ranks: ``(full, resumed)``, each
     ``{epoch: [hash, ...]}``. Every rank is its own loader; ranks advance in lock-step."""
-    from flashfeed.loader.ledger import read_ledger
+    from flashfeed.loader.telemetry.ledger import read_ledger
 
     full_dir, res_dir = str(tmp_path / "full"), str(tmp_path / "resumed")
     for r in range(before):

@@ -1,0 +1,1 @@
+"""What a loader tells about itself: batch stats, Prometheus metrics, live status, ledgers."""
