@@ -16,21 +16,21 @@ if TYPE_CHECKING:
     from flashfeed.loader.image.pipeline import decode_device
     from flashfeed.loader.telemetry.ledger import Ledger, read_ledger
     from flashfeed.loader.telemetry.mixledger import SourceCheck, check_mixture
+    from flashfeed.loader.tokens.segments import DOC_OUTPUTS
+    from flashfeed.loader.tokens.tokens import TokenLoader
 
     from .distributed import DistContext, resolve_context
     from .mixsource import MixtureDataset
     from .parts import LoaderParts, SharedKeywords
     from .position import PlanOptions, Position
-    from .segments import DOC_OUTPUTS
     from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
     from .sources import CacheShardSource, LocalShardSource, ShardSource
-    from .tokens import TokenLoader
 
 # Submodules pull in large frameworks (torch, DALI, Ray): import them on first use,
 # so `flashfeed --help` and other light commands start fast.
 _LAZY = {
     "CacheShardSource": ".sources",
-    "DOC_OUTPUTS": ".segments",
+    "DOC_OUTPUTS": ".tokens.segments",
     "DistContext": ".distributed",
     "Ledger": ".telemetry.ledger",
     "Loader": ".image.image",
@@ -44,7 +44,7 @@ _LAZY = {
     "ShardSource": ".sources",
     "SharedKeywords": ".parts",
     "SourceCheck": ".telemetry.mixledger",
-    "TokenLoader": ".tokens",
+    "TokenLoader": ".tokens.tokens",
     "check_mixture": ".telemetry.mixledger",
     "collate_samples": ".shard_dataset",
     "decode_device": ".image.pipeline",

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flashfeed.loader.tokens.arrowstream import rows_landed
 from flashfeed.units import parse_size
 
-from .arrowstream import rows_landed
 from .passorder import PassOrder
 from .sources import ShardSource, reads_in_place
 

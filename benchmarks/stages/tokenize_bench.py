@@ -309,7 +309,7 @@ def _row_gather(prefix: Path, batches: list[list[str]], arrays: int) -> float:
     buffers are written again every batch (cache-resident where a batch fits the cache),
     where a loader's batches stay alive in new or pooled buffers."""
     from flashfeed.dataset import Dataset
-    from flashfeed.loader.arrowcols import open_arrow_view
+    from flashfeed.loader.tokens.arrowcols import open_arrow_view
 
     ds = Dataset.open(str(prefix))
     views = {s.path: open_arrow_view(ds.shard_url(i), ("tokens",), name=s.path)

@@ -8,8 +8,8 @@ import torch
 
 from flashfeed.dataset import Dataset
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.arrowcols import open_arrow_view
 from flashfeed.loader.telemetry.ledger import check_exactly_once
+from flashfeed.loader.tokens.arrowcols import open_arrow_view
 from flashfeed.plan.plan import PlanOptions, Topology, plan_epoch
 
 from support.loader_helpers import make_token_dataset, resume_scenario

@@ -16,9 +16,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from flashfeed.loader import TokenLoader, docrows
-from flashfeed.loader.docrows import DocRows, row_outputs
-from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
+from flashfeed.loader import TokenLoader
+from flashfeed.loader.tokens.docrows import DocRows, row_outputs
+from flashfeed.loader.tokens.segments import DOC_OUTPUTS, IGNORE_INDEX
+from flashfeed.loader.tokens.tokens import docrows
 
 from support.docref import RefShard, Segments
 from support.loader_helpers import make_token_dataset

@@ -30,9 +30,8 @@ from flashfeed.errors import CorruptShardError
 
 if TYPE_CHECKING:
     from flashfeed.dataset import Dataset
-
-    from .arrowcols import ArrowShardView
-    from .mixsource import MixtureDataset
+    from flashfeed.loader.mixsource import MixtureDataset
+    from flashfeed.loader.tokens.arrowcols import ArrowShardView
 
 __all__ = [
     "DOC_OUTPUTS",

@@ -18,9 +18,8 @@ import numpy as np
 from numba import carray
 
 from flashfeed.errors import CorruptShardError
-
-from .arrowcols import ArrowShardView
-from .docfill import (
+from flashfeed.loader.tokens.arrowcols import ArrowShardView
+from flashfeed.loader.tokens.docfill import (
     DOCUMENTS,
     LABELS,
     OFFSETS,
@@ -35,7 +34,7 @@ from .docfill import (
     _widen,
     cache_bytes,
 )
-from .segments import DOC_OUTPUTS, IGNORE_INDEX
+from flashfeed.loader.tokens.segments import DOC_OUTPUTS, IGNORE_INDEX
 
 __all__ = ["DocRows", "row_outputs", "streams"]
 

@@ -21,8 +21,13 @@ import numpy as np
 import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
-
-from .arrowcols import ArrowShardView, ListView, column_views, list_views, plain_keys
+from flashfeed.loader.tokens.arrowcols import (
+    ArrowShardView,
+    ListView,
+    column_views,
+    list_views,
+    plain_keys,
+)
 
 if TYPE_CHECKING:
     from flashfeed.cache import FillView, PartialShard
