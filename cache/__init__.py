@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-from flashfeed.cache.warm.warm import check_warm_record
-
 from .errors import (
     CacheCapacityError,
     CacheError,
@@ -22,6 +20,7 @@ from .options import CacheOptions
 from .progress import FillView
 from .shardcache import ShardCache
 from .view import DatasetView, PartialShard
+from .warm.warm import check_warm_record
 
 __all__ = [
     "CacheCapacityError",

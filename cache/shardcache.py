@@ -18,7 +18,6 @@ from dataclasses import replace
 from typing import Any
 
 from flashfeed import storage
-from flashfeed.cache.warm.warmrecord import read_warm_records, write_warm_record
 from flashfeed.dataset import Dataset
 from flashfeed.format.manifest import ShardInfo
 from flashfeed.s3.directget import signed_endpoint, warm_client
@@ -47,6 +46,7 @@ from .ranged import RangedFetcher
 from .space import SpaceManager, settle_capacity, sweep_dead_parts
 from .stats import Counters
 from .view import DatasetView, PartialShard
+from .warm.warmrecord import read_warm_records, write_warm_record
 
 __all__ = ["ShardCache"]
 

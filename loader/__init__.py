@@ -12,19 +12,18 @@ from typing import TYPE_CHECKING
 from flashfeed.runtime.lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from flashfeed.loader.image.image import Loader
-    from flashfeed.loader.image.pipeline import decode_device
-    from flashfeed.loader.telemetry.ledger import Ledger, read_ledger
-    from flashfeed.loader.telemetry.mixledger import SourceCheck, check_mixture
-    from flashfeed.loader.tokens.segments import DOC_OUTPUTS
-    from flashfeed.loader.tokens.tokens import TokenLoader
-
     from .distributed import DistContext, resolve_context
+    from .image.image import Loader
+    from .image.pipeline import decode_device
     from .mixsource import MixtureDataset
     from .parts import LoaderParts, SharedKeywords
     from .position import PlanOptions, Position
     from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
     from .sources import CacheShardSource, LocalShardSource, ShardSource
+    from .telemetry.ledger import Ledger, read_ledger
+    from .telemetry.mixledger import SourceCheck, check_mixture
+    from .tokens.segments import DOC_OUTPUTS
+    from .tokens.tokens import TokenLoader
 
 # Submodules pull in large frameworks (torch, DALI, Ray): import them on first use,
 # so `flashfeed --help` and other light commands start fast.

@@ -9,10 +9,6 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from flashfeed.loader.telemetry.ledger import Ledger
-from flashfeed.loader.telemetry.stats import StatsRecorder
-from flashfeed.loader.telemetry.status import open_local_status_root
-
 from .datasetinfo import ShardNames, check_version, dataset_id, shard_samples
 from .mixposition import MixPosition
 from .mixsource import MixtureDataset, status_root
@@ -21,6 +17,9 @@ from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
 from .sources import reads_in_place
+from .telemetry.ledger import Ledger
+from .telemetry.stats import StatsRecorder
+from .telemetry.status import open_local_status_root
 from .weakcall import weakly
 
 __all__ = ["Made", "PlannedLoader"]
@@ -68,7 +67,7 @@ class PlannedLoader:
         )
         exporter = None
         if telemetry.prometheus_port is not None:
-            from flashfeed.loader.telemetry.prometheus import PrometheusExporter
+            from .telemetry.prometheus import PrometheusExporter
 
             exporter = PrometheusExporter(
                 port=telemetry.prometheus_port,

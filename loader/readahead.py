@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flashfeed.loader.tokens.arrowstream import rows_landed
 from flashfeed.units import parse_size
 
 from .passorder import PassOrder
 from .sources import ShardSource, reads_in_place
+from .tokens.arrowstream import rows_landed
 
 if TYPE_CHECKING:
     from flashfeed.cache import PartialShard

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.loader.image.fields import FieldSpec, key_bytes, key_column
-from flashfeed.loader.image.text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
-from flashfeed.loader.image.video import ClipOptions, clip_key, clip_start, probe_at
 from flashfeed.runtime.lifeline import ParentLink
 
+from .image.fields import FieldSpec, key_bytes, key_column
+from .image.text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
+from .image.video import ClipOptions, clip_key, clip_start, probe_at
 from .passorder import PassOrder
 from .shardreader import ShardReader
 

@@ -17,9 +17,9 @@ import numpy as np
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.wdsindex import SampleIndex
-from flashfeed.loader.image.fields import FieldSpec
-from flashfeed.loader.image.labels import parse_label
 
+from .image.fields import FieldSpec
+from .image.labels import parse_label
 from .sources import LocalShardSource, ShardSource
 
 if TYPE_CHECKING:

@@ -6,14 +6,15 @@ import os
 from typing import Any
 
 from flashfeed import storage
-from flashfeed.cache.layout import DatasetDir, list_dataset_dirs, read_json
-from flashfeed.cache.pins import release_warm_pins
-from flashfeed.cache.space import SpaceManager, recorded_capacity, remove_entry, sweep_dead_parts
-from flashfeed.cache.stats import Counters, read_persisted
-from flashfeed.cache.warm.nodeshare import NodeShare, fitting_prefix, warm_mismatch
-from flashfeed.cache.warm.warmrecord import read_warm_records
 from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
+
+from ..layout import DatasetDir, list_dataset_dirs, read_json
+from ..pins import release_warm_pins
+from ..space import SpaceManager, recorded_capacity, remove_entry, sweep_dead_parts
+from ..stats import Counters, read_persisted
+from ..warm.nodeshare import NodeShare, fitting_prefix, warm_mismatch
+from ..warm.warmrecord import read_warm_records
 
 __all__ = ["evict", "find_dataset_dir", "status", "verify"]
 

@@ -8,21 +8,22 @@ import os
 import sys
 from typing import Any, TextIO
 
-from flashfeed.cache.cli import admin
-from flashfeed.cache.cli.cliprint import (
+from flashfeed.plan.mixture import Mixture, is_mixture_file, load_mixture
+from flashfeed.plan.plan import PlanOptions
+from flashfeed.units import parse_size
+
+from ..shardcache import ShardCache
+from ..warm.cluster import CACHE_DIR_ENV
+from ..warm.nodeshare import NodeShare
+from ..warm.warm import warm_share
+from . import admin
+from .cliprint import (
     evict_lines,
     status_lines,
     verify_lines,
     warm_errors,
     warm_summary,
 )
-from flashfeed.cache.shardcache import ShardCache
-from flashfeed.cache.warm.cluster import CACHE_DIR_ENV
-from flashfeed.cache.warm.nodeshare import NodeShare
-from flashfeed.cache.warm.warm import warm_share
-from flashfeed.plan.mixture import Mixture, is_mixture_file, load_mixture
-from flashfeed.plan.plan import PlanOptions
-from flashfeed.units import parse_size
 
 __all__ = ["register"]
 
@@ -291,7 +292,7 @@ def _warm(args: argparse.Namespace) -> int:
 
 def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, Any]) -> int:
     """``cache warm MIXTURE.json``: every source's shards this node reads first."""
-    from flashfeed.cache.warm.warmmix import warm_mixture
+    from ..warm.warmmix import warm_mixture
 
     mixture = load_mixture(args.dataset)
     if args.ray_address is not None:
@@ -317,7 +318,7 @@ def _warm_cluster(
     kwargs: dict[str, Any],
     mixture: Mixture | None = None,
 ) -> list[dict[str, Any]]:
-    from flashfeed.cache.warm.cluster import parse_hostfile, parse_hosts, warm_cluster
+    from ..warm.cluster import parse_hostfile, parse_hosts, warm_cluster
 
     if args.node_rank is not None:
         raise ValueError(

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flashfeed.cache.warm.nodeshare import describe_warm_record
 from flashfeed.units import format_size
+
+from ..warm.nodeshare import describe_warm_record
 
 __all__ = ["evict_lines", "status_lines", "verify_lines", "warm_errors", "warm_summary"]
 

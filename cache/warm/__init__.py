@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flashfeed.cache.warm.warm import (
+from .warm import (
     NodeShare,
     WarmResult,
     check_warm_record,

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashfeed import storage
-from flashfeed.cache.shardcache import ShardCache
-from flashfeed.cache.warm.nodeshare import NodeShare
-from flashfeed.cache.warm.warm import WarmResult, warm_share
 from flashfeed.errors import FlashfeedError
 from flashfeed.plan.mixture import Mixture
 from flashfeed.plan.plan import PlanOptions, Topology
+
+from ..shardcache import ShardCache
+from .nodeshare import NodeShare
+from .warm import WarmResult, warm_share
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -175,7 +176,7 @@ def warm_node(
             raise ValueError(f"no --cache-dir given and {CACHE_DIR_ENV} is not set on this node")
         with ShardCache(root, **cache_kwargs) as cache:
             if isinstance(url, Mixture):
-                from flashfeed.cache.warm.warmmix import warm_mixture
+                from .warmmix import warm_mixture
 
                 out = warm_mixture(cache, url, share, progress=False).to_dict()
             else:

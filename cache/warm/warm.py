@@ -21,18 +21,19 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from flashfeed.cache.errors import CacheFullError
-from flashfeed.cache.pins import pin_warmed, release_warm_pins
-from flashfeed.cache.shardcache import ShardCache
-from flashfeed.cache.warm.nodeshare import (
+from flashfeed.dataset import Dataset
+from flashfeed.plan.plan import PlanOptions, Topology
+
+from ..errors import CacheFullError
+from ..pins import pin_warmed, release_warm_pins
+from ..shardcache import ShardCache
+from .nodeshare import (
     NodeShare,
     dataset_digest,
     describe_warm_record,
     fitting_prefix,
     warm_mismatch,
 )
-from flashfeed.dataset import Dataset
-from flashfeed.plan.plan import PlanOptions, Topology
 
 __all__ = [
     "NodeShare",

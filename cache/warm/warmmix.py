@@ -15,14 +15,15 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from flashfeed.cache.errors import CacheFullError
-from flashfeed.cache.pins import pin_warmed, release_warm_pins
-from flashfeed.cache.shardcache import ShardCache
-from flashfeed.cache.warm.nodeshare import NodeShare
-from flashfeed.cache.warm.warm import WarmResult
 from flashfeed.dataset import Dataset
 from flashfeed.plan.mixplan import MixPlanner, SourceTable
 from flashfeed.plan.mixture import Mixture
+
+from ..errors import CacheFullError
+from ..pins import pin_warmed, release_warm_pins
+from ..shardcache import ShardCache
+from .nodeshare import NodeShare
+from .warm import WarmResult
 
 __all__ = ["mixture_order", "open_sources", "warm_mixture"]
 

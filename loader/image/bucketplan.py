@@ -19,7 +19,11 @@ from typing import Any
 import numpy as np
 
 from flashfeed.format.manifest import Manifest
-from flashfeed.loader.image.buckets import (
+from flashfeed.plan.plan import RankPlan, Segment, deal, epoch_sequence, locate
+
+from ..passorder import PassOrder
+from ..position import Position
+from .buckets import (
     BucketedOrder,
     BucketOptions,
     assign_buckets,
@@ -27,9 +31,6 @@ from flashfeed.loader.image.buckets import (
     bucket_order,
     parse_buckets,
 )
-from flashfeed.loader.passorder import PassOrder
-from flashfeed.loader.position import Position
-from flashfeed.plan.plan import RankPlan, Segment, deal, epoch_sequence, locate
 
 __all__ = ["BucketPlanner", "bucket_options", "covering_windows"]
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashfeed.loader.image.fields import key_strings
+from .fields import key_strings
 
 __all__ = ["CudaOps", "DeviceCopier", "HostPool", "PinnedPool", "to_keys", "to_torch"]
 

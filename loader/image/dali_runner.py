@@ -22,10 +22,11 @@ from collections.abc import Callable
 from typing import Any
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.loader.passorder import PassOrder
-from flashfeed.loader.reader import BatchSource, write_pass
 from flashfeed.runtime.lifeline import tie_forked_children
 from flashfeed.runtime.scratch import make_owned_dir, remove_owned
+
+from ..passorder import PassOrder
+from ..reader import BatchSource, write_pass
 
 __all__ = [
     "READER_STARTS",
@@ -178,7 +179,7 @@ class DaliRunner:
             if data_error is None:
                 raise
             if "UnsupportedCodecError: " in str(exc):  # not corrupt: this device cannot decode it
-                from flashfeed.loader.image.video import UnsupportedCodecError
+                from .video import UnsupportedCodecError
 
                 raise UnsupportedCodecError(data_error) from exc
             raise CorruptShardError(data_error) from exc

@@ -16,7 +16,8 @@ import numpy as np
 
 from flashfeed.format.media import LOADER_IMAGE_EXTS
 from flashfeed.format.video import VIDEO_EXTS
-from flashfeed.loader.image.labels import LABEL_EXTS
+
+from .labels import LABEL_EXTS
 
 __all__ = [
     "DEFAULT_FIELDS",

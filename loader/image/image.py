@@ -14,17 +14,26 @@ import torch
 
 from flashfeed.dataset import Dataset
 from flashfeed.format.manifest import Manifest
-from flashfeed.loader.base import Made, PlannedLoader
-from flashfeed.loader.image.bucketplan import BucketPlanner, bucket_options
-from flashfeed.loader.image.convert import DeviceCopier, to_keys, to_torch
-from flashfeed.loader.image.dali_runner import (
+from flashfeed.plan.mixture import Mixture
+
+from ..base import Made, PlannedLoader
+from ..mixposition import MixPosition
+from ..parts import SharedKeywords, loader_parts
+from ..passorder import PassOrder
+from ..position import Position
+from ..reader import BatchSource
+from ..shardreader import ShardReader
+from ..weakcall import weakly
+from .bucketplan import BucketPlanner, bucket_options
+from .convert import DeviceCopier, to_keys, to_torch
+from .dali_runner import (
     DaliRunner,
     collect_dropped_pipelines,
     cuda_initialized,
     py_start_method,
 )
-from flashfeed.loader.image.fields import KEY, parse_fields
-from flashfeed.loader.image.pipeline import (
+from .fields import KEY, parse_fields
+from .pipeline import (
     AugmentOptions,
     PipelineFn,
     build_pipeline,
@@ -32,17 +41,9 @@ from flashfeed.loader.image.pipeline import (
     decode_device,
     shared_batches,
 )
-from flashfeed.loader.image.spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
-from flashfeed.loader.image.text import TextEncoder, collate_json, collate_text, load_tokenizer
-from flashfeed.loader.image.video import check_clip_state, clip_draws, clip_options, require_pyav
-from flashfeed.loader.mixposition import MixPosition
-from flashfeed.loader.parts import SharedKeywords, loader_parts
-from flashfeed.loader.passorder import PassOrder
-from flashfeed.loader.position import Position
-from flashfeed.loader.reader import BatchSource
-from flashfeed.loader.shardreader import ShardReader
-from flashfeed.loader.weakcall import weakly
-from flashfeed.plan.mixture import Mixture
+from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
+from .text import TextEncoder, collate_json, collate_text, load_tokenizer
+from .video import check_clip_state, clip_draws, clip_options, require_pyav
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

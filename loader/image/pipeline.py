@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flashfeed.loader.distributed import cuda_device_index
-from flashfeed.loader.image.fields import KEY, FieldSpec
-from flashfeed.loader.image.text import field_columns
-from flashfeed.loader.reader import BatchSource
+from ..distributed import cuda_device_index
+from ..reader import BatchSource
+from .fields import KEY, FieldSpec
+from .text import field_columns
 
 __all__ = [
     "BUCKET",

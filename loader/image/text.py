@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.loader.image.fields import FieldSpec
+
+from .fields import FieldSpec
 
 __all__ = [
     "PAD_TOKENS",

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from flashfeed.loader.telemetry.ledger import key_hash, read_ledger
+from .ledger import key_hash, read_ledger
 
 __all__ = ["SourceCheck", "check_mixture"]
 

@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from flashfeed.loader.telemetry.stats import WAIT_KINDS, BatchTiming
 from flashfeed.storage import redact
+
+from .stats import WAIT_KINDS, BatchTiming
 
 __all__ = ["METRICS", "Metric", "PrometheusExporter", "is_loopback"]
 

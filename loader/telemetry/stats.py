@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
-from flashfeed.loader.telemetry.status import StatusWriter
 from flashfeed.telemetry import WAIT_KINDS, RankState, StatsRecord
+
+from .status import StatusWriter
 
 __all__ = ["STORAGE_WAIT_THRESHOLD", "WAIT_KINDS", "BatchTiming", "StatsRecorder"]
 

@@ -21,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.loader.tokens.arrowcols import (
+
+from .arrowcols import (
     ArrowShardView,
     ListView,
     column_views,

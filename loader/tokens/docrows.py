@@ -18,8 +18,9 @@ import numpy as np
 from numba import carray
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.loader.tokens.arrowcols import ArrowShardView
-from flashfeed.loader.tokens.docfill import (
+
+from .arrowcols import ArrowShardView
+from .docfill import (
     DOCUMENTS,
     LABELS,
     OFFSETS,
@@ -34,7 +35,7 @@ from flashfeed.loader.tokens.docfill import (
     _widen,
     cache_bytes,
 )
-from flashfeed.loader.tokens.segments import DOC_OUTPUTS, IGNORE_INDEX
+from .segments import DOC_OUTPUTS, IGNORE_INDEX
 
 __all__ = ["DocRows", "row_outputs", "streams"]
 

@@ -71,7 +71,7 @@ def warm_loader(schema: dict[str, str], dtype: str | None) -> Warmup:
 def _warm(rows: np.dtype, tokens: np.dtype | None) -> None:
     """Import numba and run the kernel once on two rows of the loader's types (the same
     call a batch makes, so the same compiled signature)."""
-    from flashfeed.loader.tokens.docrows import warm_rows
+    from .docrows import warm_rows
 
     warm_rows(rows, rows if tokens is None else tokens)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from flashfeed.loader.tokens.tokenrows import RowTable
+    from .tokenrows import RowTable
 
 __all__ = ["RowAddresses", "copy_rows", "gather_rows", "kernel_ready"]
 
@@ -78,8 +78,8 @@ def gather_rows(
         return False
     if not out.flags.c_contiguous or not kernel_ready(where.like.dtype, out.dtype, wait=wait):
         return False
-    from flashfeed.loader.tokens.docrows import streams
-    from flashfeed.loader.tokens.rowkernel import gather_jit
+    from .docrows import streams
+    from .rowkernel import gather_jit
 
     shards = np.ascontiguousarray(shards, np.int64)
     rows = np.ascontiguousarray(rows, np.int64)
@@ -123,7 +123,7 @@ class _Warmup:
 
     def _run(self, stored: np.dtype, out: np.dtype) -> None:
         try:
-            from flashfeed.loader.tokens.rowkernel import gather_jit
+            from .rowkernel import gather_jit
 
             rows = np.arange(8, dtype=stored).reshape(2, 4)
             info = np.array([[rows.ctypes.data, rows.strides[0], 2]], np.int64)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray
 
-from flashfeed.loader.tokens.docfill import _at_like, _compile, _fence, _widen
+from .docfill import _at_like, _compile, _fence, _widen
 
 __all__ = ["gather_jit"]
 

@@ -30,8 +30,9 @@ from flashfeed.errors import CorruptShardError
 
 if TYPE_CHECKING:
     from flashfeed.dataset import Dataset
-    from flashfeed.loader.mixsource import MixtureDataset
-    from flashfeed.loader.tokens.arrowcols import ArrowShardView
+
+    from ..mixsource import MixtureDataset
+    from .arrowcols import ArrowShardView
 
 __all__ = [
     "DOC_OUTPUTS",

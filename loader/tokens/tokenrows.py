@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from flashfeed.loader.tokens.arrowcols import ArrowShardView
+from .arrowcols import ArrowShardView
 
 if TYPE_CHECKING:
-    from flashfeed.loader.tokens.rowgather import RowAddresses
+    from .rowgather import RowAddresses
 
 __all__ = ["RowTable", "row_keys"]
 
@@ -60,7 +60,7 @@ class RowTable:
         first use and kept with the table."""
         got = self._addresses.get(column)
         if got is None:
-            from flashfeed.loader.tokens.rowgather import RowAddresses
+            from .rowgather import RowAddresses
 
             got = self._addresses[column] = RowAddresses(
                 self.firsts, self.numbers, self.columns[column]

@@ -32,26 +32,27 @@ import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
-from flashfeed.loader.base import Made, PlannedLoader
-from flashfeed.loader.image.convert import DeviceCopier, HostPool
-from flashfeed.loader.image.fields import KEY
-from flashfeed.loader.image.pipeline import batch_device, check_device
-from flashfeed.loader.mixsource import MixtureDataset
-from flashfeed.loader.openshard import OpenShard, default_max_open
-from flashfeed.loader.parts import SharedKeywords, loader_parts
-from flashfeed.loader.passorder import PassOrder
-from flashfeed.loader.tokens.arrowcols import ArrowShardView, open_arrow_view
-from flashfeed.loader.tokens.arrowstream import open_arriving_view
-from flashfeed.loader.tokens.docwarm import warm_loader
-from flashfeed.loader.tokens.rowgather import copy_rows, gather_rows
-from flashfeed.loader.tokens.segments import DOC_OUTPUTS, check_outputs, check_shared_offsets
-from flashfeed.loader.tokens.tokenrows import RowTable
 from flashfeed.plan.mixture import Mixture
+
+from ..base import Made, PlannedLoader
+from ..image.convert import DeviceCopier, HostPool
+from ..image.fields import KEY
+from ..image.pipeline import batch_device, check_device
+from ..mixsource import MixtureDataset
+from ..openshard import OpenShard, default_max_open
+from ..parts import SharedKeywords, loader_parts
+from ..passorder import PassOrder
+from .arrowcols import ArrowShardView, open_arrow_view
+from .arrowstream import open_arriving_view
+from .docwarm import warm_loader
+from .rowgather import copy_rows, gather_rows
+from .segments import DOC_OUTPUTS, check_outputs, check_shared_offsets
+from .tokenrows import RowTable
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from flashfeed.loader.tokens.docrows import DocRows
+    from .docrows import DocRows
 
 __all__ = ["DOC_OUTPUTS", "Batch", "TokenLoader", "default_max_open"]
 
@@ -266,7 +267,7 @@ class TokenLoader(PlannedLoader):
         docs = self._docs
         if docs is not None and docs[0] is table:
             return docs[1]
-        from flashfeed.loader.tokens.docrows import DocRows, row_outputs
+        from .docrows import DocRows, row_outputs
 
         if self._warm is not None:
             self._warm.wait()  # what is left of the compile (its error, if it failed)
