@@ -46,7 +46,7 @@ from .ranged import RangedFetcher
 from .space import SpaceManager, settle_capacity, sweep_dead_parts
 from .stats import Counters
 from .view import DatasetView, PartialShard
-from .warm.warmrecord import read_warm_records, write_warm_record
+from .warmrecord import read_warm_records, write_warm_record
 
 __all__ = ["ShardCache"]
 

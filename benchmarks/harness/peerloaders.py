@@ -125,7 +125,7 @@ def loader_conversion() -> Callable[[Any, torch.device | None], Any]:
     does under its dynamic executor; an older flashfeed copied into a ``HostPool``)."""
     import inspect
 
-    from flashfeed.loader.image.image import convert
+    from flashfeed.loader.image import convert
 
     if "pool" not in inspect.signature(convert.to_torch).parameters:
         return lambda tl, dev: convert.to_torch(tl, dev)

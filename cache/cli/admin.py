@@ -14,7 +14,7 @@ from ..pins import release_warm_pins
 from ..space import SpaceManager, recorded_capacity, remove_entry, sweep_dead_parts
 from ..stats import Counters, read_persisted
 from ..warm.nodeshare import NodeShare, fitting_prefix, warm_mismatch
-from ..warm.warmrecord import read_warm_records
+from ..warmrecord import read_warm_records
 
 __all__ = ["evict", "find_dataset_dir", "status", "verify"]
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from flashfeed.errors import CorruptShardError
+from flashfeed.loader.tokens import docrows
 from flashfeed.loader.tokens.docrows import DocRows, row_outputs
 from flashfeed.loader.tokens.segments import DOC_OUTPUTS
-from flashfeed.loader.tokens.tokens import docrows
 
 from support.docref import RefShard, Segments, random_batch, walk
 

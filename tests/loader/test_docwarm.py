@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from flashfeed.loader import TokenLoader
+from flashfeed.loader.tokens import docwarm
 from flashfeed.loader.tokens.segments import DOC_OUTPUTS
-from flashfeed.loader.tokens.tokens import docwarm
 
 from support import REPO
 from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents

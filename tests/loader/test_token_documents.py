@@ -17,9 +17,9 @@ import torch
 from tokenizers import Tokenizer
 
 from flashfeed.loader import TokenLoader
+from flashfeed.loader.tokens import docrows
 from flashfeed.loader.tokens.docrows import DocRows, row_outputs
 from flashfeed.loader.tokens.segments import DOC_OUTPUTS, IGNORE_INDEX
-from flashfeed.loader.tokens.tokens import docrows
 
 from support.docref import RefShard, Segments
 from support.loader_helpers import make_token_dataset

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..layout import atomic_write_json, make_private_dir, read_json
-from ..locks import locked
+from .layout import atomic_write_json, make_private_dir, read_json
+from .locks import locked
 
 __all__ = ["read_warm_records", "warm_record_path", "write_warm_record"]
 
