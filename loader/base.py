@@ -325,7 +325,7 @@ class PlannedLoader:
         if isinstance(self.position, MixPosition):
             per_source = self.position.source_counts(samples)
         self.position.advance(samples)
-        # the values, not a ``BatchTiming``: the recorder builds one only for a reader of it
+        # the values, not a ``StatsRecord``: the recorder builds one only for a reader of it
         self.recorder.add(
             time.time(), self.ctx.rank, epoch, batch, samples, storage, decode, h2d, step,
             per_source,

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashfeed.storage import redact
+from flashfeed.telemetry import StatsRecord
 
-from .stats import WAIT_KINDS, BatchTiming
+from .stats import WAIT_KINDS
 
 __all__ = ["METRICS", "Metric", "PrometheusExporter", "is_loopback"]
 
@@ -164,15 +165,15 @@ class PrometheusExporter:
                 self.port,
             )
 
-    def observe(self, timing: BatchTiming) -> None:
+    def observe(self, batch: StatsRecord) -> None:
         with self._lock:
-            self._values["samples"] += timing.samples
+            self._values["samples"] += batch.samples
             self._values["batches"] += 1
-            self._values["waited_on_storage"] += timing.waited_on_storage
-            self._values["epoch"] = timing.epoch
-            self._values["last"] = timing.wait
+            self._values["waited_on_storage"] += batch.waited_on_storage
+            self._values["epoch"] = batch.epoch
+            self._values["last"] = batch.t - batch.start
             for k in WAIT_KINDS:
-                self._waits[k] += getattr(timing, k)
+                self._waits[k] += batch.wait(k)
 
     def set_cache(self, stats: dict[str, Any]) -> None:
         """The latest counters of this process's cache (``ShardCache.stats()``)."""

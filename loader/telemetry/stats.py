@@ -14,14 +14,13 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, Any
 
 from flashfeed.telemetry import WAIT_KINDS, RankState, StatsRecord
 
 from .status import StatusWriter
 
-__all__ = ["STORAGE_WAIT_THRESHOLD", "WAIT_KINDS", "BatchTiming", "StatsRecorder"]
+__all__ = ["STORAGE_WAIT_THRESHOLD", "WAIT_KINDS", "StatsRecorder"]
 
 STORAGE_WAIT_THRESHOLD = 0.001
 PER_BATCH_KEPT = 10_000
@@ -29,34 +28,9 @@ PER_BATCH_KEPT = 10_000
 CACHE_STATS_EVERY_S = 2.0
 
 
-@dataclass(frozen=True)
-class BatchTiming:
-    """One delivered batch: when, how many samples, and the consumer's waits in seconds."""
-
-    t: float
-    rank: int
-    epoch: int
-    batch: int
-    samples: int
-    storage: float
-    decode: float
-    h2d: float
-    step: float
-    #: a mixture's batch: samples per source, and the batch's storage wait shared by them
-    sources: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def wait(self) -> float:
-        return self.storage + self.decode + self.h2d
-
-    @property
-    def waited_on_storage(self) -> bool:
-        """The consumer had to wait for shard bytes before this batch (over 1 ms)."""
-        return self.storage > STORAGE_WAIT_THRESHOLD
-
-
 class StatsRecorder:
-    """Collects ``BatchTiming``s; optionally logs them (JSON lines) and exports metrics."""
+    """Collects delivered batches; optionally logs them (``StatsRecord`` JSON lines) and exports
+    metrics."""
 
     def __init__(
         self,
@@ -103,11 +77,11 @@ class StatsRecorder:
             except OSError:  # a status never costs the training (see StatusWriter.write)
                 self._status = None
 
-    def record(self, timing: BatchTiming) -> None:
+    def record(self, batch: StatsRecord) -> None:
         """Account for one delivered batch."""
         self.add(
-            timing.t, timing.rank, timing.epoch, timing.batch, timing.samples, timing.storage,
-            timing.decode, timing.h2d, timing.step, timing.sources, timing=timing,
+            batch.t, batch.rank, batch.epoch, batch.batch, batch.samples, batch.storage,
+            batch.decode, batch.h2d, batch.step, tuple(batch.sources.items()),
         )  # fmt: skip
 
     def add(
@@ -122,11 +96,9 @@ class StatsRecorder:
         h2d: float,
         step: float,
         sources: tuple[tuple[str, int], ...] = (),
-        *,
-        timing: BatchTiming | None = None,
     ) -> None:
         """``record`` from the batch's values: a loader's per-batch call, which builds the
-        ``BatchTiming`` only for an exporter or a stats log that reads it."""
+        ``StatsRecord`` only for an exporter or a stats log that reads it."""
         if epoch != self.epoch:
             self.epoch, self.epoch_samples = epoch, 0
         self.batch = batch
@@ -152,7 +124,7 @@ class StatsRecorder:
                     {k: int(v["samples"]) for k, v in totals.items()},
                     {k: v["storage_s"] for k, v in totals.items()},
                 )
-        waited = storage > STORAGE_WAIT_THRESHOLD  # ``BatchTiming.waited_on_storage``
+        waited = storage > STORAGE_WAIT_THRESHOLD  # over 1 ms: the consumer waited for bytes
         self.waited_on_storage += waited
         self._per_batch.append((epoch, batch, storage, waited))
         if self.first_t is None:
@@ -162,14 +134,21 @@ class StatsRecorder:
             if self._status is not None:
                 self._publish()
             return
-        if timing is None:  # built only here, where an exporter or the stats log reads it
-            timing = BatchTiming(t, rank, epoch, batch, samples, storage, decode, h2d, step,
-                                 sources)  # fmt: skip
-        if self.exporter is not None:
-            self.exporter.observe(timing)
+        # built only here, where an exporter or the stats log reads it
         cache = self._publish()
+        # fills so far, for the HTML report: on the lines where the counters were read
+        counters = cache if cache is not None and "misses" in cache else None
+        record = StatsRecord(
+            t, rank, epoch, batch, samples, storage, decode, h2d, step,
+            sources=dict(sources),
+            waited_on_storage=waited,
+            cache_fills=None if counters is None else counters["misses"],
+            cache_fetched_bytes=None if counters is None else counters.get("bytes_fetched", 0),
+        )  # fmt: skip
+        if self.exporter is not None:
+            self.exporter.observe(record)
         if self._log is not None:
-            self._log.write(json.dumps(self._record(timing, cache).to_json()) + "\n")
+            self._log.write(json.dumps(record.to_json()) + "\n")
             self._log.flush()
 
     @property
@@ -189,27 +168,6 @@ class StatsRecorder:
             k: {"samples": n, "storage_s": wait.get(k, 0.0)}
             for k, n in self._source_samples.items()
         }
-
-    @staticmethod
-    def _record(timing: BatchTiming, cache: dict[str, Any] | None) -> StatsRecord:
-        """The batch's stats-log line (``flashfeed.telemetry``: the one schema readers use)."""
-        # fills so far, for the HTML report: on the lines where the counters were read
-        counters = cache if cache is not None and "misses" in cache else None
-        return StatsRecord(
-            t=timing.t,
-            rank=timing.rank,
-            epoch=timing.epoch,
-            batch=timing.batch,
-            samples=timing.samples,
-            storage=timing.storage,
-            decode=timing.decode,
-            h2d=timing.h2d,
-            step=timing.step,
-            sources=dict(timing.sources),
-            waited_on_storage=timing.waited_on_storage,
-            cache_fills=None if counters is None else counters["misses"],
-            cache_fetched_bytes=None if counters is None else counters.get("bytes_fetched", 0),
-        )
 
     def _publish(self) -> dict[str, Any] | None:
         """Refresh the status file (every ``status_interval`` at most) and, every

@@ -1,4 +1,4 @@
-"""The per-batch stats path (``StatsRecorder.add``, no ``BatchTiming`` unless read) accounts
+"""The per-batch stats path (``StatsRecorder.add``, no ``StatsRecord`` unless read) accounts
 exactly as ``record`` does: totals, per-batch entries, log lines, and the status file once
 due; a real loader's feeder reports the bytes ahead of need as the sum over those shards."""
 
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.loader.telemetry.stats import BatchTiming, StatsRecorder
+from flashfeed.loader.telemetry.stats import StatsRecorder
+from flashfeed.telemetry import StatsRecord
 
 TIMINGS = [
-    BatchTiming(
+    StatsRecord(
         t=10.0 + i,
         rank=1,
         epoch=i // 3,
@@ -23,7 +24,7 @@ TIMINGS = [
         decode=0.01 * i,
         h2d=0.001,
         step=0.1 + i,
-        sources=(("a", 2), ("b", 2 + i)),
+        sources={"a": 2, "b": 2 + i},
     )
     for i in range(7)
 ]
@@ -33,7 +34,7 @@ def _feed(rec: StatsRecorder, *, fast: bool) -> dict:
     for t in TIMINGS:
         if fast:
             rec.add(t.t, t.rank, t.epoch, t.batch, t.samples, t.storage, t.decode, t.h2d,
-                    t.step, t.sources)  # fmt: skip
+                    t.step, tuple(t.sources.items()))  # fmt: skip
         else:
             rec.record(t)
     out = rec.summary()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from flashfeed.loader.telemetry.prometheus import METRICS, PrometheusExporter, is_loopback
-from flashfeed.loader.telemetry.stats import BatchTiming
 from flashfeed.runtime.lifeline import popen
+from flashfeed.telemetry import StatsRecord
 
 from support import REPO
 from support.monitor_helpers import running_ranks, wait_for
@@ -47,8 +47,8 @@ def exporter(tmp_path):
     from flashfeed.cache import ShardCache
 
     e = PrometheusExporter(port=0, rank=2, node="n7", dataset="s3://b/ds")
-    e.observe(BatchTiming(t=1.0, rank=2, epoch=1, batch=0, samples=8, storage=0.5, decode=0.1,
-                          h2d=0.0, step=0.2))  # fmt: skip
+    e.observe(StatsRecord(t=1.0, rank=2, epoch=1, batch=0, samples=8, storage=0.5, decode=0.1,
+                          h2d=0.0, step=0.2, waited_on_storage=True))  # fmt: skip
     with ShardCache(str(tmp_path / "cache"), capacity=1 << 20) as cache:
         e.set_cache(cache.stats())  # every counter a real cache reports
     yield e
