@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .layout import list_dataset_dirs, pid_alive
+from flashfeed.runtime.lifeline import pid_alive
+
+from .layout import list_dataset_dirs
 from .space import recorded_capacity
 from .stats import COUNTERS, read_persisted
 

@@ -15,7 +15,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .layout import DatasetDir, atomic_write_json
+from flashfeed.runtime.files import atomic_write_json
+
+from .layout import DatasetDir
 from .needorder import SPECULATIVE, URGENT, PartPriority, ShardNeed
 from .policy import FutureOrder, MixtureFuture
 

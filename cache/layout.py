@@ -37,13 +37,13 @@ from typing import Any
 import xxhash
 
 from flashfeed.format.manifest import Manifest, commit_manifest, read_manifest
+from flashfeed.runtime.files import atomic_write_json
 
 from .errors import CachePermissionError
 
 __all__ = [
     "CachedEntry",
     "DatasetDir",
-    "atomic_write_json",
     "check_private_root",
     "dataset_key",
     "list_dataset_dirs",
@@ -51,7 +51,6 @@ __all__ = [
     "read_cache_record",
     "read_json",
     "record_path",
-    "sweep_dead_tmp",
 ]
 
 
@@ -84,53 +83,6 @@ def check_private_root(path: str) -> None:
             f"cache directory {path} is writable by group or others "
             f"(mode {stat.S_IMODE(st.st_mode):04o}): `chmod 700 {path}` or use another one"
         )
-
-
-def atomic_write_json(path: str, obj: Any) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it into place (mode 0600)."""
-    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            # dumps, not dump: dump to a file takes the pure-Python encoder, chunk by chunk
-            f.write(json.dumps(obj, sort_keys=True))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (one of another user counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_dead_tmp(directory: str) -> int:
-    """Remove ``*.tmp`` files of ``atomic_write_json`` whose writer died; returns how many."""
-    removed = 0
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return 0
-    for name in names:
-        parts = name.rsplit(".", 3)
-        dead = len(parts) == 4 and parts[3] == "tmp" and parts[1].isdigit()
-        if dead and not pid_alive(int(parts[1])):
-            try:
-                os.unlink(os.path.join(directory, name))
-                removed += 1
-            except FileNotFoundError:
-                pass
-    return removed
 
 
 def read_json(path: str, default: Any = None) -> Any:

@@ -29,15 +29,10 @@ from flashfeed import storage
 from flashfeed.errors import ManifestError, StorageError
 from flashfeed.format.manifest import MANIFEST_NAME, Manifest, manifest_url, read_manifest
 from flashfeed.format.shardtable import check_relative_path
+from flashfeed.runtime.files import atomic_write, atomic_write_json
 from flashfeed.s3.retry import RetryPolicy
 
-from .layout import (
-    atomic_write_json,
-    check_private_root,
-    list_dataset_dirs,
-    make_private_dir,
-    read_json,
-)
+from .layout import check_private_root, list_dataset_dirs, make_private_dir, read_json
 from .locks import locked
 
 __all__ = ["VERSION_CHECK_RETRY", "cached_versions", "node_manifest", "store_version_tag"]
@@ -52,14 +47,6 @@ VERSION_CHECK_RETRY = RetryPolicy(attempts=3, base_delay=0.2, max_delay=1.0, dea
 _VERSION_FILE = "version.json"
 _warned: set[tuple[str, str]] = set()
 _warned_lock = threading.Lock()
-
-
-def _write_atomic(path: str, data: bytes | memoryview) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def store_version_tag(
@@ -191,11 +178,11 @@ def _fetch(here: str, url: str, storage_options: dict[str, Any] | None) -> None:
         if not os.path.exists(local) or os.path.getsize(local) != ref.get("bytes"):
             os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
             table = storage.read_bytes(storage.join(url, path), storage_options=storage_options)
-            _write_atomic(local, table)
+            atomic_write(local, table)
         for name in os.listdir(here):  # tables of earlier versions
             if name.endswith(".arrow") and name != path:
                 os.unlink(os.path.join(here, name))
-    _write_atomic(os.path.join(here, MANIFEST_NAME), data)
+    atomic_write(os.path.join(here, MANIFEST_NAME), data)
 
 
 def _table_ref(header: bytes) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ from typing import Any
 from flashfeed import storage
 from flashfeed.dataset import Dataset
 from flashfeed.format.manifest import ShardInfo
+from flashfeed.runtime.files import sweep_dead_tmp
 from flashfeed.s3.directget import signed_endpoint, warm_client
 from flashfeed.storage import RetryPolicy
 from flashfeed.units import format_size, parse_size
@@ -30,14 +31,7 @@ from .copies import ShardCopies
 from .errors import CacheCapacityError
 from .handle import CacheHandle
 from .hints import ReadHints
-from .layout import (
-    DatasetDir,
-    check_private_root,
-    dataset_key,
-    list_dataset_dirs,
-    make_private_dir,
-    sweep_dead_tmp,
-)
+from .layout import DatasetDir, check_private_root, dataset_key, list_dataset_dirs, make_private_dir
 from .locks import FileLock
 from .needorder import ShardNeed
 from .options import CacheOptions

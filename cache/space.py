@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable
 from typing import cast
 
+from flashfeed.runtime.files import atomic_write_json
 from flashfeed.units import format_size
 
 from .errors import CacheFullError, CacheOverCapacityError
 from .layout import (
     CachedEntry,
     DatasetDir,
-    atomic_write_json,
     list_dataset_dirs,
     make_private_dir,
     read_cache_record,

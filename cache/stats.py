@@ -11,7 +11,9 @@ import threading
 import time
 from typing import Any
 
-from .layout import atomic_write_json, make_private_dir, read_json
+from flashfeed.runtime.files import atomic_write_json
+
+from .layout import make_private_dir, read_json
 from .locks import locked
 
 __all__ = ["COUNTERS", "Counters", "read_persisted"]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .layout import atomic_write_json, make_private_dir, read_json
+from flashfeed.runtime.files import atomic_write_json
+
+from .layout import make_private_dir, read_json
 from .locks import locked
 
 __all__ = ["read_warm_records", "warm_record_path", "write_warm_record"]

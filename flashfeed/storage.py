@@ -13,16 +13,17 @@ import) are loaded only where something needs them.
 from __future__ import annotations
 
 import os
-import tempfile
+import shutil
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import fsspec
 import xxhash
 from fsspec.core import split_protocol
 
+from flashfeed.runtime.files import Writer, atomic_write
 from flashfeed.s3.options import S3Options, env_storage_options, frozen_options
 from flashfeed.s3.retry import (
     FIRST_CONTACT,
@@ -366,7 +367,7 @@ def write_bytes(
     """
     if is_local(url):
         _, path = filesystem(url, storage_options)
-        call(lambda: _atomic_local_write(path, data), url=url, what="write")
+        call(lambda: _write_local(path, data), url=url, what="write")
         return
     fs, path = filesystem(url, storage_options)
     call(
@@ -382,23 +383,11 @@ def put_file(local_path: str, url: str, *, storage_options: dict[str, Any] | Non
     if is_local(url):
         _, path = filesystem(url, storage_options)
 
-        def op() -> None:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp-")
-            os.close(fd)
-            try:
-                with open(local_path, "rb") as src, open(tmp, "wb") as dst:
-                    while chunk := src.read(8 << 20):
-                        dst.write(chunk)
-                    dst.flush()
-                    os.fsync(dst.fileno())
-                os.chmod(tmp, 0o644)
-                os.replace(tmp, path)
-            except BaseException:
-                _unlink_quietly(tmp)
-                raise
+        def copy(dst: IO[bytes]) -> None:
+            with open(local_path, "rb") as src:
+                shutil.copyfileobj(src, dst, 8 << 20)
 
-        call(op, url=url, what="write")
+        call(lambda: _write_local(path, copy), url=url, what="write")
         return
     fs, path = filesystem(url, storage_options)
     call(
@@ -422,24 +411,6 @@ def delete(url: str, *, storage_options: dict[str, Any] | None = None) -> None:
     call(op, url=url, what="delete", storage_options=storage_options)
 
 
-def _atomic_local_write(path: str, data: bytes | memoryview) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+def _write_local(path: str, data: bytes | memoryview | Writer) -> None:
+    """A dataset's local file: durable before it is visible, readable by every user."""
+    atomic_write(path, data, mode=0o644, fsync=True, makedirs=True)

@@ -33,7 +33,6 @@ __all__ = [
     "local_status_root",
     "parse_record",
     "parse_status",
-    "pid_alive",
     "status_dir",
     "status_files",
     "status_object",
@@ -280,17 +279,6 @@ def local_status_root() -> str:
     if runtime:
         return os.path.join(runtime, "flashfeed")
     return os.path.join(tempfile.gettempdir(), f"flashfeed-{os.getuid()}")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (someone else's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
 
 
 def status_files(root: str) -> list[RankStatus]:

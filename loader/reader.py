@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
+from flashfeed.runtime.files import atomic_write
 from flashfeed.runtime.lifeline import ParentLink
 
 from .image.fields import FieldSpec, key_bytes, key_column
@@ -244,7 +245,6 @@ def pass_path(pass_dir: str, epoch: int) -> str:
 
 def write_pass(pass_dir: str, epoch: int, order: PassOrder) -> None:
     """Store a pass for ``BatchSource`` (atomically; the pass before last is removed)."""
-    tmp = os.path.join(pass_dir, f".pass-{epoch}.tmp.npz")
     extra: dict[str, Any] = {}
     if order.bounds is not None:
         extra["bounds"] = order.bounds.astype(np.int64)
@@ -252,9 +252,9 @@ def write_pass(pass_dir: str, epoch: int, order: PassOrder) -> None:
         extra["shapes"] = order.shapes.astype(np.float32)
     if order.draws is not None:
         extra["draws"] = order.draws.astype(np.float64)
-    np.savez(tmp, shards=order.shards.astype(np.int64), rows=order.rows.astype(np.int64),
-             num_batches=np.int64(order.num_batches), **extra)  # fmt: skip
-    os.replace(tmp, pass_path(pass_dir, epoch))
+    atomic_write(pass_path(pass_dir, epoch), lambda f: np.savez(
+        f, shards=order.shards.astype(np.int64), rows=order.rows.astype(np.int64),
+        num_batches=np.int64(order.num_batches), **extra))  # fmt: skip
     try:
         os.remove(pass_path(pass_dir, epoch - 2))
     except FileNotFoundError:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from typing import NamedTuple
 
 import xxhash
 
 from flashfeed import storage
+from flashfeed.runtime.files import atomic_write_json
 from flashfeed.telemetry import default_cache_dir
 
 __all__ = ["SETTLE_NS", "FileStamp", "checksum", "records_dir"]
@@ -100,16 +100,9 @@ def _recorded(records: str, real: str, stamp: FileStamp) -> str | None:
 def _record(records: str, real: str, stamp: FileStamp, got: str) -> None:
     """Keep a record (written aside, then renamed into place); a folder that cannot be
     written only means the next process hashes again."""
-    name = _name(real)
-    tmp = os.path.join(records, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    record = {"path": real, "stamp": list(stamp), "checksum": got}
     try:
         os.makedirs(records, mode=0o700, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"path": real, "stamp": list(stamp), "checksum": got}, f)
-        os.replace(tmp, os.path.join(records, name))
+        atomic_write_json(os.path.join(records, _name(real)), record, mode=0o644)
     except OSError as exc:
         log.debug("no record of the check of %s kept in %s: %s", real, records, exc)
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass

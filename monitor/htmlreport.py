@@ -12,9 +12,9 @@ and on stderr, never a crash.
 from __future__ import annotations
 
 import html
-import os
 import time
 
+from flashfeed.runtime.files import atomic_write
 from flashfeed.telemetry import WAIT_KINDS
 
 from .binning import MAX_POINTS_PER_CHART, bin_records, choose_bins, run_start
@@ -148,8 +148,5 @@ def write_html_report(
     """Read ``run_dir``, write the page to ``out``; returns the run (with its problems)."""
     run = read_run(run_dir)
     page = render_html(run, gpu_hour_price=gpu_hour_price, bin_s=bin_s)
-    tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.replace(tmp, out)
+    atomic_write(out, page, mode=0o644)
     return run

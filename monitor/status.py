@@ -8,11 +8,11 @@ import socket
 import time
 
 from flashfeed.cache import NodeCache, read_node_cache
+from flashfeed.runtime.lifeline import pid_alive
 from flashfeed.telemetry import (
     FORGET_AFTER_S,
     RankStatus,
     local_status_root,
-    pid_alive,
     status_dir,
     status_files,
 )

@@ -28,6 +28,7 @@ from typing import Any
 
 from flashfeed.errors import FlashfeedError
 from flashfeed.runtime import lifeline
+from flashfeed.runtime.lifeline import pid_alive
 
 __all__ = ["DEFAULT_BUCKET", "EmbeddedStore", "StoreInfo", "find_weed"]
 
@@ -202,21 +203,7 @@ class EmbeddedStore:
     # -- lifecycle ----------------------------------------------------------------------
     def pid_alive(self) -> bool:
         pid = self.info.pid
-        if not pid:
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:  # a zombie child is not alive
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split()[2] == "Z":
-                    return False
-        except OSError:
-            pass
-        return True
+        return pid is not None and pid > 0 and pid_alive(pid)
 
     def start(self, *, timeout: float = 60.0) -> StoreInfo:
         """Start the server in the background and return once a signed request succeeds.

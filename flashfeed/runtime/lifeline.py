@@ -39,6 +39,7 @@ __all__ = [
     "ParentLink",
     "Reaper",
     "descendants",
+    "pid_alive",
     "popen",
     "process_start",
     "reap_with_parent",
@@ -232,6 +233,11 @@ def process_start(pid: int) -> str | None:
 
 
 # -- trees started by others: a reaper process ----------------------------------------------
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host: another user's counts, a zombie does not."""
+    return process_start(pid) is not None
+
+
 def _proc_table() -> dict[int, tuple[int, str]]:
     """pid -> (parent pid, start time) of every process, from /proc (empty elsewhere)."""
     table: dict[int, tuple[int, str]] = {}

@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import socket
 import stat
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+from flashfeed.runtime.files import atomic_write_json
+from flashfeed.runtime.lifeline import pid_alive
 from flashfeed.telemetry import (
     local_status_root,
-    pid_alive,
     status_dir,
     status_files,
     status_object,
@@ -105,15 +104,7 @@ class StatusWriter:
             state=state(),
         )
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(body, f)
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            atomic_write_json(self.path, body)
         except OSError:
             return False
         return True
