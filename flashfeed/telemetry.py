@@ -260,10 +260,14 @@ def status_dir(root: str) -> str:
     return os.path.join(root, STATUS_DIRNAME)
 
 
+#: the variable naming a node's cache directory, on every node
+CACHE_DIR_ENV = "FLASHFEED_CACHE_DIR"
+
+
 def default_cache_dir() -> str:
-    """The node cache a loader uses when given none: ``$FLASHFEED_CACHE_DIR``, else
-    ``~/.cache/flashfeed``."""
-    return os.environ.get("FLASHFEED_CACHE_DIR") or os.path.join(
+    """The node cache used when none is given, by loaders, ``cache`` commands, cluster warms
+    and ``flashfeed top`` alike: ``$FLASHFEED_CACHE_DIR``, else ``~/.cache/flashfeed``."""
+    return os.environ.get(CACHE_DIR_ENV) or os.path.join(
         os.path.expanduser("~"), ".cache", "flashfeed"
     )
 

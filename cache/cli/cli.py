@@ -10,10 +10,10 @@ from typing import Any, TextIO
 
 from flashfeed.plan.mixture import Mixture, is_mixture_file, load_mixture
 from flashfeed.plan.plan import PlanOptions
+from flashfeed.telemetry import CACHE_DIR_ENV, default_cache_dir
 from flashfeed.units import parse_size
 
 from ..shardcache import ShardCache
-from ..warm.cluster import CACHE_DIR_ENV
 from ..warm.nodeshare import NodeShare
 from ..warm.warm import warm_share
 from . import admin
@@ -46,7 +46,8 @@ examples:
   flashfeed cache warm s3://flashfeed/photos-v1 --ranks-per-node 8 --ray-address auto \\
       --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)"
 
---cache-dir defaults to $FLASHFEED_CACHE_DIR; in a cluster warm each node reads its own.
+--cache-dir defaults to $FLASHFEED_CACHE_DIR, else ~/.cache/flashfeed (as for the loaders); in a
+cluster warm each node reads its own.
 """
 STATUS_EPILOG = """\
 examples:
@@ -128,9 +129,7 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
 def _cache_dir(given: str | None, what: str, *, existing: bool) -> str:
     """The cache directory from the flag or the environment. ``existing``: it must already
     be one (status, verify and evict read a cache; only warm creates it)."""
-    root = given or os.environ.get(CACHE_DIR_ENV)
-    if not root:
-        raise ValueError(f"{what} is missing and {CACHE_DIR_ENV} is not set")
+    root = given or default_cache_dir()
     if os.path.exists(root) and not os.path.isdir(root):
         raise NotADirectoryError(
             f"{root} is a file, not a cache directory: pass a directory ({what})"
@@ -149,7 +148,9 @@ def _on_cache_dir(
     p: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=description, epilog=epilog, formatter_class=_RAW
     )
-    p.add_argument("dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}")
+    p.add_argument(
+        "dir", metavar="DIR", nargs="?", help=f"default: ${CACHE_DIR_ENV}, else ~/.cache/flashfeed"
+    )
     return p
 
 
@@ -177,7 +178,8 @@ def register(subparsers: Any) -> None:
     w.add_argument(
         "--cache-dir",
         metavar="DIR",
-        help=f"the node's cache directory (default: ${CACHE_DIR_ENV}, read on each node)",
+        help=f"the node's cache directory (default: ${CACHE_DIR_ENV}, else "
+        "~/.cache/flashfeed, read on each node)",
     )
     w.add_argument(
         "--capacity",

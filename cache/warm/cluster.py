@@ -11,7 +11,6 @@ hostname. Node rank = position in the list. Without a list, ranks follow sorted 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,13 +20,13 @@ from flashfeed import storage
 from flashfeed.errors import FlashfeedError
 from flashfeed.plan.mixture import Mixture
 from flashfeed.plan.plan import PlanOptions, Topology
+from flashfeed.telemetry import default_cache_dir
 
 from ..shardcache import ShardCache
 from .nodeshare import NodeShare
 from .warm import WarmResult, warm_share
 
 __all__ = [
-    "CACHE_DIR_ENV",
     "RayNode",
     "alive_nodes",
     "map_hosts",
@@ -39,7 +38,6 @@ __all__ = [
 
 log = logging.getLogger("flashfeed.cache")
 
-CACHE_DIR_ENV = "FLASHFEED_CACHE_DIR"
 """The per-node default cache directory, read on each node by a cluster warm."""
 
 
@@ -168,12 +166,10 @@ def warm_node(
     url: str | Mixture, cache_dir: str | None, share: NodeShare, cache_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
     """Warm this machine's cache with ``share`` of the dataset at ``url`` or of every source
-    of a mixture; ``cache_dir`` None reads this node's ``FLASHFEED_CACHE_DIR``. A setup
+    of a mixture; ``cache_dir`` None: this node's default (``default_cache_dir``). A setup
     failure comes back as ``"error"``, one line."""
-    root = cache_dir or os.environ.get(CACHE_DIR_ENV)
+    root = cache_dir or default_cache_dir()
     try:
-        if not root:
-            raise ValueError(f"no --cache-dir given and {CACHE_DIR_ENV} is not set on this node")
         with ShardCache(root, **cache_kwargs) as cache:
             if isinstance(url, Mixture):
                 from .warmmix import warm_mixture

@@ -232,17 +232,18 @@ def test_cluster_warm_refuses_a_host_that_is_no_ray_node_in_one_line(
     assert "the run has 3 nodes but the host list names 1" in capsys.readouterr().err
 
 
-def test_a_node_task_without_a_cache_dir_uses_the_nodes_flashfeed_cache_dir(
+def test_a_node_task_without_a_cache_dir_uses_the_nodes_default_cache_dir(
     s3_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    """As a loader does: ``FLASHFEED_CACHE_DIR``, else ``~/.cache/flashfeed``."""
     ds = make_dataset(s3_prefix, shards=2, shard_bytes=20_000)
     share = NodeShare.build(num_nodes=2, node_rank=1)
     kwargs = {"capacity": "1MiB", "storage_options": None}
     monkeypatch.delenv("FLASHFEED_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     out = warm_node(s3_prefix, None, share, kwargs)
-    assert out["error"] == (
-        "ValueError: no --cache-dir given and FLASHFEED_CACHE_DIR is not set on this node"
-    )
+    assert "error" not in out
+    assert out["cache_dir"] == str(tmp_path / "home" / ".cache" / "flashfeed")
     monkeypatch.setenv("FLASHFEED_CACHE_DIR", str(tmp_path / "node-cache"))
     out = warm_node(s3_prefix, None, share, kwargs)
     assert "error" not in out and out["cache_dir"] == str(tmp_path / "node-cache")
