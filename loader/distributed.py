@@ -35,10 +35,6 @@ class DistContext:
     def node_rank(self) -> int:
         return self.rank // self.topology.rpn
 
-    @property
-    def local_rank(self) -> int:
-        return self.rank % self.topology.rpn
-
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
     value = env.get(name)

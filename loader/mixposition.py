@@ -133,10 +133,6 @@ class MixPosition:
     def advance(self, n: int) -> None:
         self._taken += n
 
-    def source_of(self, ids: np.ndarray) -> np.ndarray:
-        """The source number of each virtual sample id."""
-        return np.searchsorted(self.planner.offsets, ids, side="right") - 1
-
     def source_counts(self, samples: int) -> tuple[tuple[str, int], ...]:
         """Samples per source among the next ``samples`` of the plan (what a batch that the
         loader checked against its pass order holds), for the statistics. Counted for the

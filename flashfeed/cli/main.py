@@ -53,8 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"flashfeed {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        if importlib.util.find_spec(name) is None:
-            continue
         importlib.import_module(name).register(sub)
     return parser
 
@@ -72,7 +70,7 @@ _USER_OS_ERRORS = (
 def _prog(args: argparse.Namespace) -> str:
     """``flashfeed cache warm``: the command and its action, as the user typed them."""
     words = ["flashfeed", args.command]
-    for attr in ("cache_command", "store_command", "loader_command"):
+    for attr in ("cache_command", "store_command"):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))
     return " ".join(words)

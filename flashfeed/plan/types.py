@@ -176,6 +176,3 @@ class EpochPlan:
     @property
     def samples_per_rank(self) -> int:
         return len(self.per_rank[0]) if self.per_rank else 0
-
-    def rank_samples(self, rank: int) -> np.ndarray:
-        return self.per_rank[rank]
