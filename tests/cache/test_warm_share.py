@@ -30,7 +30,7 @@ from flashfeed.cache.warm.warm import (
     warm_mismatch,
     warm_share,
 )
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order
 
 from support.cache_data import make_dataset
