@@ -362,12 +362,38 @@ def _share_from(args: argparse.Namespace) -> NodeShare | None:
 
 def _status(args: argparse.Namespace) -> int:
     root = _cache_dir(args.dir, "DIR", existing=True)
-    report = admin.status(root, url=args.dataset, share=_share_from(args))
+    if args.dataset is not None and is_mixture_file(args.dataset):
+        report = _mixture_status(root, args)
+    else:
+        report = admin.status(root, url=args.dataset, share=_share_from(args))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         _print(status_lines(report))
     return 0
+
+
+def _mixture_status(root: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``cache status --dataset MIXTURE``: the status of each source, named."""
+    if _share_from(args) is not None:
+        raise ValueError(
+            f"--dataset {args.dataset} is a mixture: its node share is the mixture plan's, "
+            "which cache status does not compute; drop the plan flags (cache warm "
+            "reports the share it fetched)"
+        )
+    mixture = load_mixture(args.dataset)
+    report: dict[str, Any] = {}
+    datasets = []
+    for s in mixture.sources:
+        try:
+            one = admin.status(root, url=s.url)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"mixture source {s.key!r} ({s.url}) cannot be opened: {exc}"
+            ) from None
+        datasets += [{**d, "source": s.key} for d in one["datasets"]]
+        report = one
+    return {**report, "mixture": args.dataset, "datasets": datasets}
 
 
 def _verify(args: argparse.Namespace) -> int:
