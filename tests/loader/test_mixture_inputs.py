@@ -5,11 +5,13 @@ batch (refused by value, never a silent empty pass), relative source paths read 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from flashfeed.cli import main
 from flashfeed.loader import TokenLoader
+from flashfeed.mixture import Mixture, Source
 
 from support.loader_helpers import make_token_dataset
 
@@ -42,6 +44,18 @@ def test_a_loader_takes_the_dict_load_mixture_takes(corpora):
     assert len(keys) == 40 and {k.split(":")[0] for k in keys} == {"small", "big"}
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['lenght'\]"):
         TokenLoader(_form(corpora, lenght=40), batch_size=4)
+
+
+def test_relative_sources_read_after_a_chdir(corpora, tmp_path, monkeypatch):
+    root = os.path.dirname(corpora["small"])
+    monkeypatch.chdir(root)
+    mix = Mixture((Source("small", 1), Source("big", 1)), length=40)
+    loader = TokenLoader(mix, batch_size=4, seed=3)
+    single = TokenLoader("big", batch_size=4, seed=3)
+    monkeypatch.chdir(tmp_path)
+    keys = _keys(loader)
+    assert len(keys) == 40 and {k.split(":")[0] for k in keys} == {"small", "big"}
+    assert len(_keys(single)) == 300
 
 
 def test_dataset_commands_on_a_mixture_file(corpora, tmp_path, capsys):
