@@ -11,7 +11,7 @@ import pytest
 
 from flashfeed.cli import main
 from flashfeed.loader import TokenLoader
-from flashfeed.mixture import Mixture, Source
+from flashfeed.mixture import Mixture, Source, load_mixture
 
 from support.loader_helpers import make_token_dataset
 
@@ -44,6 +44,37 @@ def test_a_loader_takes_the_dict_load_mixture_takes(corpora):
     assert len(keys) == 40 and {k.split(":")[0] for k in keys} == {"small", "big"}
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['lenght'\]"):
         TokenLoader(_form(corpora, lenght=40), batch_size=4)
+
+
+def test_a_length_below_one_batch_is_refused_naming_it(corpora):
+    with pytest.raises(ValueError, match=r"length=10.*batch"):
+        TokenLoader(load_mixture(_form(corpora, length=10)), batch_size=4, rank=0, world_size=3)
+    with pytest.raises(ValueError, match=r"length=2\b"):
+        TokenLoader(
+            load_mixture(_form(corpora, length=2)), batch_size=1, drop_last=False, world_size=3
+        )
+    # one batch per rank is enough
+    keys = _keys(
+        TokenLoader(load_mixture(_form(corpora, length=12)), batch_size=4, rank=2, world_size=3)
+    )
+    assert len(keys) == 4
+
+
+def test_resuming_with_a_length_below_what_was_consumed_is_refused(corpora):
+    first = TokenLoader(load_mixture(_form(corpora, length=200)), batch_size=5, seed=2)
+    it = iter(first)
+    for _ in range(10):
+        next(it)
+    state = first.state_dict()
+    it.close()
+    assert state["samples_consumed"] == 50
+    shorter = TokenLoader(load_mixture(_form(corpora, length=30)), batch_size=5, seed=2)
+    with pytest.raises(ValueError, match=r"length=30.*50 samples"):
+        shorter.load_state_dict(state)
+    # a length that still leaves a batch continues with it
+    longer = TokenLoader(load_mixture(_form(corpora, length=60)), batch_size=5, seed=2)
+    longer.load_state_dict(state)
+    assert len(_keys(longer)) == 10
 
 
 def test_relative_sources_read_after_a_chdir(corpora, tmp_path, monkeypatch):
