@@ -194,6 +194,13 @@ def register(subparsers: Any) -> None:
     )
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
     w.add_argument("--json", action="store_true", help="print the summary as JSON")
+    w.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        metavar="B",
+        help="a mixture's loader batch size: its epochs are whole batches (1)",
+    )
     _plan_options(w, defaults=True)
     _cluster_options(w)
     w.set_defaults(func=_warm)
@@ -288,13 +295,17 @@ def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, 
     """``cache warm MIXTURE.json``: every source's shards this node reads first."""
     from .warmmix import warm_mixture
 
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     mixture = load_mixture(args.dataset)
     if args.ray_address is not None:
         results = _warm_cluster(args, share, kwargs, mixture)
     else:
         root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
         with ShardCache(root, **kwargs) as cache:
-            result = warm_mixture(cache, mixture, share, progress=not args.no_progress)
+            result = warm_mixture(
+                cache, mixture, share, progress=not args.no_progress, batch=args.batch_size
+            )
         results = [{**result.to_dict(), "cache_dir": root}]
     results = [{**r, "mixture": args.dataset} for r in results]
     if args.json:
@@ -336,6 +347,7 @@ def _warm_cluster(
         num_nodes=given,
         cache_kwargs=kwargs,
         warn=_say,
+        batch=args.batch_size,
     )
 
 
