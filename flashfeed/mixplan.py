@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .mixdeal import WeightCurve, deal_order
+from .mixdeal import WeightCurve, deal_order, whole_batches
 from .mixture import Mixture
 from .plan import (
     PlanOptions,
@@ -388,41 +388,11 @@ class MixPlanner:
             x = self.index[mix.until]
             dealt = deal_order(self.curve, start=clock, width=width, phases=phases,
                                until=(x, left))  # fmt: skip
-            return self._to_batch(dealt, x, left, clock, width, phases)
+            return whole_batches(dealt, self.curve, start=clock, width=width, phases=phases,
+                                 until=(x, left), batch=self.batch)  # fmt: skip
         slots = max(self.epoch_length() - progress.start, 0) // width
         slots -= slots % self.batch  # whole batches: what is dealt is delivered
         return deal_order(self.curve, start=clock, width=width, phases=phases, slots=slots)
-
-    def _to_batch(
-        self,
-        dealt: tuple[np.ndarray, np.ndarray, np.ndarray],
-        x: int,
-        left: int,
-        clock: float,
-        width: int,
-        phases: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """An ``until`` deal (it ends on source ``x``'s last pick) filled up to whole batches
-        with the picks of the other sources that follow: a last partial batch dropped would
-        take the ``until`` source's last samples with it. Unchanged if nothing can fill it
-        (every other source's weight 0 from there on)."""
-        labels = dealt[0]
-        target = -(-len(labels) // self.batch) * self.batch
-        if target == len(labels):
-            return dealt
-        slots, kept = target, -1
-        for _ in range(24):
-            slots *= 2
-            more, order, starts = deal_order(self.curve, start=clock, width=width,
-                                             phases=phases, slots=slots)  # fmt: skip
-            keep = np.flatnonzero((more != x) | (order < starts[x] + left))
-            if len(keep) >= target:
-                keep = keep[:target]
-                return more[keep], order[keep], starts
-            if len(keep) == kept:
-                break  # the other sources have nothing more to give
-            kept = len(keep)
-        return dealt
 
     def counts(self, progress: MixProgress, slots: int | None = None) -> np.ndarray:
         """Picks of each source in the first ``slots`` slots of the deal (default: the
@@ -447,49 +417,35 @@ class MixPlanner:
         # each source's picks end to end, as the deal numbers them, then one gather by the
         # pick of each slot: no sort, no mask per source
         picks = np.empty(int(starts[-1]), np.int64)
+        gone_ids: list[np.ndarray] = []
+        gone_at: list[np.ndarray] = []
         for s, t in enumerate(self.tables):
-            if total[s] == before[s]:
-                continue
             cur = progress.cursor(t.name)
-            own = self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s])
+            if total[s] == before[s]:
+                if (
+                    self.mixture.until == t.name
+                    and cur.cycle == 0
+                    and (self._until_left(progress) == 0)
+                ):  # its one cycle has nothing left for these ranks: the epoch ends on it
+                    plan = self._cycle_rank(s, progress.epoch, 0, topo, rank, cur.segments)
+                    gone_ids.append(plan.dropped + self.offsets[s])
+                    gone_at.append(np.full(len(plan.dropped), max(len(labels), 1), np.int64))
+                continue
+            found: list[tuple[int, np.ndarray]] = []
+            own = self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s],
+                                    dropped=found)  # fmt: skip
             first = int(starts[s])
             picks[first + int(before[s]) : first + int(total[s])] = own + self.offsets[s]
-        ids = picks[order[lo:]]
-        return MixRankPlan(ids, rest, *self._rank_dropped(progress, rank, labels, before, total))
-
-    def _rank_dropped(
-        self,
-        progress: MixProgress,
-        rank: int,
-        labels: np.ndarray,
-        before: np.ndarray,
-        total: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``rank``'s share of what the cycles completed in the rest of the deal leave
-        unread (virtual ids), and the slots consumed when each is complete."""
-        topo, ids, at = progress.topology, [], []
-        for s, t in enumerate(self.tables):
-            found: list[tuple[int, np.ndarray]] = []
-            cur = progress.cursor(t.name)
-            if total[s] > before[s]:
-                self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s],
-                                  dropped=found)  # fmt: skip
-            elif (
-                self.mixture.until == t.name
-                and self._until_left(progress) == 0
-                and (cur.cycle == 0)
-            ):  # its one cycle has nothing left for these ranks: the epoch ends on it
-                plan = self._cycle_rank(s, progress.epoch, 0, topo, rank, cur.segments)
-                at.append(np.full(len(plan.dropped), max(len(labels), 1), np.int64))
-                ids.append(plan.dropped + self.offsets[s])
-            if found:
+            if found:  # cycles completed: the rank's share of what each left, at its slot
                 slots = np.flatnonzero(labels == s)
                 for pick, gone in found:
-                    at.append(np.full(len(gone), slots[pick] + 1, np.int64))
-                    ids.append(gone + self.offsets[s])
-        if not ids:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(ids).astype(np.int64), np.concatenate(at)
+                    gone_ids.append(gone + self.offsets[s])
+                    gone_at.append(np.full(len(gone), slots[pick] + 1, np.int64))
+        ids = picks[order[lo:]]
+        if not gone_ids:
+            return MixRankPlan(ids, rest)
+        dropped = np.concatenate(gone_ids).astype(np.int64)
+        return MixRankPlan(ids, rest, dropped, np.concatenate(gone_at))
 
     def losses(self, progress: MixProgress) -> int:
         """Samples the epoch's completed cycles leave unread (all ranks together): those

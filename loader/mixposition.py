@@ -149,7 +149,10 @@ class MixPosition:
         return self._memo[1]
 
     def remaining(self) -> np.ndarray:
-        return self.rank_plan().samples
+        samples = self._share()
+        if self._taken > len(samples):
+            self.rank_plan()  # says why
+        return samples[self._taken :]
 
     def advance(self, n: int) -> None:
         self._taken += n

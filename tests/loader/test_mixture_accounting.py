@@ -154,3 +154,13 @@ def test_the_schedules_clock_counts_delivered_samples(corpora):
         mine = keys[1][rank * 96 : (rank + 1) * 96]
         assert [k.split(":")[0] for k in mine[:5]] == ["big"] * 4 + ["small"]
         assert all(k.startswith("small:") for k in mine[4:])
+
+
+def test_until_with_nothing_to_fill_its_last_batch_names_what_it_drops(corpora, tmp_path):
+    ledger = str(tmp_path / "ledger")
+    mix = _mix(corpora, until="small", schedule=(Change(0, {"big": 0.0}),))
+    keys, states = _run(mix, 1, ledger=ledger, batch=7)  # 60 = 8 batches of 7 and 4
+    dropped = _dropped_keys(ledger, corpora)[0]
+    assert len(keys[0]) == 56 and all(k.startswith("small:") for k in keys[0])
+    assert sorted(keys[0] + dropped) == sorted(_all_keys(corpora)["small"])
+    assert states[0]["dropped"] == 4
