@@ -542,10 +542,11 @@ class MixPlanner:
             what = f"length={length}" if self.mixture.length is not None else (
                 f"the sources' {length} samples (the default length)"
             )  # fmt: skip
+            got = f"{length // width} samples, fewer than one batch of {self.batch}"
             raise ValueError(
-                f"mixture {what} gives each of {width} ranks {length // width} samples, fewer "
-                f"than one batch of {self.batch}: give a length of at least "
-                f"{self.batch * width}"
+                f"mixture {what} gives each of {width} ranks "
+                f"{got if self.batch > 1 else 'no sample'}: an epoch would deliver nothing; "
+                f"give a length of at least {self.batch * width}"
             )
 
     def settle(
