@@ -128,7 +128,7 @@ class PlannedLoader:
     def state_dict(self) -> dict[str, Any]:
         """The exact position: seed, epoch, world size, segments, samples consumed, and how
         many samples of this epoch the job drops (``drop_last``: the plan's surplus and each
-        rank's last partial batch)."""
+        rank's last partial batch; a mixture: what its sources' completed cycles leave)."""
         state = self.position.state_dict()
         state["finished"] = self._finished
         state["url"] = self.dataset.url  # tells another dataset from another version of it
