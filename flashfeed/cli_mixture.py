@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flashfeed.dataset import Dataset
-from flashfeed.mixture import Mixture, load_mixture
+from flashfeed.plan.mixture import Mixture, load_mixture
 from flashfeed.summary import format_summary, summarize
 
 __all__ = ["inspect_mixture", "verify_mixture"]

@@ -13,9 +13,9 @@ import pytest
 
 from flashfeed.dataset import Dataset
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.ledger import read_dropped, read_ledger
-from flashfeed.loader.mixledger import check_mixture
-from flashfeed.mixture import Change, Mixture, Source
+from flashfeed.loader.telemetry.ledger import read_dropped, read_ledger
+from flashfeed.loader.telemetry.mixledger import check_mixture
+from flashfeed.plan.mixture import Change, Mixture, Source
 
 from support.loader_helpers import make_token_dataset
 

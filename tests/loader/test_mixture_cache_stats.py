@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flashfeed.dataset import Dataset
 from flashfeed.loader import TokenLoader
-from flashfeed.mixture import Mixture, Source
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import make_token_dataset
 

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from flashfeed.cli import main
+from flashfeed.cli.app import main
 from flashfeed.loader import TokenLoader
-from flashfeed.mixture import Mixture, Source, load_mixture
+from flashfeed.plan.mixture import Mixture, Source, load_mixture
 
 from support.loader_helpers import make_token_dataset
 

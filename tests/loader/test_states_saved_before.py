@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flashfeed.loader import TokenLoader
-from flashfeed.mixture import load_mixture
+from flashfeed.plan.mixture import load_mixture
 
 from support.loader_helpers import make_token_dataset
 
