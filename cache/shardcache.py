@@ -364,6 +364,14 @@ class ShardCache:
         out["used_bytes"] = self._used
         return out
 
+    def dataset_stats(self, dataset: Dataset) -> dict[str, Any]:
+        """This process's counters of one dataset's shards only (hits, misses, bytes
+        fetched, ...): what a mixture reports per source of the cache they share."""
+        out: dict[str, Any] = dict(self.copies.dataset_counters(self.dataset_dir(dataset)))
+        seconds = out["fetch_seconds"]
+        out["fetch_gbps"] = out["bytes_fetched"] / seconds / 1e9 if seconds else 0.0
+        return out
+
     def used_bytes(self) -> int:
         """Bytes held now (complete shards, indexes and fills in progress), by a scan."""
         return self.space.used_bytes()

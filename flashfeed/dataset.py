@@ -29,8 +29,9 @@ class Dataset:
     >>> ds.manifest.num_samples, len(ds.shards)           # doctest: +SKIP
     (1281167, 1024)
 
-    ``shards`` builds a ``ShardInfo`` per shard asked for; ``shard_samples``, ``shard_url(i)``
-    and ``index_url(i)`` work straight off the manifest's columns.
+    A relative local path is made absolute here, once: a later ``chdir`` reads the same
+    files. ``shards`` builds a ``ShardInfo`` per shard asked for; ``shard_samples``,
+    ``shard_url(i)`` and ``index_url(i)`` work straight off the manifest's columns.
     """
 
     def __init__(
@@ -41,6 +42,8 @@ class Dataset:
         storage_options: dict[str, Any] | None = None,
         encryption_key: crypto.EncryptionKey | None = None,
     ) -> None:
+        if storage.split_protocol(url)[0] is None and not os.path.isabs(url):
+            url = os.path.abspath(url)  # its identity: a later chdir must not move it
         self.url = url.rstrip("/")
         self.manifest = manifest
         self.storage_options = storage_options

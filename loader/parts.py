@@ -93,7 +93,7 @@ class LoaderParts:
 
 def loader_parts(
     loader: str,
-    dataset: str | Dataset | Mixture,
+    dataset: str | Dataset | Mixture | Mapping[str, Any],
     *,
     shard_format: str,
     keywords: Mapping[str, Any],
@@ -110,7 +110,7 @@ def loader_parts(
 
 def _build(
     loader: str,
-    dataset: str | Dataset | Mixture,
+    dataset: str | Dataset | Mixture | Mapping[str, Any],
     *,
     shard_format: str,
     cache_dir: str | None = None,
@@ -142,7 +142,7 @@ def _build(
         arrival_windows=arrival_windows,
     )  # fmt: skip
     ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
-    if isinstance(dataset, Mixture) or is_mixture_file(dataset):
+    if isinstance(dataset, Mixture | Mapping) or is_mixture_file(dataset):
         mixture = load_mixture(dataset)  # type: ignore[arg-type]
         mix, routed = open_mixture(
             mixture, storage_options=storage_options, cache_dir=cache_dir, cache=cache

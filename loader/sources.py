@@ -315,6 +315,15 @@ class CacheShardSource:
             out["error"] = str(exc)
         return out
 
+    def own_stats(self) -> dict[str, Any]:
+        """The counters of this dataset's shards only, not the whole cache's."""
+        out: dict[str, Any] = {"kind": "cache"}
+        try:
+            out.update(self._cache().dataset_stats(self.dataset))
+        except Exception as exc:  # a stats failure must not stop training
+            out["error"] = str(exc)
+        return out
+
 
 def open_source(
     dataset: Dataset,

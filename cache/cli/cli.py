@@ -202,6 +202,13 @@ def register(subparsers: Any) -> None:
     )
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
     w.add_argument("--json", action="store_true", help="print the summary as JSON")
+    w.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        metavar="B",
+        help="a mixture's loader batch size: its epochs are whole batches (1)",
+    )
     _plan_options(w, defaults=True)
     _cluster_options(w)
     w.set_defaults(func=_warm)
@@ -296,13 +303,17 @@ def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, 
     """``cache warm MIXTURE.json``: every source's shards this node reads first."""
     from ..warm.warmmix import warm_mixture
 
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     mixture = load_mixture(args.dataset)
     if args.ray_address is not None:
         results = _warm_cluster(args, share, kwargs, mixture)
     else:
         root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
         with ShardCache(root, **kwargs) as cache:
-            result = warm_mixture(cache, mixture, share, progress=not args.no_progress)
+            result = warm_mixture(
+                cache, mixture, share, progress=not args.no_progress, batch=args.batch_size
+            )
         results = [{**result.to_dict(), "cache_dir": root}]
     results = [{**r, "mixture": args.dataset} for r in results]
     if args.json:
@@ -344,6 +355,7 @@ def _warm_cluster(
         num_nodes=given,
         cache_kwargs=kwargs,
         warn=_say,
+        batch=args.batch_size,
     )
 
 
@@ -370,12 +382,38 @@ def _share_from(args: argparse.Namespace) -> NodeShare | None:
 
 def _status(args: argparse.Namespace) -> int:
     root = _cache_dir(args.dir, "DIR", existing=True)
-    report = admin.status(root, url=args.dataset, share=_share_from(args))
+    if args.dataset is not None and is_mixture_file(args.dataset):
+        report = _mixture_status(root, args)
+    else:
+        report = admin.status(root, url=args.dataset, share=_share_from(args))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         _print(status_lines(report))
     return 0
+
+
+def _mixture_status(root: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``cache status --dataset MIXTURE``: the status of each source, named."""
+    if _share_from(args) is not None:
+        raise ValueError(
+            f"--dataset {args.dataset} is a mixture: its node share is the mixture plan's, "
+            "which cache status does not compute; drop the plan flags (cache warm "
+            "reports the share it fetched)"
+        )
+    mixture = load_mixture(args.dataset)
+    report: dict[str, Any] = {}
+    datasets = []
+    for s in mixture.sources:
+        try:
+            one = admin.status(root, url=s.url)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"mixture source {s.key!r} ({s.url}) cannot be opened: {exc}"
+            ) from None
+        datasets += [{**d, "source": s.key} for d in one["datasets"]]
+        report = one
+    return {**report, "mixture": args.dataset, "datasets": datasets}
 
 
 def _verify(args: argparse.Namespace) -> int:

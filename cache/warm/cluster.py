@@ -163,7 +163,11 @@ def _driver_storage_options(given: dict[str, Any] | None) -> dict[str, Any] | No
 
 
 def warm_node(
-    url: str | Mixture, cache_dir: str | None, share: NodeShare, cache_kwargs: dict[str, Any]
+    url: str | Mixture,
+    cache_dir: str | None,
+    share: NodeShare,
+    cache_kwargs: dict[str, Any],
+    batch: int = 1,
 ) -> dict[str, Any]:
     """Warm this machine's cache with ``share`` of the dataset at ``url`` or of every source
     of a mixture; ``cache_dir`` None: this node's default (``default_cache_dir``). A setup
@@ -174,7 +178,7 @@ def warm_node(
             if isinstance(url, Mixture):
                 from .warmmix import warm_mixture
 
-                out = warm_mixture(cache, url, share, progress=False).to_dict()
+                out = warm_mixture(cache, url, share, progress=False, batch=batch).to_dict()
             else:
                 dataset = cache.open_dataset(url)  # the manifest is kept for offline runs
                 out = warm_share(cache, dataset, share, progress=False).to_dict()
@@ -198,13 +202,15 @@ def warm_cluster(
     num_nodes: int | None = None,
     cache_kwargs: dict[str, Any],
     warn: Callable[[str], None] = log.warning,
+    batch: int = 1,
 ) -> list[dict[str, Any]]:
     """One Ray task per node of the run (hard node affinity), each warming its share (of
     every source, for a ``Mixture``: the nodes' shares of the mixture's plan).
 
     A node's rank is its position in ``hosts``, or without ``hosts`` its place among the
     alive Ray nodes sorted by id. ``num_nodes``, when given, must be that number of nodes.
-    ``cache_dir`` None: each node uses its own ``FLASHFEED_CACHE_DIR``.
+    ``cache_dir`` None: each node uses its own ``FLASHFEED_CACHE_DIR``. ``batch``: the
+    loader's batch size, for a mixture's plan.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -236,7 +242,7 @@ def warm_cluster(
     refs = [
         task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-        ).remote(url, cache_dir, NodeShare(options, topology, rank, epochs), cache_kwargs)
+        ).remote(url, cache_dir, NodeShare(options, topology, rank, epochs), cache_kwargs, batch)
         for rank, node in enumerate(ranked)
     ]
     results = ray.get(refs)

@@ -13,13 +13,17 @@ from tqdm import tqdm
 from flashfeed.cli.help import formatter
 from flashfeed.dataset import Dataset
 from flashfeed.format.indexer import index_dataset
+from flashfeed.plan.mixture import is_mixture_file
 from flashfeed.summary import format_summary, summarize
 from flashfeed.units import format_size
 from flashfeed.verify import verify_dataset
 
 __all__ = ["register"]
 
-_URL_HELP = "dataset prefix: s3://bucket/ds, file:///data/ds or a local path"
+_URL_HELP = (
+    "dataset prefix: s3://bucket/ds, file:///data/ds or a local path; or a mixture file "
+    "(.json/.yaml): each of its sources"
+)
 
 
 def register(sub: Any) -> None:
@@ -77,6 +81,10 @@ def register(sub: Any) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    if is_mixture_file(args.url):
+        from flashfeed.cli.mixture import inspect_mixture
+
+        return inspect_mixture(args)
     ds = Dataset.open(args.url)
     summary = summarize(ds.manifest, url=ds.url, shards=args.shards)
     if args.json:
@@ -87,7 +95,14 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    ds = Dataset.open(args.url)
+    if is_mixture_file(args.url):
+        from flashfeed.cli.mixture import verify_mixture
+
+        return verify_mixture(args, _verify_one)
+    return _verify_one(args, Dataset.open(args.url))
+
+
+def _verify_one(args: argparse.Namespace, ds: Dataset) -> int:
     lock = threading.Lock()
     with tqdm(
         total=ds.manifest.num_bytes,

@@ -104,7 +104,7 @@ class Loader(PlannedLoader):
 
     def __init__(
         self,
-        dataset: str | Dataset | Mixture,
+        dataset: str | Dataset | Mixture | Mapping[str, Any],
         *,
         batch_size: int,
         image_size: int = 224,
