@@ -28,6 +28,7 @@ import xxhash
 from .minhash import BACKENDS, UNITS, band_keys, lsh_params, shingle_hashes, signatures
 from .nearpairs import candidate_pairs, checked_pairs
 from .sources import Item, Reject, RejectInfo, StorageContext, open_reader
+from .taskerrors import StageError, cause_line, get, in_stage, where_items
 from .transforms import TransformOptions, transform_record
 
 __all__ = [
@@ -143,13 +144,15 @@ def _quality(fn: QualityFilter, text: str, item: Item) -> str | None:
     try:
         verdict = fn(text)
     except Exception as exc:
-        raise ValueError(
-            f"quality_filter raised on {item.source}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise StageError(
+            "quality filter", item.source, f"quality_filter raised {cause_line(exc)}"
+        ) from None
     if verdict is not None and (not isinstance(verdict, str) or not verdict):
-        raise ValueError(
-            f"quality_filter must return None (keep) or a reason string (drop), got "
-            f"{verdict!r} for {item.source}"
+        raise StageError(
+            "quality filter",
+            item.source,
+            "quality_filter must return None (keep) or a reason string (drop), "
+            f"got {verdict!r:.80}",
         )
     return verdict
 
@@ -164,7 +167,8 @@ def _sign(spec: _SignSpec, items: list[Item]) -> tuple[Any, ...]:
     try:
         for item in items:
             try:
-                rec = transform_record(reader.read(item, spec.ctx), spec.kinds, spec.transform)
+                with in_stage("near-dup", item.source):
+                    rec = transform_record(reader.read(item, spec.ctx), spec.kinds, spec.transform)
             except Reject as r:
                 dropped.append((item.index, item.source, r.reason, r.detail))
                 continue
@@ -182,7 +186,8 @@ def _sign(spec: _SignSpec, items: list[Item]) -> tuple[Any, ...]:
     empty = np.empty(0, dtype=_ROW)
     if spec.near_dup is None:
         return (dropped, None, *[empty] * spec.buckets)
-    rows, signed = _rows(spec.near_dup, docs, texts)
+    with in_stage("near-dup", where_items(items)):
+        rows, signed = _rows(spec.near_dup, docs, texts)
     part = (rows["key"] % np.uint64(spec.buckets)).astype(np.int64)
     return (dropped, signed, *[rows[part == b] for b in range(spec.buckets)])
 
@@ -270,13 +275,9 @@ def screen(
     sign = ray.remote(num_returns=buckets + 2, **retry)(_sign)
     outs: list[Any] = [sign.remote(spec_ref, c) for c in chunks]
     by_index = {it.index: it for it in items}
-    try:
-        dropped = [d for part in ray.get([o[0] for o in outs]) for d in part]
-    except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, ValueError):  # the quality filter's: one line, not a traceback
-            raise ValueError(str(cause)) from None
-        raise
+    firsts = [o[0] for o in outs]
+    found = get(firsts, stage="near-dup", where=lambda i: where_items(chunks[i]))
+    dropped = [d for part in found for d in part]
     rejects = [RejectInfo(i, s, r, d) for i, s, r, d in dropped]
     if outs:
         ray.wait([o[-1] for o in outs], num_returns=len(outs))
@@ -288,7 +289,11 @@ def screen(
         bands, rows = near_dup.bands_rows
         pair_task = ray.remote(max_retries=3)(candidate_pairs)
         pair_refs = [pair_task.remote(bands, *[o[b + 2] for o in outs]) for b in range(buckets)]
-        found = [e for e in ray.get(pair_refs) if len(e)]
+        found = [
+            e
+            for e in get(pair_refs, stage="near-dup buckets", where=lambda b: f"bucket {b}")
+            if len(e)
+        ]
         candidates = np.concatenate(found) if found else np.empty((0, 3), dtype=np.int64)
         candidates = np.unique(candidates, axis=0)  # a pair may share keys in two buckets
         timings["buckets"] = (t2 := time.perf_counter()) - t1

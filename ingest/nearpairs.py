@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .sources import Item
+from .taskerrors import get, where_items
 
 __all__ = ["GROUP_PAIRS", "candidate_pairs", "check_pairs", "checked_pairs"]
 
@@ -81,10 +82,11 @@ def checked_pairs(
     first = np.fromiter((chunk_of[d] for d in rest[:, 0].tolist()), np.int64, len(rest))
     second = np.fromiter((chunk_of[d] for d in rest[:, 1].tolist()), np.int64, len(rest))
     task = ray.remote(max_retries=3)(check_pairs)
-    refs = []
+    refs, where = [], []
     for c in np.unique(first).tolist():
         mine = first == c
         touched = sorted({c, *np.unique(second[mine]).tolist()})
         refs.append(task.remote(threshold, rest[mine], *[signed[t] for t in touched]))
-    kept = [same, *ray.get(refs)]
+        where.append(where_items(chunks[c]))
+    kept = [same, *get(refs, stage="near-dup check", where=where.__getitem__)]
     return np.unique(np.concatenate(kept), axis=0)
