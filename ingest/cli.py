@@ -154,6 +154,13 @@ def register(subparsers: Any) -> None:
         help="documents best-fit packing sorts at once (bounds its memory; default 4096)",
     )
     p.add_argument(
+        "--special-tokens",
+        choices=("text", "special"),
+        default="text",
+        help="a special token spelled in a document (e.g. <|endoftext|>): encoded as the "
+        "text it is (default), or as its control id (special)",
+    )
+    p.add_argument(
         "--eos-token",
         help="EOS token (default: the tokenizer's </s>, <|endoftext|>, <eos> or [SEP])",
     )
@@ -258,6 +265,7 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         eos_token=args.eos_token,
         packing=args.packing,
         pack_window=args.pack_window,
+        special_tokens=args.special_tokens,
         encrypt=args.encrypt or args.encrypt_key_file is not None,
         encrypt_key_file=args.encrypt_key_file,
         name=args.name,

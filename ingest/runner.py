@@ -172,6 +172,7 @@ def _assign_shards(
             eos_token=config.eos_token,
             packing=config.packing,
             window=config.pack_window,
+            special_tokens=config.special_tokens,
         )
     # a tar member costs a 512-byte header and up to 511 bytes of padding
     overhead = 768 * len(out_fields) if config.format == "webdataset" else 0
@@ -198,6 +199,7 @@ def _assign_shards(
         pack_window=config.pack_window,
         text_field=txt,
         encryption=config.encryption_key(),
+        special_tokens=config.special_tokens,
     )
     jobs = []
     for n, group in enumerate(groups):
