@@ -5,7 +5,8 @@ to sources through the keys each source holds. A source read at most once over i
 show no key twice; one read several times over shows how often its keys were read (each
 cycle reads a sample at most once, so no key more often than the cycles begun; with
 ``drop_last`` each cycle may leave a few out, so counts spread); its share of the delivered
-samples is set beside its weight.
+samples is set beside its weight. Given ``documents=`` (a token source's rows and their
+segments), each source also reports which documents arrived whole, partly or not at all.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .ledger import key_hash, read_ledger
+
+if TYPE_CHECKING:
+    from flashfeed.loader.doccoverage import DocumentCoverage, TokenDocuments
 
 __all__ = ["SourceCheck", "check_mixture"]
 
@@ -33,6 +38,8 @@ class SourceCheck:
     fewest: int  # the fewest times one key was delivered (0 if one was missed)
     share: float  # of every sample delivered in the epoch
     weight: float  # the weight it was given (normalised), for comparison
+    #: per-document coverage (``documents=`` given for this source), else None
+    coverage: DocumentCoverage | None = None
 
     @property
     def passes(self) -> float:
@@ -50,6 +57,7 @@ class SourceCheck:
             f"{self.keys}, {self.missing} never, each {self.fewest}-{self.most} times), share "
             f"{self.share:.4f} vs weight {self.weight:.4f}"
             + (f"; read twice within one pass: {dup}" if dup else "")
+            + (f"; {self.coverage}" if self.coverage is not None else "")
         )
 
 
@@ -59,10 +67,12 @@ def check_mixture(
     weights: Mapping[str, float],
     *,
     epochs: Iterable[int] = (),
+    documents: Mapping[str, TokenDocuments] | None = None,
 ) -> dict[int, dict[str, SourceCheck | int]]:
     """Per epoch and source, a ``SourceCheck``; under ``"unknown"`` the hashes no source
     holds. ``keys``: source -> its keys (``<source>:<shard>/<key>``); ``weights``: source ->
-    weight (normalised here)."""
+    weight (normalised here); ``documents``: source -> its rows' segments
+    (``token_documents(url, prefix="<source>:")``) to report per-document coverage."""
     recorded = read_ledger(ledger) if isinstance(ledger, str) else ledger
     owner: dict[str, str] = {}
     named: dict[str, str] = {}
@@ -102,7 +112,16 @@ def check_mixture(
                 fewest=0 if missing else min(got.values(), default=0),
                 share=delivered / delivered_all,
                 weight=weights.get(name, 0.0) / total_w,
+                coverage=_coverage(got, (documents or {}).get(name)),
             )
         checks["unknown"] = unknown
         out[epoch] = checks
     return out
+
+
+def _coverage(got: Counter[str], documents: TokenDocuments | None) -> DocumentCoverage | None:
+    if documents is None:
+        return None
+    from flashfeed.loader.doccoverage import document_coverage
+
+    return document_coverage(got, documents)
