@@ -199,7 +199,8 @@ def _near_dup_arguments(p: Any) -> None:
         type=float,
         metavar="J",
         help="drop documents whose shingle Jaccard similarity to another is >= J, in (0, 1), "
-        "keeping the smallest source position of each cluster (MinHash LSH; off by default)",
+        "keeping the smallest source position of each cluster (MinHash LSH candidates, "
+        "confirmed on exact Jaccard: J is a line; off by default)",
     )
     g.add_argument(
         "--near-dup-shingle-size",

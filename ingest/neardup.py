@@ -279,8 +279,8 @@ def screen(
     outs: list[Any] = [sign.remote(spec_ref, c) for c in chunks]
     by_index = {it.index: it for it in items}
     firsts = [o[0] for o in outs]
-    found = get(firsts, stage="near-dup", where=lambda i: where_items(chunks[i]))
-    dropped = [d for part in found for d in part]
+    firsts_done = get(firsts, stage="near-dup", where=lambda i: where_items(chunks[i]))
+    dropped = [d for part in firsts_done for d in part]
     rejects = [RejectInfo(i, s, r, d) for i, s, r, d in dropped]
     if outs:
         ray.wait([o[-1] for o in outs], num_returns=len(outs))

@@ -90,5 +90,5 @@ def checked_pairs(
         touched = sorted({c, *np.unique(second[mine]).tolist()})
         refs.append(task.remote(threshold, rest[mine], *[signed[t] for t in touched]))
         where.append(where_items(chunks[c]))
-    kept = [same, *get(refs, stage="near-dup check", where=where.__getitem__)]
+    kept = [same, *get(refs, stage="near-dup check", where=where)]
     return np.unique(np.concatenate(kept), axis=0)

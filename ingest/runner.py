@@ -237,7 +237,7 @@ def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResu
             for ref in done:
                 group = pending.pop(ref)
                 names = f"shards {group[0]}-{group[-1]}" if group else "no shards"
-                for r in get_results([ref], stage="shard", where=lambda _, n=names: n)[0]:
+                for r in get_results([ref], stage="shard", where=[names])[0]:
                     results.append(r)
                     progress.update(
                         samples=r.info["samples"] if r.info else 0,

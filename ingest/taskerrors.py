@@ -91,16 +91,20 @@ def _one_line(stage: str, where: str, exc: BaseException) -> FlashfeedError:
     return StageError(stage, where, f"{what}: the Ray task or its worker was lost")
 
 
-def get(refs: Sequence[Any], *, stage: str, where: Callable[[int], str]) -> list[Any]:
-    """``ray.get(refs)``; a failed task is one ``StageError`` naming ``stage`` and
-    ``where(i)`` of the failed task ``i`` (or the file its own ``StageError`` names)."""
+def get(
+    refs: Sequence[Any], *, stage: str, where: Callable[[int], str] | Sequence[str]
+) -> list[Any]:
+    """``ray.get(refs)``; a failed task is one ``StageError`` naming ``stage`` and where the
+    failed task ``i`` worked (``where(i)``, or ``where[i]``), or the file its own
+    ``StageError`` names."""
     import ray
 
     try:
         return list(ray.get(list(refs)))
     except ray.exceptions.RayError as exc:
         failed = _failed_index(refs)
-        raise _one_line(stage, where(failed) if failed >= 0 else "?", exc) from None
+        name = "?" if failed < 0 else where(failed) if callable(where) else where[failed]
+        raise _one_line(stage, name, exc) from None
 
 
 def _failed_index(refs: Sequence[Any]) -> int:
