@@ -7,7 +7,7 @@ integers in bulk; a batch of documents becomes one ``(docs, num_perm)`` signatur
 one 64-bit bucket key. Two documents share a band key with probability ``s**rows`` per band
 for Jaccard similarity ``s``. ``lsh_for_recall`` sizes ``bands x rows`` so that a pair at the
 threshold is a candidate with probability >= 0.99 (the candidates are then confirmed on
-their exact shingle sets, ``nearpairs.exact_pairs``); ``lsh_params`` is the S-curve that turns
+their exact shingle sets, ``shinglesets.exact_pairs``); ``lsh_params`` is the S-curve that turns
 at the threshold, the way datasketch sizes it (the benchmark's comparison).
 """
 
@@ -179,7 +179,7 @@ def candidate_probability(similarity: float, bands: int, rows: int) -> float:
 def lsh_for_recall(threshold: float, num_perm: int, *, recall: float = 0.99) -> tuple[int, int]:
     """``(bands, rows)``: the longest bands (fewest chance candidates) with which a pair at
     ``threshold`` is still a candidate with probability >= ``recall``; ``num_perm // rows``
-    bands."""
+    bands (``num_perm`` bands of one row when even those fall short)."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be in (0, 1), got {threshold!r}")
     if not 0.0 < recall < 1.0:
