@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from flashfeed.errors import FlashfeedError, StorageError
-from flashfeed.ingest.sources import Item, Reject
+
+from .sources import Item, Reject
 
 __all__ = ["StageError", "cause_line", "describe", "get", "in_stage", "where_items"]
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashfeed import storage
-from flashfeed.arrowshard import open_arrow
 from flashfeed.dataset import Dataset
-from flashfeed.loader.ledger import key_hash
+from flashfeed.format.arrowshard import open_arrow
+
+from .telemetry.ledger import key_hash
 
 __all__ = ["DocumentCoverage", "TokenDocuments", "document_coverage", "token_documents"]
 

@@ -42,10 +42,10 @@ from benchmarks.harness.neardupmethods import (
     removal_curve,
     run_method,
 )
+from benchmarks.harness.plantedcorpus import make_planted_corpus
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from flashfeed.ingest.minhash import lsh_for_recall, lsh_params
-from flashfeed.ingest.plantedcorpus import make_planted_corpus
 
 __all__ = ["TARGETS", "main", "planted", "speed"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flashfeed import Dataset, storage
-from flashfeed.cli import main as cli_main
+from flashfeed.cli.app import main as cli_main
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.raysetup import ray_map
 from flashfeed.ingest.sources.textparts import Part

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.harness.plantedcorpus import make_planted_corpus, write_jsonl
 from flashfeed.ingest.minhash import (
     candidate_probability,
     jaccard,
@@ -19,7 +20,6 @@ from flashfeed.ingest.minhash import (
     shingles,
 )
 from flashfeed.ingest.neardup import NearDupOptions, screen
-from flashfeed.ingest.plantedcorpus import make_planted_corpus, write_jsonl
 from flashfeed.ingest.shinglesets import exact_pairs, pair_similarity, shingled
 from flashfeed.ingest.sources import StorageContext, scan_source
 from flashfeed.ingest.transforms import TransformOptions

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from flashfeed import Dataset, storage
-from flashfeed.arrowshard import open_arrow
+from flashfeed.format.arrowshard import open_arrow
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.cli import build_config
 from flashfeed.ingest.progress import summary_table
@@ -109,7 +109,7 @@ def test_ingest_counts_documents_that_spell_a_special_token(
 
 
 def test_cli_flag_keeps_control_ids() -> None:
-    from flashfeed.cli import build_parser
+    from flashfeed.cli.app import build_parser
 
     args = build_parser().parse_args(["ingest", "src", "dst", "--special-tokens", "special"])
     assert build_config(args).special_tokens == "special"

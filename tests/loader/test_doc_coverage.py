@@ -13,8 +13,8 @@ import pytest
 from flashfeed.dataset import Dataset
 from flashfeed.loader import TokenLoader
 from flashfeed.loader.doccoverage import document_coverage, token_documents
-from flashfeed.loader.ledger import check_exactly_once, key_hash
-from flashfeed.loader.mixledger import check_mixture
+from flashfeed.loader.telemetry.ledger import check_exactly_once, key_hash
+from flashfeed.loader.telemetry.mixledger import check_mixture
 
 from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents
 
