@@ -24,6 +24,9 @@ a stage run in interleaved rounds whose order rotates every round):
   crypto   sealed vs plain shards                                  (crypto)
   neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
            near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup, .bench-venv)
+  neardupcurve near-dup accuracy on planted edits around the threshold (exact-Jaccard
+           ground truth), the removal curve, docs per CPU second vs datasketch and rensa
+                                                            (neardupcurve, .bench-venv)
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench)
@@ -84,6 +87,7 @@ STAGES = (
     "mixture",
     "crypto",
     "neardup",
+    "neardupcurve",
     "tokens",
     "docfill",
     "tokcold",
@@ -305,6 +309,9 @@ def run_stages(
     if "neardup" in stages:
         data = r.run("neardup", "neardup", list(p.neardup_args), python=r.peer_py)
         out["neardup"] = {"data": data} if data else {}
+    if "neardupcurve" in stages:  # datasketch, a peer, lives in the peers' environment
+        data = r.run("neardupcurve", "neardupcurve", list(p.neardupcurve_args), python=r.peer_py)
+        out["neardupcurve"] = {"data": data} if data else {}
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
         data = r.run("tokens", "tokenize_bench", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}

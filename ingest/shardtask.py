@@ -23,6 +23,7 @@ from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
 from .sources import Item, Reject, StorageContext, open_reader
+from .taskerrors import in_stage
 from .tokenize import TokenPacker
 from .transforms import TransformOptions, transform_record
 
@@ -71,6 +72,7 @@ class TaskSpec:
     pack_window: int = 4096
     text_field: str | None = None
     encryption: EncryptionKey | None = None
+    special_tokens: str = "text"
 
 
 @dataclass(frozen=True)
@@ -147,13 +149,15 @@ def _samples(
             item = job.items[i]
             t0 = time.perf_counter()
             try:
-                raw = reader.read(item, spec.ctx)
-                result.bytes_in += _nbytes(raw)
-                t1 = time.perf_counter()
-                t_read += t1 - t0
-                sizes: dict[str, tuple[int, int]] = {}
-                records[i] = (transform_record(raw, spec.kinds, spec.transform, sizes=sizes), sizes)
-                t_transform += time.perf_counter() - t1
+                with in_stage("shard", item.source):
+                    raw = reader.read(item, spec.ctx)
+                    result.bytes_in += _nbytes(raw)
+                    t1 = time.perf_counter()
+                    t_read += t1 - t0
+                    sizes: dict[str, tuple[int, int]] = {}
+                    record = transform_record(raw, spec.kinds, spec.transform, sizes=sizes)
+                    records[i] = (record, sizes)
+                    t_transform += time.perf_counter() - t1
             except Reject as r:
                 records[i] = None
                 result.rejects.append(
@@ -202,13 +206,15 @@ def _member(kind: str, value: Any) -> bytes:
 
 
 def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardResult) -> pa.Table:
-    """The shard's documents as packed token rows; an empty document is a counted reject."""
+    """The shard's documents as packed token rows; an empty document, or one the tokenizer
+    refuses, is a counted reject."""
     packer = TokenPacker(
         spec.tokenizer or "",
         seq_len=spec.seq_len or 0,
         eos_token=spec.eos_token,
         packing=spec.packing,
         window=spec.pack_window,
+        special_tokens=spec.special_tokens,
     )
     field_name = spec.text_field or "txt"
     docs, ids = [], []
@@ -222,10 +228,18 @@ def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardRes
             continue
         docs.append(str(text))
         ids.append(it.index)
-    result.rejects.sort(key=lambda d: d["index"])
+    source = {it.index: it.source for it, _ in samples}
+
+    def refused(index: int, why: str) -> None:
+        result.rejects.append(
+            {"index": index, "source": source[index], "reason": "unencodable_text",
+             "detail": why}
+        )  # fmt: skip
+
     t0 = time.perf_counter()
-    table, result.stats = packer.pack(docs, ids)
+    table, result.stats = packer.pack(docs, ids, on_skip=refused)
     result.timings["tokenize"] = time.perf_counter() - t0
+    result.rejects.sort(key=lambda d: d["index"])
     return table
 
 

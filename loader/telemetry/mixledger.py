@@ -6,7 +6,9 @@ show no key twice; one read several times over shows how often its keys were rea
 cycle reads a sample at most once, so no key more often than the cycles begun; with
 ``drop_last`` each cycle may leave a few out, so counts spread); its share of the delivered
 samples is set beside its weight. What a completed cycle left unread (a world size that
-does not divide the source) is in the ledger's dropped ids, counted per source.
+does not divide the source) is in the ledger's dropped ids, counted per source. Given
+``documents=`` (a token source's rows and their segments), each source also reports which
+documents arrived whole, partly or not at all.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .ledger import key_hash, read_dropped, read_ledger
+
+if TYPE_CHECKING:
+    from .doccoverage import DocumentCoverage, TokenDocuments
 
 __all__ = ["SourceCheck", "check_mixture"]
 
@@ -38,6 +44,8 @@ class SourceCheck:
     share: float  # of every sample delivered in the epoch
     weight: float  # the weight it was given (normalised), for comparison
     dropped: int = 0  # samples the ledger names as left unread by a completed cycle
+    #: per-document coverage (``documents=`` given for this source), else None
+    coverage: DocumentCoverage | None = None
 
     @property
     def passes(self) -> float:
@@ -56,6 +64,7 @@ class SourceCheck:
             f"{self.dropped} dropped), share "
             f"{self.share:.4f} vs weight {self.weight:.4f}"
             + (f"; read twice within one pass: {dup}" if dup else "")
+            + (f"; {self.coverage}" if self.coverage is not None else "")
         )
 
 
@@ -66,12 +75,14 @@ def check_mixture(
     *,
     epochs: Iterable[int] = (),
     dropped: dict[int, list[int]] | None = None,
+    documents: Mapping[str, TokenDocuments] | None = None,
 ) -> dict[int, dict[str, SourceCheck | int]]:
     """Per epoch and source, a ``SourceCheck``; under ``"unknown"`` the hashes no source
     holds. ``keys``: source -> its keys (``<source>:<shard>/<key>``); ``weights``: source ->
     weight (normalised here). The dropped ids (read from a ledger directory, or given:
     epoch -> ids) are offsets into the keys laid end to end: ``keys`` in the mixture's
-    source order, each source's in dataset order."""
+    source order, each source's in dataset order. ``documents``: source -> its rows'
+    segments (``token_documents(url, prefix="<source>:")``) to report per-document coverage."""
     recorded = read_ledger(ledger) if isinstance(ledger, str) else ledger
     if dropped is None:
         dropped = read_dropped(ledger) if isinstance(ledger, str) else {}
@@ -117,7 +128,16 @@ def check_mixture(
                 share=delivered / delivered_all,
                 weight=weights.get(name, 0.0) / total_w,
                 dropped=gone[name],
+                coverage=_coverage(got, (documents or {}).get(name)),
             )
         checks["unknown"] = unknown
         out[epoch] = checks
     return out
+
+
+def _coverage(got: Counter[str], documents: TokenDocuments | None) -> DocumentCoverage | None:
+    if documents is None:
+        return None
+    from .doccoverage import document_coverage
+
+    return document_coverage(got, documents)
