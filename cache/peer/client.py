@@ -1,0 +1,410 @@
+"""The peer-first source of a fill: a shard a node lacks is read from peers, then the store.
+
+``PeerTier`` is a node's view of its cluster: the peers' announcements (fetched at most
+every ``announce_ttl`` seconds), the peers it no longer trusts with a shard, and where the
+cluster warm's placement says each shard comes from. ``PeerTier.attempt`` gives one fill
+its source (``PeerAttempt``): ranged reads from a peer holding the shard complete, else, with
+``delegate``, from the node that single-flights the shard's store read for the cluster (the
+placement's, or the highest rendezvous hash among the live nodes), asked to fill it and
+streaming its fill as it lands; the store last. Only the node that reads the store is
+streamed from, never a fill that itself streams from a peer: no two fills wait on each
+other. A peer that fails
+mid-range is dropped from the attempt and the range goes on from the next source at the
+byte where it stopped. The fill checks the manifest's checksum as always; on a mismatch the
+peers that served bytes are not trusted with that shard again and the fill runs anew.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from flashfeed import storage
+from flashfeed.cache.directget import FsObject, RangedReader, reader_for_url
+from flashfeed.cache.layout import DatasetDir
+from flashfeed.cache.peer.announce import MAX_ANNOUNCEMENT, decode_held
+from flashfeed.cache.peer.auth import sign
+from flashfeed.dataset import Dataset
+
+__all__ = ["PeerAttempt", "PeerError", "PeerTier"]
+
+log = logging.getLogger("flashfeed.cache.peer")
+
+_MAX_INDEX = 64 << 20
+
+
+class PeerError(ConnectionError):
+    """A peer refused, failed or cut a transfer short: the read goes on elsewhere."""
+
+
+@dataclass(frozen=True)
+class _Held:
+    complete: frozenset[int]
+    filling: frozenset[int]
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"a peer address must be host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+class PeerTier:
+    """This node's peers (``host:port`` of their ``PeerServer``) and what they hold."""
+
+    def __init__(
+        self,
+        *,
+        peers: Sequence[str],
+        token: bytes,
+        self_address: str | None = None,
+        delegate: bool = True,
+        timeout: float = 10.0,
+        announce_ttl: float = 1.0,
+        down_for: float = 5.0,
+    ) -> None:
+        for p in peers:
+            _split(p)
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.self_address = self_address
+        self.peers = [p for p in dict.fromkeys(peers) if p != self_address]
+        self.token = token
+        self.delegate = delegate
+        self.timeout = timeout
+        self.announce_ttl = announce_ttl
+        self.down_for = down_for
+        self._lock = threading.Lock()
+        self._held: dict[str, dict[str, _Held]] = {}
+        self._held_at = -1e9
+        self._down: dict[str, float] = {}
+        self._distrusted: dict[tuple[str, int], set[str]] = defaultdict(set)
+        self._owners: dict[str, dict[int, str]] = {}
+        self._counts: dict[str, int] = defaultdict(int)
+
+    # -- what the others hold ------------------------------------------------------------------
+    def request(
+        self,
+        peer: str,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """One signed request to ``peer``; the response (its connection closes with it)."""
+        host, port = _split(peer)
+        conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
+        headers = dict(headers or {})
+        if body is not None:
+            headers["Content-Length"] = str(len(body))
+        try:
+            conn.request(
+                method,
+                path,
+                body=body,
+                headers={
+                    "Authorization": sign(self.token, method, path),
+                    "Connection": "close",
+                    **headers,
+                },
+            )
+            return conn.getresponse()
+        except BaseException:
+            conn.close()
+            raise
+
+    def _announcement(self, peer: str) -> dict[str, _Held] | None:
+        try:
+            resp = self.request(peer, "GET", "/v1/have")
+            data = resp.read(MAX_ANNOUNCEMENT + 1)
+            resp.close()
+            if resp.status != 200 or len(data) > MAX_ANNOUNCEMENT:
+                raise PeerError(f"peer {peer} answered {resp.status} to /v1/have")
+            out = {}
+            for key, entry in json.loads(data)["datasets"].items():
+                count = int(entry["count"])
+                held = decode_held(bytes.fromhex(entry["held"]), count)
+                filling = {int(s) for s in entry["filling"] if 0 <= int(s) < count}
+                out[str(key)] = _Held(frozenset(held.tolist()), frozenset(filling))
+            return out
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+            self.mark_down(peer, f"announcement: {exc}")
+            return None
+
+    def holdings(self, *, fresh: bool = False) -> dict[str, dict[str, _Held]]:
+        """Peer -> dataset key -> what it announced (peers down are left out)."""
+        with self._lock:
+            if not fresh and time.monotonic() - self._held_at < self.announce_ttl:
+                return self._held
+            now = time.monotonic()
+            asked = [p for p in self.peers if self._down.get(p, 0) <= now]
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(asked)))) as pool:
+            answers = list(pool.map(self._announcement, asked))
+        held = {p: a for p, a in zip(asked, answers, strict=True) if a is not None}
+        with self._lock:
+            self._held, self._held_at = held, time.monotonic()
+        return held
+
+    def mark_down(self, peer: str, why: str) -> None:
+        """Leave ``peer`` out of announcements and ownership for ``down_for`` seconds."""
+        with self._lock:
+            self._down[peer] = time.monotonic() + self.down_for
+            self._counts["peers_down"] += 1
+        log.warning("peer %s is left out for %.0f s: %s", peer, self.down_for, why)
+
+    def alive(self) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            return [p for p in self.peers if self._down.get(p, 0) <= now]
+
+    def assign(self, key: str, owners: Mapping[int, str]) -> None:
+        """Shard -> the node that reads it from the store (a cluster warm's placement)."""
+        with self._lock:
+            self._owners[key] = dict(owners)
+
+    def owner(self, key: str, shard: int, excluded: set[str]) -> str | None:
+        """The node that single-flights the store read of ``shard``: the placement's when it
+        is alive, else the highest rendezvous hash among the live nodes (this one too)."""
+        live = [p for p in self.alive() if p not in excluded]
+        if self.self_address is not None:
+            live.append(self.self_address)
+        with self._lock:
+            placed = self._owners.get(key, {}).get(shard)
+        if placed is not None and placed in live:
+            return placed
+        if not live:
+            return None
+        return max(live, key=lambda p: xxhash.xxh3_64_intdigest(f"{p}\x00{key}\x00{shard}"))
+
+    def distrusted(self, key: str, shard: int) -> set[str]:
+        with self._lock:
+            return set(self._distrusted.get((key, shard), ()))
+
+    def distrust(self, attempt: PeerAttempt, why: str) -> None:
+        """The peers that served ``attempt`` bytes are not trusted with its shard again."""
+        with self._lock:
+            self._distrusted[(attempt.key, attempt.shard)].update(attempt.used)
+            self._counts["corrupt_copies"] += 1
+        log.warning(
+            "peers %s served shard %d of %s with bytes that do not match the manifest (%s): "
+            "not trusted with it again",
+            ", ".join(sorted(attempt.used)),
+            attempt.shard,
+            attempt.dataset.url,
+            why,
+        )
+
+    def count(self, **values: int) -> None:
+        with self._lock:
+            for k, v in values.items():
+                self._counts[k] += v
+
+    def stats(self) -> dict[str, int]:
+        """Bytes from peers and from the store, peers dropped, corrupt copies, fills asked."""
+        with self._lock:
+            return dict(self._counts)
+
+    def attempt(
+        self,
+        dataset: Dataset,
+        d: DatasetDir,
+        shard: int,
+        *,
+        storage_options: dict[str, Any] | None,
+        connections: int,
+    ) -> PeerAttempt | None:
+        """The source of one fill of ``shard``, or None where peers may not serve it."""
+        if dataset.encrypted or (not self.peers and self.self_address is None):
+            return None
+        info = dataset.shards[shard]
+        opts = storage_options if storage_options is not None else dataset.storage_options
+
+        def store() -> RangedReader:
+            url = dataset.shard_url(info)
+            reader = None
+            if url.startswith(("s3://", "s3a://")):
+                reader = reader_for_url(url, opts, connections=connections)
+            if reader is None:
+                fs, path = storage.filesystem(url, opts)
+                reader = FsObject(fs, path)
+            return reader
+
+        return PeerAttempt(self, dataset, d.key, shard, store)
+
+
+class PeerAttempt:
+    """One fill's source: peers in turn, then the store (a ``RangedReader`` with ``index``)."""
+
+    def __init__(
+        self,
+        tier: PeerTier,
+        dataset: Dataset,
+        key: str,
+        shard: int,
+        store: Callable[[], RangedReader],
+    ) -> None:
+        self.tier = tier
+        self.dataset = dataset
+        self.key = key
+        self.shard = shard
+        self.path = f"{dataset.url} shard {shard}"
+        self._store_factory = store
+        self._store: RangedReader | None = None
+        self.used: set[str] = set()  # peers whose bytes went into this fill
+        self.index_from: str | None = None
+        self.delegate = tier.delegate
+        self._dead = tier.distrusted(key, shard)
+        self._asked: set[str] = set()
+        self._lock = threading.Lock()
+
+    def size(self) -> int:
+        return self.dataset.shards[self.shard].bytes
+
+    def store(self) -> RangedReader:
+        with self._lock:
+            if self._store is None:
+                self._store = self._store_factory()
+            return self._store
+
+    def _drop(self, peer: str, why: str) -> None:
+        with self._lock:
+            self._dead.add(peer)
+        self.tier.count(peers_dropped=1)
+        log.warning(
+            "peer %s dropped from shard %d of %s: %s", peer, self.shard, self.dataset.url, why
+        )
+
+    def next_peer(self) -> str | None:
+        """The peer to read from now, or None for the store."""
+        while True:
+            with self._lock:
+                dead = set(self._dead)
+            held = self.tier.holdings()
+            spread = lambda p: xxhash.xxh3_64_intdigest(f"{p}\x00{self.shard}")  # noqa: E731
+            found = [
+                p
+                for p, sets in held.items()
+                if p not in dead and self.shard in getattr(sets.get(self.key), "complete", ())
+            ]
+            if found:
+                return min(found, key=spread)
+            if not self.delegate:
+                return None
+            owner = self.tier.owner(self.key, self.shard, dead)
+            if owner is None or owner == self.tier.self_address:
+                return None
+            with self._lock:
+                asked = owner in self._asked
+                self._asked.add(owner)
+            if asked:
+                return owner
+            if self._ask_fill(owner):
+                return owner
+            self._drop(owner, "it did not take the fill")
+
+    def _ask_fill(self, owner: str) -> bool:
+        path = f"/v1/fill/{self.key}/{self.shard}"
+        body = json.dumps({"url": self.dataset.url}).encode()
+        try:
+            resp = self.tier.request(
+                owner,
+                "POST",
+                path,
+                body=body,
+            )
+            resp.read()
+            resp.close()
+        except (OSError, http.client.HTTPException) as exc:
+            self.tier.mark_down(owner, f"fill request: {exc}")
+            return False
+        self.tier.count(fills_asked=1)
+        return resp.status in (200, 202)
+
+    def chunks(self, start: int, end: int, buffer: memoryview) -> Iterator[memoryview]:
+        """Bytes ``[start, end)`` in order, from peers while they answer, then the store."""
+        at = start
+        while at < end:
+            peer = self.next_peer()
+            if peer is None:
+                for chunk in self.store().chunks(at, end, buffer):
+                    self.tier.count(bytes_from_store=len(chunk))
+                    yield chunk
+                return
+            try:
+                for chunk in self._ranged(peer, at, end, buffer):
+                    with self._lock:
+                        self.used.add(peer)
+                    self.tier.count(bytes_from_peers=len(chunk))
+                    at += len(chunk)
+                    yield chunk
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(peer, f"{type(exc).__name__}: {exc}")
+
+    def read_into(self, start: int, end: int, view: memoryview) -> None:
+        at = 0
+        for chunk in self.chunks(start, end, view[: min(len(view), 1 << 20)]):
+            view[at : at + len(chunk)] = chunk
+            at += len(chunk)
+
+    def _ranged(self, peer: str, start: int, end: int, buffer: memoryview) -> Iterator[memoryview]:
+        path = f"/v1/shard/{self.key}/{self.shard}"
+        resp = self.tier.request(peer, "GET", path, headers={"Range": f"bytes={start}-{end - 1}"})
+        try:
+            if resp.status != 206:
+                raise PeerError(f"answered {resp.status} {resp.reason}")
+            if resp.length != end - start:
+                raise PeerError(f"sends {resp.length} bytes of the {end - start} asked for")
+            left = end - start
+            while left:
+                chunk = buffer[: min(left, len(buffer))]
+                got = 0
+                while got < len(chunk):
+                    n = resp.readinto(chunk[got:])
+                    if not n:
+                        raise PeerError(
+                            f"cut short {end - left + got - start} bytes into the range"
+                        )
+                    got += n
+                left -= len(chunk)
+                yield chunk
+        finally:
+            resp.close()
+
+    def read(self) -> bytes:
+        """The whole shard (a small one): the store's reader's ``read``."""
+        return self.store().read()
+
+    def index(self) -> bytes | None:
+        """The shard's index from a peer (checked against the shard once it is verified),
+        or None: the fill reads the store's."""
+        for _ in range(3):
+            peer = self.next_peer()
+            if peer is None:
+                return None
+            try:
+                resp = self.tier.request(peer, "GET", f"/v1/index/{self.key}/{self.shard}")
+                data = resp.read(_MAX_INDEX + 1)
+                resp.close()
+                if resp.status == 200 and len(data) <= _MAX_INDEX:
+                    with self._lock:
+                        self.used.add(peer)
+                        self.index_from = peer
+                    return data
+                if resp.status != 404:
+                    raise PeerError(f"answered {resp.status}")
+                return None
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(peer, f"index: {type(exc).__name__}: {exc}")
+        return None

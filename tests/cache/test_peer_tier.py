@@ -1,0 +1,229 @@
+"""The cluster tier on real processes: a miss reads from a peer before the store, a corrupt
+copy or a dying peer never puts a wrong byte in a fill, and concurrent misses on one shard
+single-flight at one node. Each node is a process on its own 127.0.0.N address whose
+store requests pass a counting proxy of its own (``support.peer_cluster``)."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import xxhash
+
+from flashfeed import storage
+from flashfeed.cache import ShardCache
+from flashfeed.cache.layout import DatasetDir, dataset_key
+from flashfeed.cache.peer.announce import decode_held, encode_held, encoded_size
+from flashfeed.cache.peer.auth import load_token, sign, verify
+from flashfeed.cache.peer.client import PeerTier
+from flashfeed.cache.peer.server import PeerServer
+
+from support.cache_data import make_dataset
+from support.peer_cluster import SimNode, start_node
+from support.slowproxy import SlowProxy
+
+TOKEN = b"cluster-token-of-this-test-0123456789"
+
+
+@pytest.fixture
+def token(monkeypatch):
+    monkeypatch.setenv("FLASHFEED_PEER_TOKEN", TOKEN.decode())
+    return TOKEN
+
+
+@pytest.fixture
+def nodes(tmp_path, s3_store, token):
+    started: list[SimNode] = []
+
+    def start(name: str, n: int, **kw) -> SimNode:
+        node = start_node(name, f"127.0.0.{n}", str(tmp_path / name), s3_store.info.s3_port, **kw)
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.stop()
+
+
+@pytest.fixture
+def proxy(s3_store):
+    p = SlowProxy(("127.0.0.1", s3_store.info.s3_port))
+    yield p
+    p.close()
+
+
+def _good(cache: ShardCache, ds, shards) -> None:
+    for i in shards:
+        assert storage.file_checksum(cache.get(ds, i)) == ds.shards[i].checksum
+
+
+def test_announcements_round_trip_and_stay_small():
+    rng = np.random.default_rng(1)
+    for count, k in [(1_000_000, 1_000), (1_000_000, 600_000), (7, 0), (7, 7), (1, 1)]:
+        held = rng.choice(count, k, replace=False)
+        assert decode_held(encode_held(held, count), count).tolist() == sorted(held.tolist())
+    # a node's share of a 1,000-node job over a million shards: about 2 KiB, not a bitmap's 122
+    assert encoded_size(rng.choice(1_000_000, 1_000, replace=False), 1_000_000) < 2500
+    with pytest.raises(ValueError, match=r"shard numbers must be in \[0, 5\)"):
+        encode_held([5], 5)
+    with pytest.raises(ValueError, match="beyond the dataset"):
+        decode_held(encode_held([9], 10), 5)
+
+
+def test_requests_are_signed_with_the_cluster_token(tmp_path, monkeypatch):
+    header = sign(TOKEN, "GET", "/v1/have")
+    assert verify(TOKEN, "GET", "/v1/have", header)
+    assert not verify(TOKEN, "GET", "/v1/shard/x/1", header)  # bound to its path
+    assert not verify(b"another-token-0123456789", "GET", "/v1/have", header)
+    assert not verify(TOKEN, "GET", "/v1/have", header, now=time.time() + 600)  # too old
+    assert not verify(TOKEN, "GET", "/v1/have", None)
+    monkeypatch.delenv("FLASHFEED_PEER_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="no peer token"):
+        load_token()
+    path = tmp_path / "token"
+    path.write_text("x" * 20)
+    path.chmod(0o644)
+    with pytest.raises(ValueError, match="readable by group or others"):
+        load_token(token_file=str(path))
+    path.chmod(0o600)
+    assert load_token(token_file=str(path)) == b"x" * 20
+
+    with PeerServer(cache_dir=str(tmp_path / "c"), token=TOKEN) as server:
+        host, port = server.address.split(":")
+
+        def status(auth: str | None) -> int:
+            conn = http.client.HTTPConnection(host, int(port), timeout=5)
+            conn.request("GET", "/v1/have", headers={"Authorization": auth} if auth else {})
+            code = conn.getresponse().status
+            conn.close()
+            return code
+
+        assert status(None) == 401
+        assert status(sign(b"not-the-cluster-token-42", "GET", "/v1/have")) == 401
+        assert status(sign(TOKEN, "GET", "/v1/have")) == 200
+        assert server.refused == 2
+
+
+def test_a_miss_reads_from_the_peer_that_holds_it(s3_prefix, nodes, proxy, tmp_path):
+    ds = make_dataset(s3_prefix, shards=4, shard_bytes=300_000)
+    a = nodes("a", 2)
+    a.call({"fetch": ds.url, "shards": [0, 1, 2, 3]})
+    assert a.proxy.shard_bytes() == sum(s.bytes for s in ds.shards)
+
+    tier = PeerTier(peers=[a.address], token=TOKEN)
+    with ShardCache(
+        tmp_path / "b",
+        storage_options={"endpoint_url": proxy.endpoint},
+        peers=tier,
+        part_size="128KiB",
+    ) as cache:
+        _good(cache, ds, range(4))
+    assert proxy.shard_bytes() == 0 and proxy.log(".idx") == []  # nothing from the store
+    assert tier.stats()["bytes_from_peers"] == sum(s.bytes for s in ds.shards)
+    assert a.call({"stats": True})["served"] == sum(s.bytes for s in ds.shards)
+
+
+def test_a_corrupt_copy_is_caught_and_that_peer_not_trusted_with_the_shard(
+    s3_prefix, nodes, proxy, tmp_path
+):
+    ds = make_dataset(s3_prefix, shards=3, shard_bytes=200_000)
+    a = nodes("a", 2)
+    a.call({"fetch": ds.url, "shards": [0, 1, 2]})
+    held = DatasetDir(a.cache_dir, dataset_key(ds.url, ds.manifest)).shard_path(1)
+    with open(held, "r+b") as f:  # the peer's disk flips a byte of its copy
+        f.seek(100_000)
+        byte = f.read(1)
+        f.seek(100_000)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+    tier = PeerTier(peers=[a.address], token=TOKEN)
+    with ShardCache(
+        tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier
+    ) as cache:
+        _good(cache, ds, [1])
+        assert tier.stats()["corrupt_copies"] == 1
+        assert proxy.shard_bytes() == ds.shards[1].bytes  # read again, from the store
+        served = a.call({"stats": True})["served"]
+        os.unlink(cache.get(ds, 1))  # lost here: the next fill skips that peer for shard 1
+        _good(cache, ds, [1, 0])
+        assert a.call({"stats": True})["served"] == served + ds.shards[0].bytes
+        assert proxy.shard_bytes() == 2 * ds.shards[1].bytes
+        assert cache.stats()["corrupt_refetches"] == 1
+
+
+def test_a_peer_killed_mid_transfer_is_dropped_and_the_fill_goes_on(
+    s3_prefix, nodes, proxy, tmp_path
+):
+    ds = make_dataset(s3_prefix, shards=1, shard_bytes=1_200_000, per_shard=8)
+    a = nodes("a", 2, serve_rate=400_000)  # serves slowly: the kill lands mid-transfer
+    a.call({"fetch": ds.url, "shards": [0]})
+    tier = PeerTier(peers=[a.address], token=TOKEN)
+
+    def kill_once_bytes_flow() -> None:
+        deadline = time.monotonic() + 20
+        while tier.stats().get("bytes_from_peers", 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        a.kill()
+
+    killer = threading.Thread(target=kill_once_bytes_flow)
+    killer.start()
+    with ShardCache(
+        tmp_path / "b",
+        storage_options={"endpoint_url": proxy.endpoint},
+        peers=tier,
+        part_size="512KiB",
+    ) as cache:
+        _good(cache, ds, [0])
+    killer.join()
+    stats = tier.stats()
+    assert a.proc.returncode == -9
+    assert stats["peers_dropped"] >= 1
+    assert 0 < stats["bytes_from_peers"] < ds.shards[0].bytes
+    assert stats["bytes_from_peers"] + stats["bytes_from_store"] == ds.shards[0].bytes
+    assert proxy.shard_bytes() == stats["bytes_from_store"]
+
+
+def test_concurrent_misses_single_flight_at_one_node(s3_prefix, nodes):
+    ds = make_dataset(s3_prefix, shards=10, shard_bytes=250_000)
+    cluster = [nodes(n, i + 2, store_rate=4_000_000) for i, n in enumerate("abc")]
+    for node in cluster:
+        node.call({"peers": [n.address for n in cluster]})
+    for node in cluster:  # all three miss every shard at once
+        node.send({"fetch": ds.url, "shards": list(range(10))})
+    for node in cluster:
+        node.answer()
+    store = [n.proxy.shard_bytes() for n in cluster]
+    assert sum(store) == sum(s.bytes for s in ds.shards)  # each shard left the store once
+    assert sum(1 for b in store if b) >= 2  # and the store reads were spread over nodes
+    for node in cluster:
+        d = DatasetDir(node.cache_dir, dataset_key(ds.url, ds.manifest))
+        for i, info in enumerate(ds.shards):
+            assert storage.file_checksum(d.shard_path(i)) == info.checksum
+
+
+def _owner(addresses: list[str], key: str, shard: int) -> str:
+    return max(addresses, key=lambda p: xxhash.xxh3_64_intdigest(f"{p}\x00{key}\x00{shard}"))
+
+
+def test_when_the_node_that_single_flights_a_shard_dies_another_takes_over(s3_prefix, nodes):
+    ds = make_dataset(s3_prefix, shards=8, shard_bytes=600_000)
+    a = nodes("a", 2, store_rate=300_000)  # a slow store link: a's fill is still running
+    b = nodes("b", 3)
+    for node in (a, b):
+        node.call({"peers": [a.address, b.address]})
+    key = dataset_key(ds.url, ds.manifest)
+    shard = next(i for i in range(8) if _owner([a.address, b.address], key, i) == a.address)
+    b.send({"fetch": ds.url, "shards": [shard]})
+    deadline = time.monotonic() + 20
+    while a.proxy.shard_bytes() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    a.kill()
+    out = b.answer()
+    assert out["stats"]["fills_asked"] >= 1 and out["stats"]["peers_dropped"] >= 1
+    assert b.proxy.shard_bytes() == ds.shards[shard].bytes  # b took the store read over
+    d = DatasetDir(b.cache_dir, key)
+    assert storage.file_checksum(d.shard_path(shard)) == ds.shards[shard].checksum
