@@ -17,9 +17,11 @@ import xxhash
 from flashfeed import storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.layout import DatasetDir, dataset_key
+from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.peer.announce import decode_held, encode_held, encoded_size
 from flashfeed.cache.peer.auth import load_token, sign, verify
 from flashfeed.cache.peer.client import PeerTier
+from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
 from flashfeed.cache.peer.server import PeerServer
 
 from support.cache_data import make_dataset
@@ -227,3 +229,28 @@ def test_when_the_node_that_single_flights_a_shard_dies_another_takes_over(s3_pr
     assert b.proxy.shard_bytes() == ds.shards[shard].bytes  # b took the store read over
     d = DatasetDir(b.cache_dir, key)
     assert storage.file_checksum(d.shard_path(shard)) == ds.shards[shard].checksum
+
+
+def test_a_sweeps_warm_reads_each_shard_from_the_store_at_the_node_the_plan_chose(s3_prefix, nodes):
+    ds = make_dataset(s3_prefix, shards=9, shard_bytes=150_000)
+    cluster = [nodes(n, i + 2, store_rate=3_000_000) for i, n in enumerate("abc")]
+    addresses = [n.address for n in cluster]
+    shares = {
+        a: NodeShare.build(node_rank=0, num_nodes=1, seed=run) for run, a in enumerate(addresses)
+    }
+    placement = cluster_placement(ds, shares, max_serving=2)
+    owners = store_owners(placement)
+    assert sorted(placement.store_reads().values()) == [3, 3, 3]
+    for node in cluster:
+        node.call({"peers": addresses})
+        node.call({"assign": ds.url, "owners": {str(s): a for s, a in owners.items()}})
+    for node in cluster:  # three runs of a sweep warm their shares at once
+        node.send({"fetch": ds.url, "shards": shares[node.address].order(ds)})
+    for node in cluster:
+        node.answer()
+    for node in cluster:
+        mine = [s for s, a in owners.items() if a == node.address]
+        assert node.proxy.shard_bytes() == sum(ds.shards[s].bytes for s in mine)
+        d = DatasetDir(node.cache_dir, dataset_key(ds.url, ds.manifest))
+        for i, info in enumerate(ds.shards):
+            assert storage.file_checksum(d.shard_path(i)) == info.checksum

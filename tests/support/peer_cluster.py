@@ -31,6 +31,7 @@ class SimNode:
     proxy: SlowProxy
     cache_dir: str
     address: str = ""
+    own_proxy: bool = True
     log: list[dict[str, Any]] = field(default_factory=list)
 
     def send(self, cmd: dict[str, Any]) -> None:
@@ -66,7 +67,8 @@ class SimNode:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
-        self.proxy.close()
+        if self.own_proxy:
+            self.proxy.close()
 
 
 def start_node(
@@ -78,12 +80,15 @@ def start_node(
     store_rate: float = 0.0,
     serve_rate: float = 0.0,
     part_size: str = "256KiB",
+    proxy: SlowProxy | None = None,
 ) -> SimNode:
-    """A node process listening on ``host`` whose store requests pass a proxy of its own."""
-    proxy = SlowProxy(("127.0.0.1", store_port), rate=store_rate)
+    """A node process listening on ``host`` whose store requests pass a proxy of its own
+    (or ``proxy``, shared: one store bandwidth for every node; ``stop`` leaves it open)."""
+    own = proxy is None
+    proxy = proxy or SlowProxy(("127.0.0.1", store_port), rate=store_rate)
     args = [sys.executable, str(WORKER), cache_dir, host, proxy.endpoint]
     args += ["--rate", str(serve_rate), "--part-size", part_size]
     proc = popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    node = SimNode(name, proc, proxy, cache_dir)
+    node = SimNode(name, proc, proxy, cache_dir, own_proxy=own)
     node.address = node.answer()["address"]
     return node

@@ -7,6 +7,7 @@ each command line with one JSON line:
 
 - ``{"peers": [...]}``: the cluster's nodes;
 - ``{"fetch": URL, "shards": [...]}``: fetch those shards into the cache (a warm);
+- ``{"assign": URL, "owners": {shard: address}}``: the placement's store readers;
 - ``{"stats": true}``: the tier's counters and the bytes this node served.
 
 It dies with its parent (``lifeline``).
@@ -20,6 +21,7 @@ import sys
 import time
 import traceback
 
+from flashfeed.cache.layout import dataset_key
 from flashfeed.cache.peer.auth import load_token
 from flashfeed.cache.peer.node import PeerNode
 from flashfeed.lifeline import tie_to_parent
@@ -45,6 +47,12 @@ def main() -> None:
             if "peers" in cmd:
                 node.set_peers(cmd["peers"])
                 out: dict = {"ok": True}
+            elif "assign" in cmd:
+                url = cmd["assign"]
+                ds = datasets.get(url) or datasets.setdefault(url, node.cache.open_dataset(url))
+                key = dataset_key(ds.url, ds.manifest)
+                node.tier.assign(key, {int(s): a for s, a in cmd["owners"].items()})
+                out = {"ok": True}
             elif "fetch" in cmd:
                 url = cmd["fetch"]
                 ds = datasets.get(url) or datasets.setdefault(url, node.cache.open_dataset(url))
