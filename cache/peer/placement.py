@@ -9,6 +9,7 @@ so that no node serves more than ``max_serving`` copies in one wave.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,20 +112,32 @@ def place(
             store_load[fetcher] += 1
             have[fetcher] = 0  # it serves its fill while it runs (a fill in progress streams)
             targets.remove(fetcher)
+
+        def key(source: Node, ready: int, shard: int = shard) -> tuple[int, int, int, int]:
+            wave = max(ready, first_open[source])
+            while busy[(source, wave)] >= max_serving:
+                wave += 1
+            return (wave, served[source], _tiebreak(seed, source, shard), ready)
+
+        # the sources by (first wave with room, copies served, tie-break): the keys only grow
+        # as copies are booked, so a popped key found stale is pushed back anew
+        heap = [(*key(src, ready), n, src) for n, (src, ready) in enumerate(have.items())]
+        heapq.heapify(heap)
+        count = len(heap)
         for target in targets:
-            best: tuple[int, int, int, Node] = (1 << 62, 0, 0, None)
-            for source, ready in have.items():
-                wave = max(ready, first_open[source])
-                while busy[(source, wave)] >= max_serving:
-                    wave += 1
-                key = (wave, served[source], _tiebreak(seed, source, shard), source)
-                if key[:3] < best[:3]:
-                    best = key
-            wave, _, _, source = best
+            while True:
+                *stored, n, source = heapq.heappop(heap)
+                actual = key(source, stored[3])
+                if list(actual) == stored:
+                    break
+                heapq.heappush(heap, (*actual, n, source))
+            wave = actual[0]
             busy[(source, wave)] += 1
             served[source] += 1
             while busy[(source, first_open[source])] >= max_serving:
                 first_open[source] += 1
             copies.append(Copy(shard, source, target, wave))
-            have[target] = wave + 1
+            heapq.heappush(heap, (*key(source, stored[3]), n, source))
+            heapq.heappush(heap, (*key(target, wave + 1), count, target))
+            count += 1
     return Placement(store=store, copies=tuple(copies))
