@@ -254,3 +254,34 @@ def test_a_sweeps_warm_reads_each_shard_from_the_store_at_the_node_the_plan_chos
         d = DatasetDir(node.cache_dir, dataset_key(ds.url, ds.manifest))
         for i, info in enumerate(ds.shards):
             assert storage.file_checksum(d.shard_path(i)) == info.checksum
+
+
+def test_a_partition_between_two_nodes_falls_back_to_the_store(s3_prefix, nodes, proxy, tmp_path):
+    """B reaches A's server only through a proxy; the partition makes the proxy hold every
+    request unanswered (dropped packets): B gives up on A within its timeout, marks it down
+    and reads from the store, every byte still checked."""
+    ds = make_dataset(s3_prefix, shards=3, shard_bytes=200_000)
+    a = nodes("a", 2)
+    a.call({"fetch": ds.url, "shards": [0, 1, 2]})
+    host, port = a.address.rsplit(":", 1)
+    link = SlowProxy((host, int(port)))
+    try:
+        tier = PeerTier(
+            peers=[f"127.0.0.1:{link.port}"], token=TOKEN, timeout=1.0, announce_ttl=30.0
+        )
+        with ShardCache(
+            tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier
+        ) as cache:
+            _good(cache, ds, [0])
+            assert proxy.shard_bytes() == 0  # over the link, from A
+            link.delay = 60.0  # the partition: nothing crosses the link any more
+            start = time.monotonic()
+            _good(cache, ds, [1])  # A still announced as holding it: tried, timed out, dropped
+            assert tier.stats()["peers_dropped"] >= 1
+            tier.announce_ttl = 0.0
+            _good(cache, ds, [2])  # the announcement times out: A is left out at once
+            assert time.monotonic() - start < 15
+        assert tier.stats()["peers_down"] >= 1
+        assert proxy.shard_bytes() == ds.shards[1].bytes + ds.shards[2].bytes
+    finally:
+        link.close()
