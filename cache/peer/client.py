@@ -16,6 +16,7 @@ peers that served bytes are not trusted with that shard again and the fill runs 
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import logging
@@ -135,7 +136,7 @@ class PeerTier:
             out = {}
             for key, entry in json.loads(data)["datasets"].items():
                 count = int(entry["count"])
-                held = decode_held(bytes.fromhex(entry["held"]), count)
+                held = decode_held(base64.b64decode(entry["held"], validate=True), count)
                 filling = {int(s) for s in entry["filling"] if 0 <= int(s) < count}
                 out[str(key)] = _Held(frozenset(held.tolist()), frozenset(filling))
             return out

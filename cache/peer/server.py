@@ -20,6 +20,7 @@ holder); ``rate`` bounds the bytes per second this node serves. Standalone
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -165,7 +166,7 @@ class PeerServer:
             )
             datasets[d.key] = {
                 "count": count,
-                "held": encode_held(held, count).hex(),
+                "held": base64.b64encode(encode_held(held, count)).decode(),
                 "filling": filling,
             }
         body = json.dumps({"node": self.address, "datasets": datasets}).encode()
