@@ -6,7 +6,10 @@ store requests pass a counting proxy of its own (``support.peer_cluster``)."""
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -22,7 +25,9 @@ from flashfeed.cache.peer.announce import decode_held, encode_held, encoded_size
 from flashfeed.cache.peer.auth import load_token, sign, verify
 from flashfeed.cache.peer.client import PeerTier
 from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
+from flashfeed.cache.peer.discovery import peers_from, peers_from_ray
 from flashfeed.cache.peer.server import PeerServer
+from flashfeed.lifeline import popen
 
 from support.cache_data import make_dataset
 from support.peer_cluster import SimNode, start_node
@@ -285,3 +290,46 @@ def test_a_partition_between_two_nodes_falls_back_to_the_store(s3_prefix, nodes,
         assert proxy.shard_bytes() == ds.shards[1].bytes + ds.shards[2].bytes
     finally:
         link.close()
+
+
+def test_a_standalone_node_serves_its_cache_and_refuses_a_bad_token_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("FLASHFEED_PEER_TOKEN", raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_bytes(TOKEN)
+    token_file.chmod(0o600)
+    cmd = [sys.executable, "-m", "flashfeed.cache.peer", "serve", "--cache-dir"]
+    cmd += [str(tmp_path / "c"), "--listen", "127.0.0.5:0", "--hosts", "127.0.0.6,127.0.0.7:9"]
+    proc = popen([*cmd, "--token-file", str(token_file)], stdout=subprocess.PIPE, text=True)
+    try:
+        address = json.loads(proc.stdout.readline())["address"]
+        tier = PeerTier(peers=[address], token=TOKEN)
+        assert tier.holdings() == {address: {}}  # signed, answered: an empty cache
+    finally:
+        proc.kill()
+        proc.wait()
+    token_file.chmod(0o644)
+    bad = subprocess.run(
+        [*cmd, "--token-file", str(token_file)], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        f"flashfeed peer: peer token file {token_file} is readable by group or others "
+        f"(mode 0644): `chmod 600 {token_file}`"
+    ]
+
+
+def test_peers_are_found_where_cache_warm_finds_nodes(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHFEED_PEERS", "node1,10.0.0.2:7000,fe80::1")
+    assert peers_from(port=7460) == ["node1:7460", "10.0.0.2:7000", "[fe80::1]:7460"]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# nodes in rank order\nnode7 slots=8\nnode8\n")
+    assert peers_from(hostfile=str(hostfile), port=9) == ["node7:9", "node8:9"]
+    assert peers_from(hosts="a,b:1", port=2) == ["a:2", "b:1"]
+    raw = [
+        {"NodeID": "b", "Alive": True, "NodeManagerAddress": "10.1.0.2"},
+        {"NodeID": "a", "Alive": True, "NodeManagerAddress": "10.1.0.1"},
+        {"NodeID": "c", "Alive": False, "NodeManagerAddress": "10.1.0.3"},
+    ]
+    assert peers_from_ray(raw, port=7460) == ["10.1.0.1:7460", "10.1.0.2:7460"]
+    with pytest.raises(ValueError, match=r"port must be in 1\.\.65535, got 0"):
+        peers_from(hosts="a", port=0)
