@@ -174,6 +174,10 @@ def warm_node(
     try:
         if not root:
             raise ValueError(f"no --cache-dir given and {CACHE_DIR_ENV} is not set on this node")
+        if cache_kwargs.get("peers") is not None:  # cache warm --peers: the cluster tier
+            from flashfeed.cache.peer.clusterwarm import with_peer_tier
+
+            cache_kwargs = with_peer_tier(cache_kwargs, node_rank=share.node_rank)
         with ShardCache(root, **cache_kwargs) as cache:
             if isinstance(url, Mixture):
                 from .warmmix import warm_mixture

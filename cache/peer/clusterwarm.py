@@ -9,12 +9,15 @@ a miss anywhere in the cluster asks the planned node to read the shard.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import Any
 
 from flashfeed.cache.nodeshare import NodeShare
+from flashfeed.cache.peer.auth import load_token
+from flashfeed.cache.peer.client import PeerTier
 from flashfeed.cache.peer.placement import Placement, place
 from flashfeed.dataset import Dataset
 
-__all__ = ["cluster_placement", "store_owners"]
+__all__ = ["cluster_placement", "store_owners", "with_peer_tier"]
 
 
 def cluster_placement(
@@ -34,3 +37,22 @@ def cluster_placement(
 def store_owners(placement: Placement) -> dict[int, str]:
     """Shard -> the node that reads it from the store."""
     return {shard: str(node) for shard, node in placement.store.items()}
+
+
+def with_peer_tier(cache_kwargs: dict[str, Any], *, node_rank: int | None = None) -> dict[str, Any]:
+    """``cache_kwargs`` for a warm's ``ShardCache`` with its ``peers`` spec
+    (``{"peers": [host:port, ...], "self": host:port | None}``, from ``cache warm --peers``)
+    made a ``PeerTier``. The token is this node's own (``FLASHFEED_PEER_TOKEN`` or
+    ``"token_file"``). A node with a server of its own (``self``, or in a cluster warm its
+    place in the list) may single-flight shards for the cluster; one without reads holders,
+    then the store."""
+    spec = cache_kwargs.get("peers")
+    if not isinstance(spec, dict):
+        return cache_kwargs
+    peers = [str(p) for p in spec.get("peers", ())]
+    me = spec.get("self")
+    if me is None and node_rank is not None and spec.get("ranked") and node_rank < len(peers):
+        me = peers[node_rank]
+    token = load_token(token_file=spec.get("token_file"))
+    tier = PeerTier(peers=peers, token=token, self_address=me, delegate=me is not None)
+    return {**cache_kwargs, "peers": tier}

@@ -333,3 +333,26 @@ def test_peers_are_found_where_cache_warm_finds_nodes(tmp_path, monkeypatch):
     assert peers_from_ray(raw, port=7460) == ["10.1.0.1:7460", "10.1.0.2:7460"]
     with pytest.raises(ValueError, match=r"port must be in 1\.\.65535, got 0"):
         peers_from(hosts="a", port=0)
+
+
+def test_cache_warm_with_peers_takes_from_the_store_only_what_no_peer_holds(
+    s3_prefix, nodes, proxy, tmp_path, s3_store
+):
+    """A replacement node's ``cache warm --peers``: its share from the surviving peers, the
+    store only for shards none of them holds (counted at the new node's proxy)."""
+    ds = make_dataset(s3_prefix, shards=6, shard_bytes=150_000)
+    a, b = nodes("a", 2), nodes("b", 3)
+    a.call({"fetch": ds.url, "shards": [0, 1, 2]})
+    b.call({"fetch": ds.url, "shards": [2, 3]})
+    env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint}
+    argv = [sys.executable, "-m", "flashfeed.cli", "cache", "warm", ds.url, "--cache-dir"]
+    argv += [str(tmp_path / "new"), "--json", "--no-progress", "--no-shuffle"]
+    argv += ["--peers", f"{a.address},{b.address}"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)[0]
+    assert proxy.shard_bytes() == ds.shards[4].bytes + ds.shards[5].bytes  # none held them
+    assert result["peers"]["bytes_from_peers"] == sum(ds.shards[i].bytes for i in range(4))
+    d = DatasetDir(str(tmp_path / "new"), dataset_key(ds.url, ds.manifest))
+    for i, info in enumerate(ds.shards):
+        assert storage.file_checksum(d.shard_path(i)) == info.checksum
