@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,7 @@ class PeerTier:
         self._distrusted: dict[tuple[str, int], set[str]] = defaultdict(set)
         self._owners: dict[str, dict[int, str]] = {}
         self._counts: dict[str, int] = defaultdict(int)
+        self._owning = threading.local()
 
     # -- what the others hold ------------------------------------------------------------------
     def request(
@@ -207,6 +209,16 @@ class PeerTier:
             why,
         )
 
+    @contextmanager
+    def owning(self) -> Iterator[None]:
+        """Fills of this thread inside the block were asked for by a peer (``POST /v1/fill``):
+        they take holders, then the store, and never hand the shard on again."""
+        self._owning.on = True
+        try:
+            yield
+        finally:
+            self._owning.on = False
+
     def count(self, **values: int) -> None:
         with self._lock:
             for k, v in values.items():
@@ -242,7 +254,10 @@ class PeerTier:
                 reader = FsObject(fs, path)
             return reader
 
-        return PeerAttempt(self, dataset, d.key, shard, store)
+        attempt = PeerAttempt(self, dataset, d.key, shard, store)
+        if getattr(self._owning, "on", False):
+            attempt.delegate = False
+        return attempt
 
 
 class PeerAttempt:

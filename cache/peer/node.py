@@ -9,37 +9,15 @@ two nodes with different views of who is alive cannot wait on each other.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
-from flashfeed.cache.peer.client import PeerAttempt, PeerTier
+from flashfeed.cache.peer.client import PeerTier
 from flashfeed.cache.peer.server import PeerServer
 from flashfeed.cache.shardcache import ShardCache
 from flashfeed.dataset import Dataset
 
 __all__ = ["PeerNode"]
-
-
-class _OwnerTier(PeerTier):
-    """A ``PeerTier`` whose fills asked for by peers take holders, then the store."""
-
-    _local = threading.local()
-
-    @contextmanager
-    def owning(self) -> Iterator[None]:
-        self._local.owning = True
-        try:
-            yield
-        finally:
-            self._local.owning = False
-
-    def attempt(self, dataset: Dataset, d: Any, shard: int, **kw: Any) -> PeerAttempt | None:
-        found = super().attempt(dataset, d, shard, **kw)
-        if found is not None and getattr(self._local, "owning", False):
-            found.delegate = False
-        return found
 
 
 class PeerNode:
@@ -71,7 +49,7 @@ class PeerNode:
             rate=rate,
         )
         self.address = self.server.address
-        self.tier = _OwnerTier(peers=peers, token=token, self_address=self.address)
+        self.tier = PeerTier(peers=peers, token=token, self_address=self.address)
         self.cache = ShardCache(
             cache_dir, storage_options=storage_options, peers=self.tier, **(cache_kwargs or {})
         )
