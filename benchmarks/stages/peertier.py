@@ -194,13 +194,13 @@ def table(out: dict[str, Any]) -> str:
             r["from_peers"]["store_bytes"] / out["dataset_bytes"],
         ),
         (
-            "cold epoch 2 jobs x 2 nodes",
+            "cold start 2 jobs x 2 nodes",
             "store bytes / dataset",
             c["today"]["store_x"],
             c["tier"]["store_x"],
         ),
         (
-            "cold epoch 2 jobs x 2 nodes",
+            "cold start 2 jobs x 2 nodes",
             "seconds (slowest node)",
             c["today"]["seconds"],
             c["tier"]["seconds"],

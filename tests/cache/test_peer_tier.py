@@ -356,3 +356,28 @@ def test_cache_warm_with_peers_takes_from_the_store_only_what_no_peer_holds(
     d = DatasetDir(str(tmp_path / "new"), dataset_key(ds.url, ds.manifest))
     for i, info in enumerate(ds.shards):
         assert storage.file_checksum(d.shard_path(i)) == info.checksum
+
+
+def test_an_index_from_a_peer_must_be_the_verified_shards_own(s3_prefix, nodes, proxy, tmp_path):
+    """The manifest has no checksum of an index: one from a peer is checked against the tar
+    headers of the verified shard; a peer's altered index fails the fill like bad bytes."""
+    ds = make_dataset(s3_prefix, shards=2, shard_bytes=100_000)
+    a = nodes("a", 2)
+    a.call({"fetch": ds.url, "shards": [0, 1]})
+    idx = DatasetDir(a.cache_dir, dataset_key(ds.url, ds.manifest)).shard_path(0) + ".idx"
+    text = open(idx).read()
+    lines = text.splitlines()
+    first = lines[1].split()
+    first[1] = str(int(first[1]) + 512)  # the first member's offset moved by one tar block
+    with open(idx, "w") as f:
+        f.write("\n".join([lines[0], " ".join(first), *lines[2:]]) + "\n")
+
+    tier = PeerTier(peers=[a.address], token=TOKEN)
+    with ShardCache(
+        tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier
+    ) as cache:
+        _good(cache, ds, [0, 1])
+        assert open(cache.get(ds, 0) + ".idx").read() == text  # the store's, not the peer's
+        assert open(cache.get(ds, 1) + ".idx").read() != text
+    assert tier.stats()["corrupt_copies"] == 1
+    assert proxy.shard_bytes() == ds.shards[0].bytes and len(proxy.log(".idx")) == 1
