@@ -8,16 +8,23 @@ a miss anywhere in the cluster asks the planned node to read the shard.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from flashfeed.cache.layout import dataset_key
 from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.peer.auth import load_token
 from flashfeed.cache.peer.client import PeerTier
 from flashfeed.cache.peer.placement import Placement, place
 from flashfeed.dataset import Dataset
 
-__all__ = ["cluster_placement", "store_owners", "with_peer_tier"]
+__all__ = [
+    "assign_owners",
+    "cluster_placement",
+    "plan_store_reads",
+    "store_owners",
+    "with_peer_tier",
+]
 
 
 def cluster_placement(
@@ -56,3 +63,32 @@ def with_peer_tier(cache_kwargs: dict[str, Any], *, node_rank: int | None = None
     token = load_token(token_file=spec.get("token_file"))
     tier = PeerTier(peers=peers, token=token, self_address=me, delegate=me is not None)
     return {**cache_kwargs, "peers": tier}
+
+
+def plan_store_reads(
+    url: str,
+    spec: dict[str, Any],
+    shares: Sequence[NodeShare],
+    storage_options: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A cluster warm's ``--peers`` spec with the placement's store readers (``"owners"``):
+    node rank ``r`` is ``spec["peers"][r]``, and reads from the store the shards the
+    placement gives it. The driver reads the manifest to plan."""
+    peers = list(spec["peers"])
+    if len(peers) != len(shares):
+        raise ValueError(
+            f"--peers names {len(peers)} nodes but the cluster warm has {len(shares)}: list "
+            "each node's peer server once, in node-rank order"
+        )
+    dataset = Dataset.open(url, storage_options=storage_options)
+    placement = cluster_placement(dataset, dict(zip(peers, shares, strict=True)))
+    return {**spec, "owners": store_owners(placement)}
+
+
+def assign_owners(tier: PeerTier, dataset: Dataset, spec: Mapping[str, Any]) -> None:
+    """Give ``tier`` the planned store readers of ``dataset`` (``plan_store_reads``)."""
+    owners = spec.get("owners")
+    if owners:
+        tier.assign(
+            dataset_key(dataset.url, dataset.manifest), {int(k): v for k, v in owners.items()}
+        )

@@ -19,12 +19,13 @@ import xxhash
 
 from flashfeed import storage
 from flashfeed.cache import ShardCache
+from flashfeed.cache.cluster import warm_node
 from flashfeed.cache.layout import DatasetDir, dataset_key
 from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.peer.announce import decode_held, encode_held, encoded_size
 from flashfeed.cache.peer.auth import load_token, sign, verify
 from flashfeed.cache.peer.client import PeerTier
-from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
+from flashfeed.cache.peer.clusterwarm import cluster_placement, plan_store_reads, store_owners
 from flashfeed.cache.peer.discovery import peers_from, peers_from_ray
 from flashfeed.cache.peer.server import PeerServer
 from flashfeed.lifeline import popen
@@ -381,3 +382,32 @@ def test_an_index_from_a_peer_must_be_the_verified_shards_own(s3_prefix, nodes, 
         assert open(cache.get(ds, 1) + ".idx").read() != text
     assert tier.stats()["corrupt_copies"] == 1
     assert proxy.shard_bytes() == ds.shards[0].bytes and len(proxy.log(".idx")) == 1
+
+
+def test_a_cluster_warm_task_reads_peers_copies_and_its_planned_store_reads(
+    s3_prefix, nodes, proxy, tmp_path
+):
+    """A cluster warm's task on node 1 (``warm_node``, as Ray runs it) with ``--peers``: what
+    node 0 holds comes from node 0, the rest from the store at node 1, the node the placement
+    chose (not handed to node 0 by a hash: it would keep shards it never reads)."""
+    ds = make_dataset(s3_prefix, shards=16, shard_bytes=60_000)
+    shares = [NodeShare.build(node_rank=r, num_nodes=2) for r in (0, 1)]
+    theirs = list(dict.fromkeys(shares[1].order(ds)))
+    a = nodes("a", 2)
+    a.call({"fetch": ds.url, "shards": theirs[:3]})  # node 0 holds 3 of node 1's shards
+    before = a.proxy.shard_bytes()
+    spec = {"peers": [a.address, "127.0.0.3:9"], "self": None, "ranked": True}
+    spec = plan_store_reads(ds.url, spec, shares, None)
+    assert {spec["owners"][s] for s in theirs} == {"127.0.0.3:9"}
+    out = warm_node(
+        ds.url,
+        str(tmp_path / "b"),
+        shares[1],
+        {"peers": spec, "storage_options": {"endpoint_url": proxy.endpoint}},
+    )
+    assert "error" not in out, out
+    assert out["peers"]["bytes_from_peers"] == sum(ds.shards[s].bytes for s in theirs[:3])
+    assert proxy.shard_bytes() == sum(ds.shards[s].bytes for s in theirs[3:])
+    assert a.proxy.shard_bytes() == before  # node 0 was asked for nothing else
+    with pytest.raises(ValueError, match="--peers names 1 nodes but the cluster warm has 2"):
+        plan_store_reads(ds.url, {"peers": [a.address]}, shares, None)
