@@ -91,6 +91,7 @@ class PeerTier:
         self._held: dict[str, dict[str, _Held]] = {}
         self._held_at = -1e9
         self._down: dict[str, float] = {}
+        self._strikes: dict[str, int] = {}
         self._distrusted: dict[tuple[str, int], set[str]] = defaultdict(set)
         self._owners: dict[str, dict[int, str]] = {}
         self._counts: dict[str, int] = defaultdict(int)
@@ -157,15 +158,21 @@ class PeerTier:
             answers = list(pool.map(self._announcement, asked))
         held = {p: a for p, a in zip(asked, answers, strict=True) if a is not None}
         with self._lock:
+            for p in held:
+                self._strikes.pop(p, None)
             self._held, self._held_at = held, time.monotonic()
         return held
 
     def mark_down(self, peer: str, why: str) -> None:
-        """Leave ``peer`` out of announcements and ownership for ``down_for`` seconds."""
+        """Leave ``peer`` out of announcements and ownership for ``down_for`` seconds,
+        doubled at each failure in a row (at most 5 minutes): a peer that does not answer
+        costs a reader one timeout now and then, not one every refresh."""
         with self._lock:
-            self._down[peer] = time.monotonic() + self.down_for
+            strikes = self._strikes[peer] = self._strikes.get(peer, 0) + 1
+            pause = min(300.0, self.down_for * 2 ** (strikes - 1))
+            self._down[peer] = time.monotonic() + pause
             self._counts["peers_down"] += 1
-        log.warning("peer %s is left out for %.0f s: %s", peer, self.down_for, why)
+        log.warning("peer %s is left out for %.0f s: %s", peer, pause, why)
 
     def alive(self) -> list[str]:
         now = time.monotonic()

@@ -116,6 +116,7 @@ class PeerServer:
         self.refused = 0
         self._httpd = _Server(address, self._handler())
         self._thread: threading.Thread | None = None
+        self._serving = threading.Event()
 
     @property
     def address(self) -> str:
@@ -125,16 +126,22 @@ class PeerServer:
     def start(self) -> PeerServer:
         """Serve in a daemon thread of this process; returns self."""
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="ff-peer-server", daemon=True
+            target=self.serve_forever, name="ff-peer-server", daemon=True
         )
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
-        self._httpd.serve_forever()
+        self._serving.set()
+        try:
+            self._httpd.serve_forever()
+        finally:
+            self._serving.clear()
 
     def close(self) -> None:
-        self._httpd.shutdown()
+        """Stop serving (if it serves), close the socket, drop the fills not yet started."""
+        if self._serving.is_set():
+            self._httpd.shutdown()
         self._httpd.server_close()
         self._fills.shutdown(wait=False, cancel_futures=True)
 
