@@ -143,7 +143,9 @@ class ShardCache:
     def handle(self) -> CacheHandle:
         """What another process needs to open this cache with these very options."""
         storage_options = None if self.storage_options is None else dict(self.storage_options)
-        return CacheHandle(self.root, self.options, storage_options)
+        peers = self.copies.peers
+        spec = None if peers is None else peers.spec()
+        return CacheHandle(self.root, self.options, storage_options, spec)
 
     # -- datasets ---------------------------------------------------------------------------
     def dataset_dir(self, dataset: Dataset) -> DatasetDir:

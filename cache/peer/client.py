@@ -97,6 +97,24 @@ class PeerTier:
         self._counts: dict[str, int] = defaultdict(int)
         self._owning = threading.local()
 
+    def spec(self) -> dict[str, Any]:
+        """What another process needs to make the same tier (the token included: it
+        travels in a ``CacheHandle`` to the node's own reader processes)."""
+        return {
+            "peers": list(self.peers),
+            "token": self.token,
+            "self_address": self.self_address,
+            "delegate": self.delegate,
+            "timeout": self.timeout,
+            "announce_ttl": self.announce_ttl,
+            "down_for": self.down_for,
+        }
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> PeerTier:
+        """The tier ``spec()`` describes, in this process."""
+        return cls(**dict(spec))
+
     # -- what the others hold ------------------------------------------------------------------
     def request(
         self,
