@@ -112,6 +112,7 @@ class PeerServer:
         self._pending: dict[tuple[str, int], Future[Any]] = {}
         self._lock = threading.Lock()
         self._announced: tuple[float, bytes] = (-1e9, b"")
+        self._dirs: dict[str, DatasetDir] = {}
         self.served_bytes = 0
         self.refused = 0
         self._httpd = _Server(address, self._handler())
@@ -159,7 +160,8 @@ class PeerServer:
             if time.monotonic() - at < _ANNOUNCE_EVERY:
                 return body
         datasets = {}
-        for d in list_dataset_dirs(self.root):
+        for listed in list_dataset_dirs(self.root):
+            d = self._dirs.setdefault(listed.key, listed)  # keeps its table of shard paths
             try:
                 manifest = d.manifest
             except Exception:  # a dataset directory being written: announced next time
@@ -167,7 +169,7 @@ class PeerServer:
             if is_encrypted(manifest):
                 continue
             count = len(manifest.shards)
-            held = [e.shard for e in d.entries()]
+            held = d.held_shards()
             filling = sorted(
                 {s for s, p in d.parts() if p.endswith(".live") and s < count} - set(held)
             )
