@@ -45,6 +45,7 @@ log = logging.getLogger("flashfeed.cache.peer")
 
 _ROUTE = re.compile(r"^/v1/(shard|index|fill)/([A-Za-z0-9_.-]{1,80})/(\d{1,12})$")
 _CHUNK = 1 << 20
+_PACED = 64 << 10  # the pieces of a paced response (``rate``)
 #: how long a response waits for a fill's next block, or for a fill asked for to start
 _STALL = 30.0
 _ANNOUNCE_EVERY = 0.5
@@ -59,14 +60,14 @@ class _Throttle:
         self._next = time.monotonic()
 
     def take(self, n: int) -> None:
+        """Wait until ``n`` more bytes fit in the rate (their own time included)."""
         if self.rate <= 0:
             return
         with self._lock:
             now = time.monotonic()
             self._next = max(self._next, now) + n / self.rate
-            wait = self._next - now - n / self.rate
-        if wait > 0:
-            time.sleep(wait)
+            wait = self._next - now
+        time.sleep(wait)
 
 
 class _Server(ThreadingHTTPServer):
@@ -359,8 +360,9 @@ class PeerServer:
                 src = open(path if path is not None else view.part, "rb")  # type: ignore[union-attr]
                 try:
                     at, moved = lo, time.monotonic()
+                    step = _CHUNK if server._throttle.rate <= 0 else _PACED
                     while at < hi:
-                        end = min(at + _CHUNK, hi)
+                        end = min(at + step, hi)
                         if view is not None and not view.done(at, end):
                             since = view.marks()
                             if view.ended():  # failed, or renamed into place: look again

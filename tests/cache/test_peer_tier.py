@@ -411,3 +411,32 @@ def test_a_cluster_warm_task_reads_peers_copies_and_its_planned_store_reads(
     assert a.proxy.shard_bytes() == before  # node 0 was asked for nothing else
     with pytest.raises(ValueError, match="--peers names 1 nodes but the cluster warm has 2"):
         plan_store_reads(ds.url, {"peers": [a.address]}, shares, None)
+
+
+def test_a_node_serves_at_most_max_streams_copies_at_once(s3_prefix, tmp_path):
+    """Beyond ``max_streams`` responses at once a node answers 503 and the reader goes on
+    elsewhere (here: the store); ``rate`` paces what it serves."""
+    ds = make_dataset(s3_prefix, shards=2, shard_bytes=400_000)
+    with ShardCache(tmp_path / "a") as held:
+        _good(held, ds, [0, 1])
+    key = dataset_key(ds.url, ds.manifest)
+    with PeerServer(
+        cache_dir=str(tmp_path / "a"), token=TOKEN, max_streams=1, rate=1_000_000
+    ) as server:
+        tier = PeerTier(peers=[server.address], token=TOKEN)
+        slow = tier.request(server.address, "GET", f"/v1/shard/{key}/0")
+        assert slow.status == 206  # holds the one stream while its body is paced out
+        start = time.monotonic()
+        busy = tier.request(server.address, "GET", f"/v1/shard/{key}/1")
+        assert busy.status == 503
+        busy.close()
+        assert len(slow.read()) == ds.shards[0].bytes
+        assert time.monotonic() - start > 0.2  # 400 kB at 1 MB/s
+        slow.close()
+        deadline = time.monotonic() + 10  # the stream is free once its handler returns
+        while (again := tier.request(server.address, "GET", f"/v1/shard/{key}/1")).status == 503:
+            again.close()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert again.status == 206 and len(again.read()) == ds.shards[1].bytes
+        again.close()
