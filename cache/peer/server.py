@@ -43,7 +43,9 @@ __all__ = ["PeerServer"]
 
 log = logging.getLogger("flashfeed.cache.peer")
 
-_ROUTE = re.compile(r"^/v1/(shard|index|fill)/([A-Za-z0-9_.-]{1,80})/(\d{1,12})$")
+#: a dataset key is a directory name of the cache root (``layout.dataset_key``): never "."
+#: or "..", never a path
+_ROUTE = re.compile(r"^/v1/(shard|index|fill)/([A-Za-z0-9_][A-Za-z0-9_.-]{0,79})/(\d{1,12})$")
 _CHUNK = 1 << 20
 _PACED = 64 << 10  # the pieces of a paced response (``rate``)
 #: how long a response waits for a fill's next block, or for a fill asked for to start

@@ -114,6 +114,10 @@ def test_requests_are_signed_with_the_cluster_token(tmp_path, monkeypatch):
         assert status(sign(b"not-the-cluster-token-42", "GET", "/v1/have")) == 401
         assert status(sign(TOKEN, "GET", "/v1/have")) == 200
         assert server.refused == 2
+        tier = PeerTier(peers=[server.address], token=TOKEN)
+        (tmp_path / "manifest.json").write_text("{}")  # beside the cache root, not in it
+        for path in ("/v1/shard/../0", "/v1/index/./0", "/v1/shard/x/y/0", "/v1/other"):
+            assert tier.request(server.address, "GET", path).status == 404, path
 
 
 def test_a_miss_reads_from_the_peer_that_holds_it(s3_prefix, nodes, proxy, tmp_path):
