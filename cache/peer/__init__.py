@@ -7,8 +7,9 @@ whom. See docs/CACHE.md, "Cluster tier".
 
 from __future__ import annotations
 
+from flashfeed.cache.peer.attempt import PeerAttempt, PeerError
 from flashfeed.cache.peer.auth import load_token
-from flashfeed.cache.peer.client import PeerAttempt, PeerError, PeerTier
+from flashfeed.cache.peer.client import PeerTier
 from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
 from flashfeed.cache.peer.discovery import peers_from, peers_from_ray
 from flashfeed.cache.peer.node import PeerNode
