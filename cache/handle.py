@@ -40,7 +40,7 @@ class CacheHandle:
         values = {f.name: getattr(self.options, f.name) for f in fields(self.options)}
         tier = None
         if self.peers is not None:
-            from flashfeed.cache.peer.client import PeerTier
+            from .peer.client import PeerTier
 
             tier = PeerTier.from_spec(self.peers)
         return ShardCache(self.root, storage_options=self.storage_options, peers=tier, **values)

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness.results import write_json
-from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.peer.announce import encoded_size
 from flashfeed.cache.peer.placement import place
-from flashfeed.plan import node_shard_order
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.plan.plan import node_shard_order
 
 
 def orders(shards: int, nodes: int, seed: int, tag: str) -> dict[str, list[int]]:

@@ -32,8 +32,8 @@ from typing import Any
 
 from benchmarks.harness.results import write_json
 from benchmarks.harness.store import start_store
-from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
+from flashfeed.cache.warm.nodeshare import NodeShare
 
 # the simulated nodes and the store's throttling proxy are the tests' own
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))

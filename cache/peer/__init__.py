@@ -7,14 +7,14 @@ whom. See docs/CACHE.md, "Cluster tier".
 
 from __future__ import annotations
 
-from flashfeed.cache.peer.attempt import PeerAttempt, PeerError
-from flashfeed.cache.peer.auth import load_token
-from flashfeed.cache.peer.client import PeerTier
-from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
-from flashfeed.cache.peer.discovery import peers_from, peers_from_ray
-from flashfeed.cache.peer.node import PeerNode
-from flashfeed.cache.peer.placement import Copy, Placement, place
-from flashfeed.cache.peer.server import PeerServer
+from .attempt import PeerAttempt, PeerError
+from .auth import load_token
+from .client import PeerTier
+from .clusterwarm import cluster_placement, store_owners
+from .discovery import peers_from, peers_from_ray
+from .node import PeerNode
+from .placement import Copy, Placement, place
+from .server import PeerServer
 
 __all__ = [
     "Copy",

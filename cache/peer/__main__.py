@@ -13,10 +13,11 @@ import json
 import signal
 import sys
 
-from flashfeed.cache.peer.auth import load_token
-from flashfeed.cache.peer.discovery import peers_from
-from flashfeed.cache.peer.node import PeerNode
 from flashfeed.units import parse_size
+
+from .auth import load_token
+from .discovery import peers_from
+from .node import PeerNode
 
 
 def _listen(text: str) -> tuple[str, int]:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from flashfeed.cache.directget import RangedReader
 from flashfeed.dataset import Dataset
+from flashfeed.s3.directget import RangedReader
 
 if TYPE_CHECKING:
-    from flashfeed.cache.peer.client import PeerTier
+    from .client import PeerTier
 
 __all__ = ["PeerAttempt", "PeerError"]
 

@@ -30,12 +30,13 @@ from typing import Any
 import xxhash
 
 from flashfeed import storage
-from flashfeed.cache.directget import FsObject, RangedReader, reader_for_url
-from flashfeed.cache.layout import DatasetDir
-from flashfeed.cache.peer.announce import MAX_ANNOUNCEMENT, decode_held
-from flashfeed.cache.peer.attempt import PeerAttempt, PeerError
-from flashfeed.cache.peer.auth import sign
 from flashfeed.dataset import Dataset
+from flashfeed.s3.directget import FsObject, RangedReader, reader_for_url
+
+from ..layout import DatasetDir
+from .announce import MAX_ANNOUNCEMENT, decode_held
+from .attempt import PeerAttempt, PeerError
+from .auth import sign
 
 __all__ = ["PeerTier"]
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from flashfeed.cache.layout import dataset_key
-from flashfeed.cache.nodeshare import NodeShare
-from flashfeed.cache.peer.auth import load_token
-from flashfeed.cache.peer.client import PeerTier
-from flashfeed.cache.peer.placement import Placement, place
 from flashfeed.dataset import Dataset
+
+from ..layout import dataset_key
+from ..warm.nodeshare import NodeShare
+from .auth import load_token
+from .client import PeerTier
+from .placement import Placement, place
 
 __all__ = [
     "assign_owners",

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flashfeed.cache.cluster import alive_nodes, parse_hostfile, parse_hosts
+from ..warm.cluster import alive_nodes, parse_hostfile, parse_hosts
 
 __all__ = ["PEERS_ENV", "peers_from", "peers_from_ray", "with_port"]
 

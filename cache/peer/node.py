@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flashfeed.cache.peer.client import PeerTier
-from flashfeed.cache.peer.server import PeerServer
-from flashfeed.cache.shardcache import ShardCache
 from flashfeed.dataset import Dataset
+
+from ..shardcache import ShardCache
+from .client import PeerTier
+from .server import PeerServer
 
 __all__ = ["PeerNode"]
 

@@ -32,12 +32,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from flashfeed.cache.layout import DatasetDir, dataset_key, list_dataset_dirs
-from flashfeed.cache.peer.announce import encode_held
-from flashfeed.cache.peer.auth import verify
-from flashfeed.cache.progress import FillView, live_path
 from flashfeed.crypto import is_encrypted
 from flashfeed.dataset import Dataset
+
+from ..layout import DatasetDir, dataset_key, list_dataset_dirs
+from ..progress import FillView, live_path
+from .announce import encode_held
+from .auth import verify
 
 __all__ = ["PeerServer"]
 

@@ -14,7 +14,7 @@ from flashfeed.cache.layout import DatasetDir, dataset_key
 from flashfeed.cache.peer.client import PeerTier
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
-from flashfeed.loader.ledger import check_exactly_once
+from flashfeed.loader.telemetry.ledger import check_exactly_once
 
 from support.loader_helpers import image_keys, make_image_dataset
 from support.peer_cluster import start_node

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.peer.placement import Placement, place
-from flashfeed.plan import node_shard_order
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.plan.plan import node_shard_order
 
 
 @st.composite

@@ -19,16 +19,16 @@ import xxhash
 
 from flashfeed import storage
 from flashfeed.cache import ShardCache
-from flashfeed.cache.cluster import warm_node
 from flashfeed.cache.layout import DatasetDir, dataset_key
-from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.peer.announce import decode_held, encode_held, encoded_size
 from flashfeed.cache.peer.auth import load_token, sign, verify
 from flashfeed.cache.peer.client import PeerTier
 from flashfeed.cache.peer.clusterwarm import cluster_placement, plan_store_reads, store_owners
 from flashfeed.cache.peer.discovery import peers_from, peers_from_ray
 from flashfeed.cache.peer.server import PeerServer
-from flashfeed.lifeline import popen
+from flashfeed.cache.warm.cluster import warm_node
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.runtime.lifeline import popen
 
 from support.cache_data import make_dataset
 from support.peer_cluster import SimNode, start_node

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from flashfeed import Dataset, storage
-from flashfeed.cache.nodeshare import NodeShare
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.ingest.samplecorpus import make_imagefolder
-from flashfeed.loader.ledger import check_exactly_once, key_hash, read_ledger
-from flashfeed.store import EmbeddedStore
+from flashfeed.loader.telemetry.ledger import check_exactly_once, key_hash, read_ledger
 
 from support.cluster import MARKER, SimCluster, bytes_read, free_port, namespaces_available
 from support.journey import keys_of, kill_node_run, logs, manifest_gets, torchrun, wait_for

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashfeed.lifeline import popen
+from flashfeed.runtime.lifeline import popen
 
 from support.slowproxy import SlowProxy
 

@@ -24,7 +24,7 @@ import traceback
 from flashfeed.cache.layout import dataset_key
 from flashfeed.cache.peer.auth import load_token
 from flashfeed.cache.peer.node import PeerNode
-from flashfeed.lifeline import tie_to_parent
+from flashfeed.runtime.lifeline import tie_to_parent
 
 
 def main() -> None:
