@@ -12,17 +12,19 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from flashfeed import storage
 from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
+from flashfeed.errors import CorruptShardError
 from flashfeed.format.manifest import ShardInfo
 
 from .aimd import AdaptiveLimit
 from .errors import CacheFullError, CacheOverCapacityError
-from .fill import fill_shard
+from .fill import FillSource, fill_shard
 from .hints import ReadHints
 from .layout import DatasetDir
 from .locks import FileLock
@@ -46,6 +48,7 @@ class ShardCopies:
     space: SpaceManager
     storage_options: dict[str, Any] | None
     hints: ReadHints
+    peers: Any = None  # a ``flashfeed.cache.peer.PeerTier``: misses ask peers first
     _verified: dict[str, tuple[int, int, int]] = field(default_factory=dict, init=False)
     #: this process's counters of each dataset (by its cache key): a mixture's sources share
     #: one cache, and each reports its own
@@ -133,7 +136,7 @@ class ShardCopies:
                 )
                 self.counters.flush()
 
-            try:
+            def fill(source: FillSource | None) -> None:
                 fill_shard(
                     d,
                     i,
@@ -145,7 +148,11 @@ class ShardCopies:
                     storage_options=self.storage_options,
                     priority=self.hints.priority(d.key, i, speculative=speculative),
                     verified=count_miss,
+                    source=source,
                 )
+
+            try:
+                self._fill_from_peers(dataset, d, i, fill)
             except CacheOverCapacityError:
                 self._count(d, over_capacity=1)
                 raise
@@ -160,6 +167,33 @@ class ShardCopies:
             return path
         finally:
             lock.release()
+
+    def _fill_from_peers(
+        self, dataset: Dataset, d: DatasetDir, i: int, fill: Callable[[FillSource | None], None]
+    ) -> None:
+        """``fill`` from peers first (``self.peers``), then the store: a fill whose bytes or
+        index from peers do not match the manifest runs anew without those peers."""
+        source = None
+        if self.peers is not None:
+            source = self.peers.attempt(
+                dataset, d, i, storage_options=self.storage_options, connections=self.limit.maximum
+            )
+        while True:
+            try:
+                fill(source)
+                return
+            except CorruptShardError as exc:
+                if source is None or not source.used:
+                    raise
+                self.counters.add(corrupt_refetches=1)
+                self.peers.distrust(source, str(exc))
+                source = self.peers.attempt(
+                    dataset,
+                    d,
+                    i,
+                    storage_options=self.storage_options,
+                    connections=self.limit.maximum,
+                )
 
 
 def _touch(path: str) -> None:

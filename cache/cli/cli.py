@@ -126,6 +126,41 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _peer_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the cluster tier: read from the other nodes before the store")
+    g.add_argument(
+        "--peers",
+        metavar="H0:P,H1:P,...",
+        help="the nodes' peer servers (`python -m flashfeed.cache.peer serve`), in node-rank "
+        "order for a cluster warm; the token: $FLASHFEED_PEER_TOKEN or --peer-token-file",
+    )
+    g.add_argument("--peer-port", type=int, default=7460, help="where an entry has no port")
+    g.add_argument(
+        "--peer-self",
+        metavar="HOST:PORT",
+        help="this node's own peer server (one-node warm): it may then read shards from the "
+        "store for the cluster; without it, this warm reads peers' copies, then the store",
+    )
+    g.add_argument("--peer-token-file", metavar="FILE", help="the cluster token (mode 0600)")
+
+
+def _peer_spec(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``cache warm --peers``: what each warm's cache makes its ``PeerTier`` of."""
+    if not args.peers:
+        if args.peer_self or args.peer_token_file:
+            raise ValueError("--peer-self and --peer-token-file need --peers")
+        return None
+    from ..peer.discovery import peers_from
+
+    peers = peers_from(hosts=args.peers, port=args.peer_port)
+    return {
+        "peers": peers,
+        "self": args.peer_self,
+        "ranked": args.ray_address is not None,
+        "token_file": args.peer_token_file,
+    }
+
+
 def _cache_dir(given: str | None, what: str, *, existing: bool) -> str:
     """The cache directory from the flag or the environment. ``existing``: it must already
     be one (status, verify and evict read a cache; only warm creates it)."""
@@ -211,6 +246,7 @@ def register(subparsers: Any) -> None:
     )
     _plan_options(w, defaults=True)
     _cluster_options(w)
+    _peer_options(w)
     w.set_defaults(func=_warm)
 
     s = _on_cache_dir(
@@ -278,18 +314,29 @@ def _warm(args: argparse.Namespace) -> int:
         "concurrency": args.concurrency,
         "part_size": args.part_size,
     }
+    spec = _peer_spec(args)
+    if spec is not None:
+        kwargs["peers"] = spec
     if args.ray_address is None and (args.hosts or args.hostfile):
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
     if is_mixture_file(args.dataset):
+        if spec is not None:
+            raise ValueError("--peers warms one dataset; a mixture's sources: one at a time")
         return _warm_mixture(args, share, kwargs)
     if args.ray_address is not None:
         results = _warm_cluster(args, share, kwargs)
     else:
         root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
+        if spec is not None:
+            from ..peer.clusterwarm import with_peer_tier
+
+            kwargs = with_peer_tier(kwargs)
         with ShardCache(root, **kwargs) as cache:
             dataset = cache.open_dataset(args.dataset)  # the manifest is kept for offline runs
             result = warm_share(cache, dataset, share, progress=not args.no_progress)
         results = [{**result.to_dict(), "cache_dir": root}]
+        if spec is not None:
+            results[0]["peers"] = kwargs["peers"].stats()
     if args.json:
         print(json.dumps(results, indent=2))
     else:
