@@ -18,6 +18,7 @@ import xxhash
 from flashfeed import crypto, storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
+from flashfeed.inplace import check_unit_bytes
 from flashfeed.manifest import ShardInfo
 from flashfeed.units import format_size
 from flashfeed.wdsindex import parse_index
@@ -154,7 +155,8 @@ def _fetch_to(
     progress: FillProgress | None = None,
     priority: PartPriority | None = None,
 ) -> FetchReport:
-    url = dataset.shard_url(info)
+    # a unit of a file indexed in place is a range of that file: its bytes start at ``base``
+    url, base = dataset.shard_range(info)
     direct = _direct(url, opts, fetcher) if info.bytes > 0 else None
     fs: Any = None  # only where no lean reader reads it: making one imports s3fs
     path = ""
@@ -168,9 +170,9 @@ def _fetch_to(
 
     def fetch(start: int, end: int) -> bytes | memoryview | _Landed:
         if direct is None:
-            return fs.cat_file(path, start=start, end=end)
+            return fs.cat_file(path, start=base + start, end=base + end)
         at = start  # each chunk: socket -> reused buffer -> hash (when in order) -> file
-        for part in direct.chunks(start, end, _buffer(chunk)):
+        for part in direct.chunks(base + start, base + end, _buffer(chunk)):
             _pwrite_all(fd, part, at)
             hasher.add(at, part)
             landed(at, at + len(part))
@@ -331,6 +333,8 @@ def fill_shard(
             file_bytes.close()
             os.close(fd)
         got = hasher.checksum(info.bytes)
+        if got != info.checksum and dataset.in_place is not None:
+            check_unit_bytes(b"", info, url=dataset.shard_url(info))  # the one-line refusal
         if got != info.checksum:
             raise CorruptShardError(
                 f"shard {info.path} of dataset {dataset.url} arrived with checksum {got}, "

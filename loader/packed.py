@@ -1,0 +1,313 @@
+"""``PackedLoader``: documents of a dataset indexed in place, packed on the fly into rows.
+
+The plan is the one every loader reads: each unit (a Parquet row group, a block of JSONL
+lines) is a shard, each row a document, shuffled, split over ranks and windowed as shards
+and samples are. This rank's documents, in plan order, are read as token ids (a column of
+ids as it is; a text column tokenized here, each document its tokens plus EOS) and packed
+back to back into rows of ``seq_len``: a document that does not fit continues at the start
+of the next row. Each row records its segments, so the document outputs of ``TokenLoader``
+(``position_ids``, ``document_ids``, ``cu_seqlens``, ``max_seqlen``, ``labels``,
+``document_offsets``) come with it; ``document_ids`` are the documents' plan ids.
+
+The state says where a run stopped: documents of this rank consumed, and how many tokens of
+the next one were already delivered. Each rank packs its own documents, so a state resumes
+on the same world size (another one is refused in one line).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from flashfeed.dataset import Dataset
+
+from .datasetinfo import check_version, dataset_id, shard_samples
+from .ledger import Ledger
+from .parts import loader_parts
+from .position import Position
+from .segments import DOC_OUTPUTS, IGNORE_INDEX
+from .text import load_tokenizer
+from .unitread import DocTokens, UnitReader
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .parts import SharedKeywords
+
+__all__ = ["PackedLoader", "batch_outputs"]
+
+#: the tokens tried, in order, for the end of a document (as ingest tries them)
+EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "[SEP]", "<|end_of_text|>")
+#: a row's segment: (row, first column, length, document id, offset in the document)
+Segment = tuple[int, int, int, int, int]
+
+
+class PackedLoader:
+    """Batches ``{"tokens": (batch_size, seq_len) int64, "__key__": [[<unit>/<row>, ...] per
+    row], **outputs}`` from a Parquet or JSONL dataset indexed in place.
+
+    ``column``: a column of token ids (lists of ints) or of text; text needs ``tokenizer``
+    (a ``tokenizer.json`` path). ``outputs``: any of ``DOC_OUTPUTS``. ``pad_id``: fills the
+    last row of an epoch when ``drop_last=False``. Every loader's keywords
+    (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
+    """
+
+    def __init__(
+        self,
+        dataset: str | Dataset,
+        *,
+        batch_size: int,
+        seq_len: int,
+        column: str = "text",
+        tokenizer: str | None = None,
+        eos_token: str | None = None,
+        pad_id: int = 0,
+        outputs: Sequence[str] = (),
+        max_open: int = 16,
+        **shared: Unpack[SharedKeywords],
+    ) -> None:
+        for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("max_open", max_open)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if isinstance(outputs, str) or any(o not in DOC_OUTPUTS for o in outputs):
+            raise ValueError(f"outputs must be names from {list(DOC_OUTPUTS)}, got {outputs!r}")
+        parts = loader_parts(
+            "PackedLoader", dataset, shard_format=("parquet", "jsonl"), keywords=shared
+        )
+        ds = parts.dataset
+        if not isinstance(ds, Dataset):
+            raise ValueError("PackedLoader reads one dataset indexed in place, not a mixture")
+        if column not in ds.manifest.schema:
+            raise ValueError(
+                f"{ds.url} has no column {column!r}; its columns: {sorted(ds.manifest.schema)}"
+            )
+        self.dataset = ds
+        self.parts = parts
+        self.ctx = parts.ctx
+        self.source = parts.source
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.column = column
+        self.pad_id = pad_id
+        self.outputs = tuple(o for o in DOC_OUTPUTS if o in outputs)
+        self.max_open = max_open
+        tokenizer_json, eos_id = _tokenizer(tokenizer, eos_token)
+        self.reader = UnitReader(ds, column=column, tokenizer_json=tokenizer_json, eos_id=eos_id)
+        self.position = Position(
+            shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
+        )
+        self._starts = np.concatenate([[0], np.cumsum(shard_samples(ds))]).astype(np.int64)
+        self.doc_offset = 0  # tokens of the next document already delivered
+        self._finished = False
+        self._units: OrderedDict[int, DocTokens] = OrderedDict()
+        self.skipped: Counter[str] = Counter()
+        self.ledger = (
+            Ledger(parts.telemetry.ledger_dir, rank=self.ctx.rank, world_size=self.ctx.world_size)
+            if parts.telemetry.ledger_dir
+            else None
+        )
+        self.tokens_delivered = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._finished = False
+        if epoch != self.position.epoch:
+            self.doc_offset = 0
+        self.position.set_epoch(epoch)
+
+    # --- state ------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (as every loader's) plus the tokens of the next document delivered."""
+        state = self.position.state_dict()
+        state.update(
+            kind="packed", url=self.dataset.url, rank=self.ctx.rank, seq_len=self.seq_len,
+            column=self.column, doc_offset=self.doc_offset, finished=self._finished,
+        )  # fmt: skip
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("kind") != "packed":
+            raise ValueError("not a PackedLoader state (no kind='packed')")
+        check_version(state, self.dataset)
+        if state.get("world_size") != self.ctx.world_size or state.get("rank") != self.ctx.rank:
+            raise ValueError(
+                f"a PackedLoader state resumes on its own rank and world size (saved by rank "
+                f"{state.get('rank')} of {state.get('world_size')}, this is rank "
+                f"{self.ctx.rank} of {self.ctx.world_size}): each rank packs its own documents"
+            )
+        if state.get("seq_len") != self.seq_len or state.get("column") != self.column:
+            raise ValueError(
+                f"the state packed column {state.get('column')!r} into rows of "
+                f"{state.get('seq_len')}, this loader {self.column!r} into {self.seq_len}"
+            )
+        offset = state.get("doc_offset")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"state field 'doc_offset' must be an integer >= 0, got {offset!r}")
+        self.position.load_state_dict(state)
+        self.doc_offset = offset
+        self._finished = bool(state.get("finished", False))
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def _unit(self, shard: int) -> DocTokens:
+        got = self._units.get(shard)
+        if got is None:
+            got = self._units[shard] = self.reader.read(self.source, shard)
+            self.skipped.update(got.skipped)
+            while len(self._units) > self.max_open:
+                self._units.popitem(last=False)
+        else:
+            self._units.move_to_end(shard)
+        return got
+
+    def key(self, shard: int, row: int) -> str:
+        return f"{self.dataset.manifest.shard_path(shard)}/{row}"
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._finished:
+            self.position.next_epoch()
+            self.doc_offset = 0
+            self._finished = False
+        ids = self.position.remaining()
+        shards = np.searchsorted(self._starts, ids, side="right") - 1
+        rows = ids - self._starts[shards]
+        return self._run(ids, shards, rows)
+
+    def _ahead(self, shards: np.ndarray, j: int) -> None:
+        """Hint the source at the next units this rank reads (a cold epoch streams)."""
+        nxt = list(dict.fromkeys(shards[j : j + 64 * self.batch_size].tolist()))[: self.max_open]
+        self.source.fetch_ahead(nxt)
+
+    def _run(
+        self, ids: np.ndarray, shards: np.ndarray, rows: np.ndarray
+    ) -> Iterator[dict[str, Any]]:
+        B, L = self.batch_size, self.seq_len
+        j, off, n = 0, self.doc_offset, len(ids)
+        last_hint = -1
+        while True:
+            tokens = np.full((B, L), self.pad_id, np.int64)
+            segs: list[Segment] = []
+            started: list[str] = []
+            keys: list[list[str]] = [[] for _ in range(B)]
+            at = 0  # tokens placed in the batch
+            while at < B * L and j < n:
+                if j // 256 != last_hint:
+                    last_hint = j // 256
+                    self._ahead(shards, j)
+                s, r = int(shards[j]), int(rows[j])
+                doc = self._unit(s).doc(r)
+                if off >= len(doc):  # an empty (skipped) document, or one delivered whole
+                    j, off = j + 1, 0
+                    continue
+                row, col = divmod(at, L)
+                take = min(L - col, len(doc) - off)
+                tokens[row, col : col + take] = doc[off : off + take]
+                key = self.key(s, r)
+                if off == 0:
+                    started.append(key)
+                keys[row].append(key)
+                segs.append((row, col, take, int(ids[j]), off))
+                at += take
+                off += take
+                if off >= len(doc):
+                    j, off = j + 1, 0
+            if at == 0 or (at < B * L and self.parts.options.drop_last):
+                self._end()
+                return
+            self.position.advance(j)
+            ids, shards, rows, j = ids[j:], shards[j:], rows[j:], 0
+            n = len(ids)
+            last_hint = -1
+            self.doc_offset = off
+            if self.ledger is not None and started:
+                self.ledger.record(self.position.epoch, started)
+            self.tokens_delivered += at
+            batch: dict[str, Any] = {"tokens": torch.from_numpy(tokens), "__key__": keys}
+            if self.outputs:
+                batch.update(batch_outputs(tokens, segs, self.outputs))
+            yield batch
+            if at < B * L:
+                self._end()
+                return
+
+    def _end(self) -> None:
+        self._finished = True
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens_delivered,
+            "skipped": dict(self.skipped),
+            "source": self.source.stats(),
+        }
+
+    def close(self) -> None:
+        self._units.clear()
+
+
+def batch_outputs(
+    tokens: np.ndarray, segs: Sequence[Segment], outputs: Sequence[str]
+) -> dict[str, Any]:
+    """The document outputs of a packed batch from its segments (``segments.py`` says
+    what each one holds)."""
+    B, L = tokens.shape
+    pos = np.zeros((B, L), np.int64)
+    docs = np.full((B, L), -1, np.int64)
+    offs = np.full((B, L), -1, np.int64)
+    labels = np.full((B, L), IGNORE_INDEX, np.int64)
+    lens: list[int] = []
+    ends = np.zeros(B, np.int64)
+    by_row: list[list[int]] = [[] for _ in range(B)]
+    for row, col, n, doc, off in segs:
+        ramp = np.arange(n, dtype=np.int64)
+        pos[row, col : col + n] = ramp
+        docs[row, col : col + n] = doc
+        offs[row, col : col + n] = off + ramp
+        labels[row, col + 1 : col + n] = tokens[row, col + 1 : col + n]
+        by_row[row].append(n)
+        ends[row] = col + n
+    for row in range(B):
+        lens.extend(by_row[row])
+        pad = L - int(ends[row])
+        if pad:
+            pos[row, int(ends[row]) :] = np.arange(pad)
+            lens.append(pad)
+    out: dict[str, Any] = {}
+    cu = np.zeros(len(lens) + 1, np.int32)
+    np.cumsum(lens, out=cu[1:])
+    every = {
+        "position_ids": pos,
+        "document_ids": docs,
+        "labels": labels,
+        "document_offsets": offs,
+        "cu_seqlens": cu,
+    }
+    for name in outputs:
+        if name == "max_seqlen":
+            out[name] = int(max(lens)) if lens else 0
+        else:
+            out[name] = torch.from_numpy(every[name])
+    return out
+
+
+def _tokenizer(path: str | None, eos_token: str | None) -> tuple[str | None, int | None]:
+    """A ``tokenizer.json``'s text and its EOS id (None, None without a tokenizer)."""
+    if path is None:
+        return None, None
+    from tokenizers import Tokenizer
+
+    text = load_tokenizer(path)  # a bad path: one line naming it
+    tok = Tokenizer.from_str(text)
+    names = (eos_token,) if eos_token else EOS_CANDIDATES
+    for name in names:
+        tid = tok.token_to_id(name)
+        if tid is not None:
+            return text, int(tid)
+    raise ValueError(f"tokenizer {path} has no EOS token among {list(names)}; pass eos_token=")
