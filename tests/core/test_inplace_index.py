@@ -16,7 +16,8 @@ from flashfeed.dataset import Dataset
 from flashfeed.inplace import FileChangedError, InPlaceError, split_unit_path
 from flashfeed.inplaceindex import index_in_place
 from flashfeed.manifest import read_manifest
-from tests.support.parquet_corpus import corpus_texts, write_jsonl_corpus, write_parquet_corpus
+
+from support.parquet_corpus import corpus_texts, write_jsonl_corpus, write_parquet_corpus
 
 
 def _rows_of(ds: Dataset, shard: int) -> list[str]:
