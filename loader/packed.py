@@ -10,8 +10,9 @@ of the next row. Each row records its segments, so the document outputs of ``Tok
 ``document_offsets``) come with it; ``document_ids`` are the documents' plan ids.
 
 The state says where a run stopped: documents of this rank consumed, and how many tokens of
-the next one were already delivered. Each rank packs its own documents, so a state resumes
-on the same world size (another one is refused in one line).
+the next one were already delivered. Each rank packs its own documents: its own state
+resumes it on the same world size; the states of every rank resume the job on any other
+(``packedstate.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from flashfeed.dataset import Dataset
 
 from .datasetinfo import check_version, dataset_id, shard_samples
 from .ledger import Ledger
+from .packedstate import merge_states
 from .parts import loader_parts
 from .position import Position
 from .segments import DOC_OUTPUTS, IGNORE_INDEX
@@ -102,6 +104,10 @@ class PackedLoader:
         )
         self._starts = np.concatenate([[0], np.cumsum(shard_samples(ds))]).astype(np.int64)
         self.doc_offset = 0  # tokens of the next document already delivered
+        #: after a resume on another world size: documents delivered before, and the token
+        #: a document stopped inside continues from (``packedstate.py``)
+        self.skip: set[int] = set()
+        self.resume_at: dict[int, int] = {}
         self._finished = False
         self._units: OrderedDict[int, DocTokens] = OrderedDict()
         self.skipped: Counter[str] = Counter()
@@ -111,6 +117,7 @@ class PackedLoader:
             else None
         )
         self.tokens_delivered = 0
+        self._dropped = np.zeros(0, np.int64)
 
     @property
     def epoch(self) -> int:
@@ -125,35 +132,55 @@ class PackedLoader:
     # --- state ------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The position (as every loader's) plus the tokens of the next document delivered."""
+        """This rank's position: the plan's (as every loader's), the documents it consumed,
+        the tokens of the next one already delivered, and what an earlier resume on another
+        world size left to skip or continue (``packedstate.py``)."""
         state = self.position.state_dict()
         state.update(
             kind="packed", url=self.dataset.url, rank=self.ctx.rank, seq_len=self.seq_len,
             column=self.column, doc_offset=self.doc_offset, finished=self._finished,
+            consumed=self.position.consumed,
+            prior=[[g.world_size, g.ranks_per_node, g.samples_per_rank]
+                   for g in self.position.prior],
+            skip=sorted(self.skip), resume_at=sorted([d, o] for d, o in self.resume_at.items()),
         )  # fmt: skip
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("kind") != "packed":
-            raise ValueError("not a PackedLoader state (no kind='packed')")
-        check_version(state, self.dataset)
-        if state.get("world_size") != self.ctx.world_size or state.get("rank") != self.ctx.rank:
+    def load_state_dict(self, state: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+        """Continue from this rank's own state (same world size), or from the states of
+        every rank of the job that saved them (any world size: gather them with
+        ``torch.distributed.all_gather_object``)."""
+        states = [state] if isinstance(state, dict) else list(state)
+        for s in states:
+            if not isinstance(s, dict) or s.get("kind") != "packed":
+                raise ValueError("not a PackedLoader state (no kind='packed')")
+            check_version(s, self.dataset)
+            if s.get("seq_len") != self.seq_len or s.get("column") != self.column:
+                raise ValueError(
+                    f"the state packed column {s.get('column')!r} into rows of "
+                    f"{s.get('seq_len')}, this loader {self.column!r} into {self.seq_len}"
+                )
+        mine = [s for s in states if s.get("rank") == self.ctx.rank]
+        same = states[0].get("world_size") == self.ctx.world_size
+        if same and len(states) == 1 and mine:
+            self.position.load_state_dict(states[0])
+            self.doc_offset = int(states[0].get("doc_offset") or 0)
+            self.skip = {int(d) for d in states[0].get("skip", [])}
+            self.resume_at = {int(d): int(o) for d, o in states[0].get("resume_at", [])}
+        elif len(states) == 1 and states[0].get("world_size") != 1:
             raise ValueError(
-                f"a PackedLoader state resumes on its own rank and world size (saved by rank "
-                f"{state.get('rank')} of {state.get('world_size')}, this is rank "
-                f"{self.ctx.rank} of {self.ctx.world_size}): each rank packs its own documents"
+                f"a PackedLoader state of one rank resumes on that rank and world size (saved "
+                f"by rank {states[0].get('rank')} of {states[0].get('world_size')}, this is "
+                f"rank {self.ctx.rank} of {self.ctx.world_size}): each rank packs its own "
+                "documents; on another world size give the states of every rank"
             )
-        if state.get("seq_len") != self.seq_len or state.get("column") != self.column:
-            raise ValueError(
-                f"the state packed column {state.get('column')!r} into rows of "
-                f"{state.get('seq_len')}, this loader {self.column!r} into {self.seq_len}"
+        else:
+            position, self.skip, self.resume_at = merge_states(
+                states, self.position.shard_sizes, self.position.options
             )
-        offset = state.get("doc_offset")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"state field 'doc_offset' must be an integer >= 0, got {offset!r}")
-        self.position.load_state_dict(state)
-        self.doc_offset = offset
-        self._finished = bool(state.get("finished", False))
+            self.position.load_state_dict(position)
+            self.doc_offset = 0
+        self._finished = bool(states[0].get("finished", False))
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -176,7 +203,11 @@ class PackedLoader:
             self.position.next_epoch()
             self.doc_offset = 0
             self._finished = False
-        ids = self.position.remaining()
+        plan = self.position.rank_plan()
+        ids = plan.samples
+        if len(plan.repeated):  # the plan pads a short share with repeats: packing needs none
+            ids = ids[: max(0, len(ids) - len(plan.repeated))]
+        self._dropped = plan.dropped
         shards = np.searchsorted(self._starts, ids, side="right") - 1
         rows = ids - self._starts[shards]
         return self._run(ids, shards, rows)
@@ -191,6 +222,8 @@ class PackedLoader:
     ) -> Iterator[dict[str, Any]]:
         B, L = self.batch_size, self.seq_len
         j, off, n = 0, self.doc_offset, len(ids)
+        begun = off > 0  # the document at j was started before (its offset is off)
+        skip, resume_at = self.skip, self.resume_at
         last_hint = -1
         while True:
             tokens = np.full((B, L), self.pad_id, np.int64)
@@ -202,10 +235,16 @@ class PackedLoader:
                 if j // 256 != last_hint:
                     last_hint = j // 256
                     self._ahead(shards, j)
+                if not begun:
+                    d = int(ids[j])
+                    if d in skip:  # delivered whole before a resume on another world size
+                        j += 1
+                        continue
+                    off, begun = (resume_at.pop(d, 0) if resume_at else 0), True
                 s, r = int(shards[j]), int(rows[j])
                 doc = self._unit(s).doc(r)
                 if off >= len(doc):  # an empty (skipped) document, or one delivered whole
-                    j, off = j + 1, 0
+                    j, off, begun = j + 1, 0, False
                     continue
                 row, col = divmod(at, L)
                 take = min(L - col, len(doc) - off)
@@ -218,15 +257,15 @@ class PackedLoader:
                 at += take
                 off += take
                 if off >= len(doc):
-                    j, off = j + 1, 0
+                    j, off, begun = j + 1, 0, False
             if at == 0 or (at < B * L and self.parts.options.drop_last):
-                self._end()
+                self._end([self._id_of(k) for k in started])
                 return
             self.position.advance(j)
             ids, shards, rows, j = ids[j:], shards[j:], rows[j:], 0
             n = len(ids)
             last_hint = -1
-            self.doc_offset = off
+            self.doc_offset = off if begun else 0
             if self.ledger is not None and started:
                 self.ledger.record(self.position.epoch, started)
             self.tokens_delivered += at
@@ -235,11 +274,21 @@ class PackedLoader:
                 batch.update(batch_outputs(tokens, segs, self.outputs))
             yield batch
             if at < B * L:
-                self._end()
+                self._end([])
                 return
 
-    def _end(self) -> None:
+    def _id_of(self, key: str) -> int:
+        path, _, row = key.rpartition("/")
+        return int(self._starts[self.dataset.manifest.find_shard(path)]) + int(row)
+
+    def _end(self, unfinished: list[int]) -> None:
+        """The epoch's end on this rank: what the plan drops (``drop_last``) and the
+        documents begun only in a last partial batch go to the ledger as dropped."""
         self._finished = True
+        if self.ledger is not None:
+            gone = [*self._dropped.tolist(), *unfinished]
+            if gone:
+                self.ledger.record_dropped(self.position.epoch, gone)
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -128,9 +128,22 @@ def test_deterministic_and_resumes_inside_a_row(text_corpus: str, tok: str) -> N
     rest = [b["tokens"] for b in resumed]
     assert len(head) + len(rest) == len(whole)
     assert all(torch.equal(a, b) for a, b in zip(head + rest, whole, strict=True))
-    other = PackedLoader(text_corpus, **kw, rank=0, world_size=2)
-    with pytest.raises(ValueError, match="resumes on its own rank and world size"):
+    # a one-rank job's state is every rank's: two ranks continue it, the rest once
+    halves = []
+    for rank in range(2):
+        other = PackedLoader(text_corpus, **kw, rank=rank, world_size=2)
         other.load_state_dict(state)
+        halves += [b["tokens"] for b in other]
+    rest_tokens = torch.cat([t.reshape(-1) for t in rest])
+    split_tokens = torch.cat([t.reshape(-1) for t in halves])
+    assert sorted(rest_tokens[rest_tokens != 0].tolist()) == sorted(
+        split_tokens[split_tokens != 0].tolist()
+    )
+    two = PackedLoader(text_corpus, **kw, rank=0, world_size=2)
+    mid = iter(two)
+    next(mid)
+    with pytest.raises(ValueError, match="resumes on that rank and world size"):
+        PackedLoader(text_corpus, **kw, rank=0, world_size=3).load_state_dict(two.state_dict())
 
 
 def test_token_column_read_as_tokens(tmp_path: Path) -> None:
@@ -234,3 +247,28 @@ def test_s3_units_through_the_cache(s3_prefix: str, tok: str, tmp_path: Path) ->
         fresh = PackedLoader(s3_prefix, batch_size=3, seq_len=64, tokenizer=tok, cache=sc)
         with pytest.raises(FileChangedError, match="changed after it was indexed"):
             list(fresh)
+
+
+def test_elastic_resume_from_every_rank_state(text_corpus: str, tok: str, tmp_path: Path) -> None:
+    """Two ranks stop after 5 batches (each inside some document, having consumed different
+    numbers of documents); three ranks continue from both states: every document is
+    delivered once in all and decodes back to its text."""
+    ledger = str(tmp_path / "ledger")
+    kw: dict[str, Any] = dict(batch_size=2, seq_len=40, tokenizer=tok, outputs=DOC_OUTPUTS,
+                              drop_last=False, seed=11, ledger_dir=ledger)  # fmt: skip
+    batches, states = [], []
+    for rank in range(2):
+        loader = PackedLoader(text_corpus, rank=rank, world_size=2, **kw)
+        it = iter(loader)
+        batches += [next(it) for _ in range(5)]
+        states.append(loader.state_dict())
+    assert states[0]["consumed"] != states[1]["consumed"]
+    for rank in range(3):
+        loader = PackedLoader(text_corpus, rank=rank, world_size=3, **kw)
+        loader.load_state_dict(states)
+        batches += list(loader)
+    assert _decoded(tok, _pieces(batches)) == dict(enumerate(TEXTS))
+    hashes = [h for lines in read_ledger(ledger).values() for h in lines]
+    assert len(hashes) == len(set(hashes)) == len(TEXTS)
+    with pytest.raises(ValueError, match="every one of the 2 ranks"):
+        PackedLoader(text_corpus, rank=0, world_size=3, **kw).load_state_dict(states[:1] * 2)
