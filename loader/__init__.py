@@ -1,7 +1,8 @@
 """Training-side loader: plan -> node cache -> DALI decode -> torch batches.
 
-``Loader`` (images, DALI), ``TokenLoader`` (Arrow token sequences) and ``ShardDataset``
-(a torch ``IterableDataset`` for your own transforms) share one plan, one resume state and
+``Loader`` (images, DALI), ``TokenLoader`` (Arrow token sequences), ``PackedLoader``
+(Parquet or JSONL documents indexed in place, packed on the fly) and ``ShardDataset`` (a
+torch ``IterableDataset`` for your own transforms) share one plan, one resume state and
 one stall accounting.
 """
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from .ledger import Ledger, read_ledger
     from .mixledger import SourceCheck, check_mixture
     from .mixsource import MixtureDataset
+    from .packed import PackedLoader
     from .parts import LoaderParts, SharedKeywords
     from .pipeline import decode_device
     from .position import PlanOptions, Position
@@ -36,6 +38,7 @@ _LAZY = {
     "LoaderParts": ".parts",
     "LocalShardSource": ".sources",
     "MixtureDataset": ".mixsource",
+    "PackedLoader": ".packed",
     "PlanOptions": ".position",
     "Position": ".position",
     "ShardDataLoader": ".shard_dataset",
@@ -63,6 +66,7 @@ __all__ = [
     "LoaderParts",
     "LocalShardSource",
     "MixtureDataset",
+    "PackedLoader",
     "PlanOptions",
     "Position",
     "ShardDataLoader",

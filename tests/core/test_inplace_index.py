@@ -16,6 +16,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.inplace import FileChangedError, InPlaceError, split_unit_path
 from flashfeed.inplaceindex import index_in_place
 from flashfeed.manifest import read_manifest
+from flashfeed.verify import verify_dataset
 
 from support.parquet_corpus import corpus_texts, write_jsonl_corpus, write_parquet_corpus
 
@@ -91,10 +92,14 @@ def test_versions_and_changed_file_refused(tmp_path: Path) -> None:
     write_parquet_corpus(prefix, {"text": corpus_texts(100)}, files=2)
     first = index_in_place(prefix).manifest.digest
     ds = Dataset.open(prefix)
+    assert verify_dataset(ds).ok
     # the file is replaced after indexing: its units are refused on read, in one line
     write_parquet_corpus(prefix, {"text": corpus_texts(100, seed=1)}, files=2)
     with pytest.raises(FileChangedError, match=r"changed after it was indexed.*flashfeed index"):
         ds.read_shard(0)
+    report = verify_dataset(ds)  # `flashfeed verify` names every unit of the changed files
+    assert len(report.problems) == ds.num_shards
+    assert all("changed after it was indexed" in p.reason for p in report.problems)
     # indexing again makes a new version
     assert index_in_place(prefix, overwrite=True).manifest.digest != first
 
