@@ -272,3 +272,25 @@ def test_elastic_resume_from_every_rank_state(text_corpus: str, tok: str, tmp_pa
     assert len(hashes) == len(set(hashes)) == len(TEXTS)
     with pytest.raises(ValueError, match="every one of the 2 ranks"):
         PackedLoader(text_corpus, rank=0, world_size=3, **kw).load_state_dict(states[:1] * 2)
+
+
+def test_warm_then_train_from_the_cache(s3_prefix: str, tok: str, tmp_path: Path) -> None:
+    """``flashfeed cache warm`` fetches the units this node's ranks read (byte ranges of
+    the files); the loader then reads every one of them from the cache, none from S3."""
+    from flashfeed.cli import main
+
+    write_parquet_corpus(s3_prefix, {"text": TEXTS}, files=3, row_group_size=25)
+    index_in_place(s3_prefix)
+    cache = str(tmp_path / "cache")
+    argv = ["cache", "warm", s3_prefix, "--cache-dir", cache, "--world-size", "2",
+            "--ranks-per-node", "2", "--seed", "4", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    batches = []
+    with ShardCache(cache) as sc:
+        for rank in range(2):
+            loader = PackedLoader(s3_prefix, batch_size=3, seq_len=64, tokenizer=tok, seed=4,
+                                  outputs=DOC_OUTPUTS, drop_last=False, cache=sc, rank=rank,
+                                  world_size=2, ranks_per_node=2)  # fmt: skip
+            batches += list(loader)
+        assert sc.stats()["misses"] == 0 and sc.stats()["hits"] > 0
+    assert _decoded(tok, _pieces(batches)) == dict(enumerate(TEXTS))
