@@ -26,8 +26,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import storage
-from .errors import CorruptShardError, FlashfeedError, ManifestError
+from flashfeed import storage
+from flashfeed.errors import CorruptShardError, FlashfeedError, ManifestError
 
 __all__ = [
     "CODECS",

@@ -19,26 +19,26 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
-
-from .datasetinfo import check_version, dataset_id, shard_samples
-from .ledger import Ledger
-from .packedstate import merge_states
-from .parts import loader_parts
-from .position import Position
-from .segments import DOC_OUTPUTS, IGNORE_INDEX
-from .text import load_tokenizer
-from .unitread import DocTokens, UnitReader
+from flashfeed.loader.datasetinfo import check_version, dataset_id, shard_samples
+from flashfeed.loader.ledger import Ledger
+from flashfeed.loader.packedstate import merge_states
+from flashfeed.loader.parts import loader_parts
+from flashfeed.loader.position import Position
+from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
+from flashfeed.loader.text import load_tokenizer
+from flashfeed.loader.unitread import DocTokens, UnitReader
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .parts import SharedKeywords
+    from flashfeed.loader.parts import SharedKeywords
 
 __all__ = ["PackedLoader", "batch_outputs"]
 
@@ -54,7 +54,9 @@ class PackedLoader:
 
     ``column``: a column of token ids (lists of ints) or of text; text needs ``tokenizer``
     (a ``tokenizer.json`` path). ``outputs``: any of ``DOC_OUTPUTS``. ``pad_id``: fills the
-    last row of an epoch when ``drop_last=False``. Every loader's keywords
+    last row of an epoch when ``drop_last=False``. ``max_open``: units kept decoded;
+    ``decode_ahead``: units read and tokenized ahead of need, in background threads (0:
+    when needed, in the caller's thread). Every loader's keywords
     (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
     """
 
@@ -70,11 +72,14 @@ class PackedLoader:
         pad_id: int = 0,
         outputs: Sequence[str] = (),
         max_open: int = 16,
+        decode_ahead: int = 2,
         **shared: Unpack[SharedKeywords],
     ) -> None:
         for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("max_open", max_open)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if isinstance(decode_ahead, bool) or not isinstance(decode_ahead, int) or decode_ahead < 0:
+            raise ValueError(f"decode_ahead must be an integer >= 0, got {decode_ahead!r}")
         if isinstance(outputs, str) or any(o not in DOC_OUTPUTS for o in outputs):
             raise ValueError(f"outputs must be names from {list(DOC_OUTPUTS)}, got {outputs!r}")
         parts = loader_parts(
@@ -109,7 +114,11 @@ class PackedLoader:
         self.skip: set[int] = set()
         self.resume_at: dict[int, int] = {}
         self._finished = False
-        self._units: OrderedDict[int, DocTokens] = OrderedDict()
+        #: units read (or being read) in plan order, the least recently used dropped first
+        self._units: OrderedDict[int, Future[DocTokens]] = OrderedDict()
+        self._counted: set[int] = set()  # units whose skips are counted
+        self.decode_ahead = decode_ahead
+        self._pool: ThreadPoolExecutor | None = None
         self.skipped: Counter[str] = Counter()
         self.ledger = (
             Ledger(parts.telemetry.ledger_dir, rank=self.ctx.rank, world_size=self.ctx.world_size)
@@ -184,15 +193,34 @@ class PackedLoader:
 
     # --- reading ----------------------------------------------------------------------------
 
+    def _submit(self, shard: int) -> Future[DocTokens]:
+        """Unit ``shard`` read and tokenized, in the background when ``decode_ahead``."""
+        if self._pool is None and self.decode_ahead:
+            self._pool = ThreadPoolExecutor(self.decode_ahead, thread_name_prefix="ff-unit")
+        if self._pool is None:
+            done: Future[DocTokens] = Future()
+            try:
+                done.set_result(self.reader.read(self.source, shard))
+            except BaseException as exc:  # raised where the unit is needed, as if inline
+                done.set_exception(exc)
+            fut = done
+        else:
+            fut = self._pool.submit(self.reader.read, self.source, shard)
+        self._units[shard] = fut
+        while len(self._units) > self.max_open:
+            self._units.popitem(last=False)
+        return fut
+
     def _unit(self, shard: int) -> DocTokens:
-        got = self._units.get(shard)
-        if got is None:
-            got = self._units[shard] = self.reader.read(self.source, shard)
-            self.skipped.update(got.skipped)
-            while len(self._units) > self.max_open:
-                self._units.popitem(last=False)
+        fut = self._units.get(shard)
+        if fut is None:
+            fut = self._submit(shard)
         else:
             self._units.move_to_end(shard)
+        got = fut.result()
+        if shard not in self._counted:
+            self._counted.add(shard)
+            self.skipped.update(got.skipped)
         return got
 
     def key(self, shard: int, row: int) -> str:
@@ -213,9 +241,13 @@ class PackedLoader:
         return self._run(ids, shards, rows)
 
     def _ahead(self, shards: np.ndarray, j: int) -> None:
-        """Hint the source at the next units this rank reads (a cold epoch streams)."""
-        nxt = list(dict.fromkeys(shards[j : j + 64 * self.batch_size].tolist()))[: self.max_open]
+        """Hint the source at the next units this rank reads (a cold epoch streams), and
+        start reading and tokenizing the next ``decode_ahead`` of them."""
+        nxt = list(dict.fromkeys(shards[j : j + 4096].tolist()))[: self.max_open // 2]
         self.source.fetch_ahead(nxt)
+        for s in nxt[: self.decode_ahead + 1]:
+            if s not in self._units:
+                self._submit(s)
 
     def _run(
         self, ids: np.ndarray, shards: np.ndarray, rows: np.ndarray
@@ -232,8 +264,8 @@ class PackedLoader:
             keys: list[list[str]] = [[] for _ in range(B)]
             at = 0  # tokens placed in the batch
             while at < B * L and j < n:
-                if j // 256 != last_hint:
-                    last_hint = j // 256
+                if j // 64 != last_hint:
+                    last_hint = j // 64
                     self._ahead(shards, j)
                 if not begun:
                     d = int(ids[j])
@@ -298,6 +330,10 @@ class PackedLoader:
         }
 
     def close(self) -> None:
+        """Stop the background reads (the ones running finish) and let go of the units."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         self._units.clear()
 
 
