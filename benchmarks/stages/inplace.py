@@ -157,10 +157,12 @@ def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace
     from flashfeed.loader import TokenLoader
 
     arrow, ids = ingested_tokens(work / "arrow", docs, tok, seq_len=args.seq_len)
-    local = str(work / "ids")
     column = pa.array(ids, pa.list_(pa.int32()))
-    write_corpus(local, {"input_ids": column}, args.files, args.row_group, "zstd")
-    index_in_place(local)
+    local = {}
+    for codec in ("zstd", "snappy"):
+        local[codec] = str(work / f"ids-{codec}")
+        write_corpus(local[codec], {"input_ids": column}, args.files, args.row_group, codec)
+        index_in_place(local[codec])
 
     def token_loader() -> int:
         loader = TokenLoader(arrow, batch_size=args.batch, drop_last=False)
@@ -168,15 +170,17 @@ def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace
         loader.close()
         return n
 
+    def packed(codec: str) -> Callable[[], Measure]:
+        return lambda: _timed(lambda: run_packed(local[codec], None, args, column="input_ids"))
+
     sides = {
-        "flashfeed PackedLoader (Parquet ids)": lambda: _timed(
-            lambda: run_packed(local, None, args, column="input_ids")
-        ),
+        "PackedLoader (Parquet ids, zstd)": packed("zstd"),
+        "PackedLoader (Parquet ids, snappy)": packed("snappy"),
         "TokenLoader (ingested Arrow)": lambda: _timed(token_loader),
     }
     got = run_rounds(sides, args.rounds, after_each=_progress)
-    return _table("pre-tokenized column vs ingested Arrow", got,
-                  ("flashfeed PackedLoader (Parquet ids)",))  # fmt: skip
+    ours = ("PackedLoader (Parquet ids, zstd)", "PackedLoader (Parquet ids, snappy)")
+    return _table("pre-tokenized column vs ingested Arrow", got, ours)
 
 
 def bench_index(work: Path, store: str, args: argparse.Namespace) -> dict[str, Any]:
