@@ -226,20 +226,18 @@ class UnitReader:
                 docs[i] = v
         lengths = np.zeros(len(values), np.int64)
         eos = self.eos_id
-        for i, d in enumerate(docs):
-            if d is not None:
-                lengths[i] = len(d) + (eos is not None and values[i][0] == "text")
-        offsets = np.zeros(len(values) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.empty(int(offsets[-1]), np.int64)
+        flat: list[int] = []  # list.extend: C speed, no numpy step per document
         for i, d in enumerate(docs):
             if d is None:
                 continue
-            a = int(offsets[i])
-            flat[a : a + len(d)] = d
-            if lengths[i] > len(d):
-                flat[a + len(d)] = eos
-        return DocTokens(offsets, flat, skipped)
+            flat.extend(d)
+            lengths[i] = len(d)
+            if eos is not None and values[i][0] == "text":
+                flat.append(eos)
+                lengths[i] += 1
+        offsets = np.zeros(len(values) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return DocTokens(offsets, np.array(flat, np.int64), skipped)
 
 
 def _list_tokens(col: pa.ChunkedArray) -> DocTokens:

@@ -136,7 +136,9 @@ def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
                 shutil.rmtree(cache, ignore_errors=True)
 
         sides["flashfeed S3 cold"] = cold
-        sides["datasets streaming S3"] = lambda: _maybe(run_hf_streaming, remote_files, tok, opts)
+        sides["datasets streaming S3 cold"] = lambda: _maybe(
+            run_hf_streaming, remote_files, tok, opts
+        )
     got = run_rounds(sides, args.rounds, after_each=_progress)
     return _table(
         "text column tokenized in the loader", got, ("flashfeed local", "flashfeed S3 cold")
@@ -174,12 +176,12 @@ def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace
         return lambda: _timed(lambda: run_packed(local[codec], None, args, column="input_ids"))
 
     sides = {
-        "PackedLoader (Parquet ids, zstd)": packed("zstd"),
-        "PackedLoader (Parquet ids, snappy)": packed("snappy"),
-        "TokenLoader (ingested Arrow)": lambda: _timed(token_loader),
+        "PackedLoader, Parquet ids zstd": packed("zstd"),
+        "PackedLoader, Parquet ids snappy": packed("snappy"),
+        "TokenLoader, ingested Arrow": lambda: _timed(token_loader),
     }
     got = run_rounds(sides, args.rounds, after_each=_progress)
-    ours = ("PackedLoader (Parquet ids, zstd)", "PackedLoader (Parquet ids, snappy)")
+    ours = ("PackedLoader, Parquet ids zstd", "PackedLoader, Parquet ids snappy")
     return _table("pre-tokenized column vs ingested Arrow", got, ours)
 
 
@@ -229,8 +231,10 @@ def _table(
             "tokens_per_cpu_s": best_median(cpu),
         }
         rel = ""
-        if name in ours and peers:
-            best = max(peers, key=lambda p: np.median([m["tokens_per_s"] for m in got[p]]))
+        # a side is compared with the best peer reading from where it reads (local, S3)
+        near = [p for p in peers if p.split()[-1] == name.split()[-1]] or peers
+        if name in ours and near:
+            best = max(near, key=lambda p: np.median([m["tokens_per_s"] for m in got[p]]))
             row["vs"] = best
             row["ratio"] = ratio(rate, [m["tokens_per_s"] for m in got[best]])  # type: ignore[index]
             row["cpu_ratio"] = ratio(cpu, [m["tokens_per_cpu_s"] for m in got[best]])  # type: ignore[index]
