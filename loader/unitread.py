@@ -72,8 +72,12 @@ class LocalUnitSource:
         self._reads += 1
         return data
 
-    def local_path(self, shard: int) -> str:  # the ShardSource protocol: no file per unit
-        raise ValueError("a unit indexed in place is a range of a file, read with read()")
+    def local_path(self, shard: int) -> str:
+        """The file that holds unit ``shard`` (the whole file: read the unit with
+        ``read``), once the unit's bytes are checked (what the read-ahead waits for)."""
+        self.read(shard)
+        url, _ = self.dataset.shard_range(shard)
+        return str(storage.filesystem(url)[1])
 
     def fetch_ahead(self, shards: Any) -> None:
         return None
