@@ -30,6 +30,7 @@ from flashfeed.loader.datasetinfo import check_version, dataset_id, shard_sample
 from flashfeed.loader.ledger import Ledger
 from flashfeed.loader.packedstate import merge_states
 from flashfeed.loader.parts import loader_parts
+from flashfeed.loader.passorder import first_uses
 from flashfeed.loader.position import Position
 from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
 from flashfeed.loader.text import load_tokenizer
@@ -119,6 +120,10 @@ class PackedLoader:
         self._counted: set[int] = set()  # units whose skips are counted
         self.decode_ahead = decode_ahead
         self._pool: ThreadPoolExecutor | None = None
+        self._names: dict[int, str] = {}  # unit -> its path and "/" (keys)
+        self._last: tuple[int, Any] = (-1, None)  # the unit read last, and its documents
+        #: units of this pass in order of first need, and where each is first needed
+        self._firsts: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64),) * 2
         self.skipped: Counter[str] = Counter()
         self.ledger = (
             Ledger(parts.telemetry.ledger_dir, rank=self.ctx.rank, world_size=self.ctx.world_size)
@@ -212,6 +217,8 @@ class PackedLoader:
         return fut
 
     def _unit(self, shard: int) -> DocTokens:
+        if shard == self._last[0]:  # the same unit as the document before: no look-up
+            return self._last[1]
         fut = self._units.get(shard)
         if fut is None:
             fut = self._submit(shard)
@@ -221,10 +228,15 @@ class PackedLoader:
         if shard not in self._counted:
             self._counted.add(shard)
             self.skipped.update(got.skipped)
+        self._last = (shard, got)
         return got
 
     def key(self, shard: int, row: int) -> str:
-        return f"{self.dataset.manifest.shard_path(shard)}/{row}"
+        """``<unit path>/<row>``: the document's key in batches and the ledger."""
+        name = self._names.get(shard)
+        if name is None:
+            name = self._names[shard] = self.dataset.manifest.shard_path(shard) + "/"
+        return f"{name}{row}"
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._finished:
@@ -240,14 +252,18 @@ class PackedLoader:
         rows = ids - self._starts[shards]
         return self._run(ids, shards, rows)
 
-    def _ahead(self, shards: np.ndarray, j: int) -> None:
-        """Hint the source at the next units this rank reads (a cold epoch streams), and
-        start reading and tokenizing the next ``decode_ahead`` of them."""
-        nxt = list(dict.fromkeys(shards[j : j + 4096].tolist()))[: self.max_open // 2]
+    def _ahead(self, pos: int) -> int:
+        """Hint the source at the next units this rank reads from pass position ``pos`` on
+        (a cold epoch streams), and start reading and tokenizing the next ``decode_ahead``
+        of them; the position at which the next unit is first needed."""
+        units, first = self._firsts
+        k = int(np.searchsorted(first, pos, side="right"))
+        nxt = units[max(k - 1, 0) : k + self.max_open // 2].tolist()
         self.source.fetch_ahead(nxt)
         for s in nxt[: self.decode_ahead + 1]:
             if s not in self._units:
                 self._submit(s)
+        return int(first[k]) if k < len(first) else 1 << 62
 
     def _run(
         self, ids: np.ndarray, shards: np.ndarray, rows: np.ndarray
@@ -256,7 +272,8 @@ class PackedLoader:
         j, off, n = 0, self.doc_offset, len(ids)
         begun = off > 0  # the document at j was started before (its offset is off)
         skip, resume_at = self.skip, self.resume_at
-        last_hint = -1
+        self._firsts = first_uses(shards)
+        base, next_hint = 0, 0  # the pass position of ids[0]; where the next unit starts
         while True:
             tokens = np.full((B, L), self.pad_id, np.int64)
             segs: list[Segment] = []
@@ -264,9 +281,8 @@ class PackedLoader:
             keys: list[list[str]] = [[] for _ in range(B)]
             at = 0  # tokens placed in the batch
             while at < B * L and j < n:
-                if j // 64 != last_hint:
-                    last_hint = j // 64
-                    self._ahead(shards, j)
+                if base + j >= next_hint:
+                    next_hint = self._ahead(base + j)
                 if not begun:
                     d = int(ids[j])
                     if d in skip:  # delivered whole before a resume on another world size
@@ -294,9 +310,8 @@ class PackedLoader:
                 self._end([self._id_of(k) for k in started])
                 return
             self.position.advance(j)
-            ids, shards, rows, j = ids[j:], shards[j:], rows[j:], 0
+            ids, shards, rows, base, j = ids[j:], shards[j:], rows[j:], base + j, 0
             n = len(ids)
-            last_hint = -1
             self.doc_offset = off if begun else 0
             if self.ledger is not None and started:
                 self.ledger.record(self.position.epoch, started)
@@ -331,6 +346,7 @@ class PackedLoader:
 
     def close(self) -> None:
         """Stop the background reads (the ones running finish) and let go of the units."""
+        self._last = (-1, None)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

@@ -7,8 +7,9 @@
            off) beside Hugging Face ``datasets`` streaming ``load_dataset("parquet",
            streaming=True).map(tokenize, batched=True)`` and LitData's ``ParquetLoader``
            when installed; local files, and cold from S3 (a fresh node cache each round)
-  tokens   a column of token ids (lists of int32) packed by ``PackedLoader`` beside
-           ``TokenLoader`` over an ingested Arrow dataset of the same tokens and rows
+  tokens   a column of token ids (lists of int32; zstd, snappy) packed by ``PackedLoader``
+           beside ``TokenLoader`` over an ingested Arrow dataset of the same tokens packed
+           the same way (the tokenized corpus repeated ``--token-copies`` times)
   index    seconds and requests of ``flashfeed index`` over ``--index-files`` Parquet files
            on S3 (the benchmark's own SeaweedFS)
 
@@ -154,11 +155,13 @@ def _maybe(fn: Callable[..., int | None], *a: Any) -> Measure | None:
 def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace) -> dict[str, Any]:
     import pyarrow as pa
 
-    from benchmarks.stages.tokens_dataset import ingested_tokens
+    from benchmarks.stages.tokens_dataset import document_ids, ingested_tokens
     from flashfeed.inplaceindex import index_in_place
     from flashfeed.loader import TokenLoader
 
-    arrow, ids = ingested_tokens(work / "arrow", docs, tok, seq_len=args.seq_len)
+    ids = document_ids(docs, tok) * args.token_copies  # more tokens than a tokenizer makes
+    arrow = ingested_tokens(work / "arrow", ids, tok, seq_len=args.seq_len)
+    print(f"\n{sum(len(d) for d in ids):,} tokens in {len(ids):,} documents")
     column = pa.array(ids, pa.list_(pa.int32()))
     local = {}
     for codec in ("zstd", "snappy"):
@@ -254,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument(
+        "--token-copies", type=int, default=16, help="the tokenized corpus, repeated (tokens)"
+    )
     p.add_argument("--index-files", type=int, default=1000)
     p.add_argument("--index-rows", type=int, default=1000, help="rows per row group (2 each)")
     p.add_argument("--index-workers", type=int, default=16)

@@ -1,6 +1,6 @@
-"""The same documents two ways: an ingested Arrow token dataset (``TokenPacker``, concat
-packing, as ``flashfeed ingest --tokenizer`` writes) and each document's token ids (its
-tokens plus EOS), for a Parquet column of ids holding exactly those tokens."""
+"""The same token documents two ways: an ingested Arrow token dataset (concat packing, as
+``flashfeed ingest --tokenizer`` lays rows out) and each document's token ids (its tokens
+plus EOS), for a Parquet column of ids holding exactly those tokens."""
 
 from __future__ import annotations
 
@@ -10,25 +10,40 @@ import numpy as np
 
 from flashfeed import storage
 from flashfeed.arrowshard import write_arrow
+from flashfeed.ingest.packing import plan_packing
 from flashfeed.ingest.tokenize import TOKEN_FEATURE, TokenPacker
 from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.shardio import shard_name
 
-__all__ = ["ingested_tokens"]
+__all__ = ["document_ids", "ingested_tokens"]
+
+
+def document_ids(docs: list[str], tokenizer: str) -> list[np.ndarray]:
+    """Each document's tokens plus EOS, as ingest encodes them."""
+    packer = TokenPacker(tokenizer, seq_len=1, packing="concat")
+    stream, lengths = packer.encode(docs)
+    ends = np.cumsum(lengths)
+    return [stream[e - n : e].astype(np.int32) for e, n in zip(ends, lengths, strict=True)]
 
 
 def ingested_tokens(
-    prefix: Path, docs: list[str], tokenizer: str, *, seq_len: int, docs_per_shard: int = 2000
-) -> tuple[str, list[list[int]]]:
-    """``(dataset url, ids per document)``: the Arrow dataset committed at ``prefix``."""
+    prefix: Path,
+    ids: list[np.ndarray],
+    tokenizer: str,
+    *,
+    seq_len: int,
+    docs_per_shard: int = 2000,
+) -> str:
+    """The Arrow dataset of documents ``ids`` (packed back to back into ``seq_len`` rows,
+    their boundaries recorded), committed at ``prefix``; its URL."""
     packer = TokenPacker(tokenizer, seq_len=seq_len, packing="concat")
-    stream, lengths = packer.encode(docs)
-    ends = np.cumsum(lengths)
-    ids = [stream[e - n : e].astype(np.int32).tolist() for e, n in zip(ends, lengths, strict=True)]
     infos = []
-    for n, first in enumerate(range(0, len(docs), docs_per_shard)):
-        part = docs[first : first + docs_per_shard]
-        table, _ = packer.pack(part, list(range(first, first + len(part))))
+    for n, first in enumerate(range(0, len(ids), docs_per_shard)):
+        part = ids[first : first + docs_per_shard]
+        lengths = np.array([len(d) for d in part], np.int64)
+        stream = np.concatenate(part).astype(packer.dtype)
+        plan = plan_packing(lengths, packer.options)
+        table = packer.table(stream, lengths, plan, np.arange(first, first + len(part)))
         data = write_arrow(table)
         path = shard_name(n, "arrow")
         storage.write_bytes(storage.join(str(prefix), path), data)
@@ -39,4 +54,4 @@ def ingested_tokens(
         requires=(TOKEN_FEATURE,),
     )  # fmt: skip
     commit_manifest(str(prefix), manifest)
-    return str(prefix), ids
+    return str(prefix)
