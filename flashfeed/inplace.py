@@ -120,7 +120,7 @@ class FileEntry:
     """One indexed file: where it is, what it was, and where its units start."""
 
     file: str
-    bytes: int
+    size: int
     etag: str | None
     codec: str
     footer: bytes | None
@@ -154,7 +154,7 @@ class InPlaceFiles:
             raise ManifestError(f"{self.source}: no file {file!r} in the files table")
         row = {c: self._table.column(c)[i].as_py() for c in FILES_SCHEMA.names}
         return FileEntry(
-            file=row["file"], bytes=row["bytes"], etag=row["etag"], codec=row["codec"],
+            file=row["file"], size=row["bytes"], etag=row["etag"], codec=row["codec"],
             footer=row["footer"], offsets=tuple(row["offsets"]),
         )  # fmt: skip
 
@@ -273,7 +273,7 @@ def read_row_group(
 
     footer = entry.footer or b""
     tail = footer + struct.pack("<I", len(footer)) + b"PAR1"
-    raw = UnitFile(entry.bytes, entry.offsets[unit], data, tail)
+    raw = UnitFile(entry.size, entry.offsets[unit], data, tail)
     try:
         pf = pq.ParquetFile(pa.PythonFile(raw, mode="r"), metadata=metadata)
         return pf.read_row_group(unit, columns=columns)

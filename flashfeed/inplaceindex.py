@@ -345,7 +345,7 @@ def _common_schema(fmt: str, scanned: list[_Scanned]) -> dict[str, str]:
     """The manifest schema: Parquet files must agree column for column (the first
     difference is named); JSONL records the keys of the first object."""
     if fmt == "jsonl":
-        keys = next((s.schema for s in scanned if s.schema), [])
+        keys: list[str] = next((s.schema for s in scanned if s.schema), [])
         return {k: "json" for k in keys}
     first = scanned[0]
     for s in scanned[1:]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,11 +35,6 @@ from flashfeed.loader.position import Position
 from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
 from flashfeed.loader.text import load_tokenizer
 from flashfeed.loader.unitread import DocTokens, UnitReader
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
-    from flashfeed.loader.parts import SharedKeywords
 
 __all__ = ["PackedLoader", "batch_outputs"]
 
@@ -74,7 +69,7 @@ class PackedLoader:
         outputs: Sequence[str] = (),
         max_open: int = 16,
         decode_ahead: int = 2,
-        **shared: Unpack[SharedKeywords],
+        **shared: Any,  # ``SharedKeywords``, checked by ``loader_parts``
     ) -> None:
         for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("max_open", max_open)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

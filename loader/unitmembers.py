@@ -90,7 +90,7 @@ class UnitMemberReader(ShardReader):
         if self.dataset.manifest.shard_format == "parquet":
             md = self._metadata.get(entry.file)
             if md is None:
-                md = self._metadata[entry.file] = parquet_metadata(entry.footer, source=url)
+                md = self._metadata[entry.file] = parquet_metadata(entry.footer or b"", source=url)
             table: pa.Table = read_row_group(
                 data, entry, unit, None, metadata=md, name=f"{url}#{unit}"
             )

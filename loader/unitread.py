@@ -160,7 +160,7 @@ class UnitReader:
     ) -> list[Any] | DocTokens:
         md = self._metadata.get(entry.file)
         if md is None:
-            md = self._metadata[entry.file] = parquet_metadata(entry.footer, source=url)
+            md = self._metadata[entry.file] = parquet_metadata(entry.footer or b"", source=url)
         _, unit = split_unit_path(path)
         table = read_row_group(data, entry, unit, [self.column], metadata=md, name=name)
         col = table.column(self.column)
@@ -202,6 +202,8 @@ class UnitReader:
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
+            if self.tokenizer_json is None:
+                raise ValueError(f"column {self.column!r} holds text: give tokenizer=")
             self._tokenizer = Tokenizer.from_str(self.tokenizer_json)
         return self._tokenizer
 
