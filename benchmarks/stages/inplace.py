@@ -10,6 +10,8 @@
   tokens   a column of token ids (lists of int32; zstd, snappy) packed by ``PackedLoader``
            beside ``TokenLoader`` over an ingested Arrow dataset of the same tokens packed
            the same way (the tokenized corpus repeated ``--token-copies`` times)
+  images   images/s of the DALI ``Loader`` over JPEGs and captions as a Hugging Face
+           ``Image`` column in Parquet (indexed in place) beside the same in tar shards
   index    seconds and requests of ``flashfeed index`` over ``--index-files`` Parquet files
            on S3 (the benchmark's own SeaweedFS)
 
@@ -188,6 +190,66 @@ def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace
     return _table("pre-tokenized column vs ingested Arrow", got, ours)
 
 
+def bench_images(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Images/s of the DALI ``Loader`` over the same JPEGs and captions: rows of Parquet
+    files indexed in place (a Hugging Face ``Image`` column) beside tar shards."""
+    import io
+    import tarfile
+
+    import pyarrow as pa
+    from PIL import Image
+
+    from flashfeed.indexer import index_dataset
+    from flashfeed.inplaceindex import index_in_place
+    from flashfeed.loader import Loader
+
+    rng = np.random.default_rng(0)
+    jpegs, captions = [], []
+    for i in range(args.images):
+        pixels = rng.integers(0, 255, (args.image_side, args.image_side, 3), np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(pixels).save(out, "JPEG", quality=85)
+        jpegs.append(out.getvalue())
+        captions.append(f"image {i}")
+    pq_prefix, tar_prefix = str(work / "img-parquet"), work / "img-tar"
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    images = pa.array([{"bytes": b, "path": f"{i}.jpg"} for i, b in enumerate(jpegs)], image_type)
+    write_corpus(pq_prefix, {"image": images, "caption": pa.array(captions)}, args.files,
+                 args.image_rows, "snappy")  # fmt: skip
+    index_in_place(pq_prefix)
+    bounds = np.linspace(0, args.images, args.files + 1).astype(int)
+    tar_prefix.mkdir(parents=True)
+    for k in range(args.files):
+        with tarfile.open(tar_prefix / f"shard-{k:05d}.tar", "w") as tar:
+            for i in range(int(bounds[k]), int(bounds[k + 1])):
+                for ext, data in (("jpg", jpegs[i]), ("txt", captions[i].encode())):
+                    info = tarfile.TarInfo(f"{i:08d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    index_dataset(str(tar_prefix))
+
+    def run(url: str, fields: dict[str, str]) -> Measure:
+        def count() -> int:
+            loader = Loader(url, batch_size=64, image_size=args.image_out, fields=fields,
+                            device="cpu", drop_last=False)  # fmt: skip
+            n = sum(len(b["__key__"]) for b in loader)
+            loader.close()
+            return n
+
+        m = _timed(count)  # "tokens" are images here
+        return m
+
+    sides = {
+        "Loader, Parquet image bytes": lambda: run(
+            pq_prefix, {"image": "image", "caption": "caption"}
+        ),
+        "Loader, tar shards": lambda: run(str(tar_prefix), {"image": "jpg", "caption": "txt"}),
+    }
+    got = run_rounds(sides, args.rounds, after_each=_progress)
+    return _table("image bytes in Parquet vs tar shards (images/s)", got,
+                  ("Loader, Parquet image bytes",))  # fmt: skip
+
+
 def bench_index(work: Path, store: str, args: argparse.Namespace) -> dict[str, Any]:
     import pyarrow as pa
 
@@ -264,7 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index-rows", type=int, default=1000, help="rows per row group (2 each)")
     p.add_argument("--index-workers", type=int, default=16)
     p.add_argument("--no-s3", action="store_true", help="local files only, no index stage")
-    p.add_argument("--stages", default="text,tokens,index")
+    p.add_argument("--images", type=int, default=2000, help="JPEGs of the images stage")
+    p.add_argument("--image-side", type=int, default=256, help="their width and height")
+    p.add_argument("--image-out", type=int, default=64, help="the Loader's image_size")
+    p.add_argument("--image-rows", type=int, default=250, help="images per row group")
+    p.add_argument("--stages", default="text,tokens,images,index")
     p.add_argument("--out", default=None, help="JSON file to write")
     args = p.parse_args(argv)
     stages = set(args.stages.split(","))
@@ -281,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                 out["text"] = bench_text(work, docs, tok, args, bucket)
             if "tokens" in stages:
                 out["tokens"] = bench_tokens(work, docs, tok, args)
+            if "images" in stages:
+                out["images"] = bench_images(work, args)
             if "index" in stages and bucket is not None:
                 out["index"] = bench_index(work, bucket, args)
         finally:
