@@ -140,6 +140,7 @@ class InPlaceFiles:
         if len(self._at) != len(self._files):
             raise ManifestError(f"{source}: a file is listed twice")
         self._table = table
+        self._entries: dict[str, FileEntry] = {}
 
     def __len__(self) -> int:
         return len(self._files)
@@ -149,14 +150,19 @@ class InPlaceFiles:
         return list(self._files)
 
     def entry(self, file: str) -> FileEntry:
+        """The record of ``file``, made once (a unit's every read asks for it)."""
+        got = self._entries.get(file)
+        if got is not None:
+            return got
         i = self._at.get(file)
         if i is None:
             raise ManifestError(f"{self.source}: no file {file!r} in the files table")
         row = {c: self._table.column(c)[i].as_py() for c in FILES_SCHEMA.names}
-        return FileEntry(
+        got = self._entries[file] = FileEntry(
             file=row["file"], size=row["bytes"], etag=row["etag"], codec=row["codec"],
             footer=row["footer"], offsets=tuple(row["offsets"]),
         )  # fmt: skip
+        return got
 
     def url(self, file: str) -> str:
         return storage.join(self.root, file)

@@ -130,8 +130,13 @@ class PackedLoader:
     def set_epoch(self, epoch: int) -> None:
         self._finished = False
         if epoch != self.position.epoch:
-            self.doc_offset = 0
+            self._new_epoch()
         self.position.set_epoch(epoch)
+
+    def _new_epoch(self) -> None:
+        """What the last epoch left to skip or continue does not carry into another."""
+        self.doc_offset = 0
+        self.skip, self.resume_at = set(), {}
 
     # --- state ------------------------------------------------------------------------------
 
@@ -184,7 +189,7 @@ class PackedLoader:
             )
             self.position.load_state_dict(position)
             self.doc_offset = 0
-        self._finished = bool(states[0].get("finished", False))
+        self._finished = all(bool(s.get("finished", False)) for s in states)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -231,7 +236,7 @@ class PackedLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._finished:
             self.position.next_epoch()
-            self.doc_offset = 0
+            self._new_epoch()
             self._finished = False
         plan = self.position.rank_plan()
         ids = plan.samples

@@ -263,13 +263,18 @@ def test_elastic_resume_from_every_rank_state(text_corpus: str, tok: str, tmp_pa
         batches += [next(it) for _ in range(5)]
         states.append(loader.state_dict())
     assert states[0]["consumed"] != states[1]["consumed"]
+    following = []
     for rank in range(3):
         loader = PackedLoader(text_corpus, rank=rank, world_size=3, **kw)
         loader.load_state_dict(states)
         batches += list(loader)
+        following += list(loader)  # the next epoch: whole, nothing left to skip from this one
     assert _decoded(tok, _pieces(batches)) == dict(enumerate(TEXTS))
-    hashes = [h for lines in read_ledger(ledger).values() for h in lines]
-    assert len(hashes) == len(set(hashes)) == len(TEXTS)
+    assert _decoded(tok, _pieces(following)) == dict(enumerate(TEXTS))
+    by_epoch = read_ledger(ledger)
+    assert sorted(by_epoch) == [0, 1]
+    for hashes in by_epoch.values():
+        assert len(hashes) == len(set(hashes)) == len(TEXTS)
     with pytest.raises(ValueError, match="every one of the 2 ranks"):
         PackedLoader(text_corpus, rank=0, world_size=3, **kw).load_state_dict(states[:1] * 2)
 
