@@ -14,7 +14,7 @@ import numpy as np
 from . import crypto, storage
 from .arrowshard import open_arrow
 from .errors import CorruptShardError
-from .inplace import InPlaceFiles, check_unit_bytes, is_in_place, read_files_table
+from .inplace import InPlaceFiles, check_unit_bytes, is_in_place, read_files_table, unit_rows
 from .manifest import Manifest, ShardInfo, read_manifest
 from .shardlist import ShardList
 from .tarshard import Sample, iter_samples
@@ -191,6 +191,10 @@ class Dataset:
         """
         info = self.shard(shard)
         data = self.read_shard(info)
+        if self.in_place is not None:  # a row group or a block of lines: its rows
+            for i, row in enumerate(unit_rows(self.in_place, info.path, data)):
+                yield f"{info.path}/{i}", row
+            return
         if self.manifest.shard_format == "arrow":
             table = open_arrow(data, name=self.shard_url(info))
             for i, row in enumerate(table.to_pylist()):

@@ -42,6 +42,7 @@ __all__ = [
     "read_files_table",
     "split_unit_path",
     "unit_path",
+    "unit_rows",
 ]
 
 #: the ``requires`` feature of an in-place manifest
@@ -291,3 +292,30 @@ def read_row_group(
 
 class InPlaceError(FlashfeedError, ValueError):
     """A folder cannot be indexed in place (nothing was written)."""
+
+
+def unit_rows(files: InPlaceFiles, path: str, data: bytes) -> list[Any]:
+    """The rows of the unit at ``path`` from its bytes: dicts of a row group's columns, or
+    each JSONL line's value (None for a line that is not JSON)."""
+    import gzip
+    import json
+
+    url, _, entry = files.location(path)
+    _, unit = split_unit_path(path)
+    if entry.footer is not None:
+        md = parquet_metadata(entry.footer, source=url)
+        return read_row_group(data, entry, unit, None, metadata=md, name=url).to_pylist()
+    if entry.codec == "gzip":
+        data = gzip.decompress(data)
+    elif entry.codec == "zstd":
+        import zstandard
+
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    out: list[Any] = []
+    for line in data.split(b"\n"):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append(None)
+    return out

@@ -53,6 +53,8 @@ def test_parquet_folder_indexed_in_place(any_prefix: str) -> None:
     assert set(before) <= set(after) and len(after) == len(before) + 3
     ds = Dataset.open(any_prefix)
     assert [t for i in range(ds.num_shards) for t in _rows_of(ds, i)] == texts
+    rows = list(ds)  # every unit's rows, in file and row group order
+    assert [r["text"] for _, r in rows] == texts and rows[0][0] == f"{files[0]}#0/0"
     if not storage.is_local(any_prefix):  # object stores: each file's ETag recorded
         assert all(ds.in_place.etags[f] for f in files)
 
@@ -85,6 +87,7 @@ def test_jsonl_blocks_and_compressed_units(tmp_path: Path) -> None:
         m = index_in_place(prefix).manifest
         assert m.num_shards == files and m.num_samples == 300
         assert all(s.path.endswith("#0") for s in m.shards)
+        assert [r for _, r in Dataset.open(prefix)] == rows  # decompressed, line by line
 
 
 def test_versions_and_changed_file_refused(tmp_path: Path) -> None:
