@@ -22,6 +22,8 @@ import xxhash
 
 from flashfeed import storage
 from flashfeed.errors import DatasetExistsError
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest, manifest_url
+from flashfeed.format.shardtable import ShardTable
 from flashfeed.inplace import (
     FILES_PREFIX,
     IN_PLACE,
@@ -29,8 +31,6 @@ from flashfeed.inplace import (
     files_table,
     unit_path,
 )
-from flashfeed.manifest import Manifest, ShardInfo, commit_manifest, manifest_url
-from flashfeed.shardtable import ShardTable
 
 __all__ = [
     "JSONL_SUFFIXES",

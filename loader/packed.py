@@ -26,15 +26,16 @@ import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
-from flashfeed.loader.datasetinfo import check_version, dataset_id, shard_samples
-from flashfeed.loader.ledger import Ledger
-from flashfeed.loader.packedrows import Segment, batch_outputs, tokenizer_eos
-from flashfeed.loader.packedstate import merge_states
-from flashfeed.loader.parts import loader_parts
-from flashfeed.loader.passorder import first_uses
-from flashfeed.loader.position import Position
-from flashfeed.loader.segments import DOC_OUTPUTS
-from flashfeed.loader.unitread import DocTokens, UnitReader
+
+from .datasetinfo import check_version, dataset_id, shard_samples
+from .packedrows import Segment, batch_outputs, tokenizer_eos
+from .packedstate import merge_states
+from .parts import loader_parts
+from .passorder import first_uses
+from .position import Position
+from .telemetry.ledger import Ledger
+from .tokens.segments import DOC_OUTPUTS
+from .unitread import DocTokens, UnitReader
 
 __all__ = ["PackedLoader"]
 

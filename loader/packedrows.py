@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashfeed.loader.segments import IGNORE_INDEX
-from flashfeed.loader.text import load_tokenizer
+from .image.text import load_tokenizer
+from .tokens.segments import IGNORE_INDEX
 
 __all__ = ["EOS_CANDIDATES", "Segment", "batch_outputs", "tokenizer_eos"]
 

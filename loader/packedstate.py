@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.plan import PlanOptions, Segment, Topology, rank_plan
+from flashfeed.plan.plan import PlanOptions, Segment, Topology, rank_plan
 
 __all__ = ["merge_states"]
 

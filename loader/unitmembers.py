@@ -20,9 +20,10 @@ import pyarrow as pa
 
 from flashfeed.dataset import Dataset
 from flashfeed.inplace import parquet_metadata, read_row_group, split_unit_path
-from flashfeed.loader.shardreader import ShardReader
-from flashfeed.loader.sources import ShardSource
-from flashfeed.loader.unitread import unit_bytes
+
+from .shardreader import ShardReader
+from .sources import ShardSource
+from .unitread import unit_bytes
 
 __all__ = ["UnitMemberReader", "member_reader"]
 

@@ -199,7 +199,7 @@ def bench_images(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     import pyarrow as pa
     from PIL import Image
 
-    from flashfeed.indexer import index_dataset
+    from flashfeed.format.indexer import index_dataset
     from flashfeed.inplaceindex import index_in_place
     from flashfeed.loader import Loader
 
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _start_store(work: Path) -> Any:
     """The benchmark's own SeaweedFS, its AWS variables exported for this process."""
-    from flashfeed.store import EmbeddedStore
+    from flashfeed.cli.devstore import EmbeddedStore
 
     store = EmbeddedStore(str(work / "store"), port=0)
     store.start()

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 
 from flashfeed import storage
-from flashfeed.arrowshard import write_arrow
+from flashfeed.format.arrowshard import write_arrow
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.ingest.packing import plan_packing
 from flashfeed.ingest.tokenize import TOKEN_FEATURE, TokenPacker
-from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.shardio import shard_name
 
 __all__ = ["document_ids", "ingested_tokens"]

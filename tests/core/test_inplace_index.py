@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from flashfeed import storage
-from flashfeed.cli import main
+from flashfeed.cli.app import main
 from flashfeed.dataset import Dataset
+from flashfeed.format.manifest import read_manifest
 from flashfeed.inplace import FileChangedError, InPlaceError, split_unit_path
 from flashfeed.inplaceindex import index_in_place
-from flashfeed.manifest import read_manifest
 from flashfeed.verify import verify_dataset
 
 from support.parquet_corpus import corpus_texts, write_jsonl_corpus, write_parquet_corpus

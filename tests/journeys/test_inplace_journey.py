@@ -14,10 +14,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from flashfeed.cache import ShardCache
-from flashfeed.cli import main as flashfeed
+from flashfeed.cli.app import main as flashfeed
 from flashfeed.dataset import Dataset
 from flashfeed.loader import DOC_OUTPUTS, PackedLoader
-from flashfeed.loader.ledger import key_hash, read_ledger
+from flashfeed.loader.telemetry.ledger import key_hash, read_ledger
 
 from support.parquet_corpus import corpus_texts, write_parquet_corpus
 from support.token_docs import byte_bpe

@@ -20,9 +20,9 @@ from flashfeed.cache import ShardCache
 from flashfeed.errors import CorruptShardError
 from flashfeed.inplace import FileChangedError
 from flashfeed.inplaceindex import index_in_place
-from flashfeed.loader.ledger import key_hash, read_ledger
 from flashfeed.loader.packed import PackedLoader
-from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
+from flashfeed.loader.telemetry.ledger import key_hash, read_ledger
+from flashfeed.loader.tokens.segments import DOC_OUTPUTS, IGNORE_INDEX
 
 from support.parquet_corpus import corpus_texts, write_jsonl_corpus, write_parquet_corpus
 from support.token_docs import byte_bpe
@@ -282,7 +282,7 @@ def test_elastic_resume_from_every_rank_state(text_corpus: str, tok: str, tmp_pa
 def test_warm_then_train_from_the_cache(s3_prefix: str, tok: str, tmp_path: Path) -> None:
     """``flashfeed cache warm`` fetches the units this node's ranks read (byte ranges of
     the files); the loader then reads every one of them from the cache, none from S3."""
-    from flashfeed.cli import main
+    from flashfeed.cli.app import main
 
     write_parquet_corpus(s3_prefix, {"text": TEXTS}, files=3, row_group_size=25)
     index_in_place(s3_prefix)
