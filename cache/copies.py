@@ -174,7 +174,7 @@ class ShardCopies:
         """``fill`` from peers first (``self.peers``), then the store: a fill whose bytes or
         index from peers do not match the manifest runs anew without those peers."""
         source = None
-        if self.peers is not None:
+        if self.peers is not None and not dataset.in_place:  # units of files: from the store
             source = self.peers.attempt(
                 dataset, d, i, storage_options=self.storage_options, connections=self.limit.maximum
             )

@@ -18,6 +18,7 @@ import xxhash
 from flashfeed import crypto, storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
+from flashfeed.format.inplace import check_unit_bytes
 from flashfeed.format.manifest import ShardInfo
 from flashfeed.format.tarshard import scan_index
 from flashfeed.format.wdsindex import parse_index
@@ -166,7 +167,9 @@ def _fetch_to(
     priority: PartPriority | None = None,
     source: FillSource | None = None,
 ) -> FetchReport:
-    url = dataset.shard_url(info)
+    # a unit of a file indexed in place is a range of that file: its bytes start at ``base``
+    # (peers serve whole shards of our own format only: ``ShardCopies`` gives them no unit)
+    url, base = dataset.shard_range(info)
     direct = source if source is not None else _direct(url, opts, fetcher) if info.bytes else None
     fs: Any = None  # only where no lean reader reads it: making one imports s3fs
     path = ""
@@ -180,9 +183,9 @@ def _fetch_to(
 
     def fetch(start: int, end: int) -> bytes | memoryview | _Landed:
         if direct is None:
-            return fs.cat_file(path, start=start, end=end)
+            return fs.cat_file(path, start=base + start, end=base + end)
         at = start  # each chunk: socket -> reused buffer -> hash (when in order) -> file
-        for part in direct.chunks(start, end, _buffer(chunk)):
+        for part in direct.chunks(base + start, base + end, _buffer(chunk)):
             _pwrite_all(fd, part, at)
             hasher.add(at, part)
             landed(at, at + len(part))
@@ -364,6 +367,8 @@ def fill_shard(
             file_bytes.close()
             os.close(fd)
         got = hasher.checksum(info.bytes)
+        if got != info.checksum and dataset.in_place is not None:
+            check_unit_bytes(b"", info, url=dataset.shard_url(info))  # the one-line refusal
         if got != info.checksum:
             raise CorruptShardError(
                 f"shard {info.path} of dataset {dataset.url} arrived with checksum {got}, "
