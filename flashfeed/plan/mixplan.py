@@ -25,47 +25,22 @@ laid end to end in the mixture's order (``MixPlanner.offsets``).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from flashfeed.plan.mixcycles import Cursor, SourceCycles, SourceTable
 from flashfeed.plan.mixdeal import WeightCurve, deal_order, whole_batches
 from flashfeed.plan.mixture import Mixture
 from flashfeed.plan.plan import (
     PlanOptions,
-    RankPlan,
-    Segment,
     Topology,
-    _epoch,
-    _node_samples,
-    _rank_plan,
-    _sizes,
 )
-from flashfeed.plan.streams import _Chain, _Epoch
 
 __all__ = ["Cursor", "MixPlanner", "MixProgress", "MixRankPlan", "SourceTable"]
 
 _SALT_PHASE = 0x70686173
-CYCLE = 1 << 32  # source epoch of (epoch, cycle): epoch * CYCLE + cycle
-
-
-@dataclass(frozen=True)
-class SourceTable:
-    """What the plan needs of one source: its name, its dataset's digest, its shard sizes."""
-
-    name: str
-    digest: str
-    sizes: np.ndarray = field(repr=False)
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """One source's place in an epoch: its cycle, and what of it was trained (segments)."""
-
-    cycle: int = 0
-    segments: tuple[Segment, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,18 +73,6 @@ class MixRankPlan:
     #: the slots of the deal consumed once its cycle is complete
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     dropped_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-
-def _derived_seed(seed: int, digest: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}/{digest}".encode()).digest()[:8], "big") >> 1
-
-
-def _merge(segments: tuple[Segment, ...], topology: Topology, k: int) -> tuple[Segment, ...]:
-    """``segments`` after each rank took ``k`` more samples under ``topology``."""
-    if segments and segments[-1].topology == topology:
-        last = segments[-1]
-        return (*segments[:-1], replace(last, samples_per_rank=last.samples_per_rank + k))
-    return (*segments, Segment(topology.world_size, topology.rpn, k))
 
 
 class MixPlanner:
@@ -145,191 +108,13 @@ class MixPlanner:
             if n == 0:
                 raise ValueError(f"source {t.name!r} has no samples")
         self.totals = totals
+        self.cycles = SourceCycles(tables, options)
         self.offsets = np.concatenate([[0], np.cumsum(totals)])
         counts = np.array([len(t.sizes) for t in tables], dtype=np.int64)
         self.shard_offsets = np.concatenate([[0], np.cumsum(counts)])
-        # a cycle never repeats a sample: its split leaves the rest out (``cycle_loss``)
-        self.src_options = tuple(
-            replace(options, seed=_derived_seed(options.seed, t.digest), drop_last=True)
-            for t in tables
-        )
         self.index = {t.name: i for i, t in enumerate(tables)}
         # a deal: its labels, and the pick of each slot (``deal_order``)
         self._deals: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._lengths: dict[tuple[object, ...], int] = {}
-        self._losses: dict[tuple[object, ...], int] = {}
-        self._chains: dict[int, _Chain] = {}
-
-    # -- sources -------------------------------------------------------------------------
-
-    def _epoch(
-        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...]
-    ) -> tuple[_Epoch, int]:
-        """``plan._epoch`` of source ``s``'s cycle over its shard chain, which depends on
-        neither the epoch nor the cycle: built once, not once per cycle."""
-        try:
-            if s not in self._chains:
-                self._chains[s] = _Chain(_sizes(self.tables[s].sizes), self.src_options[s])
-            return _epoch(self.tables[s].sizes, self.src_options[s], epoch * CYCLE + cycle,
-                          topology, segments, self._chains[s])  # fmt: skip
-        except ValueError as exc:
-            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
-
-    def cycle_plan(
-        self,
-        s: int,
-        epoch: int,
-        cycle: int,
-        topology: Topology,
-        rank: int,
-        segments: tuple[Segment, ...] = (),
-    ) -> np.ndarray:
-        """Source ``s``'s own ids that ``rank`` still reads of cycle ``cycle``."""
-        return self._cycle_rank(s, epoch, cycle, topology, rank, segments).samples
-
-    def _cycle_rank(
-        self,
-        s: int,
-        epoch: int,
-        cycle: int,
-        topology: Topology,
-        rank: int,
-        segments: tuple[Segment, ...] = (),
-    ) -> RankPlan:
-        """``rank``'s plan of a cycle: what it still reads, and its share of what the cycle's
-        split leaves unread (a rest smaller than the world size: all of it)."""
-        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
-        try:
-            return _rank_plan(rest, skip, self.src_options[s], topology, rank)
-        except ValueError as exc:
-            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
-
-    def _cycle_len(
-        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...] = ()
-    ) -> int:
-        key = (s, epoch, cycle, topology, segments)
-        if key not in self._lengths:
-            self._lengths[key] = self._count(s, epoch, cycle, topology, segments)
-        return self._lengths[key]
-
-    def _count(
-        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...]
-    ) -> int:
-        """``len(cycle_plan(...))``, the same on every rank, without planning a rank."""
-        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
-        return max(rest.current.per_rank(True) - skip, 0)
-
-    def cycle_loss(
-        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...]
-    ) -> int:
-        """Samples of a cycle that its split among ``topology``'s ranks leaves unread (all
-        ranks together): fewer than a world size, or the whole rest when it is smaller."""
-        key = (s, epoch, cycle, topology, segments)
-        if key not in self._losses:
-            rest, _ = self._epoch(s, epoch, cycle, topology, segments)
-            level = rest.current
-            self._losses[key] = int(level.length - level.per_rank(True) * topology.world_size)
-        return self._losses[key]
-
-    def source_losses(self, s: int, cursor: Cursor, epoch: int, topology: Topology, k: int) -> int:
-        """What the cycles that ``k`` more picks per rank complete leave unread (as
-        ``advance`` moves: a cycle is complete once read to its end, one with nothing left
-        for these ranks at the next pick)."""
-        out, pos, cycle, segs = 0, 0, cursor.cycle, cursor.segments
-        while True:
-            n = self._cycle_len(s, epoch, cycle, topology, segs)
-            if n == 0 and not segs:
-                self._full_len(s, topology)  # says the source is too small
-            if k - pos < max(n, 1):
-                return out
-            out += self.cycle_loss(s, epoch, cycle, topology, segs)
-            pos, cycle, segs = pos + n, cycle + 1, ()
-
-    def _full_len(self, s: int, topology: Topology) -> int:
-        """Samples per rank of a whole cycle of source ``s`` (the same in every cycle)."""
-        n = self._cycle_len(s, 0, 0, topology)
-        if n == 0:
-            raise ValueError(
-                f"source {self.tables[s].name!r} has too few samples "
-                f"({self.totals[s]}) for {topology.world_size} ranks"
-            )
-        return n
-
-    def advance(self, cursor: Cursor, s: int, epoch: int, topology: Topology, k: int) -> Cursor:
-        """Source ``s``'s cursor after each rank read ``k`` more of its samples."""
-        if k == 0:
-            return cursor
-        rest = self._cycle_len(s, epoch, cursor.cycle, topology, cursor.segments)
-        if k < rest:
-            return Cursor(cursor.cycle, _merge(cursor.segments, topology, k))
-        full, part = divmod(k - rest, self._full_len(s, topology))
-        segs = (Segment(topology.world_size, topology.rpn, part),) if part else ()
-        return Cursor(cursor.cycle + 1 + full, segs)
-
-    def source_picks(
-        self,
-        s: int,
-        cursor: Cursor,
-        epoch: int,
-        topology: Topology,
-        rank: int,
-        lo: int,
-        hi: int,
-        *,
-        node: bool = False,
-        dropped: list[tuple[int, np.ndarray]] | None = None,
-    ) -> np.ndarray:
-        """Source ``s``'s own ids of ``rank``'s picks ``[lo, hi)`` of a deal from ``cursor``;
-        with ``node``, of every rank of node ``rank``: one row per pick, one column per rank.
-        ``dropped`` gets, for each cycle a pick in ``[lo, hi)`` completes (``source_losses``),
-        that pick and the rank's share of what the cycle leaves unread."""
-        out, pos, cycle, segs = [], 0, cursor.cycle, cursor.segments
-        while pos < hi:
-            key = (s, epoch, cycle, topology, segs)
-            plan = None
-            if not node and pos >= lo and key not in self._lengths:
-                # the whole cycle is read from its start: its plan says its length too
-                plan = self._cycle_rank(s, epoch, cycle, topology, rank, segs)
-                n = self._lengths[key] = len(plan.samples)
-            else:
-                n = self._cycle_len(s, epoch, cycle, topology, segs)
-            if n == 0 and not segs:
-                self._full_len(s, topology)  # says the source is too small
-            if pos + n > lo:
-                if node:
-                    ids = self._node_cycle(s, epoch, cycle, topology, rank, segs, n)
-                else:
-                    plan = plan or self._cycle_rank(s, epoch, cycle, topology, rank, segs)
-                    ids = plan.samples
-                out.append(ids[max(lo - pos, 0) : hi - pos])
-            done = pos + max(n, 1) - 1  # the pick that completes the cycle
-            if dropped is not None and lo <= done < hi:
-                plan = plan or self._cycle_rank(s, epoch, cycle, topology, rank, segs)
-                dropped.append((done, plan.dropped))
-            pos, cycle, segs = pos + n, cycle + 1, ()
-        if not out:
-            return np.zeros((0, topology.rpn) if node else 0, np.int64)
-        return np.concatenate(out)
-
-    def _node_cycle(
-        self,
-        s: int,
-        epoch: int,
-        cycle: int,
-        topology: Topology,
-        node: int,
-        segments: tuple[Segment, ...],
-        n: int,
-    ) -> np.ndarray:
-        """Source ``s``'s ids that node ``node``'s ranks read of a cycle, ``(n, rpn)``: the
-        node's stream dealt round-robin (rank ``j``'s ``i``-th sample is element
-        ``i * rpn + j``)."""
-        rpn = topology.rpn
-        if n == 0:
-            return np.zeros((0, rpn), np.int64)
-        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
-        ids = _node_samples(rest, skip, self.src_options[s], topology, node)
-        return ids.reshape(n, rpn)
 
     # -- deals ---------------------------------------------------------------------------
 
@@ -369,7 +154,7 @@ class MixPlanner:
         if cur.cycle != 0:
             return 0
         x = self.index[str(self.mixture.until)]
-        return self._cycle_len(x, progress.epoch, 0, progress.topology, cur.segments)
+        return self.cycles.cycle_len(x, progress.epoch, 0, progress.topology, cur.segments)
 
     def epoch_length(self) -> int:
         """Global samples of an epoch of ``length`` (or, by default, of all sources)."""
@@ -427,12 +212,12 @@ class MixPlanner:
                     and cur.cycle == 0
                     and (self._until_left(progress) == 0)
                 ):  # its one cycle has nothing left for these ranks: the epoch ends on it
-                    plan = self._cycle_rank(s, progress.epoch, 0, topo, rank, cur.segments)
+                    plan = self.cycles.cycle_rank(s, progress.epoch, 0, topo, rank, cur.segments)
                     gone_ids.append(plan.dropped + self.offsets[s])
                     gone_at.append(np.full(len(plan.dropped), max(len(labels), 1), np.int64))
                 continue
             found: list[tuple[int, np.ndarray]] = []
-            own = self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s],
+            own = self.cycles.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s],
                                     dropped=found)  # fmt: skip
             first = int(starts[s])
             picks[first + int(before[s]) : first + int(total[s])] = own + self.offsets[s]
@@ -455,12 +240,12 @@ class MixPlanner:
         out = progress.dropped
         for s, t in enumerate(self.tables):
             cur = progress.cursor(t.name)
-            out += self.source_losses(s, cur, progress.epoch, topo, int(total[s]))
+            out += self.cycles.source_losses(s, cur, progress.epoch, topo, int(total[s]))
         if self.mixture.until is not None and self._until_left(progress) == 0:
             cur = progress.cursor(self.mixture.until)
             if cur.cycle == 0:
                 x = self.index[self.mixture.until]
-                out += self.cycle_loss(x, progress.epoch, 0, topo, cur.segments)
+                out += self.cycles.cycle_loss(x, progress.epoch, 0, topo, cur.segments)
         return int(out)
 
     def node_samples(self, progress: MixProgress, node_rank: int) -> np.ndarray:
@@ -476,7 +261,7 @@ class MixPlanner:
         for s, t in enumerate(self.tables):
             if total[s] > before[s]:
                 cur = progress.cursor(t.name)
-                own = self.source_picks(s, cur, progress.epoch, topo, node_rank, before[s],
+                own = self.cycles.source_picks(s, cur, progress.epoch, topo, node_rank, before[s],
                                         total[s], node=True)  # fmt: skip
                 first = int(starts[s])
                 picks[first + int(before[s]) : first + int(total[s])] = own + self.offsets[s]
@@ -535,7 +320,7 @@ class MixPlanner:
         batch per rank, an ``until`` source with fewer samples than ranks): never a silent
         empty pass."""
         if self.mixture.until is not None:
-            self._full_len(self.index[self.mixture.until], topology)
+            self.cycles.full_len(self.index[self.mixture.until], topology)
             return
         length, width = self.epoch_length(), topology.world_size
         if length // width < self.batch:
@@ -564,8 +349,8 @@ class MixPlanner:
             if name not in self.index:
                 raise ValueError(f"source {name!r} is not in this mixture {self.mixture.names}")
             s = self.index[name]
-            dropped += self.source_losses(s, cursors[name], progress.epoch, old, int(k))
-            cursors[name] = self.advance(cursors[name], s, progress.epoch, old, int(k))
+            dropped += self.cycles.source_losses(s, cursors[name], progress.epoch, old, int(k))
+            cursors[name] = self.cycles.advance(cursors[name], s, progress.epoch, old, int(k))
         ordered = tuple((t.name, cursors.get(t.name, Cursor())) for t in self.tables)
         start = progress.start + progress.consumed * old.world_size
         return MixProgress(progress.epoch, progress.epoch_start, start, topology, ordered,
