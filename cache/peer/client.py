@@ -88,6 +88,7 @@ class PeerTier:
         self._strikes: dict[str, int] = {}
         self._distrusted: dict[tuple[str, int], set[str]] = defaultdict(set)
         self._owners: dict[str, dict[int, str]] = {}
+        self._sources: dict[str, dict[int, str]] = {}
         self._counts: dict[str, int] = defaultdict(int)
         self._owning = threading.local()
 
@@ -191,10 +192,22 @@ class PeerTier:
         with self._lock:
             return [p for p in self.peers if self._down.get(p, 0) <= now]
 
-    def assign(self, key: str, owners: Mapping[int, str]) -> None:
-        """Shard -> the node that reads it from the store (a cluster warm's placement)."""
+    def assign(
+        self, key: str, owners: Mapping[int, str], sources: Mapping[int, str] | None = None
+    ) -> None:
+        """Shard -> the node that reads it from the store (a cluster warm's placement), and
+        shard -> the node this one copies it from (a sweep warm's plan: ``sweep.py``)."""
         with self._lock:
             self._owners[key] = dict(owners)
+            if sources is not None:
+                self._sources[key] = dict(sources)
+
+    def planned(self, key: str, shard: int) -> list[str]:
+        """The nodes the placement names for this node's copy of ``shard``: its planned
+        source, then the shard's store reader (either may be absent)."""
+        with self._lock:
+            out = [self._sources.get(key, {}).get(shard), self._owners.get(key, {}).get(shard)]
+        return [p for p in dict.fromkeys(out) if p is not None and p != self.self_address]
 
     def owner(self, key: str, shard: int, excluded: set[str]) -> str | None:
         """The node that single-flights the store read of ``shard``: the placement's when it
