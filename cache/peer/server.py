@@ -3,7 +3,9 @@
 Every request is signed with the cluster token (``auth.py``). What a peer may serve:
 
 - ``GET /v1/have``: the announcement of what this node holds (``announce.py``): per
-  dataset key, its complete shards and the fills running now;
+  dataset key, its complete shards and the fills running now; ``?since=INSTANCE.V``: only
+  what changed since version V of this server's holdings (``holdings.py``), or the full
+  announcement when V is too old;
 - ``GET /v1/shard/<key>/<i>`` with a ``Range``: bytes of a complete shard (one that passed
   its fill's checksum and was renamed into place) or of a fill in progress, streamed as its
   blocks land (``progress.py``): a fill that fails cuts the response short, so the reader
@@ -20,7 +22,6 @@ holder); ``rate`` bounds the bytes per second this node serves. Standalone
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -37,8 +38,8 @@ from flashfeed.dataset import Dataset
 
 from ..layout import DatasetDir, dataset_key, list_dataset_dirs
 from ..progress import FillView, live_path
-from .announce import encode_held
 from .auth import verify
+from .holdings import HoldingsLog
 
 __all__ = ["PeerServer"]
 
@@ -47,6 +48,7 @@ log = logging.getLogger("flashfeed.cache.peer")
 #: a dataset key is a directory name of the cache root (``layout.dataset_key``): never "."
 #: or "..", never a path
 _ROUTE = re.compile(r"^/v1/(shard|index|fill)/([A-Za-z0-9_][A-Za-z0-9_.-]{0,79})/(\d{1,12})$")
+_HAVE = re.compile(r"^/v1/have(?:\?since=([0-9a-f]{1,32}\.\d{1,18}))?$")
 _CHUNK = 1 << 20
 _PACED = 64 << 10  # the pieces of a paced response (``rate``)
 #: how long a response waits for a fill's next block, or for a fill asked for to start
@@ -116,6 +118,8 @@ class PeerServer:
         self._pending: dict[tuple[str, int], Future[Any]] = {}
         self._lock = threading.Lock()
         self._announced: tuple[float, bytes] = (-1e9, b"")
+        self.holdings = HoldingsLog()
+        self._filling: dict[str, list[int]] = {}
         self._dirs: dict[str, DatasetDir] = {}
         self.served_bytes = 0
         self.refused = 0
@@ -157,13 +161,20 @@ class PeerServer:
         self.close()
 
     # -- what this node holds ----------------------------------------------------------------
-    def announcement(self) -> bytes:
-        """The JSON announcement (rebuilt at most every half second)."""
+    def announcement(self, since: str | None = None) -> bytes:
+        """The JSON announcement, or with ``since`` (``instance.version``) the changes
+        since that version when the log still has them (rebuilt at most every half second)."""
         with self._lock:
             at, body = self._announced
-            if time.monotonic() - at < _ANNOUNCE_EVERY:
-                return body
-        datasets = {}
+            fresh = time.monotonic() - at < _ANNOUNCE_EVERY
+        if not fresh:
+            body = self._rebuild()
+        with self._lock:
+            return self.holdings.body(since, self._filling, full=body, extra={"node": self.address})
+
+    def _rebuild(self) -> bytes:
+        held: dict[str, tuple[int, list[int]]] = {}
+        filling: dict[str, list[int]] = {}
         for listed in list_dataset_dirs(self.root):
             d = self._dirs.setdefault(listed.key, listed)  # keeps its table of shard paths
             try:
@@ -173,17 +184,15 @@ class PeerServer:
             if is_encrypted(manifest):
                 continue
             count = len(manifest.shards)
-            held = d.held_shards()
-            filling = sorted(
-                {s for s, p in d.parts() if p.endswith(".live") and s < count} - set(held)
+            complete = d.held_shards()
+            held[d.key] = (count, complete)
+            filling[d.key] = sorted(
+                {s for s, p in d.parts() if p.endswith(".live") and s < count} - set(complete)
             )
-            datasets[d.key] = {
-                "count": count,
-                "held": base64.b64encode(encode_held(held, count)).decode(),
-                "filling": filling,
-            }
-        body = json.dumps({"node": self.address, "datasets": datasets}).encode()
         with self._lock:
+            self.holdings.update(held)
+            self._filling = {k: v for k, v in filling.items() if v}
+            body = json.dumps({"node": self.address, **self.holdings.full(self._filling)}).encode()
             self._announced = (time.monotonic(), body)
         return body
 
@@ -251,8 +260,9 @@ class PeerServer:
             def do_GET(self) -> None:
                 if not self._authorized():
                     return
-                if self.path == "/v1/have":
-                    self._status(200, server.announcement())
+                have = _HAVE.match(self.path)
+                if have is not None:
+                    self._status(200, server.announcement(have.group(1)))
                     return
                 m = _ROUTE.match(self.path)
                 if m is None or m.group(1) == "fill":
