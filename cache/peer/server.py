@@ -225,8 +225,17 @@ class PeerServer:
         with self._lock:
             running = self._pending.get((key, shard))
             if running is None or running.done():
-                self._pending[(key, shard)] = self._fills.submit(self._fill, dataset, shard)
+                fut = self._fills.submit(self._fill, dataset, shard)
+                fut.add_done_callback(lambda f: self._fill_ended(f, key, shard))
+                self._pending[(key, shard)] = fut
         return 202
+
+    @staticmethod
+    def _fill_ended(fut: Future[Any], key: str, shard: int) -> None:
+        """A fill a peer asked for that failed says why (its readers only see it end)."""
+        if not fut.cancelled() and fut.exception() is not None:
+            exc = fut.exception()
+            log.warning("fill of shard %d of %s asked by a peer failed: %r", shard, key, exc)
 
     def _pending_fill(self, key: str, shard: int) -> Future[Any] | None:
         with self._lock:
@@ -370,7 +379,21 @@ class PeerServer:
                 lo: int,
                 hi: int,
             ) -> None:
-                src = open(path if path is not None else view.part, "rb")  # type: ignore[union-attr]
+                for _ in range(3):
+                    try:
+                        src = open(path if path is not None else view.part, "rb")  # type: ignore[union-attr]
+                        break
+                    except FileNotFoundError:
+                        if view is None:
+                            raise
+                        # the fill ended between the look and the open: its shard is in
+                        # place now (or it failed, or another fill runs): look again
+                        view.close()
+                        path, view = self._wait_for(d, shard)
+                        if path is None and view is None:
+                            raise OSError("the fill ended without its shard") from None
+                else:
+                    raise OSError("the shard's file kept moving")
                 try:
                     at, moved = lo, time.monotonic()
                     step = _CHUNK if server._throttle.rate <= 0 else _PACED
