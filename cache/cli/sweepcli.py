@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from flashfeed.plan.plan import PlanOptions
 from flashfeed.units import parse_size
 
 from ..peer.sweep import load_sweep
@@ -36,6 +37,16 @@ def warm_sweep_command(args: argparse.Namespace) -> int:
         "--peer-self": args.peer_self,
     }
     clash = [name for name, value in given.items() if value is not None]
+    plan = PlanOptions()
+    defaults = {
+        "--ranks-per-node": (args.ranks_per_node, 1),
+        "--epochs": (args.epochs, 1),
+        "--seed": (args.seed, plan.seed),
+        "--shuffle/--no-shuffle": (args.shuffle, plan.shuffle),
+        "--window": (args.window, plan.window),
+        "--drop-last/--no-drop-last": (args.drop_last, plan.drop_last),
+    }
+    clash += [name for name, (value, default) in defaults.items() if value != default]
     if clash:
         raise ValueError(
             f"--sweep takes the dataset, the hosts and each job's plan from its file: drop "

@@ -39,7 +39,12 @@ def _local_dirs(template: str | None, nodes: Sequence[SweepNode]) -> list[str]:
     return dirs
 
 
-def _run_local(nodes: Sequence[SweepNode], url: str, dirs: Sequence[str], kwargs: list[dict]):
+def _run_local(
+    nodes: Sequence[SweepNode],
+    url: str,
+    dirs: Sequence[str],
+    kwargs: Sequence[dict[str, Any]],
+) -> list[dict[str, Any]]:
     with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="ff-sweep") as pool:
         futures = [
             pool.submit(warm_node, url, d, n.share, kw)
@@ -52,7 +57,7 @@ def _run_ray(
     nodes: Sequence[SweepNode],
     url: str,
     cache_dir: str | None,
-    kwargs: list[dict],
+    kwargs: Sequence[dict[str, Any]],
     address: str | None,
     warn: Callable[[str], None],
 ) -> list[dict[str, Any]]:

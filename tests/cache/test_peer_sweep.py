@@ -45,6 +45,25 @@ def test_a_sweep_file_is_checked_before_any_io():
             parse_sweep(data)
 
 
+def test_cache_warm_sweep_flags_are_checked_before_any_io(tmp_path, capsys, monkeypatch):
+    from flashfeed.cli import main
+
+    monkeypatch.setenv("FLASHFEED_PEER_TOKEN", TOKEN)
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"dataset": "s3://nowhere/d", "jobs": [{"hosts": ["n1"]}]}))
+    cases = [
+        (["--sweep", str(path)], "--ray-address) or here (--local)"),
+        (["--sweep", str(path), "--local", "--cache-dir", "/tmp/x"], "must hold {host}"),
+        (["s3://b/d", "--sweep", str(path), "--local"], "drop DATASET"),
+        (["--sweep", str(path), "--local", "--seed", "3"], "drop --seed"),
+        (["--local"], "add --sweep FILE"),
+        (["--sweep", str(tmp_path / "none.json"), "--local"], "cannot read the sweep file"),
+    ]
+    for flags, message in cases:
+        assert main(["cache", "warm", *flags]) == 2, flags
+        assert message in capsys.readouterr().err, flags
+
+
 def test_cache_warm_sweep_reads_each_shard_from_the_store_once(s3_prefix, s3_store, tmp_path):
     """Three jobs (2 + 1 + 1 nodes, seeds 0-2) of one dataset warm with one plan, here
     (``--local``): the store serves each shard once (counted at the proxy every node reads
