@@ -131,6 +131,7 @@ def sweep_warm(root: Path, store_port: int, proxy: SlowProxy, url: str, size: in
             "warm_bytes_from_store": r["peers"].get("bytes_from_store", 0),
             "warm_bytes_from_peers": r["peers"].get("bytes_from_peers", 0),
             "served_bytes": served[r["peer"]],
+            "server_bytes_from_store": (r["server"] or {}).get("bytes_from_store", 0),
         }
         for r in results
     ]
@@ -263,14 +264,16 @@ def table(out: dict[str, Any]) -> str:
         "",
         "sweep with the tier, per node (cache warm --sweep --local):",
         "| node | planned store reads | planned copies in | planned copies served | "
-        "warm MB from store | warm MB from peers | MB its server served |",
+        "MB from store: warm + its server | warm MB from peers | MB its server served |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for n in s["tier"].get("nodes", []):
         p = n["planned"]
         lines.append(
             f"| {n['peer']} | {p['store_reads']} | {p['copies_in']} | {p['copies_served']} | "
-            f"{n['warm_bytes_from_store'] / 1e6:.1f} | {n['warm_bytes_from_peers'] / 1e6:.1f} | "
+            f"{n['warm_bytes_from_store'] / 1e6:.1f} + "
+            f"{n.get('server_bytes_from_store', 0) / 1e6:.1f} | "
+            f"{n['warm_bytes_from_peers'] / 1e6:.1f} | "
             f"{n['served_bytes'] / 1e6:.1f} |"
         )
     return "\n".join(lines)

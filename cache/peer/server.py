@@ -13,7 +13,9 @@ Every request is signed with the cluster token (``auth.py``). What a peer may se
   decrypted here, they would not match the manifest);
 - ``GET /v1/index/<key>/<i>``: the shard's index, once it is here;
 - ``POST /v1/fill/<key>/<i>`` (body ``{"url": ...}``): fill the shard from the store now,
-  so that the nodes missing it stream it from this node (single flight across nodes).
+  so that the nodes missing it stream it from this node (single flight across nodes);
+- ``GET /v1/stats``: this node's counters (bytes served; a ``PeerNode``'s own fills, those
+  asked for by peers among them, by source).
 
 At most ``max_streams`` shard responses at once (503 beyond: the reader asks another
 holder); ``rate`` bounds the bytes per second this node serves. Standalone
@@ -36,10 +38,11 @@ from typing import Any
 from flashfeed.crypto import is_encrypted
 from flashfeed.dataset import Dataset
 
-from ..layout import DatasetDir, dataset_key, list_dataset_dirs
+from ..layout import DatasetDir, dataset_key
 from ..progress import FillView, live_path
 from .auth import verify
 from .holdings import HoldingsLog
+from .scan import scan_holdings
 
 __all__ = ["PeerServer"]
 
@@ -101,6 +104,7 @@ class PeerServer:
         open_dataset: Callable[[str], Dataset] | None = None,
         max_streams: int = 8,
         rate: float = 0.0,
+        stats: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         if isinstance(max_streams, bool) or not isinstance(max_streams, int) or max_streams < 1:
             raise ValueError(f"max_streams must be an integer >= 1, got {max_streams!r}")
@@ -112,6 +116,7 @@ class PeerServer:
         self.token = token
         self._fill = fill
         self._open_dataset = open_dataset
+        self._stats = stats
         self._streams = threading.BoundedSemaphore(max_streams)
         self._throttle = _Throttle(rate)
         self._fills = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ff-peer-fill")
@@ -173,28 +178,22 @@ class PeerServer:
             return self.holdings.body(since, self._filling, full=body, extra={"node": self.address})
 
     def _rebuild(self) -> bytes:
-        held: dict[str, tuple[int, list[int]]] = {}
-        filling: dict[str, list[int]] = {}
-        for listed in list_dataset_dirs(self.root):
-            d = self._dirs.setdefault(listed.key, listed)  # keeps its table of shard paths
-            try:
-                manifest = d.manifest
-            except Exception:  # a dataset directory being written: announced next time
-                continue
-            if is_encrypted(manifest):
-                continue
-            count = len(manifest.shards)
-            complete = d.held_shards()
-            held[d.key] = (count, complete)
-            filling[d.key] = sorted(
-                {s for s, p in d.parts() if p.endswith(".live") and s < count} - set(complete)
-            )
+        held, filling = scan_holdings(self.root, self._dirs)
         with self._lock:
             self.holdings.update(held)
-            self._filling = {k: v for k, v in filling.items() if v}
-            body = json.dumps({"node": self.address, **self.holdings.full(self._filling)}).encode()
+            self._filling = filling
+            body = json.dumps({"node": self.address, **self.holdings.full(filling)}).encode()
             self._announced = (time.monotonic(), body)
         return body
+
+    def counters(self) -> dict[str, Any]:
+        """What ``GET /v1/stats`` answers: bytes served, requests refused, and the node's
+        own counters (``stats``: a ``PeerNode``'s fills, for peers among them)."""
+        return {
+            "served_bytes": self.served_bytes,
+            "refused": self.refused,
+            **(self._stats() if self._stats is not None else {}),
+        }
 
     def _dataset_dir(self, key: str) -> DatasetDir | None:
         d = DatasetDir(self.root, key)
@@ -272,6 +271,9 @@ class PeerServer:
                 have = _HAVE.match(self.path)
                 if have is not None:
                     self._status(200, server.announcement(have.group(1)))
+                    return
+                if self.path == "/v1/stats":
+                    self._status(200, json.dumps(server.counters()).encode())
                     return
                 m = _ROUTE.match(self.path)
                 if m is None or m.group(1) == "fill":

@@ -10,6 +10,8 @@ result says what it read from the store and what from peers.
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -20,6 +22,7 @@ from flashfeed.dataset import Dataset
 
 from ..warm.cluster import _driver_storage_options, map_hosts, warm_node
 from .auth import load_token
+from .client import PeerTier
 from .sweep import Sweep, SweepNode, plan_sweep
 
 __all__ = ["sweep_summary", "warm_sweep"]
@@ -83,6 +86,20 @@ def _run_ray(
     return results
 
 
+def _server_counters(tier: PeerTier, peer: str) -> dict[str, int] | None:
+    """The counters of ``peer``'s server (``GET /v1/stats``), or None when it cannot say."""
+    try:
+        resp = tier.request(peer, "GET", "/v1/stats")
+        data = resp.read(1 << 16)
+        resp.close()
+        if resp.status != 200:
+            return None
+        out = json.loads(data)
+        return {str(k): int(v) for k, v in out.items()}
+    except (OSError, http.client.HTTPException, ValueError, TypeError, AttributeError):
+        return None
+
+
 def warm_sweep(
     sweep: Sweep,
     cache_dir: str | None,
@@ -95,12 +112,15 @@ def warm_sweep(
     warn: Callable[[str], None] = log.warning,
 ) -> list[dict[str, Any]]:
     """Warm every node of ``sweep`` on one plan (see the module docstring); one result per
-    node, job after job, with ``job``, ``peer`` and the plan's share of it (``planned``)."""
+    node, job after job, with ``job``, ``peer``, the plan's share of it (``planned``) and
+    what its peer server did meanwhile (``server``: its counters' change, None when it
+    could not say)."""
     if local == (address is not None):
         raise ValueError("a sweep warm runs on a Ray cluster (--ray-address) or here (--local)")
-    load_token(token_file=token_file)  # no token: one line now, not one per node
     nodes = sweep.nodes(port=port)
     dirs = _local_dirs(cache_dir, nodes) if local else []
+    # no token: one line now, not one per node
+    tier = PeerTier(peers=[n.peer for n in nodes], token=load_token(token_file=token_file))
     options = _driver_storage_options(cache_kwargs.get("storage_options"))
     dataset = Dataset.open(sweep.dataset, storage_options=options)
     placement, specs = plan_sweep(dataset, nodes, max_serving=sweep.max_serving, seed=sweep.seed)
@@ -114,12 +134,16 @@ def warm_sweep(
         }
         for n in nodes
     ]
+    before = [_server_counters(tier, n.peer) for n in nodes]
     if local:
         results = _run_local(nodes, sweep.dataset, dirs, kwargs)
     else:
         results = _run_ray(nodes, sweep.dataset, cache_dir, kwargs, address, warn)
-    for n, r in zip(nodes, results, strict=True):
+    after = [_server_counters(tier, n.peer) for n in nodes]
+    for n, r, b, a in zip(nodes, results, before, after, strict=True):
         r["job"], r["peer"] = n.job, n.peer
+        # what the node's peer server did meanwhile: its fills asked for by peers, its copies
+        r["server"] = None if a is None or b is None else {k: a[k] - b.get(k, 0) for k in a}
         r["planned"] = {
             "store_reads": reads.get(n.peer, 0),
             "copies_in": len(specs[n.peer]["sources"]),
@@ -140,14 +164,18 @@ def sweep_summary(results: Sequence[dict[str, Any]]) -> list[str]:
         s, c = int(p.get("bytes_from_store", 0)), int(p.get("bytes_from_peers", 0))
         store += s
         plan = r["planned"]
+        server = r.get("server") or {}
+        s += int(server.get("bytes_from_store", 0))
+        store += int(server.get("bytes_from_store", 0))
+        served = f", {server['served_bytes'] / 1e6:.1f} MB served" if server else ""
         lines.append(
             f"job {r['job']} node {r['node_rank']} ({r['peer']}): {r['fetched']} fetched, "
             f"{r['already']} already here; {s / 1e6:.1f} MB from the store, {c / 1e6:.1f} MB "
-            f"from peers (planned: {plan['store_reads']} store reads, {plan['copies_in']} "
-            f"copies in, {plan['copies_served']} served)"
+            f"from peers{served} (planned: {plan['store_reads']} store reads, "
+            f"{plan['copies_in']} copies in, {plan['copies_served']} served)"
         )
     lines.append(
-        f"sweep: {store / 1e6:.1f} MB read from the store by the warms (a node's peer server "
-        "reads the rest of its planned store reads when a peer asks first: 'already here')"
+        f"sweep: {store / 1e6:.1f} MB read from the store (by the warms, and by the nodes' "
+        "peer servers for peers that asked first)"
     )
     return lines

@@ -64,6 +64,11 @@ def test_cache_warm_sweep_flags_are_checked_before_any_io(tmp_path, capsys, monk
         assert message in capsys.readouterr().err, flags
 
 
+def _store(result: dict) -> int:
+    """Store bytes of one node: its warm's and its peer server's (fills peers asked for)."""
+    return result["peers"].get("bytes_from_store", 0) + result["server"].get("bytes_from_store", 0)
+
+
 def test_cache_warm_sweep_reads_each_shard_from_the_store_once(s3_prefix, s3_store, tmp_path):
     """Three jobs (2 + 1 + 1 nodes, seeds 0-2) of one dataset warm with one plan, here
     (``--local``): the store serves each shard once (counted at the proxy every node reads
@@ -126,12 +131,20 @@ def test_cache_warm_sweep_reads_each_shard_from_the_store_once(s3_prefix, s3_sto
         mine = {int(s) for s, owner in specs[node.peer]["owners"].items() if owner == node.peer}
         assert r["planned"]["store_reads"] == len(mine)
         # a warm reads from the store only what the plan gave its node
-        assert r["peers"]["bytes_from_store"] <= sum(ds.shards[s].bytes for s in mine)
+        assert r["peers"].get("bytes_from_store", 0) <= sum(ds.shards[s].bytes for s in mine)
         d = DatasetDir(str(tmp_path / node.hostname), key)
         for s in set(node.share.order(ds)):
             assert storage.file_checksum(d.shard_path(s)) == ds.shards[s].checksum
     assert sum(r["peers"]["bytes_from_peers"] for r in results) > 0
     assert sum(served) > 0  # the copies crossed the nodes' servers
+    # per node, the warm's and its server's store reads: together what the proxy counted,
+    # and each node's within the shards the plan gave it
+    for node, r in zip(swept, results, strict=True):
+        mine = {int(s) for s, owner in specs[node.peer]["owners"].items() if owner == node.peer}
+        both = _store(r)
+        assert both <= sum(ds.shards[s].bytes for s in mine)
+    assert sum(_store(r) for r in results) == store_bytes
+    assert sum(r["server"]["served_bytes"] for r in results) == sum(served)
 
 
 def test_cache_warm_sweep_runs_one_task_per_node_on_ray(
