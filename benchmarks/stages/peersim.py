@@ -14,7 +14,10 @@ a cold start lasts as long as its most loaded link:
 Scenarios: the first epoch of a 1,000-node job (each shard read by one node); an elastic
 re-split of that job to 999 nodes (the survivors' caches hold the old shares); a 64-run
 sweep of 8 nodes each (512 nodes, every shard read by 64 nodes). And the announcements: the
-bytes of what a node holds at 1,000 nodes and a million shards.
+bytes of what a node holds at 1,000 nodes and a million shards, full and as deltas
+(``HoldingsLog``, the server's own log and answers) under churn: each refresh interval a node
+fills ``--churn`` new shards and evicts as many (8 a second: a node reading 2 GB/s of 256 MiB
+shards), for a reader one interval behind and one ten intervals behind.
 
     python -m benchmarks.stages.peersim --out .bench/peersim.json
 """
@@ -31,6 +34,7 @@ import numpy as np
 
 from benchmarks.harness.results import write_json
 from flashfeed.cache.peer.announce import encoded_size
+from flashfeed.cache.peer.holdings import HoldingsLog, since_param
 from flashfeed.cache.peer.placement import place
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.plan.plan import node_shard_order
@@ -93,6 +97,31 @@ def model(
     }
 
 
+def announcements(shards: int, held: int, churn: int, rng: np.random.Generator) -> dict[str, int]:
+    """Bytes of one node's answers to ``/v1/have`` as its server sends them: the full
+    announcement, and the deltas for readers 1 and 10 refresh intervals behind, while the
+    node fills ``churn`` new shards and evicts ``churn`` each interval."""
+    key = "k" * 32  # a dataset key is 32 characters (``layout.dataset_key``)
+    log = HoldingsLog()
+    have = set(rng.choice(shards, held, replace=False).tolist())
+    log.update({key: (shards, have)})
+    versions = [log.version]
+    for _ in range(10):
+        gone = rng.choice(sorted(have), churn, replace=False).tolist()
+        new: set[int] = set()
+        while len(new) < churn:
+            new |= {int(x) for x in rng.integers(0, shards, churn)} - have
+        have = (have - set(gone)) | set(list(new)[:churn])
+        log.update({key: (shards, have)})
+        versions.append(log.version)
+    full = len(log.body(None))
+    return {
+        "full": full,
+        "delta_1": len(log.body(since_param(log.instance, versions[-2]))),
+        "delta_10": len(log.body(since_param(log.instance, versions[0]))),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -103,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store-gbps", type=float, default=100.0, help="GB/s, all nodes together")
     p.add_argument("--node-gbps", type=float, default=12.5, help="GB/s per node (100 Gb/s)")
     p.add_argument("--max-serving", type=int, default=4)
+    p.add_argument("--churn", type=int, default=8, help="shards filled and evicted a second")
     p.add_argument("--out", default=".bench/peersim.json")
     args = p.parse_args(argv)
     size = args.shard_mib * (1 << 20)
@@ -128,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     ]:
         announce[label] = encoded_size(rng.choice(million, held, replace=False), million)
     out["announcement_bytes"] = announce
+    deltas = {
+        label: announcements(million, held, args.churn, rng)
+        for label, held in [("job node", 1000), ("sweep node", 125_000)]
+    }
+    out["announcement_deltas"] = deltas
 
     rows = [
         ("1,000-node job, first epoch", out["job_first_epoch"]),
@@ -149,6 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     for label, n in announce.items():
         print(f"announcement, {label}: {n} bytes; 1,000 of them: {n * 1000 / 1e6:.1f} MB")
+    print(
+        f"\nannouncements as served, 1M shards, churn {args.churn} filled + {args.churn} "
+        "evicted a second; a node reading all 999 others once a second:"
+    )
+    print("| node holds | full B | delta 1 s B | delta 10 s B | 999 full MB/s | 999 deltas MB/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, held in [("job node", 1000), ("sweep node", 125_000)]:
+        d = deltas[label]
+        print(
+            f"| {label}, {held:,} | {d['full']:,} | {d['delta_1']:,} | {d['delta_10']:,} | "
+            f"{d['full'] * 999 / 1e6:.1f} | {d['delta_1'] * 999 / 1e6:.2f} |"
+        )
     write_json(args.out, out)
     print(f"wrote {args.out}")
     return 0

@@ -7,8 +7,9 @@ set to ``--store-mbps``: the store's bandwidth is the bottleneck, as at a few hu
 The proxy counts the shard bytes the store served. One run, three scenarios:
 
   sweep        4 jobs of one dataset (seeds 0-3), one node each, warm at once: store bytes
-               over the dataset's, with the tier (placement: planned store readers) and
-               without it (each node on its own, as today)
+               over the dataset's, with the tier (``cache warm --sweep --local``'s
+               ``warm_sweep``: one plan for all jobs, each node's warm against its node's
+               cache) and without it (each node on its own, as today)
   replacement  after the sweep, a node is lost; its replacement warms its share from its
                peers, against a fresh node warming the same share from the throttled store
   cold-epoch   2 jobs x 2 nodes (every shard read by 2 nodes) start together and read
@@ -33,6 +34,8 @@ from typing import Any
 from benchmarks.harness.results import write_json
 from benchmarks.harness.store import start_store
 from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
+from flashfeed.cache.peer.sweep import parse_sweep
+from flashfeed.cache.peer.sweepwarm import warm_sweep
 from flashfeed.cache.warm.nodeshare import NodeShare
 
 # the simulated nodes and the store's throttling proxy are the tests' own
@@ -53,8 +56,10 @@ class Cluster:
         self.nodes: list[SimNode] = []
         self._n = 1
 
-    def start(self, name: str) -> SimNode:
+    def start(self, name: str | None = None) -> SimNode:
+        """A node on the next 127.0.0.N; its cache is ``root/name`` (default: its host)."""
         self._n += 1
+        name = name or f"127.0.0.{self._n}"
         node = start_node(
             name,
             f"127.0.0.{self._n}",
@@ -90,6 +95,48 @@ def assign(nodes: list[SimNode], ds: Any, shares: dict[str, NodeShare]) -> None:
     owners = store_owners(cluster_placement(ds, shares, max_serving=2))
     for node in nodes:
         node.call({"assign": ds.url, "owners": {str(s): a for s, a in owners.items()}})
+
+
+def sweep_warm(root: Path, store_port: int, proxy: SlowProxy, url: str, size: int) -> dict:
+    """The sweep's warm as ``cache warm --sweep FILE --local`` runs it: 4 jobs (seeds 0-3)
+    of one node each, planned as one, each node's warm against its node's cache."""
+    cluster = Cluster(root, store_port, proxy, "1MiB")
+    nodes = [cluster.start() for _ in range(4)]
+    cluster.connect(nodes)
+    jobs = [{"name": f"seed{s}", "hosts": [n.address], "seed": s} for s, n in enumerate(nodes)]
+    sweep = parse_sweep({"dataset": url, "jobs": jobs, "max_serving": 2})
+    before = proxy.shard_bytes()
+    start = time.perf_counter()
+    results = warm_sweep(
+        sweep,
+        str(root / "{host}"),
+        local=True,
+        cache_kwargs={
+            "part_size": "1MiB",
+            "concurrency": 4,
+            "storage_options": {"endpoint_url": proxy.endpoint},
+        },
+    )
+    seconds = time.perf_counter() - start
+    failed = [r for r in results if r.get("error") or r["failed"]]
+    if failed:
+        raise RuntimeError(f"the sweep's warm failed: {failed}")
+    store_bytes = proxy.shard_bytes() - before
+    served = {n.address: n.call({"stats": True})["served"] for n in nodes}
+    result = {"seconds": seconds, "store_bytes": store_bytes, "store_x": store_bytes / size}
+    result["nodes"] = [
+        {
+            "peer": r["peer"],
+            "planned": r["planned"],
+            "warm_bytes_from_store": r["peers"].get("bytes_from_store", 0),
+            "warm_bytes_from_peers": r["peers"].get("bytes_from_peers", 0),
+            "served_bytes": served[r["peer"]],
+            "server_bytes_from_store": (r["server"] or {}).get("bytes_from_store", 0),
+        }
+        for r in results
+    ]
+    shares = {j["hosts"][0]: NodeShare.build(seed=j["seed"]) for j in jobs}
+    return {"result": result, "cluster": cluster, "nodes": nodes, "shares": shares}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -129,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         sweep = [NodeShare.build(node_rank=0, num_nodes=1, seed=s) for s in range(4)]
         today = scenario("sweep", False, sweep, "today")
         today["cluster"].stop()
-        tier = scenario("sweep", True, sweep, "tier")
+        tier = sweep_warm(root / "sweep-tier", store.store.info.s3_port, proxy, ds.url, size)
         out["sweep"] = {"today": today["result"], "tier": tier["result"]}
 
         # replacement: the last node is lost, a fresh one takes its place and its share
@@ -213,6 +260,22 @@ def table(out: dict[str, Any]) -> str:
     for name, what, today, tier in rows:
         ratio = today / tier if tier else float("inf")
         lines.append(f"| {name} | {what} | {today:.2f} | {tier:.2f} | {ratio:.2f}x |")
+    lines += [
+        "",
+        "sweep with the tier, per node (cache warm --sweep --local):",
+        "| node | planned store reads | planned copies in | planned copies served | "
+        "MB from store: warm + its server | warm MB from peers | MB its server served |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in s["tier"].get("nodes", []):
+        p = n["planned"]
+        lines.append(
+            f"| {n['peer']} | {p['store_reads']} | {p['copies_in']} | {p['copies_served']} | "
+            f"{n['warm_bytes_from_store'] / 1e6:.1f} + "
+            f"{n.get('server_bytes_from_store', 0) / 1e6:.1f} | "
+            f"{n['warm_bytes_from_peers'] / 1e6:.1f} | "
+            f"{n['served_bytes'] / 1e6:.1f} |"
+        )
     return "\n".join(lines)
 
 

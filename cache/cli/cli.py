@@ -45,6 +45,14 @@ examples:
   # under SLURM: scontrol's order is SLURM_NODEID's
   flashfeed cache warm s3://flashfeed/photos-v1 --ranks-per-node 8 --ray-address auto \\
       --hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd,)"
+  # a sweep (several jobs, one dataset, different nodes): each shard leaves the store once
+  # and is copied between the nodes; sweep.json lists the jobs (docs/CACHE.md, "Sweep warm"):
+  #   {"dataset": "s3://flashfeed/photos-v1", "jobs": [
+  #     {"name": "lr-1", "hosts": ["node01", "node02"], "ranks_per_node": 8, "seed": 0},
+  #     {"name": "lr-2", "hosts": ["node03", "node04"], "ranks_per_node": 8, "seed": 1}]}
+  flashfeed cache warm --sweep sweep.json --ray-address auto --cache-dir /nvme/ff-cache
+  # the same on this machine, each node a peer server on 127.0.0.N:PORT (a simulation):
+  flashfeed cache warm --sweep sim.json --local --cache-dir '/tmp/sim/{host}'
 
 --cache-dir defaults to $FLASHFEED_CACHE_DIR, else ~/.cache/flashfeed (as for the loaders); in a
 cluster warm each node reads its own.
@@ -144,6 +152,21 @@ def _peer_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--peer-token-file", metavar="FILE", help="the cluster token (mode 0600)")
 
 
+def _sweep_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("a sweep: several jobs of one dataset, planned as one")
+    g.add_argument(
+        "--sweep",
+        metavar="FILE",
+        help="a JSON file of the jobs (dataset, hosts, plan options): each shard is read from "
+        "the store at one node and copied to the others (needs --ray-address or --local)",
+    )
+    g.add_argument(
+        "--local",
+        action="store_true",
+        help="run every node's warm of the sweep on this machine (--cache-dir with {host})",
+    )
+
+
 def _peer_spec(args: argparse.Namespace) -> dict[str, Any] | None:
     """``cache warm --peers``: what each warm's cache makes its ``PeerTier`` of."""
     if not args.peers:
@@ -208,7 +231,9 @@ def register(subparsers: Any) -> None:
     w.add_argument(
         "dataset",
         metavar="DATASET",
-        help="dataset URL (s3://..., local path), or a mixture file (.json/.yaml)",
+        nargs="?",
+        help="dataset URL (s3://..., local path), or a mixture file (.json/.yaml); none "
+        "with --sweep",
     )
     w.add_argument(
         "--cache-dir",
@@ -247,6 +272,7 @@ def register(subparsers: Any) -> None:
     _plan_options(w, defaults=True)
     _cluster_options(w)
     _peer_options(w)
+    _sweep_options(w)
     w.set_defaults(func=_warm)
 
     s = _on_cache_dir(
@@ -306,6 +332,12 @@ def _say(message: str) -> None:
 
 
 def _warm(args: argparse.Namespace) -> int:
+    if args.sweep is not None or args.local:
+        from .sweepcli import warm_sweep_command
+
+        return warm_sweep_command(args)
+    if args.dataset is None:
+        raise ValueError("cache warm needs a DATASET (or --sweep FILE)")
     share = _share(args)  # every plan value checked before any I/O
     # None: each node's cache keeps its recorded capacity (a new one sizes itself to its disk)
     capacity = parse_size(args.capacity, name="--capacity") if args.capacity else None

@@ -89,6 +89,11 @@ class PeerAttempt:
                 for p, sets in held.items()
                 if p not in dead and self.shard in getattr(sets.get(self.key), "complete", ())
             ]
+            # the plan's source first, then its store reader: copies follow the placement,
+            # so no node serves far more than the plan gave it
+            for planned in self.tier.planned(self.key, self.shard):
+                if planned in found:
+                    return planned
             if found:
                 return min(found, key=spread)
             if not self.delegate:

@@ -14,7 +14,6 @@ peers that served bytes are not trusted with that shard again and the fill runs 
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import logging
@@ -24,7 +23,6 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import xxhash
@@ -34,19 +32,14 @@ from flashfeed.dataset import Dataset
 from flashfeed.s3.directget import FsObject, RangedReader, reader_for_url
 
 from ..layout import DatasetDir
-from .announce import MAX_ANNOUNCEMENT, decode_held
+from .announce import MAX_ANNOUNCEMENT
 from .attempt import PeerAttempt, PeerError
 from .auth import sign
+from .holdings import Held, apply, since_param
 
 __all__ = ["PeerTier"]
 
 log = logging.getLogger("flashfeed.cache.peer")
-
-
-@dataclass(frozen=True)
-class _Held:
-    complete: frozenset[int]
-    filling: frozenset[int]
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -82,12 +75,14 @@ class PeerTier:
         self.announce_ttl = announce_ttl
         self.down_for = down_for
         self._lock = threading.Lock()
-        self._held: dict[str, dict[str, _Held]] = {}
+        self._held: dict[str, dict[str, Held]] = {}
         self._held_at = -1e9
         self._down: dict[str, float] = {}
         self._strikes: dict[str, int] = {}
         self._distrusted: dict[tuple[str, int], set[str]] = defaultdict(set)
         self._owners: dict[str, dict[int, str]] = {}
+        self._sources: dict[str, dict[int, str]] = {}
+        self._known: dict[str, tuple[str, int, dict[str, Held]]] = {}  # peer -> its version
         self._counts: dict[str, int] = defaultdict(int)
         self._owning = threading.local()
 
@@ -141,25 +136,34 @@ class PeerTier:
             conn.close()
             raise
 
-    def _announcement(self, peer: str) -> dict[str, _Held] | None:
+    def _announcement(self, peer: str) -> dict[str, Held] | None:
+        """What ``peer`` holds: the changes since the version this node knows (a delta),
+        or its full announcement the first time and when the peer no longer has them."""
+        with self._lock:
+            known = self._known.get(peer)
+        path = "/v1/have"
+        if known is not None:
+            path += f"?since={since_param(known[0], known[1])}"
         try:
-            resp = self.request(peer, "GET", "/v1/have")
+            resp = self.request(peer, "GET", path)
             data = resp.read(MAX_ANNOUNCEMENT + 1)
             resp.close()
             if resp.status != 200 or len(data) > MAX_ANNOUNCEMENT:
                 raise PeerError(f"peer {peer} answered {resp.status} to /v1/have")
-            out = {}
-            for key, entry in json.loads(data)["datasets"].items():
-                count = int(entry["count"])
-                held = decode_held(base64.b64decode(entry["held"], validate=True), count)
-                filling = {int(s) for s in entry["filling"] if 0 <= int(s) < count}
-                out[str(key)] = _Held(frozenset(held.tolist()), frozenset(filling))
-            return out
+            answer = json.loads(data)
+            state = apply(known, answer)
         except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+            with self._lock:
+                self._known.pop(peer, None)
             self.mark_down(peer, f"announcement: {exc}")
             return None
+        with self._lock:
+            self._known[peer] = state
+            self._counts["announce_bytes"] += len(data)
+            self._counts["announce_full" if answer.get("full") else "announce_delta"] += 1
+        return state[2]
 
-    def holdings(self, *, fresh: bool = False) -> dict[str, dict[str, _Held]]:
+    def holdings(self, *, fresh: bool = False) -> dict[str, dict[str, Held]]:
         """Peer -> dataset key -> what it announced (peers down are left out)."""
         with self._lock:
             if not fresh and time.monotonic() - self._held_at < self.announce_ttl:
@@ -191,10 +195,22 @@ class PeerTier:
         with self._lock:
             return [p for p in self.peers if self._down.get(p, 0) <= now]
 
-    def assign(self, key: str, owners: Mapping[int, str]) -> None:
-        """Shard -> the node that reads it from the store (a cluster warm's placement)."""
+    def assign(
+        self, key: str, owners: Mapping[int, str], sources: Mapping[int, str] | None = None
+    ) -> None:
+        """Shard -> the node that reads it from the store (a cluster warm's placement), and
+        shard -> the node this one copies it from (a sweep warm's plan: ``sweep.py``)."""
         with self._lock:
             self._owners[key] = dict(owners)
+            if sources is not None:
+                self._sources[key] = dict(sources)
+
+    def planned(self, key: str, shard: int) -> list[str]:
+        """The nodes the placement names for this node's copy of ``shard``: its planned
+        source, then the shard's store reader (either may be absent)."""
+        with self._lock:
+            out = [self._sources.get(key, {}).get(shard), self._owners.get(key, {}).get(shard)]
+        return [p for p in dict.fromkeys(out) if p is not None and p != self.self_address]
 
     def owner(self, key: str, shard: int, excluded: set[str]) -> str | None:
         """The node that single-flights the store read of ``shard``: the placement's when it
@@ -244,7 +260,8 @@ class PeerTier:
                 self._counts[k] += v
 
     def stats(self) -> dict[str, int]:
-        """Bytes from peers and from the store, peers dropped, corrupt copies, fills asked."""
+        """Bytes from peers and from the store, peers dropped, corrupt copies, fills asked,
+        announcements read (full, delta, bytes)."""
         with self._lock:
             return dict(self._counts)
 

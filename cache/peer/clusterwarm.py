@@ -90,9 +90,13 @@ def plan_store_reads(
 
 
 def assign_owners(tier: PeerTier, dataset: Dataset, spec: Mapping[str, Any]) -> None:
-    """Give ``tier`` the planned store readers of ``dataset`` (``plan_store_reads``)."""
+    """Give ``tier`` the planned store readers of ``dataset`` (``plan_store_reads``) and,
+    from a sweep's plan, this node's sources (``sweep.plan_sweep``)."""
     owners = spec.get("owners")
     if owners:
+        sources = spec.get("sources")
         tier.assign(
-            dataset_key(dataset.url, dataset.manifest), {int(k): v for k, v in owners.items()}
+            dataset_key(dataset.url, dataset.manifest),
+            {int(k): v for k, v in owners.items()},
+            None if sources is None else {int(k): v for k, v in sources.items()},
         )

@@ -48,6 +48,7 @@ class PeerNode:
             open_dataset=self._open,
             max_streams=max_streams,
             rate=rate,
+            stats=lambda: self.tier.stats(),
         )
         self.address = self.server.address
         self.tier = PeerTier(peers=peers, token=token, self_address=self.address)

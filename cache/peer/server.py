@@ -3,7 +3,9 @@
 Every request is signed with the cluster token (``auth.py``). What a peer may serve:
 
 - ``GET /v1/have``: the announcement of what this node holds (``announce.py``): per
-  dataset key, its complete shards and the fills running now;
+  dataset key, its complete shards and the fills running now; ``?since=INSTANCE.V``: only
+  what changed since version V of this server's holdings (``holdings.py``), or the full
+  announcement when V is too old;
 - ``GET /v1/shard/<key>/<i>`` with a ``Range``: bytes of a complete shard (one that passed
   its fill's checksum and was renamed into place) or of a fill in progress, streamed as its
   blocks land (``progress.py``): a fill that fails cuts the response short, so the reader
@@ -11,7 +13,9 @@ Every request is signed with the cluster token (``auth.py``). What a peer may se
   decrypted here, they would not match the manifest);
 - ``GET /v1/index/<key>/<i>``: the shard's index, once it is here;
 - ``POST /v1/fill/<key>/<i>`` (body ``{"url": ...}``): fill the shard from the store now,
-  so that the nodes missing it stream it from this node (single flight across nodes).
+  so that the nodes missing it stream it from this node (single flight across nodes);
+- ``GET /v1/stats``: this node's counters (bytes served; a ``PeerNode``'s own fills, those
+  asked for by peers among them, by source).
 
 At most ``max_streams`` shard responses at once (503 beyond: the reader asks another
 holder); ``rate`` bounds the bytes per second this node serves. Standalone
@@ -20,7 +24,6 @@ holder); ``rate`` bounds the bytes per second this node serves. Standalone
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -35,10 +38,11 @@ from typing import Any
 from flashfeed.crypto import is_encrypted
 from flashfeed.dataset import Dataset
 
-from ..layout import DatasetDir, dataset_key, list_dataset_dirs
+from ..layout import DatasetDir, dataset_key
 from ..progress import FillView, live_path
-from .announce import encode_held
 from .auth import verify
+from .holdings import HoldingsLog
+from .scan import scan_holdings
 
 __all__ = ["PeerServer"]
 
@@ -47,6 +51,7 @@ log = logging.getLogger("flashfeed.cache.peer")
 #: a dataset key is a directory name of the cache root (``layout.dataset_key``): never "."
 #: or "..", never a path
 _ROUTE = re.compile(r"^/v1/(shard|index|fill)/([A-Za-z0-9_][A-Za-z0-9_.-]{0,79})/(\d{1,12})$")
+_HAVE = re.compile(r"^/v1/have(?:\?since=([0-9a-f]{1,32}\.\d{1,18}))?$")
 _CHUNK = 1 << 20
 _PACED = 64 << 10  # the pieces of a paced response (``rate``)
 #: how long a response waits for a fill's next block, or for a fill asked for to start
@@ -99,6 +104,7 @@ class PeerServer:
         open_dataset: Callable[[str], Dataset] | None = None,
         max_streams: int = 8,
         rate: float = 0.0,
+        stats: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         if isinstance(max_streams, bool) or not isinstance(max_streams, int) or max_streams < 1:
             raise ValueError(f"max_streams must be an integer >= 1, got {max_streams!r}")
@@ -110,12 +116,15 @@ class PeerServer:
         self.token = token
         self._fill = fill
         self._open_dataset = open_dataset
+        self._stats = stats
         self._streams = threading.BoundedSemaphore(max_streams)
         self._throttle = _Throttle(rate)
         self._fills = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ff-peer-fill")
         self._pending: dict[tuple[str, int], Future[Any]] = {}
         self._lock = threading.Lock()
         self._announced: tuple[float, bytes] = (-1e9, b"")
+        self.holdings = HoldingsLog()
+        self._filling: dict[str, list[int]] = {}
         self._dirs: dict[str, DatasetDir] = {}
         self.served_bytes = 0
         self.refused = 0
@@ -157,35 +166,34 @@ class PeerServer:
         self.close()
 
     # -- what this node holds ----------------------------------------------------------------
-    def announcement(self) -> bytes:
-        """The JSON announcement (rebuilt at most every half second)."""
+    def announcement(self, since: str | None = None) -> bytes:
+        """The JSON announcement, or with ``since`` (``instance.version``) the changes
+        since that version when the log still has them (rebuilt at most every half second)."""
         with self._lock:
             at, body = self._announced
-            if time.monotonic() - at < _ANNOUNCE_EVERY:
-                return body
-        datasets = {}
-        for listed in list_dataset_dirs(self.root):
-            d = self._dirs.setdefault(listed.key, listed)  # keeps its table of shard paths
-            try:
-                manifest = d.manifest
-            except Exception:  # a dataset directory being written: announced next time
-                continue
-            if is_encrypted(manifest):
-                continue
-            count = len(manifest.shards)
-            held = d.held_shards()
-            filling = sorted(
-                {s for s, p in d.parts() if p.endswith(".live") and s < count} - set(held)
-            )
-            datasets[d.key] = {
-                "count": count,
-                "held": base64.b64encode(encode_held(held, count)).decode(),
-                "filling": filling,
-            }
-        body = json.dumps({"node": self.address, "datasets": datasets}).encode()
+            fresh = time.monotonic() - at < _ANNOUNCE_EVERY
+        if not fresh:
+            body = self._rebuild()
         with self._lock:
+            return self.holdings.body(since, self._filling, full=body, extra={"node": self.address})
+
+    def _rebuild(self) -> bytes:
+        held, filling = scan_holdings(self.root, self._dirs)
+        with self._lock:
+            self.holdings.update(held)
+            self._filling = filling
+            body = json.dumps({"node": self.address, **self.holdings.full(filling)}).encode()
             self._announced = (time.monotonic(), body)
         return body
+
+    def counters(self) -> dict[str, Any]:
+        """What ``GET /v1/stats`` answers: bytes served, requests refused, and the node's
+        own counters (``stats``: a ``PeerNode``'s fills, for peers among them)."""
+        return {
+            "served_bytes": self.served_bytes,
+            "refused": self.refused,
+            **(self._stats() if self._stats is not None else {}),
+        }
 
     def _dataset_dir(self, key: str) -> DatasetDir | None:
         d = DatasetDir(self.root, key)
@@ -216,8 +224,17 @@ class PeerServer:
         with self._lock:
             running = self._pending.get((key, shard))
             if running is None or running.done():
-                self._pending[(key, shard)] = self._fills.submit(self._fill, dataset, shard)
+                fut = self._fills.submit(self._fill, dataset, shard)
+                fut.add_done_callback(lambda f: self._fill_ended(f, key, shard))
+                self._pending[(key, shard)] = fut
         return 202
+
+    @staticmethod
+    def _fill_ended(fut: Future[Any], key: str, shard: int) -> None:
+        """A fill a peer asked for that failed says why (its readers only see it end)."""
+        if not fut.cancelled() and fut.exception() is not None:
+            exc = fut.exception()
+            log.warning("fill of shard %d of %s asked by a peer failed: %r", shard, key, exc)
 
     def _pending_fill(self, key: str, shard: int) -> Future[Any] | None:
         with self._lock:
@@ -251,8 +268,12 @@ class PeerServer:
             def do_GET(self) -> None:
                 if not self._authorized():
                     return
-                if self.path == "/v1/have":
-                    self._status(200, server.announcement())
+                have = _HAVE.match(self.path)
+                if have is not None:
+                    self._status(200, server.announcement(have.group(1)))
+                    return
+                if self.path == "/v1/stats":
+                    self._status(200, json.dumps(server.counters()).encode())
                     return
                 m = _ROUTE.match(self.path)
                 if m is None or m.group(1) == "fill":
@@ -360,7 +381,21 @@ class PeerServer:
                 lo: int,
                 hi: int,
             ) -> None:
-                src = open(path if path is not None else view.part, "rb")  # type: ignore[union-attr]
+                for _ in range(3):
+                    try:
+                        src = open(path if path is not None else view.part, "rb")  # type: ignore[union-attr]
+                        break
+                    except FileNotFoundError:
+                        if view is None:
+                            raise
+                        # the fill ended between the look and the open: its shard is in
+                        # place now (or it failed, or another fill runs): look again
+                        view.close()
+                        path, view = self._wait_for(d, shard)
+                        if path is None and view is None:
+                            raise OSError("the fill ended without its shard") from None
+                else:
+                    raise OSError("the shard's file kept moving")
                 try:
                     at, moved = lo, time.monotonic()
                     step = _CHUNK if server._throttle.rate <= 0 else _PACED

@@ -81,6 +81,7 @@ def start_node(
     serve_rate: float = 0.0,
     part_size: str = "256KiB",
     proxy: SlowProxy | None = None,
+    capacity: int | None = None,
 ) -> SimNode:
     """A node process listening on ``host`` whose store requests pass a proxy of its own
     (or ``proxy``, shared: one store bandwidth for every node; ``stop`` leaves it open)."""
@@ -88,6 +89,8 @@ def start_node(
     proxy = proxy or SlowProxy(("127.0.0.1", store_port), rate=store_rate)
     args = [sys.executable, str(WORKER), cache_dir, host, proxy.endpoint]
     args += ["--rate", str(serve_rate), "--part-size", part_size]
+    if capacity is not None:
+        args += ["--capacity", str(capacity)]
     proc = popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     node = SimNode(name, proc, proxy, cache_dir, own_proxy=own)
     node.address = node.answer()["address"]

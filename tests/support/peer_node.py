@@ -1,6 +1,7 @@
 """A simulated node of the cluster tier: a ``PeerNode`` driven by JSON lines on stdin.
 
-``python peer_node.py CACHE_DIR LISTEN_HOST S3_ENDPOINT [--rate BYTES_PER_S] [--part-size S]``
+``python peer_node.py CACHE_DIR LISTEN_HOST S3_ENDPOINT [--rate BYTES_PER_S] [--part-size S]
+[--capacity BYTES]``
 with ``FLASHFEED_PEER_TOKEN`` set (the AWS_* variables give the credentials; the endpoint is
 the node's own counting proxy). Prints ``{"address": ...}`` once it serves, then answers
 each command line with one JSON line:
@@ -37,7 +38,11 @@ def main() -> None:
         listen=(host, 0),
         storage_options={"endpoint_url": endpoint},
         rate=float(flags.get("--rate", 0)),
-        cache_kwargs={"part_size": flags.get("--part-size", "256KiB"), "concurrency": 4},
+        cache_kwargs={
+            "part_size": flags.get("--part-size", "256KiB"),
+            "concurrency": 4,
+            "capacity": int(flags["--capacity"]) if "--capacity" in flags else None,
+        },
     ).start()
     print(json.dumps({"address": node.address}), flush=True)
     datasets = {}
