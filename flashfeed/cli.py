@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "flashfeed.cli_dataset",
     "flashfeed.ingest.cli",
     "flashfeed.cache.cli",
+    "flashfeed.cache.node.cli",
     "flashfeed.monitor.cli",
 )
 
@@ -72,7 +73,7 @@ _USER_OS_ERRORS = (
 def _prog(args: argparse.Namespace) -> str:
     """``flashfeed cache warm``: the command and its action, as the user typed them."""
     words = ["flashfeed", args.command]
-    for attr in ("cache_command", "store_command", "loader_command"):
+    for attr in ("cache_command", "store_command", "loader_command", "node_command"):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))
     return " ".join(words)

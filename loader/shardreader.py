@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
+from flashfeed.fdpath import open_binary
 from flashfeed.wdsindex import SampleIndex
 
 from .fields import FieldSpec
@@ -32,7 +33,7 @@ class _OpenShard:
     def __init__(
         self, path: str, index: list[SampleIndex], name: str, view: FillView | None = None
     ) -> None:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:  # a path, or a descriptor the node service handed over
             self.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.index = index
         self.name = name
