@@ -112,6 +112,8 @@ class NodeConfig:
 
 
 def _size(value: Any, name: str, source: str, *, positive: bool = False) -> int:
+    if not positive and value in (0, "0"):
+        return 0  # no quota: the tenant reads what others hold, and fills nothing
     try:
         n = parse_size(value, name=name)
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,164 @@
+"""Tenant processes of the node service tests: run as another Unix user, with that user's
+own S3 keys, on this test's venv (``tenant_python``), doing one thing and printing JSON."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pwd
+import subprocess
+import sys
+import sysconfig
+from typing import Any
+
+from flashfeed import lifeline
+
+_HERE = os.path.abspath(__file__)
+_SITE = sysconfig.get_paths()["purelib"]  # this venv's site-packages (its .pth files too)
+_BOOT = (
+    "import site, sys, runpy; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+@functools.lru_cache(maxsize=None)
+def tenant_python(user: str) -> str | None:
+    """A Python of this minor version that ``user`` may run: this one, else the system's."""
+    minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for candidate in (sys.executable, f"/usr/bin/{minor}", f"/usr/local/bin/{minor}"):
+        if not os.path.exists(candidate):
+            continue
+        try:
+            r = subprocess.run(
+                [candidate, "-c", _BOOT, _SITE, _HERE, "probe"],
+                user=user, group=pwd.getpwnam(user).pw_gid, capture_output=True, cwd="/",
+            )  # fmt: skip
+        except OSError:  # not executable by that user (a Python under /root, say)
+            continue
+        if r.returncode == 0:
+            return candidate
+    return None
+
+
+class Tenant:
+    """A Unix user with S3 keys of its own, talking to the node service at ``socket``."""
+
+    def __init__(self, user: str, keys: tuple[str, str], endpoint: str, socket: str) -> None:
+        self.user = user
+        self.keys = keys
+        self.endpoint = endpoint
+        self.socket = socket
+        pw = pwd.getpwnam(user)
+        self.uid, self.gid, self.home = pw.pw_uid, pw.pw_gid, pw.pw_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def env(self, job: str = "default") -> dict[str, str]:
+        return {
+            "PATH": "/usr/bin:/bin",
+            "HOME": self.home,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.keys[0],
+            "AWS_SECRET_ACCESS_KEY": self.keys[1],
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "FLASHFEED_NODE_SOCKET": self.socket,
+            "FLASHFEED_JOB": job,
+            "FLASHFEED_CACHE_DIR": os.path.join(self.home, ".cache", "flashfeed"),
+            "FLASHFEED_VERIFIED_DIR": os.path.join(self.home, ".cache", "ffverified"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPATH": os.path.dirname(os.path.dirname(_HERE)),
+        }
+
+    def command(self, *args: str) -> list[str]:
+        python = tenant_python(self.user)
+        if python is None:
+            raise RuntimeError(f"no Python that {self.user} may run")
+        return [python, "-c", _BOOT, _SITE, _HERE, *args]
+
+    def start(self, *args: str, job: str = "default") -> subprocess.Popen[bytes]:
+        """Start ``args`` (see ``main``) as this user; it dies with the test."""
+        p = lifeline.popen(self.command(*args), user=self.uid, group=self.gid, cwd="/",
+                           env=self.env(job), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        self.procs.append(p)
+        return p
+
+    def run(self, *args: str, job: str = "default", timeout: float = 120) -> dict[str, Any]:
+        """Run ``args`` to the end: its JSON answer, with ``rc`` and ``stderr``."""
+        p = self.start(*args, job=job)
+        out, err = p.communicate(timeout=timeout)
+        lines = out.decode().strip().splitlines()
+        body = json.loads(lines[-1]) if lines else {}
+        return {**body, "rc": p.returncode, "stderr": err.decode()}
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# -- what a tenant process does ----------------------------------------------------------------
+def _epoch(url: str, epochs: str = "1") -> dict[str, Any]:
+    from flashfeed.loader import ShardDataset
+
+    ds = ShardDataset(url, shuffle=False)
+    keys = []
+    for e in range(int(epochs)):
+        ds.set_epoch(e)
+        keys.append([s["__key__"] for s in ds])
+    return {"keys": keys}
+
+
+def _get(url: str, shards: str) -> dict[str, Any]:
+    import hashlib
+    import mmap
+
+    from flashfeed.cache.node import NodeClient, NodeError
+
+    out: dict[str, Any] = {"sha256": {}, "hits": {}}
+    client = NodeClient()
+    try:
+        for s in shards.split(","):
+            fd, idx, hit = client.get(url, int(s))
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
+                out["sha256"][s] = hashlib.sha256(m).hexdigest()
+            os.close(fd)
+            if idx is not None:
+                os.close(idx)
+            out["hits"][s] = hit
+    except NodeError as exc:
+        out["error"] = str(exc)
+        out["error_type"] = type(exc).__name__
+    return out
+
+
+def _try_read(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return {"read": len(f.read())}
+    except OSError as exc:
+        return {"error": type(exc).__name__}
+
+
+def _probe() -> dict[str, Any]:
+    import flashfeed.cache.node  # noqa: F401 - importable with this Python as this user
+    import flashfeed.loader.shard_dataset  # noqa: F401
+
+    return {"ok": True}
+
+
+def _cli(*args: str) -> dict[str, Any]:
+    from flashfeed.cli import main
+
+    return {"cli_rc": main(list(args))}
+
+
+def main() -> None:
+    what, *args = sys.argv[1:]
+    table = {"probe": _probe, "epoch": _epoch, "get": _get, "try-read": _try_read, "cli": _cli}
+    print(json.dumps(table[what](*args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
