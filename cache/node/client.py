@@ -93,7 +93,7 @@ class NodeClient:
         self._closed = False
 
     # -- connection -------------------------------------------------------------------------
-    def _connected(self) -> socket.socket:
+    def _connected(self, *, patient: bool = True) -> socket.socket:
         sock = self._sock
         if sock is not None:
             return sock
@@ -102,7 +102,7 @@ class NodeClient:
                 return self._sock
             if self._closed:
                 raise NodeUnavailable("the node client is closed")
-            sock = self._dial()
+            sock = self._dial(self.reconnect_timeout if patient else 0.0)
             threading.Thread(target=self._read, args=(sock,), daemon=True).start()
             hello, _ = self._call({"op": "hello", "job": self.job}, sock=sock)
             with self._lock:
@@ -113,8 +113,8 @@ class NodeClient:
                 self._sock = sock
             return sock
 
-    def _dial(self) -> socket.socket:
-        deadline = time.monotonic() + self.reconnect_timeout
+    def _dial(self, timeout: float) -> socket.socket:
+        deadline = time.monotonic() + timeout
         delay = 0.02
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -159,11 +159,16 @@ class NodeClient:
             future.set_exception(NodeUnavailable(f"node service on {self.socket_path} went away"))
 
     def _call(
-        self, request: dict[str, Any], *, wait: bool = True, sock: socket.socket | None = None
+        self,
+        request: dict[str, Any],
+        *,
+        wait: bool = True,
+        sock: socket.socket | None = None,
+        patient: bool = True,
     ) -> tuple[dict[str, Any], list[int]]:
         """Send one request on the connection (``sock``, else the current one, made if
         needed) and wait for its answer."""
-        sock = sock or self._connected()
+        sock = sock or self._connected(patient=patient)
         future: Future[tuple[dict[str, Any], list[int]]] = Future()
         rid = next(self._ids)
         with self._lock:
@@ -188,16 +193,22 @@ class NodeClient:
         return reply, fds
 
     def call(
-        self, request: dict[str, Any], *, url: str | None = None, wait: bool = True
+        self,
+        request: dict[str, Any],
+        *,
+        url: str | None = None,
+        wait: bool = True,
+        patient: bool = True,
     ) -> tuple[dict[str, Any], list[int]]:
         """``request`` (with ``key`` filled in for ``url``), retried across a restart of
-        the service (reconnect, open the dataset again) until ``reconnect_timeout``."""
-        deadline = time.monotonic() + self.reconnect_timeout
+        the service (reconnect, open the dataset again) until ``reconnect_timeout``; not
+        ``patient``: ``NodeUnavailable`` at once while the service is away."""
+        deadline = time.monotonic() + (self.reconnect_timeout if patient else 0.0)
         while True:
             try:
                 if url is not None:
-                    request = {**request, "key": self.open(url)}
-                return self._call(request, wait=wait)
+                    request = {**request, "key": self.open(url, patient=patient)}
+                return self._call(request, wait=wait, patient=patient)
             except _Regrant:
                 if url is None:
                     raise NodeError("the node service asked for a dataset to be opened") from None
@@ -209,7 +220,7 @@ class NodeClient:
                 time.sleep(0.05)
 
     # -- requests ---------------------------------------------------------------------------
-    def open(self, url: str) -> str:
+    def open(self, url: str, *, patient: bool = True) -> str:
         """Prove access to the dataset at ``url`` (a presigned GET of its manifest, made with
         this process's own credentials) and return its key at the service."""
         url = url.rstrip("/")
@@ -217,14 +228,15 @@ class NodeClient:
         if known is not None:
             return known
         proof = presign_manifest(url, self.storage_options)
-        reply, _ = self._call({"op": "open", "url": url, "proof": proof})
+        reply, _ = self._call({"op": "open", "url": url, "proof": proof}, patient=patient)
         self._keys[url] = reply["key"]
         return reply["key"]
 
-    def get(self, url: str, shard: int) -> tuple[int, int | None, bool]:
+    def get(self, url: str, shard: int, *, patient: bool = True) -> tuple[int, int | None, bool]:
         """Open descriptors of a verified copy of the shard and of its index (None when it
-        has none), and whether it was a hit. The caller owns (closes) them."""
-        reply, fds = self.call({"op": "get", "shard": int(shard)}, url=url)
+        has none), and whether it was a hit. The caller owns (closes) them. ``patient``:
+        wait for the service to come back (else ``NodeUnavailable`` at once)."""
+        reply, fds = self.call({"op": "get", "shard": int(shard)}, url=url, patient=patient)
         if not fds:
             raise NodeError(f"the node service sent no descriptor for shard {shard} of {url}")
         return fds[0], (fds[1] if reply.get("index") and len(fds) > 1 else None), bool(reply["hit"])

@@ -91,7 +91,7 @@ class NodeService:
         resident = {}
         for d, e in self.cache.space.scan()[0]:
             self.dirs.setdefault(d.key, d)
-            resident[(d.key, e.shard)] = e.size
+            resident[(d.key, e.shard)] = d.manifest.shards[e.shard].bytes  # as fills charge
         dropped, adopted = self.ledger.recover(resident)
         if dropped or adopted:
             log.info("recovered: %d charges of absent shards dropped, %d shards adopted",

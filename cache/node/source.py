@@ -77,8 +77,9 @@ class NodeShardSource:
 
     def local_path(self, shard: int) -> str:
         self._mine()
+        held = shard in self._held  # held: read on at once while the service is away
         try:
-            fd, idx, hit = self.client.get(self.url, shard)
+            fd, idx, hit = self.client.get(self.url, shard, patient=not held)
         except NodeUnavailable:
             with self._lock:
                 held = self._held.get(shard)

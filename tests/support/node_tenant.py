@@ -22,7 +22,7 @@ _BOOT = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tenant_python(user: str) -> str | None:
     """A Python of this minor version that ``user`` may run: this one, else the system's."""
     minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
@@ -141,8 +141,51 @@ def _try_read(path: str) -> dict[str, Any]:
         return {"error": type(exc).__name__}
 
 
+def _train(url: str, seconds: str, last: str) -> dict[str, Any]:
+    """Read shards 0 and 1 over and over for ``seconds`` (through ``NodeShardSource``, as the
+    loader does), then shard ``last``: how many reads, and whether each one's bytes held."""
+    import hashlib
+    import mmap
+    import time
+
+    from flashfeed.cache.node import NodeShardSource
+    from flashfeed.dataset import Dataset
+    from flashfeed.fdpath import open_binary
+
+    src = NodeShardSource(Dataset.open(url))
+    seen: dict[int, str] = {}
+    reads = bad = 0
+    end = time.monotonic() + float(seconds)
+    while time.monotonic() < end:
+        for s in (0, 1):
+            with (
+                open_binary(src.local_path(s)) as f,
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
+            ):
+                digest = hashlib.sha256(m).hexdigest()
+            bad += seen.setdefault(s, digest) != digest
+            reads += 1
+        if reads == 2:
+            print(json.dumps({"reading": True}), flush=True)
+        time.sleep(0.05)
+    src.local_path(int(last))
+    return {"reads": reads, "bad": bad, **src.stats()}
+
+
+def _hold(url: str, shards: str) -> None:
+    """Hold descriptors of ``shards`` and wait to be killed."""
+    import time
+
+    from flashfeed.cache.node import NodeClient
+
+    client = NodeClient()
+    held = [client.get(url, int(s)) for s in shards.split(",")]
+    print(json.dumps({"held": len(held)}), flush=True)
+    time.sleep(600)
+
+
 def _probe() -> dict[str, Any]:
-    import flashfeed.cache.node  # noqa: F401 - importable with this Python as this user
+    import flashfeed.cache.node
     import flashfeed.loader.shard_dataset  # noqa: F401
 
     return {"ok": True}
@@ -156,7 +199,15 @@ def _cli(*args: str) -> dict[str, Any]:
 
 def main() -> None:
     what, *args = sys.argv[1:]
-    table = {"probe": _probe, "epoch": _epoch, "get": _get, "try-read": _try_read, "cli": _cli}
+    table = {
+        "probe": _probe,
+        "train": _train,
+        "hold": _hold,
+        "epoch": _epoch,
+        "get": _get,
+        "try-read": _try_read,
+        "cli": _cli,
+    }
     print(json.dumps(table[what](*args)), flush=True)
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from flashfeed import lifeline
 from flashfeed.store import EmbeddedStore
+
 from support.loader_helpers import make_image_dataset
 from support.node_tenant import Tenant, tenant_python
 from support.slowproxy import SlowProxy, is_shard_get
@@ -124,8 +125,17 @@ class NodeProc:
         os.replace(tmp, self.config_path)
 
     def start(self, timeout: float = 20.0) -> None:
-        cmd = [sys.executable, "-c", "import sys; from flashfeed.cli import main; "
-               "sys.exit(main())", "node", "serve", self.config_path, "--log-level", "debug"]  # fmt: skip
+        boot = "import sys; from flashfeed.cli import main; sys.exit(main())"
+        cmd = [
+            sys.executable,
+            "-c",
+            boot,
+            "node",
+            "serve",
+            self.config_path,
+            "--log-level",
+            "debug",
+        ]
         with open(self.log, "ab") as log:
             self.proc = lifeline.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -156,7 +166,9 @@ class NodeProc:
                 self.kill()
 
     def log_tail(self) -> str:
-        return Path(self.log).read_text(errors="replace")[-3000:] if os.path.exists(self.log) else ""
+        return (
+            Path(self.log).read_text(errors="replace")[-3000:] if os.path.exists(self.log) else ""
+        )
 
     def store_files(self) -> list[str]:
         """Complete shard files in the service's cache (not indexes, not part files)."""

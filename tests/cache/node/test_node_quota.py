@@ -21,8 +21,12 @@ def _rows(node) -> dict[str, dict]:
     return out
 
 
-def test_a_fill_over_quota_evicts_the_tenants_own_unpinned_shards_only(node, tenants, datasets, node_store):
-    sizes = [s.bytes for s in Dataset.open(datasets["alpha"], storage_options=node_store["admin"]).shards]
+def test_a_fill_over_quota_evicts_the_tenants_own_unpinned_shards_only(
+    node, tenants, datasets, node_store
+):
+    sizes = [
+        s.bytes for s in Dataset.open(datasets["alpha"], storage_options=node_store["admin"]).shards
+    ]
     quota = sizes[0] + sizes[1] + sizes[2] + min(sizes) // 2
     node.write_config(tenants={"ffnodea": {"quota": quota}, "ffnodeb": {"quota": "16MiB"}})
     node.start()
@@ -45,17 +49,28 @@ def test_a_fill_over_quota_evicts_the_tenants_own_unpinned_shards_only(node, ten
     assert sum(1 for f in after if "shared" in f) == 2  # bob's pins untouched
 
 
-def test_a_warm_over_quota_fails_at_once_and_a_new_quota_applies_without_restart(node, tenants, datasets, node_store):
-    sizes = [s.bytes for s in Dataset.open(datasets["alpha"], storage_options=node_store["admin"]).shards]
+def test_a_warm_over_quota_fails_at_once_and_a_new_quota_applies_without_restart(
+    node, tenants, datasets, node_store
+):
+    sizes = [
+        s.bytes for s in Dataset.open(datasets["alpha"], storage_options=node_store["admin"]).shards
+    ]
     node.write_config(tenants={"ffnodea": {"quota": sizes[0] + sizes[1] + 10}})
     node.start()
     alice, _ = tenants
-    assert alice.run("cli", "node", "warm", datasets["alpha"], "--shards", "0", "--job", "sweep")["cli_rc"] == 0
+    assert (
+        alice.run("cli", "node", "warm", datasets["alpha"], "--shards", "0", "--job", "sweep")[
+            "cli_rc"
+        ]
+        == 0
+    )
     got = alice.run("cli", "node", "warm", datasets["alpha"], "--job", "tomorrow")
     assert got["cli_rc"] == 1
     line = got["stderr"].strip()
     assert "\n" not in line, line
-    assert line.startswith(f"flashfeed node warm: error: warm of 6 shards of {datasets['alpha']}"), line
+    assert line.startswith(
+        f"flashfeed node warm: error: warm of 6 shards of {datasets['alpha']}"
+    ), line
     assert "cannot fit in the quota of tenant ffnodea" in line and "by job sweep" in line, line
     assert len(node.store_files()) == 1  # failed before any fetch
     pid = node.proc.pid

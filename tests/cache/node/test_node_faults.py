@@ -1,0 +1,90 @@
+"""Faults of the node service, with real processes: the service SIGKILLed mid-fill, and a
+tenant process killed while holding descriptors."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from flashfeed.cache.node import NodeClient
+
+
+def _parts(node) -> list[str]:
+    out = []
+    for dirpath, _, names in os.walk(os.path.join(node.cache_dir, "store")):
+        if dirpath.endswith(".parts"):
+            out += [n for n in names if not n.startswith(".")]
+    return out
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_service_killed_mid_fill_readers_go_on_and_the_restart_recovers(
+    node, tenants, datasets, node_store
+):
+    proxy = node_store["proxy"]
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"}})
+    node.start()
+    alice, _ = tenants
+    url = datasets["alpha"]
+    assert alice.run("get", url, "0,1")["hits"] == {"0": False, "1": False}
+    proxy.delay = 3.0  # every shard GET from now on is slow: a fill stays in flight
+    try:
+        trainer = alice.start("train", url, "6", "5")
+        assert json.loads(trainer.stdout.readline()) == {"reading": True}
+        filler = alice.start("get", url, "4")
+        deadline = time.monotonic() + 10
+        while not _parts(node) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _parts(node), "no fill in flight"
+        node.kill()  # SIGKILL mid-fill
+        assert all(f.endswith((".tar",)) for f in node.store_files())
+        assert not any("000004" in f for f in node.store_files())  # nothing partial visible
+        time.sleep(1.5)  # the trainer reads on from the descriptors it holds
+        proxy.delay = 0.0
+        node.start()
+        out, err = trainer.communicate(timeout=60)
+        got = json.loads(out.decode().splitlines()[-1])
+        assert trainer.returncode == 0, err.decode()
+        assert got["bad"] == 0 and got["held_reads"] > 0 and got["reconnects"] >= 1
+        out, err = filler.communicate(timeout=60)
+        assert filler.returncode == 0, err.decode()
+        assert "error" not in json.loads(out.decode().splitlines()[-1])
+    finally:
+        proxy.delay = 0.0
+    assert _parts(node) == []  # the dead fill's part file was swept
+    with NodeClient(node.socket, reconnect_timeout=5) as admin:
+        status = admin.status()
+    on_disk = sum(os.stat(f).st_size for f in node.store_files())
+    assert status["used"] == status["report"]["totals"]["resident_bytes"] == on_disk
+    charges = os.listdir(os.path.join(node.cache_dir, "state", "charges"))
+    assert len(charges) == len(node.store_files())  # no charge for a shard that is not there
+
+
+def test_tenant_killed_holding_descriptors_leaves_no_descriptor_or_charge(node, tenants, datasets):
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"}})
+    node.start()
+    alice, _ = tenants
+    url = datasets["alpha"]
+    alice.run("get", url, "0,1,2")  # filled: the service's store connections are open
+    time.sleep(0.3)
+    before = _fds(node.proc.pid)
+    holder = alice.start("hold", url, "0,1,2")
+    assert json.loads(holder.stdout.readline()) == {"held": 3}
+    assert _fds(node.proc.pid) == before + 1  # the holder's connection; no shard kept open
+    holder.kill()
+    holder.wait()
+    deadline = time.monotonic() + 5
+    while _fds(node.proc.pid) > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _fds(node.proc.pid) == before  # its connection closed, no descriptor kept
+    with NodeClient(node.socket, reconnect_timeout=5) as admin:
+        status = admin.status()
+    on_disk = sum(os.stat(f).st_size for f in node.store_files())
+    assert len(node.store_files()) == 3
+    assert status["used"] == status["report"]["totals"]["resident_bytes"] == on_disk
+    assert alice.run("get", url, "1,2")["hits"] == {"1": True, "2": True}
+    assert status["report"]["totals"]["misses"] == 3
