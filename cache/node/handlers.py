@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any
 
+from flashfeed.cache.errors import CacheError
 from flashfeed.cache.node.access import AccessRefused, check_presigned
 from flashfeed.cache.node.accounting import prometheus_text
 from flashfeed.cache.node.room import QuotaError, make_room, warm_fits
@@ -61,6 +62,8 @@ def _run(svc: NodeService, conn: Connection, request: dict[str, Any], table: dic
         conn.reply(request, {"error": str(exc), "kind": exc.kind})
     except QuotaError as exc:
         conn.reply(request, {"error": str(exc), "kind": "quota"})
+    except CacheError as exc:  # the cache's own one-line reasons (disk full, corrupt store...)
+        conn.reply(request, {"error": str(exc), "kind": "cache"})
     except Exception as exc:  # one request failing must not stop the service
         log.exception("request %s of tenant %s failed", op, conn.tenant)
         conn.reply(request, {"error": f"{type(exc).__name__}: {exc}", "kind": "failed"})

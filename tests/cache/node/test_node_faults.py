@@ -3,8 +3,10 @@ tenant process killed while holding descriptors."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import subprocess
 import time
 
 from flashfeed.cache.node import NodeClient
@@ -88,3 +90,54 @@ def test_tenant_killed_holding_descriptors_leaves_no_descriptor_or_charge(node, 
     assert status["used"] == status["report"]["totals"]["resident_bytes"] == on_disk
     assert alice.run("get", url, "1,2")["hits"] == {"1": True, "2": True}
     assert status["report"]["totals"]["misses"] == 3
+
+
+def test_corrupt_cached_file_is_found_after_a_restart_and_fetched_again(node, tenants, datasets):
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"}})
+    node.start()
+    alice, _ = tenants
+    url = datasets["alpha"]
+    first = alice.run("get", url, "0")["sha256"]["0"]
+    node.stop()
+    (path,) = node.store_files()
+    with open(path, "r+b") as f:  # same size, other bytes: only the checksum tells
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    node.start()
+    got = alice.run("get", url, "0")
+    assert got["sha256"]["0"] == first  # the tenant got the good bytes
+    assert hashlib.sha256(open(path, "rb").read()).hexdigest() == first
+    assert "corrupt; fetching it again" in node.log_tail()
+    with NodeClient(node.socket, reconnect_timeout=5) as admin:
+        status = admin.status()
+    assert status["used"] == os.stat(path).st_size
+
+
+def test_disk_full_fails_the_fill_in_one_line_and_leaves_nothing_behind(node, tenants, node_store):
+    from support.loader_helpers import make_image_dataset
+
+    url = f"s3://ffalpha/big-{os.urandom(3).hex()}"
+    make_image_dataset(url, [30] * 4, size=256, storage_options=node_store["admin"])
+    os.makedirs(node.cache_dir, mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", node.cache_dir],
+                   check=True)  # fmt: skip
+    try:
+        node.write_config(tenants={"ffnodea": {"quota": "16MiB"}})
+        node.start()
+        alice, _ = tenants
+        got = alice.run("get", url, "0,1,2,3")
+        assert got["error"].startswith("disk full (ENOSPC) under cache "), got["error"]
+        assert "\n" not in got["error"] and got["error_type"] == "NodeError"
+        assert 1 <= len(got["sha256"]) < 4
+        assert _parts(node) == []
+        with NodeClient(node.socket, reconnect_timeout=5) as admin:
+            status = admin.status()
+        on_disk = sum(os.stat(f).st_size for f in node.store_files())
+        assert len(node.store_files()) == len(got["sha256"])
+        assert status["used"] == status["report"]["totals"]["resident_bytes"] == on_disk
+        assert alice.run("get", url, "0")["hits"] == {"0": True}  # still serving
+    finally:
+        node.stop()
+        subprocess.run(["umount", node.cache_dir], check=False)
