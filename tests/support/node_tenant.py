@@ -184,6 +184,43 @@ def _hold(url: str, shards: str) -> None:
     time.sleep(600)
 
 
+def _flood(url: str, shard: str, n: str) -> dict[str, Any]:
+    """Send ``n`` reads of one shard without waiting for any answer, then one status
+    request (answered after the flood, its requests being this tenant's, served in order)."""
+    import time
+
+    from flashfeed.cache.node import NodeClient
+
+    client = NodeClient()
+    os.close(client.get(url, int(shard))[0])
+    print(json.dumps({"start": time.time()}), flush=True)
+    for _ in range(int(n)):
+        client.call({"op": "get", "shard": int(shard)}, url=url, wait=False)
+    print(json.dumps({"sent": time.time()}), flush=True)
+    client.status()
+    return {"end": time.time()}
+
+
+def _hits(url: str, shard: str, k: str, go: str) -> dict[str, Any]:
+    """Connect, read once, say so, wait for the file ``go``, then read ``k`` times."""
+    import time
+
+    from flashfeed.cache.node import NodeClient
+
+    client = NodeClient()
+    os.close(client.get(url, int(shard))[0])
+    print(json.dumps({"ready": True}), flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    start = time.time()
+    for _ in range(int(k)):
+        fd, idx, _ = client.get(url, int(shard))
+        os.close(fd)
+        if idx is not None:
+            os.close(idx)
+    return {"start": start, "end": time.time()}
+
+
 def _probe() -> dict[str, Any]:
     import flashfeed.cache.node
     import flashfeed.loader.shard_dataset  # noqa: F401
@@ -201,6 +238,8 @@ def main() -> None:
     what, *args = sys.argv[1:]
     table = {
         "probe": _probe,
+        "flood": _flood,
+        "hits": _hits,
         "train": _train,
         "hold": _hold,
         "epoch": _epoch,
