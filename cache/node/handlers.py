@@ -39,7 +39,10 @@ def request_worker(svc: NodeService) -> None:
         if item is None:
             return
         conn, request = item
-        _run(svc, conn, request, _REQUESTS)
+        try:
+            _run(svc, conn, request, _REQUESTS)
+        finally:
+            svc.admit(conn.tenant).release()
 
 
 def fill_worker(svc: NodeService) -> None:
@@ -99,13 +102,17 @@ def _get(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     dataset, i = _resolve(svc, conn, request)
     d = svc.cache.dataset_dir(dataset)
     key = (d.key, i)
-    if key in svc.ledger.charges and key not in svc.filling and os.path.exists(d.shard_path(i)):
-        path = svc.cache.get(dataset, i)  # verified once per file (a corrupt one is refetched)
+    present = key in svc.ledger.charges and key not in svc.filling
+    present = present and os.path.exists(d.shard_path(i))
+    if present and key in svc.verified:
+        path = svc.cache.get(dataset, i)  # a stat: verified since this service started
         svc.ledger.touch(key)
         svc.accounts.add(conn.owner, hits=1)
         _send_shard(conn, request, path, hit=True)
         return
-    request["_queued"] = time.monotonic()
+    # a miss, or a copy not yet verified since the service started (a checksum of the whole
+    # shard: not in the way of other tenants' hits)
+    request["_queued"], request["_present"] = time.monotonic(), present
     _queue_fill(svc, conn, request)
 
 
@@ -120,6 +127,14 @@ def _send_shard(conn: Connection, request: dict[str, Any], path: str, *, hit: bo
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _touch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """A read of a shard the client holds already: counted as a hit, its use noted; no
+    answer (the client does not wait for one)."""
+    dataset, i = _resolve(svc, conn, request)
+    svc.ledger.touch((svc.cache.dataset_dir(dataset).key, i))
+    svc.accounts.add(conn.owner, hits=1)
 
 
 def _pin(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
@@ -223,12 +238,17 @@ def _fill(
     if fresh:
         svc.accounts.add(conn.owner, fetched_bytes=size)
     svc.ledger.touch(key)
+    svc.verified.add(key)
     return path, fresh
 
 
 def _get_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     dataset, i = _resolve(svc, conn, request)
-    path, _ = _fill(svc, conn, dataset, i, what=f"shard {i} of {dataset.url}")
+    path, fresh = _fill(svc, conn, dataset, i, what=f"shard {i} of {dataset.url}")
+    if request.get("_present") and not fresh:  # there all along: only its first check
+        svc.accounts.add(conn.owner, hits=1)
+        _send_shard(conn, request, path, hit=True)
+        return
     waited = time.monotonic() - request.get("_queued", time.monotonic())
     svc.accounts.add(conn.owner, misses=1, fill_wait_seconds=waited)
     _send_shard(conn, request, path, hit=False)
@@ -279,6 +299,16 @@ def _queued(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None
     _queue_fill(svc, conn, request)
 
 
-_REQUESTS = {"hello": _hello, "get": _get, "pin": _pin, "status": _status, "metrics": _metrics,
-             "reload": _reload, "open": _queued, "warm": _queued, "prefetch": _queued}  # fmt: skip
+_REQUESTS = {
+    "hello": _hello,
+    "touch": _touch,
+    "get": _get,
+    "pin": _pin,
+    "status": _status,
+    "metrics": _metrics,
+    "reload": _reload,
+    "open": _queued,
+    "warm": _queued,
+    "prefetch": _queued,
+}
 _FILLS = {"get": _get_fill, "open": _open, "warm": _warm, "prefetch": _prefetch}

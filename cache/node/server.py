@@ -14,6 +14,7 @@ import pwd
 import signal
 import socket
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,13 @@ from flashfeed.dataset import Dataset
 __all__ = ["Connection", "NodeService"]
 
 log = logging.getLogger("flashfeed.node")
+
+#: requests of one tenant queued at once: a flooding tenant's further requests wait unread
+#: in its own sockets, costing the service nothing until their turn
+QUEUED_PER_TENANT = 64
+#: the interpreter's thread switch interval in the service (seconds): a request waits for a
+#: thread that holds the interpreter at most about this long (Python's default is 5 ms)
+SWITCH_INTERVAL = 0.0005
 
 
 @dataclass
@@ -74,7 +82,7 @@ class NodeService:
     """The node service of the config file at ``config_path`` (``tenants.NodeConfig``)."""
 
     def __init__(
-        self, config_path: str, *, request_workers: int = 4, fill_workers: int = 4
+        self, config_path: str, *, request_workers: int = 1, fill_workers: int = 4
     ) -> None:
         self.watch = ConfigWatch(config_path)
         cfg = self.watch.config
@@ -100,6 +108,9 @@ class NodeService:
         self.datasets: dict[str, Dataset] = {}  # dataset key -> the service's Dataset
         self.grants: dict[tuple[str, str], float] = {}  # (tenant, key) -> until (monotonic)
         self.filling: set[tuple[str, int]] = set()
+        self._admit: dict[str, threading.Semaphore] = {}
+        #: shards verified since this service started (hits of others need one more check)
+        self.verified: set[tuple[str, int]] = set()
         self.lock = threading.Lock()
         self.requests = FairQueue()
         self.fills = FairQueue()
@@ -151,6 +162,7 @@ class NodeService:
 
     def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT; SIGHUP reads the config again."""
+        sys.setswitchinterval(SWITCH_INTERVAL)
         signal.signal(signal.SIGHUP, lambda *_: self.watch.reload())
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
@@ -202,6 +214,7 @@ class NodeService:
                 request, fds = got
                 for fd in fds:  # clients send none; never keep what one sends anyway
                     os.close(fd)
+                self.admit(conn.tenant).acquire()  # a flood waits here, in its own socket
                 self.requests.put(conn.tenant, (conn, request))
         except (OSError, ProtocolError):
             pass
@@ -211,6 +224,15 @@ class NodeService:
                 conn.sock.close()
             except OSError:
                 pass
+
+    def admit(self, tenant: str) -> threading.Semaphore:
+        """The tenant's admission: at most ``QUEUED_PER_TENANT`` requests of it queued at
+        once; further ones stay unread in its sockets (taken back by ``request_worker``)."""
+        with self.lock:
+            sem = self._admit.get(tenant)
+            if sem is None:
+                sem = self._admit[tenant] = threading.Semaphore(QUEUED_PER_TENANT)
+            return sem
 
     def is_admin(self, conn: Connection) -> bool:
         return conn.tenant in self.config.admins

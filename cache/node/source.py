@@ -3,8 +3,10 @@ or ``node=``), behind the same ``ShardSource`` interface as the embedded cache.
 
 ``local_path`` answers ``/proc/self/fd/N``: a descriptor the service handed over for a
 verified shard, which the reader maps as it maps a cached file (``flashfeed.fdpath``). The
-source keeps the last ``max_held`` descriptors: while the service is away (restarting) the
-shards they hold are read on; others wait for it to come back.
+source keeps the last ``max_held`` descriptors and reads a shard it holds again without a
+round trip (a dataset version's bytes never change; the service is told of the read
+without waiting, for its LRU and the job's hits). So while the service is away
+(restarting) the shards held are read on; others wait for it to come back.
 """
 
 from __future__ import annotations
@@ -77,16 +79,19 @@ class NodeShardSource:
 
     def local_path(self, shard: int) -> str:
         self._mine()
-        held = shard in self._held  # held: read on at once while the service is away
-        try:
-            fd, idx, hit = self.client.get(self.url, shard, patient=not held)
-        except NodeUnavailable:
-            with self._lock:
-                held = self._held.get(shard)
-                if held is None:
-                    raise
+        with self._lock:
+            held = self._held.get(shard)
+            if held is not None:  # verified bytes of this dataset version, whatever since
+                self._held.move_to_end(shard)
                 self._held_reads += 1
-                return fd_path(held)
+        if held is not None:
+            try:  # tell the service (its LRU and this job's hits), without waiting
+                self.client.call({"op": "touch", "shard": int(shard)}, url=self.url,
+                                 wait=False, patient=False)  # fmt: skip
+            except NodeUnavailable:
+                pass  # away: the held copy is read on all the same
+            return fd_path(held)
+        fd, idx, hit = self.client.get(self.url, shard)
         index = None
         if idx is not None:
             try:
