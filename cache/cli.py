@@ -15,6 +15,7 @@ from flashfeed.units import parse_size
 from . import admin
 from .cliprint import evict_lines, status_lines, verify_lines, warm_errors, warm_summary
 from .cluster import CACHE_DIR_ENV
+from .node import cli as node_cli
 from .nodeshare import NodeShare
 from .shardcache import ShardCache
 from .warm import warm_share
@@ -265,6 +266,8 @@ def _warm(args: argparse.Namespace) -> int:
     }
     if args.ray_address is None and (args.hosts or args.hostfile):
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
+    if node_cli.via_service(args.cache_dir) and not is_mixture_file(args.dataset):
+        return node_cli.cache_warm(args, share)
     if is_mixture_file(args.dataset):
         return _warm_mixture(args, share, kwargs)
     if args.ray_address is not None:
@@ -361,6 +364,8 @@ def _share_from(args: argparse.Namespace) -> NodeShare | None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if node_cli.via_service(args.dir):
+        return node_cli.cache_status(args)
     root = _cache_dir(args.dir, "DIR", existing=True)
     report = admin.status(root, url=args.dataset, share=_share_from(args))
     if args.json:
@@ -371,6 +376,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if node_cli.via_service(args.dir):
+        return node_cli.cache_verify(args)
     root = _cache_dir(args.dir, "DIR", existing=True)
     report = admin.verify(root)
     _print(verify_lines(root, report))
@@ -378,6 +385,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _evict(args: argparse.Namespace) -> int:
+    if node_cli.via_service(args.dir):
+        return node_cli.cache_evict(args)
     root = _cache_dir(args.dir, "DIR", existing=True)
     _print(evict_lines(admin.evict(root, url=None if args.all else args.dataset)))
     return 0

@@ -90,6 +90,64 @@ def _reload(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- `flashfeed cache warm|status|verify|evict` when $FLASHFEED_NODE_SOCKET selects a service --
+def via_service(given_dir: str | None) -> bool:
+    """Whether a ``flashfeed cache`` command goes to the node service: no directory given
+    and ``$FLASHFEED_NODE_SOCKET`` set."""
+    from flashfeed.cache.node.client import node_socket
+
+    return given_dir is None and node_socket() is not None
+
+
+def _service_client() -> Any:
+    from flashfeed.cache.node.client import NodeClient
+
+    return NodeClient(reconnect_timeout=5.0)
+
+
+def cache_warm(args: argparse.Namespace, share: Any) -> int:
+    """``cache warm URL``: this node's share (the plan's order), fetched and pinned by the
+    service inside this tenant's quota (job ``$FLASHFEED_JOB``)."""
+    from flashfeed.dataset import Dataset
+
+    if args.ray_address is not None:
+        raise ValueError(
+            "--ray-address warms every node's own cache: unset FLASHFEED_NODE_SOCKET, "
+            "or warm each node through its service"
+        )
+    dataset = Dataset.open(args.dataset)  # with this user's own credentials
+    shards = list(dict.fromkeys(share.order(dataset)))
+    with _service_client() as client:
+        reply = client.warm(args.dataset, shards)
+    print(f"warmed {reply['shards']} shards of {args.dataset} ({reply['bytes']}, "
+          f"{reply['fetched']} fetched) through the node service for job {client.job}")  # fmt: skip
+    return 0
+
+
+def cache_status(args: argparse.Namespace) -> int:
+    with _service_client() as client:
+        body = client.status()
+    print(json.dumps(body, indent=2, sort_keys=True) if args.json else status_text(body))
+    return 0
+
+
+def cache_verify(args: argparse.Namespace) -> int:
+    with _service_client() as client:
+        r = client.verify()
+    print(f"node cache: {r['checked']} shards checked, {r['corrupt']} corrupt (removed, "
+          f"fetched again on next use), {r['in_use']} corrupt ones in use kept")  # fmt: skip
+    return 1 if r["corrupt"] else 0
+
+
+def cache_evict(args: argparse.Namespace) -> int:
+    with _service_client() as client:
+        r = client.evict(None if args.all else args.dataset)
+    print(f"node cache: {r['released_pins']} pins of this tenant released, {r['evicted']} "
+          f"shards evicted ({format_size(r['bytes'])}), {r['kept']} kept (in use or pinned "
+          "by another tenant)")  # fmt: skip
+    return 0
+
+
 def _shard_list(text: str | None) -> list[int] | None:
     if text is None:
         return None

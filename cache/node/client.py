@@ -256,6 +256,17 @@ class NodeClient:
         """Ask for shards to be fetched in the background (a hint; no answer awaited)."""
         self.call({"op": "prefetch", "shards": [int(s) for s in shards]}, url=url, wait=False)
 
+    def verify(self) -> dict[str, Any]:
+        """Check every cached shard's checksum (admins); corrupt ones are removed."""
+        return self.call({"op": "verify"})[0]
+
+    def evict(self, url: str | None = None) -> dict[str, Any]:
+        """Release this tenant's pins on ``url`` (None: on every dataset) and evict the
+        shards charged to it there."""
+        if url is None:
+            return self.call({"op": "evict"})[0]
+        return self.call({"op": "evict"}, url=url)[0]
+
     def status(self) -> dict[str, Any]:
         return self.call({"op": "status"})[0]
 

@@ -179,6 +179,23 @@ def _metrics(svc: NodeService, conn: Connection, request: dict[str, Any]) -> Non
     conn.reply(request, {"text": prometheus_text(report)})
 
 
+def _verify(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    from flashfeed.cache.node.adminops import verify_all
+
+    if not svc.is_admin(conn):
+        raise RequestError("access", f"tenant {conn.tenant} may not verify the node cache")
+    conn.reply(request, verify_all(svc))
+
+
+def _evict(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    from flashfeed.cache.node.adminops import evict_own
+
+    key = request.get("key")
+    if key is not None and (not isinstance(key, str) or not svc.granted(conn, key)):
+        raise RequestError("grant", "no grant for this dataset: open it first (again)")
+    conn.reply(request, evict_own(svc, conn, key))
+
+
 def _reload(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     if not svc.is_admin(conn):
         raise RequestError("access", f"tenant {conn.tenant} may not reload the node config")
@@ -307,8 +324,16 @@ _REQUESTS = {
     "status": _status,
     "metrics": _metrics,
     "reload": _reload,
+    "evict": _evict,
     "open": _queued,
+    "verify": _queued,
     "warm": _queued,
     "prefetch": _queued,
 }
-_FILLS = {"get": _get_fill, "open": _open, "warm": _warm, "prefetch": _prefetch}
+_FILLS = {
+    "get": _get_fill,
+    "open": _open,
+    "warm": _warm,
+    "prefetch": _prefetch,
+    "verify": _verify,
+}
