@@ -89,7 +89,7 @@ class Tenant:
         out, err = p.communicate(timeout=timeout)
         lines = out.decode().strip().splitlines()
         body = json.loads(lines[-1]) if lines else {}
-        return {**body, "rc": p.returncode, "stderr": err.decode()}
+        return {**body, "rc": p.returncode, "stderr": err.decode(), "stdout": out.decode()}
 
     def kill_all(self) -> None:
         for p in self.procs:
