@@ -91,5 +91,8 @@ def test_status_and_metrics_add_up_and_show_a_tenant_only_its_own(node, tenants,
     assert by["ffnodea"]["hits"] == 1  # shard 0 of shared, which bob fetched
     bob_view = bob.run("cli", "node", "status", "--json")
     assert bob_view["cli_rc"] == 0
-    for text in (bob.run("cli", "node", "metrics")["stderr"], str(bob_view)):
+    metrics = bob.run("cli", "node", "metrics")["stdout"]
+    assert 'flashfeed_node_misses_total{tenant="ffnodeb",job="default"} 1' in metrics
+    assert 'flashfeed_node_resident_bytes{tenant="ffnodeb",job="default"}' in metrics
+    for text in (metrics, str(bob_view)):
         assert "ffalpha" not in text and "ffnodea" not in text
