@@ -51,7 +51,7 @@ def tenant_users() -> Iterator[tuple[str, str]]:
             subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node_store(tenant_users: tuple[str, str]) -> Iterator[dict[str, Any]]:
     """A store of our own (SeaweedFS) with an admin and one identity per tenant, behind a
     proxy that can make shard GETs slow (``proxy.delay``)."""
@@ -80,7 +80,7 @@ def node_store(tenant_users: tuple[str, str]) -> Iterator[dict[str, Any]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def datasets(node_store: dict[str, Any]) -> dict[str, str]:
     """``alpha`` (alice only) and ``shared`` (both): 6 shards of 8 JPEG samples each."""
     admin = node_store["admin"]
