@@ -186,7 +186,7 @@ class NodeClient:
         if "error" in reply:
             for fd in fds:
                 os.close(fd)
-            kind = reply.get("kind")
+            kind = str(reply.get("kind"))
             if kind == "grant":
                 raise _Regrant(reply["error"])
             raise _KINDS.get(kind, NodeError)(reply["error"])

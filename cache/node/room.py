@@ -4,7 +4,7 @@ recently used first, and saying whose). Every eviction is counted for both sides
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from flashfeed.cache.layout import DatasetDir
 from flashfeed.cache.node.accounting import Accounts
@@ -86,12 +86,12 @@ def _evict(
     ledger: Ledger,
     accounts: Accounts,
     dirs: dict[str, DatasetDir],
-    candidates: list[Key] | object,
+    candidates: Iterable[Key],
     amount: int,
     cause: Owner,
 ) -> int:
     freed = 0
-    for key in candidates:  # type: ignore[attr-defined]
+    for key in candidates:
         if freed >= amount:
             break
         d = dirs.get(key[0])
