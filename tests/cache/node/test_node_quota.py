@@ -80,3 +80,27 @@ def test_a_warm_over_quota_fails_at_once_and_a_new_quota_applies_without_restart
     assert node.proc.pid == pid and node.proc.poll() is None
     assert len(node.store_files()) == 6
     assert os.path.exists(node.config_path)
+
+
+def test_a_full_node_evicts_anyones_unpinned_shards_and_says_whose(
+    node, tenants, datasets, node_store
+):
+    shared = Dataset.open(datasets["shared"], storage_options=node_store["admin"]).shards
+    alpha = Dataset.open(datasets["alpha"], storage_options=node_store["admin"]).shards
+    capacity = alpha[0].bytes + alpha[1].bytes + alpha[2].bytes + shared[0].bytes + 100
+    node.write_config(
+        capacity=capacity, tenants={"ffnodea": {"quota": "16MiB"}, "ffnodeb": {"quota": "16MiB"}}
+    )
+    node.start()
+    alice, bob = tenants
+    assert alice.run("cli", "node", "warm", datasets["alpha"], "--shards", "0")["cli_rc"] == 0
+    alice.run("get", datasets["alpha"], "1")
+    alice.run("get", datasets["alpha"], "2")
+    bob.run("get", datasets["shared"], "0")  # the node is full now
+    got = bob.run("get", datasets["shared"], "1")
+    assert got["hits"] == {"1": False}
+    rows = _rows(node)
+    assert rows["ffnodea"]["evictions_suffered"] == 1 and rows["ffnodeb"]["evictions_caused"] == 1
+    left = node.store_files()
+    assert any("alpha" in f and "000000" in f for f in left)  # alice's pin stays
+    assert sum(os.stat(f).st_size for f in left) <= capacity
