@@ -18,6 +18,7 @@ from flashfeed.cache.node.access import AccessRefused, check_presigned
 from flashfeed.cache.node.accounting import prometheus_text
 from flashfeed.cache.node.room import QuotaError, make_room, warm_fits
 from flashfeed.cache.node.server import Connection, NodeService
+from flashfeed.cache.progress import FillView, live_path
 from flashfeed.units import format_size
 
 __all__ = ["fill_worker", "request_worker"]
@@ -135,6 +136,39 @@ def _touch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     dataset, i = _resolve(svc, conn, request)
     svc.ledger.touch((svc.cache.dataset_dir(dataset).key, i))
     svc.accounts.add(conn.owner, hits=1)
+
+
+def _partial(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """The fill of a shard running now, as descriptors of its live progress file, its part
+    file and its index part (a tar shard's), or ``partial: false``: none runs, or the shard
+    has no index to locate samples by while it arrives."""
+    dataset, i = _resolve(svc, conn, request)
+    d = svc.cache.dataset_dir(dataset)
+    view = None
+    if (d.key, i) in svc.filling:
+        view = FillView.open(live_path(d.parts_dir, i))
+    if view is None or view.index_part is None:
+        if view is not None:
+            view.close()
+        conn.reply(request, {"partial": False})
+        return
+    fds: list[int] = []
+    try:
+        for path in (view.part, view.index_part):
+            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        fds.insert(0, os.dup(view.fileno()))
+    except FileNotFoundError:  # the fill ended meanwhile: the whole shard is there
+        conn.reply(request, {"partial": False})
+        return
+    finally:
+        view.close()
+        for fd in fds if len(fds) < 3 else ():
+            os.close(fd)
+    try:
+        conn.reply(request, {"partial": True}, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _pin(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
@@ -319,6 +353,7 @@ def _queued(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None
 _REQUESTS = {
     "hello": _hello,
     "touch": _touch,
+    "partial": _partial,
     "get": _get,
     "pin": _pin,
     "status": _status,

@@ -6,13 +6,16 @@ verified shard, which the reader maps as it maps a cached file (``flashfeed.fdpa
 source keeps the last ``max_held`` descriptors and reads a shard it holds again without a
 round trip (a dataset version's bytes never change; the service is told of the read
 without waiting, for its LRU and the job's hits). So while the service is away
-(restarting) the shards held are read on; others wait for it to come back.
+(restarting) the shards held are read on; others wait for it to come back. A shard still
+being filled is read as it lands (``partial``): the service hands over descriptors of its
+part file and of the fill's progress, as the embedded cache's ``DatasetView`` opens them.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +23,8 @@ from typing import Any
 import numpy as np
 
 from flashfeed.cache.node.client import NodeClient, NodeUnavailable
+from flashfeed.cache.progress import FillView
+from flashfeed.cache.view import PartialShard
 from flashfeed.dataset import Dataset
 from flashfeed.fdpath import fd_path
 from flashfeed.wdsindex import SampleIndex, parse_index
@@ -59,6 +64,7 @@ class NodeShardSource:
         self._lock = threading.Lock()
         self._held: OrderedDict[int, int] = OrderedDict()  # shard -> fd
         self._index: dict[int, list[SampleIndex]] = {}
+        self._parts: list[int] = []  # part files of fills handed over (``partial``)
         self._hits = self._misses = self._held_reads = 0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -143,8 +149,40 @@ class NodeShardSource:
     def set_future(self, shards: Sequence[int]) -> None:
         return None
 
-    def partial(self, shard: int) -> None:
-        return None
+    def partial(self, shard: int) -> PartialShard | None:
+        """The shard's fill running now at the service, read as it lands: descriptors of its
+        part file and its progress, and its index (a tar shard's). None when it is complete
+        here, no fill runs, or the service is away."""
+        self._mine()
+        if shard in self._held:
+            return None
+        got = self.client.partial(self.url, shard)
+        if got is None:
+            return None
+        live, part, idx = got
+        view = FillView.from_fd(live)
+        try:
+            if view is None:
+                return None
+            while not view.index_ready():  # one small GET beside the first parts
+                if view.ended():
+                    view.close()
+                    return None
+                time.sleep(0.002)
+            index = parse_index(_read_fd(idx), source=f"{self.url} shard {shard} index")
+        except BaseException:
+            if view is not None:
+                view.close()
+            os.close(part)
+            raise
+        finally:
+            os.close(idx)
+        view.part, view.index_part = fd_path(part), None
+        with self._lock:  # kept open while a reader may still map it by this path
+            self._parts.append(part)
+            while len(self._parts) > self.max_held:
+                os.close(self._parts.pop(0))
+        return PartialShard(view.part, index, view)
 
     def held(self) -> int:
         """Descriptors this process holds now."""
@@ -153,15 +191,27 @@ class NodeShardSource:
     def close(self) -> None:
         """Close the held descriptors and the connection."""
         with self._lock:
-            for fd in self._held.values():
+            for fd in [*self._held.values(), *self._parts]:
                 os.close(fd)
             self._held.clear()
+            self._parts.clear()
         self.client.close()
 
     def stats(self) -> dict[str, Any]:
         return {"kind": "node", "socket": self.socket_path, "hits": self._hits,
                 "misses": self._misses, "held_reads": self._held_reads,
                 "held": len(self._held), "reconnects": self.client.reconnects}  # fmt: skip
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        data = os.pread(fd, 1 << 20, offset)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+        offset += len(data)
 
 
 def _same_file(a: int, b: int) -> bool:

@@ -221,6 +221,41 @@ def _hits(url: str, shard: str, k: str, go: str) -> dict[str, Any]:
     return {"start": start, "end": time.time()}
 
 
+def _partial(url: str, shard: str) -> dict[str, Any]:
+    """Start reading ``shard`` (a slow fill) and, meanwhile, take its fill in progress from
+    the service: what it held then, and its bytes once the fill is done."""
+    import hashlib
+    import mmap
+    import threading
+    import time
+
+    from flashfeed.cache.node import NodeShardSource
+    from flashfeed.dataset import Dataset
+    from flashfeed.fdpath import open_binary
+
+    s = int(shard)
+    src = NodeShardSource(Dataset.open(url))
+    whole: list[str] = []
+    reader = threading.Thread(target=lambda: whole.append(src.local_path(s)))
+    reader.start()
+    got = None
+    deadline = time.monotonic() + 20
+    while got is None and reader.is_alive() and time.monotonic() < deadline:
+        got = src.partial(s)
+        time.sleep(0.01)
+    if got is None:
+        reader.join()
+        return {"partial": False}
+    early = got.progress.done(0, got.progress.size)
+    reader.join()
+    with open_binary(got.part) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        streamed = hashlib.sha256(m).hexdigest()
+    with open_binary(whole[0]) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        final = hashlib.sha256(m).hexdigest()
+    return {"partial": True, "samples": len(got.index), "complete_at_first": early,
+            "ended": got.progress.ended(), "streamed": streamed, "final": final}  # fmt: skip
+
+
 def _probe() -> dict[str, Any]:
     import flashfeed.cache.node
     import flashfeed.loader.shard_dataset  # noqa: F401
@@ -238,6 +273,7 @@ def main() -> None:
     what, *args = sys.argv[1:]
     table = {
         "probe": _probe,
+        "partial": _partial,
         "flood": _flood,
         "hits": _hits,
         "train": _train,

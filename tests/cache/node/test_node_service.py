@@ -96,3 +96,20 @@ def test_status_and_metrics_add_up_and_show_a_tenant_only_its_own(node, tenants,
     assert 'flashfeed_node_resident_bytes{tenant="ffnodeb",job="default"}' in metrics
     for text in (metrics, str(bob_view)):
         assert "ffalpha" not in text and "ffnodea" not in text
+
+
+def test_a_fill_in_progress_is_handed_over_and_read_as_it_lands(
+    node, tenants, datasets, node_store
+):
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"}})
+    node.start()
+    alice, _ = tenants
+    node_store["proxy"].delay = 2.0  # the shard's GET waits: the fill stays in flight
+    try:
+        got = alice.run("partial", datasets["alpha"], "5")
+    finally:
+        node_store["proxy"].delay = 0.0
+    assert got["rc"] == 0, got["stderr"]
+    assert got["partial"] is True and got["samples"] == 8  # its index came first
+    assert got["complete_at_first"] is False and got["ended"] is True
+    assert got["streamed"] == got["final"]  # the part file handed over became the shard
