@@ -7,32 +7,48 @@ import os
 from typing import Any
 
 from flashfeed.cache import admin
+from flashfeed.cache.node.ledger import Charge, Owner
 from flashfeed.cache.node.server import Connection, NodeService
 from flashfeed.cache.space import remove_entry
 
-__all__ = ["evict_own", "reconcile", "verify_all"]
+__all__ = ["evict_own", "reconcile", "settle", "verify_all"]
 
 
-def reconcile(svc: NodeService) -> int:
-    """Drop the charges of shards no longer on disk (removed by a verify); how many."""
-    gone = 0
+def reconcile(svc: NodeService) -> list[Charge]:
+    """Drop the charges of shards no longer on disk (removed by a verify, or evicted by the
+    embedded cache's own capacity check); the charges dropped."""
+    gone: list[Charge] = []
     with svc.ledger.lock:
         for key in list(svc.ledger.charges):
             d = svc.dirs.get(key[0])
             if key in svc.filling or d is None:
                 continue
             if not os.path.exists(d.shard_path(key[1])):
-                svc.ledger.drop(key)
+                charge = svc.ledger.drop(key)
                 svc.verified.discard(key)
-                gone += 1
+                if charge is not None:
+                    gone.append(charge)
     return gone
+
+
+def settle(svc: NodeService, cause: Owner) -> None:
+    """After a fill: when the embedded cache evicted shards itself (the bytes it counts,
+    indexes and fills in flight included, reached the capacity first), drop their charges
+    and count the evictions, caused by ``cause``."""
+    seen = int(svc.cache.counters.snapshot().get("evictions", 0))
+    if seen == svc.embedded_evictions:
+        return
+    svc.embedded_evictions = seen
+    for charge in reconcile(svc):
+        svc.accounts.add(charge.owner, evictions_suffered=1)
+        svc.accounts.add(cause, evictions_caused=1)
 
 
 def verify_all(svc: NodeService) -> dict[str, Any]:
     """``flashfeed cache verify`` of the service's cache: corrupt shards removed (fetched
     again on their next read), their charges dropped. Paths are left out of the answer."""
     report = admin.verify(svc.cache.root)
-    dropped = reconcile(svc)
+    dropped = len(reconcile(svc))
     svc.verified.clear()  # checked again at the next read, as after a start
     return {"checked": report["checked"], "corrupt": len(report["corrupt"]),
             "in_use": len(report["not_removed_in_use"]), "charges_dropped": dropped}  # fmt: skip

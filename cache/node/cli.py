@@ -21,11 +21,8 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _serve(args: argparse.Namespace) -> int:
     from flashfeed.cache.node.server import NodeService
-    from flashfeed.lifeline import tie_to_parent
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    if args.die_with_parent:
-        tie_to_parent(args.die_with_parent, kernel_signal=True)
     NodeService(args.config).serve_forever()
     return 0
 
@@ -172,7 +169,6 @@ def register(subparsers: Any) -> None:
     s = sub.add_parser("serve", help="run the node service (as the cache's owner)")
     s.add_argument("config", metavar="CONFIG", help="the node config file (JSON)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
-    s.add_argument("--die-with-parent", type=int, default=0, metavar="PID", help=argparse.SUPPRESS)
     s.set_defaults(func=_serve)
     for name, func, text in (
         ("status", _status, "this tenant's figures (every tenant's for an admin)"),

@@ -16,6 +16,7 @@ from typing import Any
 from flashfeed.cache.errors import CacheError
 from flashfeed.cache.node.access import AccessRefused, check_presigned
 from flashfeed.cache.node.accounting import prometheus_text
+from flashfeed.cache.node.adminops import settle
 from flashfeed.cache.node.room import QuotaError, make_room, warm_fits
 from flashfeed.cache.node.server import Connection, NodeService
 from flashfeed.cache.progress import FillView, live_path
@@ -251,10 +252,13 @@ def _open(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
         raise RequestError("access", str(exc)) from None
     dataset = svc.cache.open_dataset(url)
     d = svc.cache.dataset_dir(dataset)
+    now = time.monotonic()
     with svc.lock:
         svc.dirs.setdefault(d.key, d)
         svc.datasets[d.key] = dataset
-        svc.grants[(conn.tenant, d.key)] = time.monotonic() + cfg.grant_seconds
+        for stale in [g for g, until in svc.grants.items() if until <= now]:
+            del svc.grants[stale]
+        svc.grants[(conn.tenant, d.key)] = now + cfg.grant_seconds
     conn.reply(request, {"key": d.key, "version": dataset.manifest.digest,
                          "shards": len(dataset.shards)})  # fmt: skip
 
@@ -288,9 +292,22 @@ def _fill(
             svc.filling.discard(key)
     if fresh:
         svc.accounts.add(conn.owner, fetched_bytes=size)
+        svc.ledger.resize(key, _held_bytes(path))  # the index's bytes are known now
+        settle(svc, conn.owner)
     svc.ledger.touch(key)
     svc.verified.add(key)
     return path, fresh
+
+
+def _held_bytes(path: str) -> int:
+    """A cached shard's bytes with its index's, as the embedded cache counts them."""
+    total = 0
+    for p in (path, path + ".idx"):
+        try:
+            total += os.stat(p).st_size
+        except FileNotFoundError:
+            pass
+    return total
 
 
 def _get_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:

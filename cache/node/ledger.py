@@ -1,10 +1,10 @@
 """Whose quota pays for each shard in the node cache, and which jobs pin it.
 
 The files are the state, as in the cache itself: ``<state>/charges/<dataset key>.<shard>``
-names the tenant and job a shard is charged to, written before its fill starts (so a shard
-on disk always has an owner, whatever kills the service), removed after it is evicted;
-``<state>/pins/<dataset key>.<shard>`` lists the jobs pinning it. A restart reads both and
-drops the charges of shards that never arrived.
+names the tenant and job a shard is charged to and its bytes (its index's included), written
+before its fill starts (so a shard on disk always has an owner, whatever kills the service),
+removed after it is evicted; ``<state>/pins/<dataset key>.<shard>`` lists the jobs pinning
+it. A restart reads both and drops the charges of shards that never arrived.
 """
 
 from __future__ import annotations
@@ -107,6 +107,18 @@ class Ledger:
                 {"tenant": owner[0], "job": owner[1], "bytes": c.size},
             )
             c.owner = owner
+
+    def resize(self, key: Key, size: int) -> None:
+        """The bytes a filled shard holds (its index included), known once it is there."""
+        with self.lock:
+            c = self.charges.get(key)
+            if c is None or c.size == size:
+                return
+            atomic_write_json(
+                os.path.join(self.charges_dir, _name(key)),
+                {"tenant": c.owner[0], "job": c.owner[1], "bytes": size},
+            )
+            c.size = size
 
     def drop(self, key: Key) -> Charge | None:
         """Forget ``key``'s charge (evicted, or its fill failed)."""

@@ -99,7 +99,7 @@ class NodeService:
         resident = {}
         for d, e in self.cache.space.scan()[0]:
             self.dirs.setdefault(d.key, d)
-            resident[(d.key, e.shard)] = d.manifest.shards[e.shard].bytes  # as fills charge
+            resident[(d.key, e.shard)] = e.size  # the shard and its index, as fills charge
         dropped, adopted = self.ledger.recover(resident)
         if dropped or adopted:
             log.info("recovered: %d charges of absent shards dropped, %d shards adopted",
@@ -111,6 +111,8 @@ class NodeService:
         self._admit: dict[str, threading.Semaphore] = {}
         #: shards verified since this service started (hits of others need one more check)
         self.verified: set[tuple[str, int]] = set()
+        #: evictions the embedded cache made on its own, as last seen (``adminops.settle``)
+        self.embedded_evictions = 0
         self.lock = threading.Lock()
         self.requests = FairQueue()
         self.fills = FairQueue()

@@ -170,6 +170,15 @@ class NodeProc:
             Path(self.log).read_text(errors="replace")[-3000:] if os.path.exists(self.log) else ""
         )
 
+    def disk_bytes(self) -> int:
+        """Bytes of the complete shards in the service's cache, their indexes included."""
+        total = 0
+        for f in self.store_files():
+            total += os.stat(f).st_size
+            if os.path.exists(f + ".idx"):
+                total += os.stat(f + ".idx").st_size
+        return total
+
     def store_files(self) -> list[str]:
         """Complete shard files in the service's cache (not indexes, not part files)."""
         out = []

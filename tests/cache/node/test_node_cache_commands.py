@@ -43,7 +43,7 @@ def test_cache_commands_through_the_service(node, tenants, datasets):
         status = admin.status()
     assert report["checked"] == 7 and report["corrupt"] == 1 and report["charges_dropped"] == 1
     assert not os.path.exists(victim)
-    on_disk = sum(os.stat(f).st_size for f in node.store_files())
+    on_disk = node.disk_bytes()
     assert status["used"] == status["report"]["totals"]["resident_bytes"] == on_disk
 
     evicted = alice.run("cli", "cache", "evict", "--dataset", url)
@@ -51,4 +51,4 @@ def test_cache_commands_through_the_service(node, tenants, datasets):
     (left,) = node.store_files()  # bob's shard of the shared dataset stays
     assert "shared" in left
     with NodeClient(node.socket, reconnect_timeout=5) as admin:
-        assert admin.status()["used"] == os.stat(left).st_size
+        assert admin.status()["used"] == node.disk_bytes()

@@ -60,7 +60,7 @@ def test_service_killed_mid_fill_readers_go_on_and_the_restart_recovers(
     assert _parts(node) == []  # the dead fill's part file was swept
     with NodeClient(node.socket, reconnect_timeout=5) as admin:
         status = admin.status()
-    on_disk = sum(os.stat(f).st_size for f in node.store_files())
+    on_disk = node.disk_bytes()
     assert status["used"] == status["report"]["totals"]["resident_bytes"] == on_disk
     charges = os.listdir(os.path.join(node.cache_dir, "state", "charges"))
     assert len(charges) == len(node.store_files())  # no charge for a shard that is not there
@@ -85,7 +85,7 @@ def test_tenant_killed_holding_descriptors_leaves_no_descriptor_or_charge(node, 
     assert _fds(node.proc.pid) == before  # its connection closed, no descriptor kept
     with NodeClient(node.socket, reconnect_timeout=5) as admin:
         status = admin.status()
-    on_disk = sum(os.stat(f).st_size for f in node.store_files())
+    on_disk = node.disk_bytes()
     assert len(node.store_files()) == 3
     assert status["used"] == status["report"]["totals"]["resident_bytes"] == on_disk
     assert alice.run("get", url, "1,2")["hits"] == {"1": True, "2": True}
@@ -112,7 +112,7 @@ def test_corrupt_cached_file_is_found_after_a_restart_and_fetched_again(node, te
     assert "corrupt; fetching it again" in node.log_tail()
     with NodeClient(node.socket, reconnect_timeout=5) as admin:
         status = admin.status()
-    assert status["used"] == os.stat(path).st_size
+    assert status["used"] == node.disk_bytes()
 
 
 def test_disk_full_fails_the_fill_in_one_line_and_leaves_nothing_behind(node, tenants, node_store):
@@ -134,7 +134,7 @@ def test_disk_full_fails_the_fill_in_one_line_and_leaves_nothing_behind(node, te
         assert _parts(node) == []
         with NodeClient(node.socket, reconnect_timeout=5) as admin:
             status = admin.status()
-        on_disk = sum(os.stat(f).st_size for f in node.store_files())
+        on_disk = node.disk_bytes()
         assert len(node.store_files()) == len(got["sha256"])
         assert status["used"] == status["report"]["totals"]["resident_bytes"] == on_disk
         assert alice.run("get", url, "0")["hits"] == {"0": True}  # still serving

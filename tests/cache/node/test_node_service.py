@@ -84,7 +84,7 @@ def test_status_and_metrics_add_up_and_show_a_tenant_only_its_own(node, tenants,
     rows, totals = admin["report"]["rows"], admin["report"]["totals"]
     for figure in ("resident_bytes", "pinned_bytes", "hits", "misses", "fetched_bytes"):
         assert sum(r[figure] for r in rows) == totals[figure]
-    on_disk = sum(os.stat(f).st_size for f in node.store_files())
+    on_disk = node.disk_bytes()
     assert totals["resident_bytes"] == admin["used"] == on_disk
     by = {r["tenant"]: r for r in rows}
     assert by["ffnodea"]["misses"] == 4 and by["ffnodeb"]["misses"] == 1
