@@ -256,6 +256,19 @@ def _partial(url: str, shard: str) -> dict[str, Any]:
             "ended": got.progress.ended(), "streamed": streamed, "final": final}  # fmt: skip
 
 
+def _dali_epoch(url: str) -> dict[str, Any]:
+    """One eval epoch of the DALI ``Loader``: the keys its batches carry, with their labels."""
+    from flashfeed.loader import Loader
+
+    loader = Loader(url, batch_size=8, image_size=16, shuffle=False, train=False, drop_last=False)
+    keys: list[str] = []
+    labels: list[int] = []
+    for batch in loader:
+        keys += list(batch["__key__"])
+        labels += [int(x) for x in batch["label"]]
+    return {"keys": keys, "labels": labels}
+
+
 def _probe() -> dict[str, Any]:
     import flashfeed.cache.node
     import flashfeed.loader.shard_dataset  # noqa: F401
@@ -273,6 +286,7 @@ def main() -> None:
     what, *args = sys.argv[1:]
     table = {
         "probe": _probe,
+        "dali-epoch": _dali_epoch,
         "partial": _partial,
         "flood": _flood,
         "hits": _hits,

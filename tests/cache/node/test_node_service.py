@@ -113,3 +113,15 @@ def test_a_fill_in_progress_is_handed_over_and_read_as_it_lands(
     assert got["partial"] is True and got["samples"] == 8  # its index came first
     assert got["complete_at_first"] is False and got["ended"] is True
     assert got["streamed"] == got["final"]  # the part file handed over became the shard
+
+
+def test_the_dali_loader_reads_through_the_service(node, tenants, datasets, node_store):
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"}})
+    node.start()
+    alice, _ = tenants
+    got = alice.run("dali-epoch", datasets["alpha"])
+    assert got["rc"] == 0, got["stderr"][-3000:]
+    assert sorted(got["keys"]) == _keys(datasets["alpha"], node_store["admin"])
+    assert got["labels"] == [int(k.rsplit("-", 1)[1]) % 10 for k in got["keys"]]
+    rows = [r for r in _admin_status(node)["report"]["rows"] if r["tenant"] == "ffnodea"]
+    assert sum(r["misses"] + r["hits"] for r in rows) >= 6 and len(node.store_files()) == 6
