@@ -154,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                                 url, "60"], user="nobody", cwd="/", stdout=subprocess.PIPE,
                                env={**os.environ, "FLASHFEED_NODE_SOCKET": sock,
                                     "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
-        assert flood.stdout is not None
-        if flood.stdout.readline().strip() != b"flooding":
+        if flood.stdout is None or flood.stdout.readline().strip() != b"flooding":
             raise SystemExit("the flooding process did not start")
         time.sleep(0.5)
         flooded = _hits(node_get, args.shards, args.hits)
