@@ -4,6 +4,8 @@ that cannot fit fails at once in one line, and the quota changes without a resta
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 from flashfeed.cache.node import NodeClient
 from flashfeed.dataset import Dataset
@@ -105,3 +107,21 @@ def test_a_full_node_evicts_anyones_unpinned_shards_and_says_whose(
     left = node.store_files()
     assert any("alpha" in f and "000000" in f for f in left)  # alice's pin stays
     assert node.disk_bytes() <= capacity
+
+
+def test_sighup_reads_the_config_again_even_when_its_file_looks_unchanged(node, tenants, datasets):
+    node.write_config(tenants={"ffnodea": {"quota": "1KiB"}})
+    node.start()
+    alice, _ = tenants
+    refused = alice.run("cli", "node", "warm", datasets["alpha"], "--shards", "0")
+    assert refused["cli_rc"] == 1 and "quota of tenant ffnodea (1.0 KiB)" in refused["stderr"]
+    st = os.stat(node.config_path)
+    node.write_config(tenants={"ffnodea": {"quota": "9MiB"}})  # as long as the last one
+    assert os.stat(node.config_path).st_size == st.st_size
+    os.utime(node.config_path, ns=(st.st_atime_ns, st.st_mtime_ns))  # and as old
+    time.sleep(0.6)  # past the service's look at the file: nothing new to see there
+    assert alice.run("cli", "node", "warm", datasets["alpha"], "--shards", "0")["cli_rc"] == 1
+    os.kill(node.proc.pid, signal.SIGHUP)
+    time.sleep(0.3)
+    again = alice.run("cli", "node", "warm", datasets["alpha"], "--shards", "0")
+    assert again["cli_rc"] == 0, again["stderr"]
