@@ -20,8 +20,20 @@ def _parts(node) -> list[str]:
     return out
 
 
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+def _fds(pid: int, cache_dir: str) -> tuple[int, int]:
+    """The process's open descriptors of files in ``cache_dir`` and of Unix sockets (its
+    store connections, pooled per thread, are TCP: not counted)."""
+    with open("/proc/net/unix") as f:
+        unix = {line.split()[6] for line in f.read().splitlines()[1:] if len(line.split()) > 6}
+    files = sockets = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except FileNotFoundError:
+            continue
+        files += target.startswith(cache_dir + os.sep)
+        sockets += target.startswith("socket:[") and target[8:-1] in unix
+    return files, sockets
 
 
 def test_service_killed_mid_fill_readers_go_on_and_the_restart_recovers(
@@ -73,16 +85,17 @@ def test_tenant_killed_holding_descriptors_leaves_no_descriptor_or_charge(node, 
     url = datasets["alpha"]
     alice.run("get", url, "0,1,2")  # filled: the service's store connections are open
     time.sleep(0.3)
-    before = _fds(node.proc.pid)
+    files, sockets = _fds(node.proc.pid, node.cache_dir)
     holder = alice.start("hold", url, "0,1,2")
     assert json.loads(holder.stdout.readline()) == {"held": 3}
-    assert _fds(node.proc.pid) == before + 1  # the holder's connection; no shard kept open
+    # the holder's connection; no shard kept open by the service for it
+    assert _fds(node.proc.pid, node.cache_dir) == (files, sockets + 1)
     holder.kill()
     holder.wait()
     deadline = time.monotonic() + 5
-    while _fds(node.proc.pid) > before and time.monotonic() < deadline:
+    while _fds(node.proc.pid, node.cache_dir)[1] > sockets and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _fds(node.proc.pid) == before  # its connection closed, no descriptor kept
+    assert _fds(node.proc.pid, node.cache_dir) == (files, sockets)  # its connection closed
     with NodeClient(node.socket, reconnect_timeout=5) as admin:
         status = admin.status()
     on_disk = node.disk_bytes()
