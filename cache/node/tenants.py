@@ -142,11 +142,12 @@ def _tenant(name: str, t: Any, source: str) -> TenantConfig:
 
 
 class ConfigWatch:
-    """The current config: read again (at most every ``every`` seconds) when the file's
-    mtime or size changed, or at once after ``reload()`` (SIGHUP). A bad new file keeps the
-    last good config and says so in ``error``."""
+    """The current config: read again when the file's mtime or size changed (looked at with
+    one ``stat`` at each use, or at most every ``every`` seconds), or at once after
+    ``reload()`` (SIGHUP). A bad new file keeps the last good config and says so in
+    ``error``."""
 
-    def __init__(self, path: str, *, every: float = 0.5) -> None:
+    def __init__(self, path: str, *, every: float = 0.0) -> None:
         self.path = os.path.abspath(path)
         self.every = every
         self.config = NodeConfig.read(self.path)

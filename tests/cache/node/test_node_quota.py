@@ -119,7 +119,7 @@ def test_sighup_reads_the_config_again_even_when_its_file_looks_unchanged(node, 
     node.write_config(tenants={"ffnodea": {"quota": "9MiB"}})  # as long as the last one
     assert os.stat(node.config_path).st_size == st.st_size
     os.utime(node.config_path, ns=(st.st_atime_ns, st.st_mtime_ns))  # and as old
-    time.sleep(0.6)  # past the service's look at the file: nothing new to see there
+    time.sleep(0.2)
     assert alice.run("cli", "node", "warm", datasets["alpha"], "--shards", "0")["cli_rc"] == 1
     os.kill(node.proc.pid, signal.SIGHUP)
     time.sleep(0.3)
