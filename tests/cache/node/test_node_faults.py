@@ -21,8 +21,9 @@ def _parts(node) -> list[str]:
 
 
 def _fds(pid: int, cache_dir: str) -> tuple[int, int]:
-    """The process's open descriptors of files in ``cache_dir`` and of Unix sockets (its
-    store connections, pooled per thread, are TCP: not counted)."""
+    """The process's open descriptors of shard files in ``cache_dir`` (complete or being
+    filled; not its passing bookkeeping files) and of Unix sockets (its store connections,
+    pooled per thread, are TCP: not counted)."""
     with open("/proc/net/unix") as f:
         unix = {line.split()[6] for line in f.read().splitlines()[1:] if len(line.split()) > 6}
     files = sockets = 0
@@ -31,7 +32,8 @@ def _fds(pid: int, cache_dir: str) -> tuple[int, int]:
             target = os.readlink(f"/proc/{pid}/fd/{name}")
         except FileNotFoundError:
             continue
-        files += target.startswith(cache_dir + os.sep)
+        shard = f"{os.sep}data{os.sep}" in target or f"{os.sep}.parts{os.sep}" in target
+        files += target.startswith(cache_dir + os.sep) and shard
         sockets += target.startswith("socket:[") and target[8:-1] in unix
     return files, sockets
 
