@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="ffnodebench-", dir="/tmp")
     os.chmod(root, 0o755)
     bench = start_store(os.path.join(root, "s3"), bucket="flashfeed", export_env=True)
-    proc = None
+    proc = cache = None
     try:
         url = "s3://flashfeed/nodebench"
         random_dataset(url, args.shards, parse_size(args.shard_size))
@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.1)
         idle_again = _hits(node_get, args.shards, args.hits)
     finally:
+        if cache is not None:
+            cache.close()  # its counters flushed now, not at exit into a removed folder
         if proc is not None:
             proc.terminate()
             proc.wait(10)
