@@ -17,6 +17,7 @@ the flooding user are real).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
     root = tempfile.mkdtemp(prefix="ffnodebench-", dir="/tmp")
     os.chmod(root, 0o755)
+    # removed again last at exit: the loaders' caches flush their counters at exit too
+    atexit.register(shutil.rmtree, root, True)
     bench = start_store(os.path.join(root, "s3"), bucket="flashfeed", export_env=True)
     proc = cache = None
     try:
