@@ -141,8 +141,8 @@ def stage_ceiling(run: Run) -> dict[str, Any]:
     fn: Any = importlib.import_module("nvidia.dali.fn")
     types: Any = importlib.import_module("nvidia.dali.types")
 
-    from flashfeed.loader.convert import DeviceCopier, to_torch
-    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
+    from flashfeed.loader.image.convert import DeviceCopier, to_torch
+    from flashfeed.loader.image.pipeline import AugmentOptions, default_image_pipeline
 
     jpegs = [np.frombuffer(j, np.uint8) for j in read_jpegs(run.work / "photos")]
     labels = [np.array([i % 1000], np.int64) for i in range(len(jpegs))]
@@ -246,8 +246,8 @@ def stage_tokens(run: Run) -> dict[str, Any]:
     import pyarrow as pa
     import torch
 
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.loader import TokenLoader
-    from flashfeed.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_arrow_shard
 
     seq, shards, batch = 4096, 8, 256
@@ -322,7 +322,7 @@ def stage_tokens(run: Run) -> dict[str, Any]:
 def stage_exactly_once(run: Run) -> dict[str, Any]:
     """Two epochs on the GPU with a ledger; epoch 1 is left after two batches and finished by
     a second pass (the readers must serve it without being spawned again)."""
-    from flashfeed.loader.ledger import check_exactly_once
+    from flashfeed.loader.telemetry.ledger import check_exactly_once
 
     keys = json.loads((run.work / "photos-keys.json").read_text())
     ledger = run.work / "ledger"

@@ -88,7 +88,7 @@ def build_jpeg_corpus(
     ``prefix``; ``size`` is (height, width), varied by up to a quarter per image; encoded
     by ``workers`` processes (one per CPU by default), one shard each at a time. Returns
     ``{"images", "bytes", "keys"}`` (keys as ``<shard path>/<key>``, for the ledger check)."""
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_tar_shard
 
     h, w = size

@@ -60,7 +60,7 @@ def _clips(count: int, *, h264: bool, small: bool = False) -> list[bytes]:
 
 
 def _dataset(root: Path, clips: list[bytes], ext: str) -> str:
-    from flashfeed.indexer import index_dataset
+    from flashfeed.format.indexer import index_dataset
     from flashfeed.shardio import shard_name, write_tar_shard
 
     prefix = root / "nvdec-clips"

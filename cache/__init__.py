@@ -20,7 +20,7 @@ from .options import CacheOptions
 from .progress import FillView
 from .shardcache import ShardCache
 from .view import DatasetView, PartialShard
-from .warm import check_warm_record
+from .warm.warm import check_warm_record
 
 __all__ = [
     "CacheCapacityError",

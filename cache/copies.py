@@ -17,7 +17,7 @@ from typing import Any
 from flashfeed import storage
 from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
-from flashfeed.manifest import ShardInfo
+from flashfeed.format.manifest import ShardInfo
 
 from .aimd import AdaptiveLimit
 from .errors import CacheFullError, CacheOverCapacityError

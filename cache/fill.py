@@ -18,11 +18,11 @@ import xxhash
 from flashfeed import crypto, storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
-from flashfeed.manifest import ShardInfo
+from flashfeed.format.manifest import ShardInfo
+from flashfeed.format.wdsindex import parse_index
+from flashfeed.s3.directget import RangedReader, reader_for_url
 from flashfeed.units import format_size
-from flashfeed.wdsindex import parse_index
 
-from .directget import RangedReader, reader_for_url
 from .errors import CacheFullError
 from .layout import DatasetDir, make_private_dir
 from .locks import locked

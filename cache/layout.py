@@ -36,7 +36,7 @@ from typing import Any
 
 import xxhash
 
-from flashfeed.manifest import Manifest, commit_manifest, read_manifest
+from flashfeed.format.manifest import Manifest, commit_manifest, read_manifest
 
 from .errors import CachePermissionError
 

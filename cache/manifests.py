@@ -27,9 +27,9 @@ import xxhash
 
 from flashfeed import storage
 from flashfeed.errors import ManifestError, StorageError
-from flashfeed.manifest import MANIFEST_NAME, Manifest, manifest_url, read_manifest
-from flashfeed.retry import RetryPolicy
-from flashfeed.shardtable import check_relative_path
+from flashfeed.format.manifest import MANIFEST_NAME, Manifest, manifest_url, read_manifest
+from flashfeed.format.shardtable import check_relative_path
+from flashfeed.s3.retry import RetryPolicy
 
 from .layout import (
     atomic_write_json,

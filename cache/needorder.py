@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flashfeed.wdsindex import SampleIndex
+from flashfeed.format.wdsindex import SampleIndex
 
 from .aimd import AdaptiveLimit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flashfeed.retry import RetryPolicy, env_retry
+from flashfeed.s3.retry import RetryPolicy, env_retry
 from flashfeed.units import parse_size
 
 __all__ = ["VERIFY_MODES", "CacheOptions", "default_retry"]
@@ -14,7 +14,7 @@ VERIFY_MODES = ("once", "always", "never")
 
 def default_retry() -> RetryPolicy:
     """Backoff with jitter, 10 attempts a part; ``FLASHFEED_RETRY_DEADLINE`` shortens the
-    total budget (read by ``flashfeed.retry.env_retry``, as for every storage call)."""
+    total budget (read by ``flashfeed.s3.retry.env_retry``, as for every storage call)."""
     return env_retry(RetryPolicy(attempts=10))
 
 

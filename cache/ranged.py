@@ -15,7 +15,7 @@ from collections.abc import Callable, Sized
 from dataclasses import dataclass
 from typing import TypeVar
 
-from flashfeed.retry import RetryPolicy, is_throttle, is_transient
+from flashfeed.s3.retry import RetryPolicy, is_throttle, is_transient
 
 from .aimd import AdaptiveLimit
 from .needorder import SPECULATIVE, PartQueue
@@ -28,7 +28,7 @@ Data = TypeVar("Data", bound=Sized)
 
 def is_retryable(exc: BaseException) -> bool:
     """Whether a part's fetch is worth another attempt: the storage layer's one
-    classification (``flashfeed.retry.is_transient``: throttling, resets, 5xx answers, never
+    classification (``flashfeed.s3.retry.is_transient``: throttling, resets, 5xx answers, never
     missing objects or refused credentials)."""
     return is_transient(exc)
 

@@ -19,14 +19,14 @@ from typing import Any
 
 from flashfeed import storage
 from flashfeed.dataset import Dataset
-from flashfeed.manifest import ShardInfo
+from flashfeed.format.manifest import ShardInfo
+from flashfeed.s3.directget import signed_endpoint, warm_client
 from flashfeed.storage import RetryPolicy
 from flashfeed.units import format_size, parse_size
 
 from .ahead import FetchAhead
 from .aimd import AdaptiveLimit
 from .copies import ShardCopies
-from .directget import signed_endpoint, warm_client
 from .errors import CacheCapacityError
 from .handle import CacheHandle
 from .hints import ReadHints

@@ -4,8 +4,8 @@ A loader's reader processes and ``DataLoader`` workers hold a view (it pickles):
 the cache already holds is opened directly, and a shard still arriving is read from its
 part file as its bytes land, without a ``ShardCache`` in that process. Only a shard the
 cache lacks needs one (``CacheHandle.open``). A tar shard is located by its ``.idx``; an
-Arrow shard by the record batch layout its schema message records (``flashfeed.arrowlayout``),
-or, when it records none, by walking its messages as they land (``flashfeed.ipcwalk``).
+Arrow shard by the record batch layout its schema message records (``flashfeed.format.arrowlayout``),
+or, when it records none, by walking its messages as they land (``flashfeed.format.ipcwalk``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flashfeed.arrowlayout import PREFIX, BatchLayout, head_size, read_layout
-from flashfeed.ipcwalk import IpcWalk, start_walk
-from flashfeed.wdsindex import SampleIndex, parse_index
+from flashfeed.format.arrowlayout import PREFIX, BatchLayout, head_size, read_layout
+from flashfeed.format.ipcwalk import IpcWalk, start_walk
+from flashfeed.format.wdsindex import SampleIndex, parse_index
 
 from .progress import FillView, live_path
 

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from flashfeed.interrupt import exit_on_interrupt
-from flashfeed.store import EmbeddedStore
+from flashfeed.cli.devstore import EmbeddedStore
+from flashfeed.runtime.interrupt import exit_on_interrupt
 
 
 def _say(step: str, text: str = "") -> None:
@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace, work: Path, dataset_url: str) -> None:
     # imported here: each pulls in a large framework (Ray, DALI, torch)
     from flashfeed import Dataset
     from flashfeed.cache import ShardCache
-    from flashfeed.cache.warm import NodeShare, warm_share
+    from flashfeed.cache.warm.warm import NodeShare, warm_share
     from flashfeed.ingest import IngestConfig, run
     from flashfeed.ingest.progress import summary_table
     from flashfeed.ingest.samplecorpus import make_imagefolder

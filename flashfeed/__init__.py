@@ -8,6 +8,15 @@ Components: ``flashfeed.ingest``, ``flashfeed.cache``, ``flashfeed.loader``, and
 
 from __future__ import annotations
 
+from flashfeed.format.manifest import (
+    FORMAT_VERSION,
+    Manifest,
+    ShardInfo,
+    commit_manifest,
+    read_manifest,
+)
+from flashfeed.plan.mixture import Change, Mixture, Source, load_mixture
+
 from .dataset import Dataset, TarShardReader
 from .errors import (
     CorruptShardError,
@@ -17,8 +26,6 @@ from .errors import (
     ManifestError,
     StorageError,
 )
-from .manifest import FORMAT_VERSION, Manifest, ShardInfo, commit_manifest, read_manifest
-from .mixture import Change, Mixture, Source, load_mixture
 from .units import format_size, parse_size
 
 __version__ = "0.1.0"

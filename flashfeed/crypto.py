@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from flashfeed.format.manifest import Manifest, ShardInfo
+
 from . import storage
 from .errors import CorruptShardError, FlashfeedError
-from .manifest import Manifest, ShardInfo
 
 __all__ = [
     "ENV_KEY",

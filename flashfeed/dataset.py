@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from flashfeed.format.arrowshard import open_arrow
+from flashfeed.format.manifest import Manifest, ShardInfo, read_manifest
+from flashfeed.format.shardlist import ShardList
+from flashfeed.format.tarshard import Sample, iter_samples
+from flashfeed.format.wdsindex import SampleIndex, parse_index
+
 from . import crypto, storage
-from .arrowshard import open_arrow
 from .errors import CorruptShardError
-from .manifest import Manifest, ShardInfo, read_manifest
-from .shardlist import ShardList
-from .tarshard import Sample, iter_samples
-from .wdsindex import SampleIndex, parse_index
 
 __all__ = ["Dataset", "TarShardReader"]
 

@@ -12,10 +12,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from flashfeed.format.arrowshard import BATCH_BYTES, write_arrow
+from flashfeed.format.manifest import ShardInfo
+from flashfeed.format.tarshard import Sample, TarShardWriter
+
 from . import storage
-from .arrowshard import BATCH_BYTES, write_arrow
-from .manifest import ShardInfo
-from .tarshard import Sample, TarShardWriter
 
 __all__ = ["shard_name", "tar_shard_bytes", "write_arrow_shard", "write_tar_shard"]
 

@@ -23,9 +23,17 @@ import fsspec
 import xxhash
 from fsspec.core import split_protocol
 
+from flashfeed.s3.options import S3Options, env_storage_options, frozen_options
+from flashfeed.s3.retry import (
+    FIRST_CONTACT,
+    RetryPolicy,
+    env_retry,
+    is_auth_error,
+    is_refused,
+    is_transient,
+)
+
 from .errors import StorageError
-from .retry import FIRST_CONTACT, RetryPolicy, env_retry, is_auth_error, is_refused, is_transient
-from .s3options import S3Options, env_storage_options, frozen_options
 
 __all__ = [
     "RetryPolicy",
@@ -241,8 +249,8 @@ def signed_object(url: str, storage_options: dict[str, Any] | None = None) -> An
         return None
     if ".." in path.split("/"):
         filesystem(url, storage_options)  # raises its clear error
-    from flashfeed.cache.directget import signed_endpoint
-    from flashfeed.cache.signedget import SignedObject
+    from flashfeed.s3.directget import signed_endpoint
+    from flashfeed.s3.signedget import SignedObject
 
     endpoint = signed_endpoint(S3Options.parse(storage_options))
     return None if endpoint is None else SignedObject(endpoint, path)

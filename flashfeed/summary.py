@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from .manifest import Manifest
+from flashfeed.format.manifest import Manifest
+
 from .units import format_size
 
 __all__ = ["format_summary", "summarize"]

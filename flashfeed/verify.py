@@ -14,10 +14,11 @@ from typing import Any
 
 import xxhash
 
+from flashfeed.format.manifest import ShardInfo
+
 from . import storage
 from .dataset import Dataset
 from .errors import CorruptShardError
-from .manifest import ShardInfo
 
 __all__ = ["ShardProblem", "VerifyReport", "stream_checksum", "verify_dataset"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flashfeed.lazy import lazy_attributes
+from flashfeed.runtime.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .config import IngestConfig

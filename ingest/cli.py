@@ -9,7 +9,7 @@ from typing import Any
 
 from flashfeed import storage
 from flashfeed.errors import FlashfeedError
-from flashfeed.retry import is_auth_error
+from flashfeed.s3.retry import is_auth_error
 
 from .config import OUTPUT_FORMATS, SOURCE_FORMATS, IngestConfig
 from .progress import summary_table

@@ -15,13 +15,13 @@ from typing import Any
 
 from flashfeed import storage
 from flashfeed.crypto import encryption_record
-from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
-from flashfeed.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
-from flashfeed.shardtable import ShardTable
-from flashfeed.video import VIDEO_MEDIA_TYPES
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest
+from flashfeed.format.media import IMAGE_MEDIA_TYPES as _MEDIA_TYPES
+from flashfeed.format.shardtable import ShardTable
+from flashfeed.format.video import VIDEO_MEDIA_TYPES
+from flashfeed.s3.putobject import delete_objects, put_object
 
 from .config import IngestConfig
-from .putobject import delete_objects, put_object
 from .shardtask import WORK_DIR, ShardResult, TaskSpec, arrow_type, done_url
 from .sources import RejectInfo, SourceScan, StorageContext
 from .tokenize import TOKEN_FEATURE, TokenPacker

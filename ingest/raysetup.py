@@ -3,11 +3,11 @@ that listens on loopback only, sends no usage stats and keeps its files in a sho
 
 An embedded Ray dies with the process that started it, SIGKILL included: Ray ties its raylet
 and GCS to the driver, but its agents linger for a minute when the driver is killed, so a
-reaper (``flashfeed.lifeline``) kills every process the embedded Ray started.
+reaper (``flashfeed.runtime.lifeline``) kills every process the embedded Ray started.
 
 Ctrl-C: Ray blocks SIGINT in its own processes and its workers run in their own process
 groups, so a terminal's Ctrl-C reaches the driver alone; the command-line entry points then
-stop through ``flashfeed.interrupt`` (one line, exit 130, Ray's processes killed) instead of
+stop through ``flashfeed.runtime.interrupt`` (one line, exit 130, Ray's processes killed) instead of
 raising ``KeyboardInterrupt`` inside Ray's driver code, which can end in a native abort.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from flashfeed import lifeline
-from flashfeed.interrupt import cleanup_on_interrupt
-from flashfeed.scratch import make_owned_dir, remove_owned
+from flashfeed.runtime import lifeline
+from flashfeed.runtime.interrupt import cleanup_on_interrupt
+from flashfeed.runtime.scratch import make_owned_dir, remove_owned
 
 __all__ = ["ray_map", "ray_session"]
 

@@ -16,13 +16,13 @@ import xxhash
 
 from flashfeed import storage
 from flashfeed.errors import DatasetExistsError
-from flashfeed.manifest import delete_manifest, is_committed, manifest_url
+from flashfeed.format.manifest import delete_manifest, is_committed, manifest_url
+from flashfeed.s3.putobject import list_keys
 
 from .assign import assign_shards, shard_groups
 from .commit import IngestResult, commit_run
 from .config import IngestConfig
 from .progress import Progress
-from .putobject import list_keys
 from .raysetup import ray_map, ray_session
 from .screening import exact_duplicates, screen_text
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, done_url, run_shards

@@ -14,14 +14,14 @@ from typing import Any
 import pyarrow as pa
 
 from flashfeed import storage
-from flashfeed.arrowshard import write_arrow
 from flashfeed.crypto import EncryptionKey, seal_shard
-from flashfeed.manifest import ShardInfo
-from flashfeed.media import LOADER_IMAGE_EXTS, image_size
+from flashfeed.format.arrowshard import write_arrow
+from flashfeed.format.manifest import ShardInfo
+from flashfeed.format.media import LOADER_IMAGE_EXTS, image_size
+from flashfeed.format.video import VIDEO_EXTS, member_videos
+from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import shard_name, tar_shard_bytes
-from flashfeed.video import VIDEO_EXTS, member_videos
 
-from .putobject import put_object
 from .sources import Item, Reject, StorageContext, open_reader
 from .tokenize import TokenPacker
 from .transforms import TransformOptions, transform_record

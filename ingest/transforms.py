@@ -14,7 +14,7 @@ from typing import Any
 import xxhash
 from PIL import Image
 
-from flashfeed.video import probe_video
+from flashfeed.format.video import probe_video
 
 from .sources.base import Record, Reject
 

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flashfeed.lazy import lazy_attributes
+from flashfeed.runtime.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from .distributed import DistContext, resolve_context
-    from .image import Loader
-    from .ledger import Ledger, read_ledger
-    from .mixledger import SourceCheck, check_mixture
+    from .image.image import Loader
+    from .image.pipeline import decode_device
     from .mixsource import MixtureDataset
     from .parts import LoaderParts, SharedKeywords
-    from .pipeline import decode_device
     from .position import PlanOptions, Position
-    from .segments import DOC_OUTPUTS
     from .shard_dataset import ShardDataLoader, ShardDataset, collate_samples
     from .sources import CacheShardSource, LocalShardSource, ShardSource
-    from .tokens import TokenLoader
+    from .telemetry.ledger import Ledger, read_ledger
+    from .telemetry.mixledger import SourceCheck, check_mixture
+    from .tokens.segments import DOC_OUTPUTS
+    from .tokens.tokens import TokenLoader
 
 # Submodules pull in large frameworks (torch, DALI, Ray): import them on first use,
 # so `flashfeed --help` and other light commands start fast.

@@ -10,7 +10,6 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .datasetinfo import ShardNames, check_version, dataset_id, shard_samples
-from .ledger import Ledger
 from .mixposition import MixPosition
 from .mixsource import MixtureDataset, status_root
 from .parts import LoaderParts
@@ -18,8 +17,9 @@ from .passorder import PassOrder, make_pass_order
 from .position import Position
 from .readahead import StreamFeeder
 from .sources import reads_in_place
-from .stats import StatsRecorder
-from .status import open_local_status_root
+from .telemetry.ledger import Ledger
+from .telemetry.stats import StatsRecorder
+from .telemetry.status import open_local_status_root
 from .weakcall import weakly
 
 __all__ = ["Made", "PlannedLoader"]
@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 
 class PlannedLoader:
-    """Epoch/position bookkeeping over ``flashfeed.plan`` for one rank.
+    """Epoch/position bookkeeping over ``flashfeed.plan.plan`` for one rank.
 
     One pass (``for batch in loader``) reads what remains of the current epoch; once a pass
     has run to its end, the next pass starts the next epoch unless ``set_epoch`` says
@@ -67,7 +67,7 @@ class PlannedLoader:
         )
         exporter = None
         if telemetry.prometheus_port is not None:
-            from .prometheus import PrometheusExporter
+            from .telemetry.prometheus import PrometheusExporter
 
             exporter = PrometheusExporter(
                 port=telemetry.prometheus_port,

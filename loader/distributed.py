@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from flashfeed.plan import Topology
+from flashfeed.plan.plan import Topology
 
 __all__ = ["DistContext", "cuda_device_index", "resolve_context"]
 

@@ -1,6 +1,6 @@
 """Where a rank stands in a mixture's plan, and the state that saves and restores it.
 
-The state is the deal the job is in (``flashfeed.mixplan.MixProgress``: where it started,
+The state is the deal the job is in (``flashfeed.plan.mixplan.MixProgress``: where it started,
 under which topology and mixture, each source's cursor there) plus the slots consumed and
 what they read of each source: a few integers per source. Loaded under the same mixture and
 world size, the very same sequence continues. Under another world size, or other weights (a
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.mixplan import Cursor, MixPlanner, MixProgress, MixRankPlan
-from flashfeed.plan import PlanOptions, RankPlan, Topology
+from flashfeed.plan.mixplan import Cursor, MixPlanner, MixProgress, MixRankPlan
+from flashfeed.plan.plan import PlanOptions, RankPlan, Topology
 
 from .distributed import DistContext
 from .mixsource import MixtureDataset

@@ -20,9 +20,9 @@ import numpy as np
 from flashfeed import storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
-from flashfeed.mixplan import SourceTable
-from flashfeed.mixture import Mixture
-from flashfeed.wdsindex import SampleIndex
+from flashfeed.format.wdsindex import SampleIndex
+from flashfeed.plan.mixplan import SourceTable
+from flashfeed.plan.mixture import Mixture
 
 from .sources import (
     CacheShardSource,
@@ -35,7 +35,7 @@ from .sources import (
 
 if TYPE_CHECKING:
     from flashfeed.cache import PartialShard
-    from flashfeed.manifest import ShardInfo
+    from flashfeed.format.manifest import ShardInfo
 
 __all__ = ["MixtureDataset", "MixtureShardSource", "open_mixture"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrowcols import ArrowShardView
+from .tokens.arrowcols import ArrowShardView
 
 __all__ = ["OpenShard", "default_max_open"]
 

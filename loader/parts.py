@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from flashfeed.dataset import Dataset
-from flashfeed.mixture import Mixture, is_mixture_file, load_mixture
-from flashfeed.plan import PlanOptions
+from flashfeed.plan.mixture import Mixture, is_mixture_file, load_mixture
+from flashfeed.plan.plan import PlanOptions
 
 from .distributed import DistContext, resolve_context
 from .mixsource import MixtureDataset, open_mixture

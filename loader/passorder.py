@@ -1,7 +1,7 @@
 """The order of one pass over what remains of an epoch: its samples in batches, and the
 shards it needs in order of first need (``loader/readahead.py`` walks them).
 
-"Plan" means the epoch plan (``flashfeed.plan``) only; a ``PassOrder`` is this rank's part of
+"Plan" means the epoch plan (``flashfeed.plan.plan``) only; a ``PassOrder`` is this rank's part of
 it still to read, cut into batches."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flashfeed.plan import locate
+from flashfeed.plan.plan import locate
 
 __all__ = ["PassOrder", "first_uses", "make_pass_order"]
 

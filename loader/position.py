@@ -3,7 +3,7 @@
 The position is (plan options, epoch, the segments of this epoch already trained under
 earlier topologies, samples this rank consumed under the current one). DDP ranks advance in
 lock-step, so one rank's state describes every rank; loading it on a new world size
-re-splits what remains of the epoch (``flashfeed.plan`` segments) and nothing is seen twice.
+re-splits what remains of the epoch (``flashfeed.plan.plan`` segments) and nothing is seen twice.
 The state is a few integers per segment: no per-sample set, whatever the dataset's size.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.plan import PlanOptions, RankPlan, Segment, Topology, rank_plan
-from flashfeed.plantypes import ARRIVAL_SPACINGS, ARRIVAL_WINDOWS
+from flashfeed.plan.plan import PlanOptions, RankPlan, Segment, Topology, rank_plan
+from flashfeed.plan.types import ARRIVAL_SPACINGS, ARRIVAL_WINDOWS
 
 from .distributed import DistContext
 

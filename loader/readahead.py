@@ -5,7 +5,7 @@ next it starts the fills of their shards and waits only until *those samples'* b
 arrived (the cache publishes each part of a fill as it lands, ``ShardSource.partial``),
 not for whole shards: the first batch does not wait for its shard (a tar sample's bytes by
 its ``.idx``, an Arrow row's record batch by the layout its schema records or, without one,
-once the walk of its messages has found it, ``flashfeed.ipcwalk``). It tells the source
+once the walk of its messages has found it, ``flashfeed.format.ipcwalk``). It tells the source
 which batch first needs each sample of a shard (``ShardSource.need``), so the node cache
 fetches the parts of all shards in flight in that order. Beyond that it asks the
 cache to fetch the shards of the next N batches, N covering the measured fetch time at the
@@ -28,9 +28,9 @@ import numpy as np
 
 from flashfeed.units import parse_size
 
-from .arrowstream import rows_landed
 from .passorder import PassOrder
 from .sources import ShardSource, reads_in_place
+from .tokens.arrowstream import rows_landed
 
 if TYPE_CHECKING:
     from flashfeed.cache import PartialShard

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.lifeline import ParentLink
+from flashfeed.runtime.lifeline import ParentLink
 
-from .fields import FieldSpec, key_bytes, key_column
+from .image.fields import FieldSpec, key_bytes, key_column
+from .image.text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
+from .image.video import ClipOptions, clip_key, clip_start, probe_at
 from .passorder import PassOrder
 from .shardreader import ShardReader
-from .text import TextEncoder, decode_text, json_bytes, json_value, text_bytes
-from .video import ClipOptions, clip_key, clip_start, probe_at
 
 __all__ = ["BatchSource", "ShardReader", "pass_path", "write_pass"]
 

@@ -23,16 +23,16 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 
 from flashfeed.dataset import Dataset
-from flashfeed.lifeline import tie_to_parent
-from flashfeed.mixture import Mixture
+from flashfeed.plan.mixture import Mixture
+from flashfeed.runtime.lifeline import tie_to_parent
 
 from .base import PlannedLoader
-from .fields import KEY, FieldSpec, parse_fields
-from .labels import parse_label
+from .image.fields import KEY, FieldSpec, parse_fields
+from .image.labels import parse_label
 from .parts import SharedKeywords, loader_parts
 from .passorder import PassOrder
 from .shardreader import ShardReader
-from .stats import StatsRecorder
+from .telemetry.stats import StatsRecorder
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

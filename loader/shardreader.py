@@ -17,10 +17,10 @@ import numpy as np
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.fdpath import open_binary
-from flashfeed.wdsindex import SampleIndex
+from flashfeed.format.wdsindex import SampleIndex
 
-from .fields import FieldSpec
-from .labels import parse_label
+from .image.fields import FieldSpec
+from .image.labels import parse_label
 from .sources import LocalShardSource, ShardSource
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ import numpy as np
 from flashfeed import storage
 from flashfeed.dataset import Dataset, check_shard_checksum
 from flashfeed.errors import CorruptShardError, ManifestError
+from flashfeed.format.wdsindex import SampleIndex, parse_index
 from flashfeed.telemetry import default_cache_dir
-from flashfeed.wdsindex import SampleIndex, parse_index
 
 from . import verified
 

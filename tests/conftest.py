@@ -19,9 +19,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("FLASHFEED_RETRY_DEADLINE", "20")
 
+from flashfeed.cli.devstore import EmbeddedStore, StoreInfo
 from flashfeed.ingest.raysetup import RAY_PREFIX
-from flashfeed.scratch import make_owned_dir, remove_owned
-from flashfeed.store import EmbeddedStore, StoreInfo
+from flashfeed.runtime.scratch import make_owned_dir, remove_owned
 
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
 

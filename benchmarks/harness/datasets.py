@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from flashfeed import Dataset
-from flashfeed.manifest import Manifest, commit_manifest
+from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
 __all__ = [

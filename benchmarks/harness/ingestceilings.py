@@ -40,7 +40,7 @@ def _work_chunk(args: tuple[list[str], Any]) -> int:
 def _work_put_run(args: tuple[list[list[str]], Any, str, dict[str, Any]]) -> int:
     """Read and transform a run of shards in a pool process, each shard's images joined
     into one object and PUT on a thread while the next is worked on; the bytes read."""
-    from flashfeed.ingest.putobject import put_object
+    from flashfeed.s3.putobject import put_object
 
     shards, work, prefix, opts = args
     n = 0
@@ -134,7 +134,7 @@ def ceilings(
     """Raw speeds the writers cannot beat here: reading the corpus (``files``), and PUTs in
     ingest's own shape (shard-sized objects through ingest's ``put_object``, ``in_flight``
     at once as Ray runs one shard task per CPU) of ``total`` bytes, median of ``rounds``."""
-    from flashfeed.ingest.putobject import put_object
+    from flashfeed.s3.putobject import put_object
 
     t0 = time.perf_counter()
     n = sum(len(p.read_bytes()) for p, _ in files)

@@ -125,7 +125,7 @@ def loader_conversion() -> Callable[[Any, torch.device | None], Any]:
     does under its dynamic executor; an older flashfeed copied into a ``HostPool``)."""
     import inspect
 
-    from flashfeed.loader import convert
+    from flashfeed.loader.image.image import convert
 
     if "pool" not in inspect.signature(convert.to_torch).parameters:
         return lambda tl, dev: convert.to_torch(tl, dev)
@@ -194,7 +194,7 @@ def _dali_reader_pipeline(
     from nvidia.dali import fn
     from nvidia.dali.pipeline import Pipeline
 
-    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
+    from flashfeed.loader.image.pipeline import AugmentOptions, default_image_pipeline
 
     indexes = [s + ".idx" for s in shards]
     pipe = Pipeline(
@@ -259,7 +259,7 @@ class RamBatches:
     order they are listed."""
 
     def __init__(self, jpegs: list[bytes], labels: list[int], batch_size: int) -> None:
-        from flashfeed.loader.fields import key_bytes
+        from flashfeed.loader.image.fields import key_bytes
 
         self.images = [np.frombuffer(j, np.uint8) for j in jpegs]
         self.labels = [np.array(x, np.int64) for x in labels]
@@ -294,8 +294,8 @@ def loader_defaults() -> dict[str, Any]:
 def _pipeline_batches(pipe: Any, names: list[str], device: str) -> Iterator[dict[str, Any]]:
     """Endless batches of a pipeline built by ``build_pipeline``, converted as the Loader
     converts them (``to_torch`` per output, ``to_keys`` for the keys)."""
-    from flashfeed.loader.convert import to_keys
-    from flashfeed.loader.fields import KEY
+    from flashfeed.loader.image.convert import to_keys
+    from flashfeed.loader.image.fields import KEY
 
     dev = torch.device("cuda", 0) if device == "gpu" else None
     convert = loader_conversion()
@@ -312,9 +312,9 @@ def _build_like_loader(
 ) -> tuple[Any, list[str]]:
     """The Loader's pipeline over ``source``; ``shared``: DALI reads its arrays in place, as
     the Loader's does for a dataset read in place (the source must keep them alive)."""
-    from flashfeed.lifeline import tie_forked_children
-    from flashfeed.loader.fields import parse_fields
-    from flashfeed.loader.pipeline import AugmentOptions, build_pipeline
+    from flashfeed.loader.image.fields import parse_fields
+    from flashfeed.loader.image.pipeline import AugmentOptions, build_pipeline
+    from flashfeed.runtime.lifeline import tie_forked_children
 
     with tie_forked_children():  # the reader process dies with this one
         return build_pipeline(
@@ -354,8 +354,8 @@ def loader_epoch_samples(
     """The JPEG bytes and labels of one epoch of the Loader on ``dataset`` (a folder of
     webdataset tars), in the order it delivered them (its batches' keys, read off one pass):
     a decode ceiling fed in this order decodes what the Loader decodes, batch for batch."""
+    from flashfeed.format.tarshard import iter_samples
     from flashfeed.loader import Loader
-    from flashfeed.tarshard import iter_samples
 
     loader = Loader(str(dataset), batch_size=batch_size, num_threads=threads)
     try:
@@ -398,7 +398,7 @@ class _WdsBytes:
         self.it: Iterator[Any] = iter(())
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray], ...]:
-        from flashfeed.loader.fields import key_bytes
+        from flashfeed.loader.image.fields import key_bytes
 
         try:
             batch = next(self.it)

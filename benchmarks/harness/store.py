@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flashfeed.store import EmbeddedStore, StoreError
+from flashfeed.cli.devstore import EmbeddedStore, StoreError
 
 __all__ = ["BenchStore", "start_store", "upload_tree"]
 

@@ -38,8 +38,8 @@ from flashfeed.cache.options import CacheOptions
 from flashfeed.cache.policy import belady_hits, lru_hits
 from flashfeed.cache.ranged import split_ranges
 from flashfeed.cache.stats import read_persisted
-from flashfeed.cache.warm import warm
-from flashfeed.plan import PlanOptions, Topology, node_shard_order
+from flashfeed.cache.warm.warm import warm
+from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.units import parse_size
 

@@ -31,7 +31,7 @@ from PIL import Image
 from benchmarks.harness.results import write_json
 from benchmarks.harness.store import start_store
 from flashfeed import Dataset, Manifest, commit_manifest, crypto, storage
-from flashfeed.manifest import ShardInfo
+from flashfeed.format.manifest import ShardInfo
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
 

@@ -7,7 +7,7 @@ it replaced, and what compiling it costs.
            sets used in turn (a big batch's outputs go to memory, as a loader's do), in
            rotated rounds: numpy (each output its own pass over the batch's rows and
            segments, gathered beforehand: the path before the kernels), the batch kernel
-           (``loader/docrows.py``: ``DocRows`` over flashfeed Arrow shards written and
+           (``loader/tokens/docrows.py``: ``DocRows`` over flashfeed Arrow shards written and
            opened as ``TokenLoader`` opens them, one ``row_outputs`` per batch of shuffled
            (shard, row) pairs that locates and reads each row and its segments where they
            lie: what ``TokenLoader`` calls), and a memcpy of the same bytes
@@ -127,8 +127,8 @@ class Batches:
         import pyarrow as pa
 
         from flashfeed.ingest.tokenize import DOCUMENT_COLUMNS
-        from flashfeed.loader.arrowcols import open_arrow_view
         from flashfeed.loader.openshard import OpenShard
+        from flashfeed.loader.tokens.arrowcols import open_arrow_view
         from flashfeed.shardio import shard_name, write_arrow_shard
 
         total = batch * sets
@@ -175,8 +175,8 @@ def kernel_outputs(
 ) -> dict[str, np.ndarray | int]:
     """Batch ``k``'s outputs as ``TokenLoader._gather`` makes them: ``row_outputs`` locates
     its (shard, row) pairs in the ``DocRows`` table and writes the widened tokens and every
-    output in one compiled pass (``loader/docrows.py``)."""
-    from flashfeed.loader.docrows import DocRows, row_outputs
+    output in one compiled pass (``loader/tokens/docrows.py``)."""
+    from flashfeed.loader.tokens.docrows import DocRows, row_outputs
 
     if batches.table is None:  # as the loader makes it when the open shards change
         batches.table = DocRows(batches.opened)

@@ -54,7 +54,7 @@ WAYS = {
 
 def _read_images(tars: list[str]) -> list[np.ndarray]:
     """Every sample's ``.jpg`` in ``tars``, in the order the tars hold them."""
-    from flashfeed.tarshard import iter_samples
+    from flashfeed.format.tarshard import iter_samples
 
     images = []
     for path in tars:
@@ -90,7 +90,7 @@ def _pipeline(
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
-    from flashfeed.loader.pipeline import AugmentOptions, default_image_pipeline
+    from flashfeed.loader.image.pipeline import AugmentOptions, default_image_pipeline
 
     pipe = Pipeline(
         batch_size=BATCH, num_threads=threads, device_id=None, prefetch_queue_depth=prefetch,

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness.results import write_json
-from flashfeed.loader.convert import to_keys
-from flashfeed.loader.fields import key_bytes, key_column
-from flashfeed.loader.pipeline import shared_batches
+from flashfeed.loader.image.convert import to_keys
+from flashfeed.loader.image.fields import key_bytes, key_column
+from flashfeed.loader.image.pipeline import shared_batches
 
 __all__ = ["WAYS", "main", "measure"]
 

@@ -48,9 +48,9 @@ from benchmarks.harness.results import write_json
 from benchmarks.harness.store import start_store
 from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cache.directget import SignedObject, reader_for
 from flashfeed.cache.fill import CHUNK
 from flashfeed.cache.ranged import split_ranges
+from flashfeed.s3.directget import SignedObject, reader_for
 from flashfeed.units import format_size, parse_size
 
 METHODS = (

@@ -171,8 +171,8 @@ def run_shardwriter(
 ) -> dict:
     import webdataset as wds
 
-    from flashfeed.ingest.putobject import put_object
     from flashfeed.ingest.transforms import transform_record
+    from flashfeed.s3.putobject import put_object
 
     kinds = {"jpg": "image", "cls": "text"}
     busy = work is not None and (work.validate or work.reencode)

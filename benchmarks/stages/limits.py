@@ -146,8 +146,8 @@ def _fill_reads(concurrency: int) -> Callable[[Any, str, int, int], Iterable[Any
     buffer), or through s3fs in one piece where that reader does not apply."""
     import threading
 
-    from flashfeed.cache.directget import reader_for
     from flashfeed.cache.fill import CHUNK
+    from flashfeed.s3.directget import reader_for
 
     buffers = threading.local()
 

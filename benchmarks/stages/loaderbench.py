@@ -152,7 +152,7 @@ def token_rows(args: argparse.Namespace, root: Path) -> dict[str, float]:
 def shuffle_rows() -> dict[str, dict[str, float]]:
     """Quality on a class-sorted ImageNet-sized layout (1000 classes in order over 1024
     shards of 1250): each loader's read order simulated from its shuffle algorithm."""
-    from flashfeed.loader.shuffle_quality import (
+    from benchmarks.harness.shuffle_quality import (
         buffer_shuffle_order,
         plan_shuffle_quality,
         shuffle_quality,

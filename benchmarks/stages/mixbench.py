@@ -40,7 +40,7 @@ from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
 from benchmarks.harness.timing import BATCH, tree_cpu_seconds
 from flashfeed import Manifest, Mixture, Source, commit_manifest
-from flashfeed.manifest import ShardInfo
+from flashfeed.format.manifest import ShardInfo
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
 __all__ = ["images", "main", "shares", "tokens"]

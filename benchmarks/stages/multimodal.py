@@ -100,7 +100,7 @@ def write_pairs(root: Path, files: list[tuple[Path, int]], shards: int, seed: in
     """jpg + txt + json samples through webdataset's ShardWriter, then ``flashfeed index``."""
     import webdataset as wds
 
-    from flashfeed.indexer import index_dataset
+    from flashfeed.format.indexer import index_dataset
 
     out = root / "pairs"
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,7 @@ def write_videos(root: Path, count: int, seed: int) -> tuple[str, list[str]]:
     import av
     import numpy as np
 
-    from flashfeed.indexer import index_dataset
+    from flashfeed.format.indexer import index_dataset
     from flashfeed.shardio import shard_name, write_tar_shard
 
     rng = np.random.default_rng(seed)

@@ -39,13 +39,13 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness.child import REPO, module_command
+from benchmarks.harness.plantedcorpus import PlantedCorpus, make_planted_corpus, write_jsonl
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from flashfeed.ingest.minhash import band_keys, jaccard, lsh_params, shingle_hashes, shingles
 from flashfeed.ingest.minhash import signatures as minhash_signatures
 from flashfeed.ingest.neardup import clusters
 from flashfeed.ingest.nearpairs import candidate_pairs, check_pairs
-from flashfeed.ingest.plantedcorpus import PlantedCorpus, make_planted_corpus, write_jsonl
 
 __all__ = ["KERNELS", "kernel_rounds", "kernel_run", "main", "quality", "ray_run"]
 

@@ -34,7 +34,7 @@ from benchmarks.harness.datasets import random_dataset
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
 from benchmarks.harness.store import start_store
-from flashfeed import lifeline
+from flashfeed.runtime import lifeline
 from flashfeed.units import parse_size
 
 _FLOOD = """

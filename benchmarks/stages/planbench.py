@@ -70,9 +70,9 @@ def plan_cost(
 ) -> dict[str, Any]:
     """Seconds to commit, open and plan a dataset of ``shards`` shards (no shard bytes)."""
     from flashfeed import Dataset, Manifest, commit_manifest
-    from flashfeed.plan import PlanOptions, Segment, Topology, node_shard_order, plan_epoch
-    from flashfeed.plan import rank_plan as plan_rank
-    from flashfeed.shardtable import synthetic_shard_table
+    from flashfeed.format.shardtable import synthetic_shard_table
+    from flashfeed.plan.plan import PlanOptions, Segment, Topology, node_shard_order, plan_epoch
+    from flashfeed.plan.plan import rank_plan as plan_rank
 
     work = tempfile.mkdtemp(prefix="ffplan-", dir="/tmp")
     options, topology = PlanOptions(seed=0), Topology(world_size, ranks_per_node)
@@ -149,10 +149,10 @@ def mixture_scale(
 ) -> dict[str, Any]:
     """The design point as a mixture of ``sources`` datasets, measured in this process."""
     from flashfeed import Dataset, Manifest, commit_manifest
-    from flashfeed.mixplan import MixPlanner, SourceTable
-    from flashfeed.mixture import Mixture, Source
-    from flashfeed.plan import PlanOptions, Topology
-    from flashfeed.shardtable import synthetic_shard_table
+    from flashfeed.format.shardtable import synthetic_shard_table
+    from flashfeed.plan.mixplan import MixPlanner, SourceTable
+    from flashfeed.plan.mixture import Mixture, Source
+    from flashfeed.plan.plan import PlanOptions, Topology
 
     work = tempfile.mkdtemp(prefix="ffmix-", dir="/tmp")
     topology = Topology(world_size, ranks_per_node)
@@ -211,7 +211,7 @@ def loader_start(shards: int = 1_000_000) -> dict[str, Any]:
     """Seconds to construct a ``Loader`` for one rank of 8,192 on a local ``shards``-shard
     manifest and ask its length (its plan); importing torch and DALI is timed apart."""
     from flashfeed import Manifest, commit_manifest
-    from flashfeed.shardtable import synthetic_shard_table
+    from flashfeed.format.shardtable import synthetic_shard_table
 
     work = tempfile.mkdtemp(prefix="ffstart-", dir="/tmp")
     try:

@@ -1,6 +1,6 @@
 """CPU cost of signing one ranged S3 GET: flashfeed's SigV4 signer against botocore's.
 
-  ours      ``cache/sigv4.py``'s ``s3_get_headers``: the headers of a signed ranged GET
+  ours      ``flashfeed/s3/sigv4.py``'s ``s3_get_headers``: the headers of a signed ranged GET
   botocore  ``botocore.auth.S3SigV4Auth.add_auth`` on an ``AWSRequest`` built for the same
             GET (what a fill would call per request if it signed with botocore)
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
-from flashfeed.cache.sigv4 import s3_get_headers, s3_path
+from flashfeed.s3.sigv4 import s3_get_headers, s3_path
 
 METHODS = ("ours", "botocore")
 HOST = "127.0.0.1:8333"

@@ -55,7 +55,7 @@ from benchmarks.harness.rounds import rotated
 from benchmarks.harness.store import start_store, upload_tree
 from benchmarks.stages.limits import download
 from flashfeed import storage
-from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard
 
 ROWS = ("cold-stream", "cold-walk", "cold-dict", "local", "ceiling")
@@ -165,7 +165,7 @@ def last_window_batch(args: argparse.Namespace, options: Any, batches: int) -> i
     shards are of equal rows, a window holds ``options.window`` of them, the last one what
     is left), or, when the first epoch reads that window front to back in arrival slices
     (every window: ``arrival_windows="all"``; else only the first), that window's last
-    slice (``flashfeed/planstreams.py``)."""
+    slice (``flashfeed/plan/streams.py``)."""
     share = (args.shards - options.window * ((args.shards - 1) // options.window)) / args.shards
     sliced = args.shards <= options.window or options.arrival_windows == "all"
     if sliced and options.arrival_slices > 1:

@@ -209,9 +209,9 @@ def bench_packing(texts: list[str], tok: Path, args: argparse.Namespace) -> dict
 
 def make_token_dataset(prefix: Path, tok: Path, args: argparse.Namespace) -> None:
     """``--token-rows`` rows of random tokens in documents of a log-normal length mix."""
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.ingest.packing import PackOptions, plan_packing
     from flashfeed.ingest.tokenize import TOKEN_FEATURE, TokenPacker
-    from flashfeed.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_arrow_shard
 
     packer = TokenPacker(str(tok), seq_len=args.seq_len, packing="best-fit")
@@ -309,7 +309,7 @@ def _row_gather(prefix: Path, batches: list[list[str]], arrays: int) -> float:
     buffers are written again every batch (cache-resident where a batch fits the cache),
     where a loader's batches stay alive in new or pooled buffers."""
     from flashfeed.dataset import Dataset
-    from flashfeed.loader.arrowcols import open_arrow_view
+    from flashfeed.loader.tokens.arrowcols import open_arrow_view
 
     ds = Dataset.open(str(prefix))
     views = {s.path: open_arrow_view(ds.shard_url(i), ("tokens",), name=s.path)

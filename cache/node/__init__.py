@@ -7,7 +7,7 @@ embedded ``ShardCache`` is used as before. ``flashfeed node serve CONFIG`` runs 
 
 from __future__ import annotations
 
-from flashfeed.cache.node.client import (
+from .client import (
     SOCKET_ENV,
     NodeAccessError,
     NodeClient,
@@ -16,7 +16,7 @@ from flashfeed.cache.node.client import (
     NodeUnavailable,
     node_socket,
 )
-from flashfeed.cache.node.source import NodeShardSource
+from .source import NodeShardSource
 
 __all__ = [
     "SOCKET_ENV",

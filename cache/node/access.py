@@ -12,9 +12,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from flashfeed import storage
-from flashfeed.cache.sigv4 import s3_path, s3_presigned_query
-from flashfeed.manifest import manifest_url
-from flashfeed.s3options import S3Options
+from flashfeed.format.manifest import manifest_url
+from flashfeed.s3.options import S3Options
+from flashfeed.s3.sigv4 import s3_path, s3_presigned_query
 
 __all__ = ["AccessRefused", "check_presigned", "presign_manifest"]
 

@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any
 
-from flashfeed.cache.layout import atomic_write_json, read_json
-from flashfeed.cache.node.ledger import Ledger, Owner
+from ..layout import atomic_write_json, read_json
+from .ledger import Ledger, Owner
 
 __all__ = ["COUNTERS", "FIGURES", "Accounts", "prometheus_text"]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from flashfeed.cache import admin
-from flashfeed.cache.node.ledger import Charge, Owner
-from flashfeed.cache.node.server import Connection, NodeService
-from flashfeed.cache.space import remove_entry
+from ..cli import admin
+from ..space import remove_entry
+from .ledger import Charge, Owner
+from .server import Connection, NodeService
 
 __all__ = ["evict_own", "reconcile", "settle", "verify_all"]
 

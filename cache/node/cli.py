@@ -14,13 +14,13 @@ __all__ = ["register"]
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from flashfeed.cache.node.client import NodeClient
+    from .client import NodeClient
 
     return NodeClient(args.socket, job=getattr(args, "job", None), reconnect_timeout=args.wait)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from flashfeed.cache.node.server import NodeService
+    from .server import NodeService
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     NodeService(args.config).serve_forever()
@@ -91,13 +91,13 @@ def _reload(args: argparse.Namespace) -> int:
 def via_service(given_dir: str | None) -> bool:
     """Whether a ``flashfeed cache`` command goes to the node service: no directory given
     and ``$FLASHFEED_NODE_SOCKET`` set."""
-    from flashfeed.cache.node.client import node_socket
+    from .client import node_socket
 
     return given_dir is None and node_socket() is not None
 
 
 def _service_client() -> Any:
-    from flashfeed.cache.node.client import NodeClient
+    from .client import NodeClient
 
     return NodeClient(reconnect_timeout=5.0)
 

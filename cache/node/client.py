@@ -17,9 +17,9 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from flashfeed.cache.errors import CacheError
-from flashfeed.cache.node.access import presign_manifest
-from flashfeed.cache.node.protocol import ProtocolError, recv_message, send_message
+from ..errors import CacheError
+from .access import presign_manifest
+from .protocol import ProtocolError, recv_message, send_message
 
 __all__ = [
     "SOCKET_ENV",

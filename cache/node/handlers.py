@@ -13,14 +13,15 @@ import os
 import time
 from typing import Any
 
-from flashfeed.cache.errors import CacheError
-from flashfeed.cache.node.access import AccessRefused, check_presigned
-from flashfeed.cache.node.accounting import prometheus_text
-from flashfeed.cache.node.adminops import settle
-from flashfeed.cache.node.room import QuotaError, make_room, warm_fits
-from flashfeed.cache.node.server import Connection, NodeService
-from flashfeed.cache.progress import FillView, live_path
 from flashfeed.units import format_size
+
+from ..errors import CacheError
+from ..progress import FillView, live_path
+from .access import AccessRefused, check_presigned
+from .accounting import prometheus_text
+from .adminops import settle
+from .room import QuotaError, make_room, warm_fits
+from .server import Connection, NodeService
 
 __all__ = ["fill_worker", "request_worker"]
 
@@ -215,7 +216,7 @@ def _metrics(svc: NodeService, conn: Connection, request: dict[str, Any]) -> Non
 
 
 def _verify(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
-    from flashfeed.cache.node.adminops import verify_all
+    from .adminops import verify_all
 
     if not svc.is_admin(conn):
         raise RequestError("access", f"tenant {conn.tenant} may not verify the node cache")
@@ -223,7 +224,7 @@ def _verify(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None
 
 
 def _evict(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
-    from flashfeed.cache.node.adminops import evict_own
+    from .adminops import evict_own
 
     key = request.get("key")
     if key is not None and (not isinstance(key, str) or not svc.granted(conn, key)):

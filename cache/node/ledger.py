@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from flashfeed.cache.layout import atomic_write_json, make_private_dir, read_json
+from ..layout import atomic_write_json, make_private_dir, read_json
 
 __all__ = ["UNOWNED", "Charge", "Ledger"]
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from flashfeed.cache.layout import DatasetDir
-from flashfeed.cache.node.accounting import Accounts
-from flashfeed.cache.node.ledger import Key, Ledger, Owner
-from flashfeed.cache.space import remove_entry
 from flashfeed.units import format_size
+
+from ..layout import DatasetDir
+from ..space import remove_entry
+from .accounting import Accounts
+from .ledger import Key, Ledger, Owner
 
 __all__ = ["QuotaError", "make_room", "quota_usage", "warm_fits"]
 

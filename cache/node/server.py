@@ -20,14 +20,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from flashfeed.cache.layout import DatasetDir, list_dataset_dirs, make_private_dir
-from flashfeed.cache.node.accounting import Accounts
-from flashfeed.cache.node.fairqueue import FairQueue
-from flashfeed.cache.node.ledger import Ledger
-from flashfeed.cache.node.protocol import ProtocolError, recv_message, send_message
-from flashfeed.cache.node.tenants import ConfigWatch
-from flashfeed.cache.shardcache import ShardCache
 from flashfeed.dataset import Dataset
+
+from ..layout import DatasetDir, list_dataset_dirs, make_private_dir
+from ..shardcache import ShardCache
+from .accounting import Accounts
+from .fairqueue import FairQueue
+from .ledger import Ledger
+from .protocol import ProtocolError, recv_message, send_message
+from .tenants import ConfigWatch
 
 __all__ = ["Connection", "NodeService"]
 
@@ -149,7 +150,7 @@ class NodeService:
 
     def start(self) -> None:
         """Bind and start the threads (accept, request and fill workers, counter flushes)."""
-        from flashfeed.cache.node.handlers import fill_worker, request_worker
+        from .handlers import fill_worker, request_worker
 
         if self.sock is None:
             self.bind()

@@ -22,12 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from flashfeed.cache.node.client import NodeClient, NodeUnavailable
-from flashfeed.cache.progress import FillView
-from flashfeed.cache.view import PartialShard
 from flashfeed.dataset import Dataset
 from flashfeed.fdpath import fd_path
-from flashfeed.wdsindex import SampleIndex, parse_index
+from flashfeed.format.wdsindex import SampleIndex, parse_index
+
+from ..progress import FillView
+from ..view import PartialShard
+from .client import NodeClient, NodeUnavailable
 
 __all__ = ["NodeShardSource"]
 

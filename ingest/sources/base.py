@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flashfeed import storage
-from flashfeed.media import IMAGE_EXTS
-from flashfeed.video import VIDEO_EXTS
+from flashfeed.format.media import IMAGE_EXTS
+from flashfeed.format.video import VIDEO_EXTS
 
 __all__ = [
     "IMAGE_EXTS",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flashfeed.video import VIDEO_EXTS
+from flashfeed.format.video import VIDEO_EXTS
 
 from .base import (
     Item,

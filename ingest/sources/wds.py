@@ -15,8 +15,8 @@ import tarfile
 from functools import partial
 from typing import Any
 
-from flashfeed.tarshard import StrictTarInfo, TarHeaderError
-from flashfeed.wdsindex import split_name
+from flashfeed.format.tarshard import StrictTarInfo, TarHeaderError
+from flashfeed.format.wdsindex import split_name
 
 from .base import (
     Item,

@@ -46,7 +46,7 @@ def test_the_bound_waits_for_what_the_plan_shuffles_together_last() -> None:
     from argparse import Namespace
 
     from benchmarks.stages.tokcold import last_window_batch
-    from flashfeed.plan import PlanOptions
+    from flashfeed.plan.plan import PlanOptions
 
     plain = PlanOptions(window=4, arrival_windows="first")
     assert last_window_batch(Namespace(shards=8), plain, 4096) == 2048  # the 2nd window

@@ -28,8 +28,8 @@ from flashfeed import Dataset
 from flashfeed.cache import CacheHandle, ShardCache
 from flashfeed.cache.space import DEFAULT_FRACTION, scan
 from flashfeed.cache.stats import read_persisted
-from flashfeed.manifest import Manifest, commit_manifest
-from flashfeed.retry import RetryPolicy
+from flashfeed.format.manifest import Manifest, commit_manifest
+from flashfeed.s3.retry import RetryPolicy
 from flashfeed.shardio import shard_name, write_tar_shard
 from flashfeed.units import format_size
 

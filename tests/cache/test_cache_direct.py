@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from flashfeed import storage
-from flashfeed.cache.directget import SignedObject, reader_for
 from flashfeed.cache.ranged import is_retryable, is_throttle
+from flashfeed.s3.directget import SignedObject, reader_for
 
 from support.slowproxy import SlowProxy
 

@@ -24,7 +24,7 @@ from flashfeed.cache.policy import (
 )
 from flashfeed.cache.progress import FillProgress, FillView, live_path
 from flashfeed.cache.ranged import RangedFetcher, is_retryable, is_throttle, split_ranges
-from flashfeed.plan import PlanOptions, Topology, node_shard_order
+from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order
 from flashfeed.storage import RetryPolicy
 
 FAST = RetryPolicy(attempts=8, base_delay=0.001, max_delay=0.01, deadline=10)

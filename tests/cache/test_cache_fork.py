@@ -12,7 +12,7 @@ import pytest
 
 from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cache.directget import SignedObject, reader_for
+from flashfeed.s3.directget import SignedObject, reader_for
 
 from support.cache_data import make_dataset
 from support.slowproxy import SlowProxy

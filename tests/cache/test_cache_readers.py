@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from flashfeed import storage
-from flashfeed.cache import directget
-from flashfeed.cache.directget import (
+from flashfeed.s3 import directget
+from flashfeed.s3.directget import (
     BACKENDS,
     Backend,
     FsObject,
@@ -168,7 +168,7 @@ def test_a_session_token_is_sent_and_signed_by_every_backend(s3_prefix, s3_store
 def virtual_store(tmp_path_factory):
     """A SeaweedFS of its own that also serves ``{bucket}.localhost`` (``-s3.domainName``):
     the shared one is started without a domain, so it serves path-style requests only."""
-    from flashfeed import store as store_module
+    from flashfeed.cli import devstore as store_module
 
     root = tmp_path_factory.mktemp("vhost")
     weed = root / "weed-with-domain"

@@ -21,7 +21,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.loader.passorder import make_pass_order
 from flashfeed.loader.readahead import StreamFeeder
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
 from support.slowproxy import SlowProxy
@@ -166,7 +166,7 @@ def _first_batch_gets(
     after it asks for), those of them no batch of the first run needs, and the parts of
     all shards. The epoch must deliver every sample
     once. ``build_delay``: seconds added to the pipeline's build."""
-    from flashfeed.loader.dali_runner import DaliRunner
+    from flashfeed.loader.image.dali_runner import DaliRunner
 
     make_image_dataset(s3_prefix, [64, 64, 64, 64], classes=10)
     ds = Dataset.open(s3_prefix, storage_options={"endpoint_url": proxy.endpoint})
@@ -261,7 +261,7 @@ def test_the_first_gets_are_sent_before_the_pipeline_is_built(
     (briefly) until each of its first batch's shards has its index and its first GETs are
     out, then builds. Observed at the store: ranged GETs of every shard of batch 0 arrived
     before the build began."""
-    from flashfeed.loader.dali_runner import DaliRunner
+    from flashfeed.loader.image.dali_runner import DaliRunner
 
     proxy.delay = 0.02  # each request: the index alone takes a round trip
     make_image_dataset(s3_prefix, [48, 48, 48], classes=10)

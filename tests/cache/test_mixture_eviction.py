@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from flashfeed.cache import ShardCache
-from flashfeed.cache.nodeshare import NodeShare
 from flashfeed.cache.policy import FutureOrder, MixtureFuture
-from flashfeed.cache.warmmix import mixture_order, open_sources, warm_mixture
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warmmix import mixture_order, open_sources, warm_mixture
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.mixledger import check_mixture
 from flashfeed.loader.mixsource import MixtureShardSource, open_mixture
-from flashfeed.mixplan import MixPlanner, SourceTable
-from flashfeed.mixture import Mixture, Source
-from flashfeed.plan import PlanOptions, Topology
+from flashfeed.loader.telemetry.mixledger import check_mixture
+from flashfeed.plan.mixplan import MixPlanner, SourceTable
+from flashfeed.plan.mixture import Mixture, Source
+from flashfeed.plan.plan import PlanOptions, Topology
 
 from support.loader_helpers import make_token_dataset
 

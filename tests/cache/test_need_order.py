@@ -17,10 +17,10 @@ from flashfeed.cache.aimd import AdaptiveLimit
 from flashfeed.cache.needorder import PartPriority, part_priorities
 from flashfeed.cache.ranged import RangedFetcher
 from flashfeed.dataset import Dataset
+from flashfeed.format.wdsindex import Component, SampleIndex
 from flashfeed.loader import Loader
 from flashfeed.loader.passorder import make_pass_order
-from flashfeed.retry import RetryPolicy
-from flashfeed.wdsindex import Component, SampleIndex
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
 from support.slowproxy import SlowProxy
@@ -245,7 +245,7 @@ def _shard_parts_need(windows: str) -> tuple[list[list[int]], list[list[float]]]
     order, each sample's batch), 100 samples of 1 KiB per shard, 10 KiB parts."""
     import numpy as np
 
-    from flashfeed.plan import PlanOptions, Topology, rank_plan
+    from flashfeed.plan.plan import PlanOptions, Topology, rank_plan
 
     sizes = np.array([100] * 8)
     options = PlanOptions(seed=3, window=4, arrival_windows=windows)

@@ -10,7 +10,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from flashfeed.cache.sigv4 import UNSIGNED, s3_get_headers, s3_path
+from flashfeed.s3.sigv4 import UNSIGNED, s3_get_headers, s3_path
 
 
 class _UnsignedPayload(S3SigV4Auth):

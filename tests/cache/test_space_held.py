@@ -12,7 +12,7 @@ import pytest
 from flashfeed.cache import layout
 from flashfeed.cache.layout import DatasetDir
 from flashfeed.cache.space import scan
-from flashfeed.manifest import Manifest, ShardInfo
+from flashfeed.format.manifest import Manifest, ShardInfo
 
 
 def _dataset_dir(root: Path, shards: int = 4) -> DatasetDir:

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from flashfeed.cache import ShardCache
-from flashfeed.cache.nodeshare import NodeShare
-from flashfeed.cache.warmmix import mixture_order, open_sources
-from flashfeed.cli import main
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warmmix import mixture_order, open_sources
+from flashfeed.cli.app import main
 from flashfeed.loader import TokenLoader
-from flashfeed.mixture import Mixture, Source
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import make_token_dataset
 

@@ -15,9 +15,9 @@ import pytest
 
 from flashfeed import Dataset
 from flashfeed.cache import CacheOverCapacityError, ShardCache
-from flashfeed.cache.nodeshare import NodeShare
-from flashfeed.cache.warm import warm_share
-from flashfeed.cli import main as cli_main
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warm import warm_share
+from flashfeed.cli.app import main as cli_main
 from flashfeed.loader import TokenLoader
 
 from support.cache_data import make_dataset

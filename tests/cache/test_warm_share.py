@@ -21,17 +21,17 @@ import pytest
 
 from flashfeed import Dataset
 from flashfeed.cache import ShardCache
-from flashfeed.cache.admin import status
-from flashfeed.cache.cluster import map_hosts, parse_hostfile, parse_hosts, warm_node
-from flashfeed.cache.warm import (
+from flashfeed.cache.cli.admin import status
+from flashfeed.cache.warm.cluster import map_hosts, parse_hostfile, parse_hosts, warm_node
+from flashfeed.cache.warm.warm import (
     NodeShare,
     check_warm_record,
     dataset_digest,
     warm_mismatch,
     warm_share,
 )
-from flashfeed.cli import main
-from flashfeed.plan import PlanOptions, Topology, node_shard_order
+from flashfeed.cli.app import main
+from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order
 
 from support.cache_data import make_dataset
 

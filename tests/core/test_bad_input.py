@@ -20,10 +20,10 @@ from flashfeed import (
     commit_manifest,
     storage,
 )
-from flashfeed.cli import main
+from flashfeed.cli.app import main
+from flashfeed.cli.devstore import EmbeddedStore
+from flashfeed.format.tarshard import iter_samples, scan_index
 from flashfeed.shardio import shard_name, tar_shard_bytes, write_tar_shard
-from flashfeed.store import EmbeddedStore
-from flashfeed.tarshard import iter_samples, scan_index
 from flashfeed.verify import verify_dataset
 
 

@@ -14,11 +14,11 @@ import pytest
 
 from flashfeed import CorruptShardError, Dataset, crypto, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cli import main
+from flashfeed.cli.app import main
+from flashfeed.format.manifest import MANIFEST_NAME, Manifest
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.loader import Loader
-from flashfeed.manifest import MANIFEST_NAME, Manifest
 
 KEY = crypto.EncryptionKey(bytes(range(32)))
 MARKER = b"plaintext-marker-that-must-not-be-stored"
@@ -43,7 +43,7 @@ def test_keys_parse_from_hex_base64_file_and_env_and_never_show(tmp_path: Path) 
 
 
 def _manifest(plain: dict[str, dict]) -> Manifest:
-    from flashfeed.manifest import ShardInfo
+    from flashfeed.format.manifest import ShardInfo
 
     info = ShardInfo("shards/000000.tar", 1, 1, "xxh3_128:00")
     extra = {"encryption": crypto.encryption_record(KEY, plain)}

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashfeed import FlashfeedError, Manifest, commit_manifest, read_manifest, storage
-from flashfeed.manifest import ShardTable
+from flashfeed.format.manifest import ShardTable
+from flashfeed.format.tarshard import iter_samples, scan_index
+from flashfeed.format.wdsindex import parse_index
 from flashfeed.shardio import tar_shard_bytes
-from flashfeed.tarshard import iter_samples, scan_index
-from flashfeed.wdsindex import parse_index
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 

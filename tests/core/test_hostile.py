@@ -13,12 +13,12 @@ import pytest
 from numpy.random import default_rng
 
 from flashfeed import CorruptShardError, Dataset, FlashfeedError, ManifestError, storage
-from flashfeed.cli import main
+from flashfeed.cli.app import main
+from flashfeed.format.manifest import Manifest, commit_manifest
+from flashfeed.format.tarshard import iter_samples, scan_index
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import jpeg_bytes
-from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.tarshard import iter_samples, scan_index
 
 from support.hostile import (
     HEADER_EDITS,

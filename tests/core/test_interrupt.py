@@ -161,7 +161,7 @@ def test_ctrl_c_to_the_process_group_stops_warm_and_verify(
                 break
             assert time.monotonic() < deadline, "the cluster's warm task went on fetching"
     if command != "verify":  # what is cached is whole: every cached shard verifies
-        from flashfeed.cache import admin
+        from flashfeed.cache.cli import admin
 
         assert admin.verify(str(cache))["corrupt"] == []
 

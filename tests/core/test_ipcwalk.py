@@ -1,4 +1,4 @@
-"""Walking an Arrow IPC file's messages from its front (``flashfeed.ipcwalk``): with only a
+"""Walking an Arrow IPC file's messages from its front (``flashfeed.format.ipcwalk``): with only a
 prefix of the bytes, the walk knows every record batch whose header lies in it, agrees with
 the layout flashfeed records and with pyarrow's own reader, and a message header that cannot
 be right is one clear error naming the shard and the byte."""
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashfeed.arrowlayout import head_size, read_layout
-from flashfeed.arrowshard import write_arrow
 from flashfeed.errors import CorruptShardError, FlashfeedError
-from flashfeed.ipcwalk import IpcWalk, message_header, start_walk
+from flashfeed.format.arrowlayout import head_size, read_layout
+from flashfeed.format.arrowshard import write_arrow
+from flashfeed.format.ipcwalk import IpcWalk, message_header, start_walk
 
 SEQ = 16
 SIZES = (10, 100, 0, 290, 7, 193)  # rows per record batch, one of them empty: 600 rows

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from flashfeed import Dataset, Manifest, ManifestError, ShardInfo, commit_manifest, read_manifest
-from flashfeed.cli import main
-from flashfeed.indexer import index_dataset
-from flashfeed.manifest import (
+from flashfeed.cli.app import main
+from flashfeed.format.indexer import index_dataset
+from flashfeed.format.manifest import (
     MANIFEST_NAME,
     ShardTable,
     manifest_files,

@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed import (
-    Dataset,
-    Manifest,
-    ManifestError,
-    ShardInfo,
-    commit_manifest,
-    manifestheader,
-    read_manifest,
-)
+from flashfeed import Dataset, Manifest, ManifestError, ShardInfo, commit_manifest, read_manifest
+from flashfeed.format import manifestheader
 from flashfeed.storage import checksum
 
 

@@ -20,7 +20,7 @@ from flashfeed import storage
 from flashfeed.errors import FlashfeedError, StorageError
 from flashfeed.ingest.cli import check_bucket
 from flashfeed.ingest.samplecorpus import make_imagefolder
-from flashfeed.retry import FIRST_CONTACT, RetryPolicy
+from flashfeed.s3.retry import FIRST_CONTACT, RetryPolicy
 
 from support.procs import session_members
 
@@ -223,7 +223,7 @@ def test_a_bad_loader_state_names_its_field(field_name, bad, words):
 
     from flashfeed.loader.distributed import DistContext
     from flashfeed.loader.position import Position
-    from flashfeed.plan import PlanOptions
+    from flashfeed.plan.plan import PlanOptions
 
     def position() -> Position:
         return Position(np.array([5, 5, 5, 5]), DistContext(), PlanOptions(), dataset_id="ab" * 16)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from flashfeed.mixture import Change, Mixture, Source, load_mixture
+from flashfeed.plan.mixture import Change, Mixture, Source, load_mixture
 
 
 def _write(tmp_path, obj, name="mix.json"):

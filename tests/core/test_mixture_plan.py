@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flashfeed.mixdeal import WeightCurve, deal_order
-from flashfeed.mixplan import MixPlanner, MixProgress, SourceTable
-from flashfeed.mixture import Change, Mixture, Source
-from flashfeed.plan import PlanOptions, Topology
+from flashfeed.plan.mixdeal import WeightCurve, deal_order
+from flashfeed.plan.mixplan import MixPlanner, MixProgress, SourceTable
+from flashfeed.plan.mixture import Change, Mixture, Source
+from flashfeed.plan.plan import PlanOptions, Topology
 
 WINDOW = 10_000
 

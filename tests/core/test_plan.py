@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from flashfeed.plan import (
+from flashfeed.plan.plan import (
     PlanOptions,
     Segment,
     Topology,
@@ -23,7 +23,7 @@ from flashfeed.plan import (
     plan_epoch,
     rank_plan,
 )
-from flashfeed.planstreams import _SALT_EPOCH, _SALT_NODES, _SALT_WINDOW
+from flashfeed.plan.streams import _SALT_EPOCH, _SALT_NODES, _SALT_WINDOW
 
 sizes_st = st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=12).filter(
     lambda s: sum(s) >= 8

@@ -10,7 +10,7 @@ import pytest
 from flashfeed import storage
 from flashfeed.cache.options import CacheOptions, default_retry
 from flashfeed.cache.ranged import is_retryable
-from flashfeed.retry import (
+from flashfeed.s3.retry import (
     DEFAULT_RETRY,
     RetryPolicy,
     env_retry,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from flashfeed import storage
-from flashfeed.cache.directget import SignedObject, reader_for
+from flashfeed.s3.directget import SignedObject, reader_for
 from flashfeed.storage import S3Options, s3_options_of
 
 ENV = {

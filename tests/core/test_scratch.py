@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from flashfeed.lifeline import process_start
-from flashfeed.loader.dali_runner import PASS_PREFIX
-from flashfeed.scratch import make_owned_dir, remove_owned, sweep_orphans
+from flashfeed.loader.image.dali_runner import PASS_PREFIX
+from flashfeed.runtime.lifeline import process_start
+from flashfeed.runtime.scratch import make_owned_dir, remove_owned, sweep_orphans
 
 from support.loader_helpers import stub_runner
 

@@ -13,11 +13,11 @@ import pytest
 
 from flashfeed import Dataset, storage
 from flashfeed.cache import CachePermissionError, ShardCache
-from flashfeed.cli import main
+from flashfeed.cli.app import main
+from flashfeed.cli.devstore import StoreInfo
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.loader import Loader
-from flashfeed.store import StoreInfo
 
 
 def _all_files(*roots: Path) -> list[Path]:

@@ -24,11 +24,11 @@ from flashfeed import (
     read_manifest,
     storage,
 )
-from flashfeed.arrowshard import open_arrow, schema_of
+from flashfeed.format.arrowshard import open_arrow, schema_of
+from flashfeed.format.tarshard import FIXED_MTIME, TarShardWriter, iter_samples, validate_key
+from flashfeed.format.wdsindex import parse_index
 from flashfeed.shardio import shard_name, tar_shard_bytes, write_arrow_shard, write_tar_shard
-from flashfeed.tarshard import FIXED_MTIME, TarShardWriter, iter_samples, validate_key
 from flashfeed.verify import verify_dataset
-from flashfeed.wdsindex import parse_index
 
 
 def samples(start: int, n: int) -> list[tuple[str, dict[str, bytes]]]:

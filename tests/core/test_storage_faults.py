@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from flashfeed import Dataset, Manifest, StorageError, commit_manifest, storage
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.store import EmbeddedStore
 
 SHARDS = 8
 PER_SHARD = 16

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from flashfeed import storage
-from flashfeed.cli import main
-from flashfeed.store import EmbeddedStore, StoreError, find_weed
+from flashfeed.cli.app import main
+from flashfeed.cli.devstore import EmbeddedStore, StoreError, find_weed
 
 FLASHFEED = str(Path(sys.executable).parent / "flashfeed")
 

@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from flashfeed import storage
+from flashfeed.format.media import image_size
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.transforms import TransformOptions, transform_record
-from flashfeed.media import image_size
 
 
 def _jpeg(w: int, h: int) -> bytes:

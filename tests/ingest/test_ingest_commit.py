@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flashfeed.shardcolumns import arrow_int32_lists, arrow_strings
+from flashfeed.format.shardcolumns import arrow_int32_lists, arrow_strings
 
 
 @pytest.mark.parametrize(
@@ -38,8 +38,8 @@ def test_arrow_int32_lists_equal_pa_array(rows: list[list[int] | None]) -> None:
 
 _COMMIT = """
 import json, sys
-from flashfeed.manifest import Manifest, ShardInfo, commit_manifest, read_manifest
-from flashfeed.shardtable import ShardTable
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest, read_manifest
+from flashfeed.format.shardtable import ShardTable
 infos = [
     ShardInfo(path=f"shards/{i:06d}.tar", samples=2, bytes=100 + i,
               checksum="xxh3_128:" + f"{i:032x}", index=f"shards/{i:06d}.tar.idx")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flashfeed import storage
-from flashfeed.ingest.putobject import delete_objects, list_keys, put_object
+from flashfeed.s3.putobject import delete_objects, list_keys, put_object
 
 _NAMES = ["a.json", "b c.json", "d&e.json", "f+g=h.json", "ü/x.json", "z" * 60 + ".json"]
 
@@ -54,7 +54,7 @@ _INGEST = """
 import json, sys
 from flashfeed import storage
 from flashfeed.ingest import IngestConfig, run
-from flashfeed.manifest import read_manifest
+from flashfeed.format.manifest import read_manifest
 src, dest = sys.argv[1], sys.argv[2]
 result = run(IngestConfig(source=src, dest=dest, shard_size=20_000, progress="none",
                           num_cpus=1))

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from flashfeed import StorageError, storage
-from flashfeed.cli import main as cli_main
+from flashfeed.cli.app import main as cli_main
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import make_imagefolder
-from flashfeed.store import EmbeddedStore
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 

@@ -12,8 +12,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from flashfeed import Dataset, storage
-from flashfeed.arrowlayout import head_size, read_layout
-from flashfeed.cli import main as cli_main
+from flashfeed.cli.app import main as cli_main
+from flashfeed.format.arrowlayout import head_size, read_layout
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.loader import TokenLoader
 

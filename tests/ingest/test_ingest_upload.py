@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 
 from flashfeed import storage
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.errors import StorageError
+from flashfeed.format.tarshard import FIXED_MTIME
 from flashfeed.ingest import IngestConfig
 from flashfeed.ingest.assign import GROUP_SHARDS, shard_groups
-from flashfeed.ingest.putobject import put_object
 from flashfeed.ingest.runner import _assign_shards, _recorded
 from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.ingest.shardtask import ShardJob, TaskSpec, done_url, run_shard, run_shards
 from flashfeed.ingest.sources import StorageContext, scan_source
+from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import tar_shard_bytes
-from flashfeed.store import EmbeddedStore
-from flashfeed.tarshard import FIXED_MTIME
 
 
 def test_shard_groups_cover_every_shard_once_in_runs_that_fill_every_cpu() -> None:

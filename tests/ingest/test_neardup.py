@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.harness.plantedcorpus import PlantedCorpus, make_planted_corpus, write_jsonl
 from flashfeed import Dataset, storage
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.minhash import (
@@ -22,7 +23,6 @@ from flashfeed.ingest.minhash import (
 )
 from flashfeed.ingest.neardup import NearDupOptions, ScreenResult, clusters, screen
 from flashfeed.ingest.nearpairs import GROUP_PAIRS, candidate_pairs, check_pairs
-from flashfeed.ingest.plantedcorpus import PlantedCorpus, make_planted_corpus, write_jsonl
 from flashfeed.ingest.sources import StorageContext, scan_source
 from flashfeed.ingest.transforms import TransformOptions
 

@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flashfeed.cli import main
+from flashfeed.cli.app import main
 from flashfeed.dataset import Dataset
 from flashfeed.errors import ManifestError
+from flashfeed.format.shardtable import ShardTable
+from flashfeed.format.videocolumns import VIDEO_TYPE
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.shardtable import ShardTable
-from flashfeed.videocolumns import VIDEO_TYPE
 
 from support.videos import encode, reference_probe
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.store import EmbeddedStore
+from flashfeed.cli.devstore import EmbeddedStore
 
 from support.cluster import SimCluster
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from flashfeed import Dataset, storage
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.ingest.samplecorpus import make_imagefolder
-from flashfeed.loader.ledger import check_exactly_once, key_hash, read_ledger
-from flashfeed.store import EmbeddedStore
+from flashfeed.loader.telemetry.ledger import check_exactly_once, key_hash, read_ledger
 
 from support.cluster import SimCluster, bytes_read, free_port, namespaces_available
 from support.journey import keys_of, kill_node_run, logs, manifest_gets, torchrun, wait_for

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.cache.nodeshare import NodeShare
-from flashfeed.cache.warmmix import mixture_order, open_sources
-from flashfeed.mixture import Mixture, Source
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warmmix import mixture_order, open_sources
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.cluster import SimCluster, bytes_read, namespaces_available
 from support.loader_helpers import make_token_dataset

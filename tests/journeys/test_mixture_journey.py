@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from flashfeed import Dataset, storage
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.loader import check_mixture
-from flashfeed.loader.ledger import key_hash, read_ledger
-from flashfeed.loader.mixledger import SourceCheck
-from flashfeed.store import EmbeddedStore
+from flashfeed.loader.telemetry.ledger import key_hash, read_ledger
+from flashfeed.loader.telemetry.mixledger import SourceCheck
 
 from support.cluster import SimCluster, bytes_read, free_port, namespaces_available
 from support.journey import keys_of, kill_node_run, logs, torchrun, wait_for

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from flashfeed.ingest.raysetup import RAY_PREFIX
-from flashfeed.loader.dali_runner import PASS_PREFIX
-from flashfeed.scratch import make_owned_dir, remove_owned
+from flashfeed.loader.image.dali_runner import PASS_PREFIX
+from flashfeed.runtime.scratch import make_owned_dir, remove_owned
 
 from support import TESTS
 from support.loader_helpers import make_image_dataset, stub_runner
@@ -96,7 +96,7 @@ def kill_and_expect_orphans_gone(kids: Children, pid: int, *, at_least: int) -> 
 
 LOADER_CHILD = """
     import sys, threading, time
-    import flashfeed.loader.image as image
+    import flashfeed.loader.image.image as image
     from flashfeed.loader import Loader
 
     if sys.argv[2] == "spawn":  # as on GPU machines: DALI spawns its reader processes
@@ -204,7 +204,7 @@ def test_embedded_ray_dies_with_the_ingest_driver(child) -> None:
 
 SPAWN_CHILD = """
     import multiprocessing as mp, time
-    from flashfeed.lifeline import ParentLink
+    from flashfeed.runtime.lifeline import ParentLink
 
     def work(link):
         time.sleep(3600)

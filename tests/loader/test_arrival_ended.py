@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from flashfeed.cache.progress import FillProgress, FillView, live_path
 from flashfeed.cache.view import _arrow_partial
-from flashfeed.loader.arrowstream import open_arriving_view
+from flashfeed.loader.tokens.arrowstream import open_arriving_view
 
 ROWS = (40, 40, 40, 40)
 

@@ -14,13 +14,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from benchmarks.harness.shuffle_quality import shuffle_quality
 from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.loader.position import Position
-from flashfeed.loader.shuffle_quality import shuffle_quality
-from flashfeed.plan import PlanOptions, Topology, plan_epoch, rank_plan
-from flashfeed.retry import RetryPolicy
+from flashfeed.plan.plan import PlanOptions, Topology, plan_epoch, rank_plan
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
 

@@ -12,11 +12,13 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from flashfeed.cli import main
+from flashfeed.cli.app import main
 from flashfeed.dataset import Dataset
 from flashfeed.errors import ManifestError
+from flashfeed.format.manifest import Manifest, commit_manifest
+from flashfeed.format.shardtable import ShardTable
 from flashfeed.loader import Loader
-from flashfeed.loader.buckets import (
+from flashfeed.loader.image.buckets import (
     NO_SIZE,
     TOO_MUCH_CROP,
     BucketOptions,
@@ -25,10 +27,8 @@ from flashfeed.loader.buckets import (
     bucket_order,
     parse_buckets,
 )
-from flashfeed.loader.ledger import check_exactly_once, read_dropped
-from flashfeed.manifest import Manifest, commit_manifest
+from flashfeed.loader.telemetry.ledger import check_exactly_once, read_dropped
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.shardtable import ShardTable
 
 from support.loader_helpers import image_keys, resume_scenario, run_epochs
 
@@ -328,10 +328,10 @@ def test_bucketed_resplits_across_nodes_take_every_sample_once(tmp_path, drop_la
     """The plan alone, on more samples and several nodes: 4 ranks (2 a node) take 5 batches,
     6 ranks (3 a node) take 3, then 3 ranks (one node) read the rest; lock-step ranks
     deliver one-bucket batches, and what is delivered and dropped is the epoch, once."""
-    from flashfeed.loader.bucketplan import BucketPlanner
     from flashfeed.loader.distributed import DistContext
+    from flashfeed.loader.image.bucketplan import BucketPlanner
     from flashfeed.loader.position import Position
-    from flashfeed.plan import PlanOptions, Segment
+    from flashfeed.plan.plan import PlanOptions, Segment
 
     prefix = str(tmp_path / "ds")
     write_sized(prefix, [230, 170, 200], extreme=(7, 300))
@@ -439,7 +439,7 @@ def test_with_drop_last_every_rank_yields_the_same_batches_count(sized):
 
 
 def test_buckets_refuse_a_mixture_at_construction(tmp_path):
-    from flashfeed.mixture import Mixture, Source
+    from flashfeed.plan.mixture import Mixture, Source
 
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     write_sized(a, [6])

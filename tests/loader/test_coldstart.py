@@ -20,10 +20,10 @@ from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.errors import StorageError
 from flashfeed.loader import Loader, read_ledger
-from flashfeed.loader.ledger import key_hash
 from flashfeed.loader.passorder import make_pass_order
 from flashfeed.loader.sources import CacheShardSource
-from flashfeed.retry import RetryPolicy
+from flashfeed.loader.telemetry.ledger import key_hash
+from flashfeed.s3.retry import RetryPolicy
 
 from support import SUPPORT
 from support.loader_helpers import label_of, make_image_dataset

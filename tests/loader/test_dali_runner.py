@@ -8,8 +8,8 @@ import weakref
 
 import pytest
 
-from flashfeed.loader import dali_runner
-from flashfeed.loader.dali_runner import DaliRunner, collect_dropped_pipelines
+from flashfeed.loader.image.dali_runner import DaliRunner, collect_dropped_pipelines
+from flashfeed.loader.image.image import dali_runner
 
 from support.loader_helpers import stub_runner
 

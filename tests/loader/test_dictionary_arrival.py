@@ -1,4 +1,4 @@
-"""A shard with dictionary columns viewed while it arrives (``loader/arrowstream.py``): its
+"""A shard with dictionary columns viewed while it arrives (``loader/tokens/arrowstream.py``): its
 record batches join the view in file order, each once it and every byte before it have
 landed (its dictionaries, deltas included, lie there), with the very rows and keys of the
 whole file; bytes that cannot be an Arrow file (with dictionaries or not) end in one
@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flashfeed.arrowlayout import head_size
 from flashfeed.cache.progress import FillProgress, FillView, live_path
 from flashfeed.cache.view import _arrow_partial
 from flashfeed.errors import FlashfeedError
-from flashfeed.ipcwalk import message_header
-from flashfeed.loader.arrowstream import open_arriving_view
+from flashfeed.format.arrowlayout import head_size
+from flashfeed.format.ipcwalk import message_header
+from flashfeed.loader.tokens.arrowstream import open_arriving_view
 
 ROWS = (30, 50, 20, 40)
 SEQ = 8

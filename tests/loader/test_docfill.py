@@ -1,5 +1,5 @@
-"""The document kernel ``TokenLoader`` calls (``loader/docrows.py``, compiled by
-``loader/docfill.py``'s ``_compile``): its compiled code is cached on disk and read back by
+"""The document kernel ``TokenLoader`` calls (``loader/tokens/docrows.py``, compiled by
+``loader/tokens/docfill.py``'s ``_compile``): its compiled code is cached on disk and read back by
 the next process, and it still works where nothing is writable (a read-only install, no
 cache directory). Its outputs are checked against a per-token walk in test_docrows.py."""
 
@@ -19,7 +19,7 @@ _RUN = """
 import warnings, numpy as np
 from types import SimpleNamespace
 warnings.simplefilter("always")
-from flashfeed.loader.docrows import DocRows, _fill_rows_jit, row_outputs
+from flashfeed.loader.tokens.docrows import DocRows, _fill_rows_jit, row_outputs
 tab = (np.array([0, 2, 2], np.int32), np.array([[3, 1, 0], [5, 2, 0]], np.int64))
 shard = SimpleNamespace(view=SimpleNamespace(columns={"tokens": [
     np.arange(16, dtype=np.uint16).reshape(2, 8)]}), firsts=np.zeros(1, np.int64),

@@ -1,4 +1,4 @@
-"""The batch kernel of ``loader/docrows.py``, the one ``TokenLoader`` calls: its outputs equal
+"""The batch kernel of ``loader/tokens/docrows.py``, the one ``TokenLoader`` calls: its outputs equal
 a plain per-token walk (``support.docref``) of random rows for every mix of outputs and token
 types, and of rows located by (shard, row) in a table of several shards of several record
 batches, each read where it lies; bad rows and bad segments are refused."""
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.loader import docrows
-from flashfeed.loader.docrows import DocRows, row_outputs
-from flashfeed.loader.segments import DOC_OUTPUTS
+from flashfeed.loader.tokens.docrows import DocRows, row_outputs
+from flashfeed.loader.tokens.segments import DOC_OUTPUTS
+from flashfeed.loader.tokens.tokens import docrows
 
 from support.docref import RefShard, Segments, random_batch, walk
 

@@ -1,5 +1,5 @@
 """The document kernels warmed in a daemon thread from ``TokenLoader``'s construction
-(``loader/docwarm.py``): construction does not wait for it, the first batch does and equals
+(``loader/tokens/docwarm.py``): construction does not wait for it, the first batch does and equals
 one made with the kernels already compiled; an error in it is the first batch's error; a
 process that exits while it compiles exits cleanly."""
 
@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashfeed.loader import TokenLoader, docwarm
-from flashfeed.loader.segments import DOC_OUTPUTS
+from flashfeed.loader import TokenLoader
+from flashfeed.loader.tokens.segments import DOC_OUTPUTS
+from flashfeed.loader.tokens.tokens import docwarm
 
 from support import REPO
 from support.token_docs import byte_bpe, make_doc_token_dataset, mixed_documents
@@ -113,7 +114,7 @@ def test_the_stored_type_is_read_from_the_schema(schema, want):
 
 def test_a_process_that_exits_while_the_kernels_compile_exits_cleanly(prefix, tmp_path: Path):
     code = (
-        "from flashfeed.loader import TokenLoader; from flashfeed.loader.segments import "
+        "from flashfeed.loader import TokenLoader; from flashfeed.loader.tokens.segments import "
         f"DOC_OUTPUTS; l = TokenLoader({prefix!r}, batch_size=8, device='cpu', "
         "outputs=DOC_OUTPUTS); print('alive', l._warm.thread.is_alive())"
     )

@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from flashfeed.loader import ShardDataset, TokenLoader
-from flashfeed.loader.ledger import check_exactly_once, read_dropped, read_ledger
+from flashfeed.loader.telemetry.ledger import check_exactly_once, read_dropped, read_ledger
 
 from support.loader_helpers import (
     image_keys,

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from flashfeed.lifeline import descendants
 from flashfeed.loader import Loader, TokenLoader
-from flashfeed.loader.convert import DeviceCopier, to_torch
-from flashfeed.loader.dali_runner import py_start_method
 from flashfeed.loader.distributed import cuda_device_index
-from flashfeed.loader.ledger import check_exactly_once
-from flashfeed.loader.pipeline import decode_device
+from flashfeed.loader.image.convert import DeviceCopier, to_torch
+from flashfeed.loader.image.dali_runner import py_start_method
+from flashfeed.loader.image.pipeline import decode_device
+from flashfeed.loader.telemetry.ledger import check_exactly_once
+from flashfeed.runtime.lifeline import descendants
 
 from support.loader_helpers import (
     image_keys,

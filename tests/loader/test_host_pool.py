@@ -8,7 +8,7 @@ import pytest
 import torch
 from nvidia.dali import fn, pipeline_def, types
 
-from flashfeed.loader.convert import HostPool, to_torch
+from flashfeed.loader.image.convert import HostPool, to_torch
 
 
 @pipeline_def(batch_size=4, num_threads=1, device_id=None, exec_dynamic=True, seed=7)

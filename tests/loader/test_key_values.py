@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from flashfeed.loader.arrowcols import ArrowShardView
-from flashfeed.loader.tokenrows import row_keys
+from flashfeed.loader.tokens.arrowcols import ArrowShardView
+from flashfeed.loader.tokens.tokenrows import row_keys
 
 
 def _view(keys: pa.Array | pa.ChunkedArray | None) -> ArrowShardView:

@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from flashfeed.loader import Loader, ShardDataset, TokenLoader
-from flashfeed.loader.ledger import check_exactly_once, key_hash, read_ledger
 from flashfeed.loader.reader import ShardReader
+from flashfeed.loader.telemetry.ledger import check_exactly_once, key_hash, read_ledger
 
 from support.loader_helpers import (
     image_keys,
@@ -142,7 +142,7 @@ def test_a_token_loader_reading_the_wrong_row_fails_the_ledger_check(tokens, tmp
 def test_token_keys_without_a_key_column_are_row_numbers(tmp_path):
     import pyarrow as pa
 
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_arrow_shard
 
     prefix = str(tmp_path / "ds")

@@ -12,8 +12,8 @@ import torch
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
 from flashfeed.loader import Loader
-from flashfeed.loader.ledger import check_exactly_once
-from flashfeed.plan import PlanOptions, Topology, plan_epoch
+from flashfeed.loader.telemetry.ledger import check_exactly_once
+from flashfeed.plan.plan import PlanOptions, Topology, plan_epoch
 
 from support.loader_helpers import label_of, make_image_dataset, resume_scenario
 
@@ -267,7 +267,7 @@ def test_a_bad_label_is_named_also_from_a_reader_process(tmp_path, py_workers):
 
     from PIL import Image
 
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_tar_shard
 
     buf = io.BytesIO()
@@ -292,7 +292,7 @@ def test_extra_fields_pass_through_as_raw_bytes(tmp_path):
 
     from PIL import Image
 
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_tar_shard
 
     buf = io.BytesIO()

@@ -12,12 +12,12 @@ from collections import Counter
 import numpy as np
 
 from flashfeed import storage
-from flashfeed.arrowshard import open_arrow
 from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
+from flashfeed.format.arrowshard import open_arrow
 from flashfeed.loader import ShardDataset, TokenLoader, read_ledger
-from flashfeed.loader.ledger import key_hash
-from flashfeed.retry import RetryPolicy
+from flashfeed.loader.telemetry.ledger import key_hash
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from flashfeed.cache import ShardCache
-from flashfeed.cache.nodeshare import NodeShare
-from flashfeed.cache.warm import warm_share
-from flashfeed.cli import main as cli_main
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.cache.warm.warm import warm_share
+from flashfeed.cli.app import main as cli_main
+from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.loader import TokenLoader
 from flashfeed.storage import RetryPolicy
-from flashfeed.store import EmbeddedStore
 
 from support.cache_data import start_own_store
 from support.loader_helpers import make_token_dataset

@@ -7,8 +7,8 @@ import inspect
 import pytest
 
 from flashfeed.loader import Loader, ShardDataset, SharedKeywords, TokenLoader
+from flashfeed.loader.image.pipeline import batch_device, check_device
 from flashfeed.loader.parts import _build, loader_parts
-from flashfeed.loader.pipeline import batch_device, check_device
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
 

@@ -11,8 +11,8 @@ from PIL import Image
 
 from flashfeed.dataset import Dataset
 from flashfeed.loader import ShardDataset
-from flashfeed.loader.ledger import check_exactly_once
-from flashfeed.plan import PlanOptions, Topology, plan_epoch
+from flashfeed.loader.telemetry.ledger import check_exactly_once
+from flashfeed.plan.plan import PlanOptions, Topology, plan_epoch
 
 from support.loader_helpers import label_of, make_image_dataset, resume_scenario
 

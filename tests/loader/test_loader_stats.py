@@ -13,13 +13,13 @@ import urllib.request
 import numpy as np
 import pytest
 
-from flashfeed.loader import Loader, TokenLoader
-from flashfeed.loader.shuffle_quality import (
+from benchmarks.harness.shuffle_quality import (
     batch_entropy,
     buffer_shuffle_order,
     plan_shuffle_quality,
     shuffle_quality,
 )
+from flashfeed.loader import Loader, TokenLoader
 
 from support.loader_helpers import make_image_dataset
 
@@ -128,7 +128,7 @@ def test_the_way_to_the_first_batch_does_not_import_pandas(tmp_path):
     # pyarrow imports pandas on the first to_numpy() or Python scalar: about a second of a
     # fresh process's start-up, for a loader that never uses it. A dataset adopted with
     # `flashfeed index` has the per-sample image size columns the shard table checks.
-    from flashfeed.indexer import index_dataset
+    from flashfeed.format.indexer import index_dataset
 
     prefix = str(tmp_path / "ds")
     make_image_dataset(prefix, [12, 12], size=16)

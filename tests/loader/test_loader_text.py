@@ -16,10 +16,10 @@ import pytest
 import torch
 from PIL import Image
 
-from flashfeed.cli import main
+from flashfeed.cli.app import main
 from flashfeed.errors import CorruptShardError
+from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.loader import Loader
-from flashfeed.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_tar_shard
 
 WORDS = ["a", "red", "cat", "sits", "on", "the", "old", "green", "mat", "near", "two",

@@ -8,9 +8,9 @@ import torch
 
 from flashfeed.dataset import Dataset
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.arrowcols import open_arrow_view
-from flashfeed.loader.ledger import check_exactly_once
-from flashfeed.plan import PlanOptions, Topology, plan_epoch
+from flashfeed.loader.telemetry.ledger import check_exactly_once
+from flashfeed.loader.tokens.arrowcols import open_arrow_view
+from flashfeed.plan.plan import PlanOptions, Topology, plan_epoch
 
 from support.loader_helpers import make_token_dataset, resume_scenario
 
@@ -139,7 +139,7 @@ def test_a_state_saved_after_an_exhausted_epoch(tokens):
 def test_shards_of_different_row_lengths_are_refused_naming_both(tmp_path):
     import pyarrow as pa
 
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_arrow_shard
 
     prefix = str(tmp_path / "ds")

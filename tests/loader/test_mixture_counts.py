@@ -8,7 +8,7 @@ import json
 from collections import Counter
 
 from flashfeed.loader import TokenLoader
-from flashfeed.mixture import Mixture, Source
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import make_token_dataset
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from flashfeed.dataset import Dataset
+from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.ledger import read_ledger
-from flashfeed.loader.mixledger import check_mixture
-from flashfeed.manifest import Manifest, commit_manifest
-from flashfeed.mixture import Mixture, Source
+from flashfeed.loader.telemetry.ledger import read_ledger
+from flashfeed.loader.telemetry.mixledger import check_mixture
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
 
@@ -268,7 +268,7 @@ def test_token_mixture_from_the_object_store(s3_prefix, s3_info, tmp_path, capsy
     loader.close()
     del rows
     # flashfeed report: each source's delivered samples, from the stats log
-    from flashfeed.cli import main
+    from flashfeed.cli.app import main
 
     assert main(["report", log]) == 0
     out = capsys.readouterr().out
@@ -336,7 +336,7 @@ def test_the_readme_mixture_example_runs(tmp_path):
 
 
 def test_resume_across_a_scheduled_change_is_exact(corpora):
-    from flashfeed.mixture import Change
+    from flashfeed.plan.mixture import Change
 
     mix = _mix(corpora, length=240, schedule=(Change(120, {"books": 6.0}, ramp=40),))
     full, _ = _rows(TokenLoader(mix, batch_size=6, rank=0, world_size=2, seed=7))

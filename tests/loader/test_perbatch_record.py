@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.loader.stats import BatchTiming, StatsRecorder
+from flashfeed.loader.telemetry.stats import BatchTiming, StatsRecorder
 
 TIMINGS = [
     BatchTiming(

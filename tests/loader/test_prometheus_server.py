@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.lifeline import popen
-from flashfeed.loader.prometheus import METRICS, PrometheusExporter, is_loopback
-from flashfeed.loader.stats import BatchTiming
+from flashfeed.loader.telemetry.prometheus import METRICS, PrometheusExporter, is_loopback
+from flashfeed.loader.telemetry.stats import BatchTiming
+from flashfeed.runtime.lifeline import popen
 
 from support import REPO
 from support.monitor_helpers import running_ranks, wait_for

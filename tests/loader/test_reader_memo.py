@@ -12,7 +12,7 @@ import pytest
 
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader, shardreader
-from flashfeed.loader.fields import key_strings, parse_fields
+from flashfeed.loader.image.fields import key_strings, parse_fields
 from flashfeed.loader.passorder import PassOrder
 from flashfeed.loader.reader import BatchSource, write_pass
 from flashfeed.loader.shardreader import CACHED_MAX_OPEN, ShardReader

@@ -1,4 +1,4 @@
-"""The compiled gather (``loader/rowgather.py``) writes exactly the rows the ``np.concatenate``
+"""The compiled gather (``loader/tokens/rowgather.py``) writes exactly the rows the ``np.concatenate``
 copy does, in batch order, at the stored or a wider type; a row outside its record batch
 is one clear error with nothing written; rows the kernel cannot read are left to the copy."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from flashfeed.loader import TokenLoader
-from flashfeed.loader.rowgather import RowAddresses, copy_rows, gather_rows
-from flashfeed.loader.tokenrows import RowTable
+from flashfeed.loader.tokens.rowgather import RowAddresses, copy_rows, gather_rows
+from flashfeed.loader.tokens.tokenrows import RowTable
 
 from support.loader_helpers import make_token_dataset
 

@@ -14,10 +14,10 @@ import pytest
 
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
-from flashfeed.loader.convert import to_keys
-from flashfeed.loader.fields import key_bytes, key_column, key_strings, parse_fields
+from flashfeed.loader.image.convert import to_keys
+from flashfeed.loader.image.fields import key_bytes, key_column, key_strings, parse_fields
+from flashfeed.loader.image.pipeline import AugmentOptions, build_pipeline, shared_batches
 from flashfeed.loader.passorder import PassOrder
-from flashfeed.loader.pipeline import AugmentOptions, build_pipeline, shared_batches
 from flashfeed.loader.reader import BatchSource, ShardReader, write_pass
 from flashfeed.loader.sources import LocalShardSource
 

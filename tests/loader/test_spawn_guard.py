@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.loader.spawncheck import unguarded_line
+from flashfeed.loader.image.spawncheck import unguarded_line
 
 from support.loader_helpers import make_image_dataset
 
@@ -65,7 +65,7 @@ def test_a_script_without_a_main_guard_is_told_which_line_to_guard(tmp_path, dat
     r = run_script(script)
     assert r.returncode == 1, r.stdout + r.stderr
     err = last_line(r)
-    assert err.startswith("flashfeed.loader.spawncheck.SpawnError:"), r.stderr
+    assert err.startswith("flashfeed.loader.image.spawncheck.SpawnError:"), r.stderr
     assert f"{script} line 3" in err
     assert 'if __name__ == "__main__":' in err and 'reader_start="fork"' in err
     assert "Workers initialization failed" not in r.stderr.replace(
@@ -148,7 +148,7 @@ def test_dalis_failure_to_start_readers_names_the_main_script(tmp_path, dataset)
     r = run_script(script)
     assert r.returncode == 1, r.stdout + r.stderr
     err = last_line(r)
-    assert err.startswith("flashfeed.loader.spawncheck.SpawnError:"), r.stderr
+    assert err.startswith("flashfeed.loader.image.spawncheck.SpawnError:"), r.stderr
     assert "failed to start" in err and str(script) in err
     assert 'if __name__ == "__main__":' in err
     assert "Workers initialization failed" in r.stderr  # DALI's own error, kept as the cause

@@ -19,7 +19,7 @@ import pytest
 from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
 from support.slowproxy import is_shard_get

@@ -17,7 +17,7 @@ from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader, ShardDataset, TokenLoader, base
 from flashfeed.loader.readahead import StreamFeeder
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
 from support.monitor_helpers import wait_for

@@ -16,9 +16,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from flashfeed.loader import TokenLoader, docrows
-from flashfeed.loader.docrows import DocRows, row_outputs
-from flashfeed.loader.segments import DOC_OUTPUTS, IGNORE_INDEX
+from flashfeed.loader import TokenLoader
+from flashfeed.loader.tokens.docrows import DocRows, row_outputs
+from flashfeed.loader.tokens.segments import DOC_OUTPUTS, IGNORE_INDEX
+from flashfeed.loader.tokens.tokens import docrows
 
 from support.docref import RefShard, Segments
 from support.loader_helpers import make_token_dataset
@@ -205,7 +206,7 @@ def test_document_columns_that_do_not_fit_their_rows_are_refused_naming_the_shar
     import pyarrow as pa
 
     from flashfeed.errors import CorruptShardError
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import write_arrow_shard
 
     prefix = str(tmp_path / "bad")
@@ -234,7 +235,7 @@ def test_document_columns_with_different_row_lengths_are_refused_naming_the_shar
     import pyarrow as pa
 
     from flashfeed.errors import CorruptShardError
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import write_arrow_shard
 
     prefix = str(tmp_path / "bad")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flashfeed.loader import TokenLoader
-from flashfeed.mixture import Mixture, Source
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import make_token_dataset
 

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from flashfeed import storage
-from flashfeed.arrowlayout import head_size, read_layout
-from flashfeed.arrowshard import open_arrow, write_arrow
 from flashfeed.dataset import Dataset
+from flashfeed.format.arrowlayout import head_size, read_layout
+from flashfeed.format.arrowshard import open_arrow, write_arrow
 from flashfeed.loader import DOC_OUTPUTS, TokenLoader
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_token_dataset
 from support.token_cold import (
@@ -186,8 +186,8 @@ def _table(rows: int):
 def test_a_layout_that_cannot_be_right_is_one_clear_error(doc, why):
     import pyarrow as pa
 
-    from flashfeed.arrowlayout import LAYOUT_KEY
     from flashfeed.errors import CorruptShardError
+    from flashfeed.format.arrowlayout import LAYOUT_KEY
 
     table = _table(40)
     table = table.replace_schema_metadata({LAYOUT_KEY: doc})
@@ -203,9 +203,9 @@ def test_a_layout_whose_rows_disagree_with_a_batch_fails_naming_it(s3_prefix, pr
     epoch naming the shard and the batch instead of serving other rows."""
     import pyarrow as pa
 
-    from flashfeed.arrowlayout import LAYOUT_KEY
     from flashfeed.errors import CorruptShardError
-    from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
+    from flashfeed.format.arrowlayout import LAYOUT_KEY
+    from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest
 
     table = _table(40).append_column("__key__", pa.array([f"k{i}" for i in range(40)]))
     good = write_arrow(table, batch_bytes=20 * (SEQ * 4 + 8))  # record batches of 20 rows

@@ -1,6 +1,6 @@
 """A token dataset whose shards record no record batch layout (written by pyarrow's own
 ``RecordBatchFileWriter``) streams cold too: the loader walks each shard's IPC messages as
-its bytes land in the node cache (``flashfeed.ipcwalk``) and serves a row once the walk has
+its bytes land in the node cache (``flashfeed.format.ipcwalk``) and serves a row once the walk has
 found its record batch and that batch has landed, before the shard's last byte. So do shards
 with dictionary columns (keys too), their dictionary batches read on the way.
 
@@ -18,13 +18,13 @@ import pyarrow as pa
 import pytest
 
 from flashfeed import storage
-from flashfeed.arrowlayout import head_size
 from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
-from flashfeed.ipcwalk import start_walk
+from flashfeed.format.arrowlayout import head_size
+from flashfeed.format.ipcwalk import start_walk
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.loader import DOC_OUTPUTS, TokenLoader
-from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 from flashfeed.shardio import shard_name
 
 from support.token_cold import (

@@ -10,7 +10,7 @@ import torch
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.loader import Loader
-from flashfeed.loader.video import ClipOptions, UnsupportedCodecError, clip_draws
+from flashfeed.loader.image.video import ClipOptions, UnsupportedCodecError, clip_draws
 
 from support.videos import FPS, H, W, clip_errors, encode, reference_frames, write_videos
 

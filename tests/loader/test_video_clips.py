@@ -11,9 +11,9 @@ import pytest
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.loader import Loader
-from flashfeed.loader.ledger import check_exactly_once, read_dropped, read_ledger
-from flashfeed.loader.video import clip_draws
-from flashfeed.mixture import Mixture, Source
+from flashfeed.loader.image.video import clip_draws
+from flashfeed.loader.telemetry.ledger import check_exactly_once, read_dropped, read_ledger
+from flashfeed.plan.mixture import Mixture, Source
 
 from support.loader_helpers import resume_scenario, run_epochs
 from support.videos import FPS, PERIOD, H, clip_errors, encode, reference_frames, write_videos

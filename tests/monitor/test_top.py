@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.cli import main as cli_main
-from flashfeed.loader.status import StatusWriter
+from flashfeed.cli.app import main as cli_main
+from flashfeed.loader.telemetry.status import StatusWriter
 from flashfeed.monitor.status import read_statuses, status_dir
 from flashfeed.monitor.top import TopView
 

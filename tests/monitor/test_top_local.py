@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.lifeline import popen
-from flashfeed.loader.status import open_local_status_root
+from flashfeed.loader.telemetry.status import open_local_status_root
 from flashfeed.monitor.status import local_status_root, read_statuses, status_dir
+from flashfeed.runtime.lifeline import popen
 
 from support.loader_helpers import make_image_dataset
 from support.monitor_helpers import WORKER, wait_for

@@ -8,8 +8,8 @@ import random
 import numpy as np
 
 from flashfeed import Dataset, Manifest, commit_manifest
+from flashfeed.cli.devstore import EmbeddedStore, StoreError
 from flashfeed.shardio import shard_name, write_tar_shard
-from flashfeed.store import EmbeddedStore, StoreError
 
 
 def make_dataset(

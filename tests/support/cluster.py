@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from flashfeed.store import StoreInfo
+from flashfeed.cli.devstore import StoreInfo
 
 from support.slowproxy import Request, SlowProxy
 

@@ -1,4 +1,4 @@
-"""The ground truth the document kernel (``loader/docrows.py``) is checked against: a batch's
+"""The ground truth the document kernel (``loader/tokens/docrows.py``) is checked against: a batch's
 segments, every output by a plain walk over them token by token, and open shards as
 ``DocRows`` reads them, made from rows and their segments."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from flashfeed.loader.segments import IGNORE_INDEX
+from flashfeed.loader.tokens.segments import IGNORE_INDEX
 
 __all__ = ["RefShard", "Segments", "random_batch", "walk"]
 

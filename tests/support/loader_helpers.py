@@ -10,7 +10,7 @@ import pyarrow as pa
 from PIL import Image
 
 from flashfeed.dataset import Dataset
-from flashfeed.manifest import Manifest, commit_manifest
+from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
 __all__ = ["label_of", "make_image_dataset", "make_token_dataset"]
@@ -123,7 +123,7 @@ def resume_scenario(factory, tmp_path, *, before: int, after: int, stop: int, ep
     """Ledgers of one uninterrupted run on ``before`` ranks and of a run interrupted after
     ``stop`` batches of epoch 0 and resumed on ``after`` ranks: ``(full, resumed)``, each
     ``{epoch: [hash, ...]}``. Every rank is its own loader; ranks advance in lock-step."""
-    from flashfeed.loader.ledger import read_ledger
+    from flashfeed.loader.telemetry.ledger import read_ledger
 
     full_dir, res_dir = str(tmp_path / "full"), str(tmp_path / "resumed")
     for r in range(before):
@@ -181,6 +181,6 @@ class _NoSource:
 
 def stub_runner():
     """A ``DaliRunner`` whose build makes no DALI pipeline (its pass folder is real)."""
-    from flashfeed.loader.dali_runner import DaliRunner
+    from flashfeed.loader.image.dali_runner import DaliRunner
 
     return DaliRunner(lambda source: (object(), ["x"]), lambda pass_dir: _NoSource())  # type: ignore[arg-type,return-value]

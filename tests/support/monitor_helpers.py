@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashfeed.lifeline import popen
+from flashfeed.runtime.lifeline import popen
 
 from support.loader_helpers import make_image_dataset
 

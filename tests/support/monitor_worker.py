@@ -3,7 +3,7 @@
 ``python monitor_worker.py JSON``: a Loader on a shared node cache, epoch after epoch, with
 a short pause per batch (a training step), a stats log, and optionally a Prometheus
 exporter whose port it writes to ``port_file`` once it listens. Started with
-``flashfeed.lifeline.popen``: it dies with the test.
+``flashfeed.runtime.lifeline.popen``: it dies with the test.
 """
 
 from __future__ import annotations

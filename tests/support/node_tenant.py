@@ -12,7 +12,7 @@ import sys
 import sysconfig
 from typing import Any
 
-from flashfeed import lifeline
+from flashfeed.runtime import lifeline
 
 _HERE = os.path.abspath(__file__)
 _SITE = sysconfig.get_paths()["purelib"]  # this venv's site-packages (its .pth files too)
@@ -277,7 +277,7 @@ def _probe() -> dict[str, Any]:
 
 
 def _cli(*args: str) -> dict[str, Any]:
-    from flashfeed.cli import main
+    from flashfeed.cli.app import main
 
     return {"cli_rc": main(list(args))}
 

@@ -11,7 +11,7 @@ from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
 from flashfeed.loader import TokenLoader
-from flashfeed.retry import RetryPolicy
+from flashfeed.s3.retry import RetryPolicy
 
 __all__ = [
     "assert_cold_resume_is_exact",

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from flashfeed import storage
-from flashfeed.arrowshard import write_arrow
+from flashfeed.format.arrowshard import write_arrow
+from flashfeed.format.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.ingest.tokenize import TOKEN_FEATURE, TokenPacker
-from flashfeed.manifest import Manifest, ShardInfo, commit_manifest
 from flashfeed.shardio import shard_name
 
 __all__ = ["byte_bpe", "make_doc_token_dataset", "mixed_documents"]

@@ -68,7 +68,7 @@ def reference_frames(data: bytes) -> list[np.ndarray]:
 
 def write_videos(prefix: str, members: list[bytes], ext: str = "webm") -> None:
     """One shard of samples ``v000``, ``v001``... holding ``members`` as ``ext``."""
-    from flashfeed.manifest import Manifest, commit_manifest
+    from flashfeed.format.manifest import Manifest, commit_manifest
     from flashfeed.shardio import shard_name, write_tar_shard
 
     samples = [(f"v{i:03d}", {ext: m}) for i, m in enumerate(members)]

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from flashfeed import lifeline
-from flashfeed.store import EmbeddedStore
+from flashfeed.cli.devstore import EmbeddedStore
+from flashfeed.runtime import lifeline
 
 from support.loader_helpers import make_image_dataset
 from support.node_tenant import Tenant, tenant_python

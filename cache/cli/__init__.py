@@ -1,0 +1,1 @@
+"""flashfeed.cache.cli."""

@@ -1,0 +1,1 @@
+"""flashfeed.plan.plan."""

@@ -1,0 +1,1 @@
+"""flashfeed.loader.image.image."""
