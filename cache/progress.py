@@ -131,6 +131,12 @@ class FillView:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
+        return cls.from_fd(fd, path)
+
+    @classmethod
+    def from_fd(cls, fd: int, path: str = "") -> FillView | None:
+        """The fill whose live file is open as ``fd`` (now the view's; closed when it is no
+        live file), e.g. one the node service handed over."""
         head = os.pread(fd, _HEADER, 0)
         end = head.find(b"\n")
         try:
@@ -141,6 +147,10 @@ class FillView:
             os.close(fd)
             return None
         return cls(fd, meta, end + 1, path)
+
+    def fileno(self) -> int:
+        """The live file's descriptor (to hand it to another process)."""
+        return self._fd
 
     def marks(self) -> int | None:
         """How often the fill has set marks, if it runs in this process (else None): take

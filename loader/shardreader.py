@@ -17,6 +17,7 @@ import numpy as np
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.wdsindex import SampleIndex
+from flashfeed.runtime.fdpath import open_binary
 
 from .image.fields import FieldSpec
 from .image.labels import parse_label
@@ -32,7 +33,7 @@ class _OpenShard:
     def __init__(
         self, path: str, index: list[SampleIndex], name: str, view: FillView | None = None
     ) -> None:
-        with open(path, "rb") as f:
+        with open_binary(path) as f:  # a path, or a descriptor the node service handed over
             self.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.index = index
         self.name = name

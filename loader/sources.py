@@ -75,6 +75,12 @@ def reads_in_place(source: ShardSource) -> bool:
     return isinstance(source, LocalShardSource) or bool(getattr(source, "in_place", False))
 
 
+def _node_service() -> str | None:
+    """The node service's socket when ``$FLASHFEED_NODE_SOCKET`` selects one (see
+    ``flashfeed.cache.node``); None: the embedded cache, as without a service."""
+    return os.environ.get("FLASHFEED_NODE_SOCKET") or None
+
+
 def node_cache_dir(cache_dir: str | None, url: str) -> str | None:
     """The node cache a loader uses: the given directory; for a remote dataset without one,
     ``FLASHFEED_CACHE_DIR`` or ``~/.cache/flashfeed``; None for a local dataset read in place.
@@ -111,6 +117,8 @@ def open_dataset(
     if not isinstance(dataset, str):
         raise ValueError(f"dataset must be a URL or a Dataset, got {type(dataset).__name__}")
     root = cache.root if cache is not None else node_cache_dir(cache_dir, dataset)
+    if cache is None and cache_dir is None and _node_service() is not None:
+        root = None  # the node service's cache is not this user's: read the manifest itself
     if root is None or storage.is_local(dataset):
         opened = Dataset.open(dataset, storage_options=storage_options)
         if version is not None and opened.manifest.digest != version:
@@ -333,8 +341,9 @@ def open_source(
     cache_capacity: int | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> ShardSource:
-    """The source a loader reads from: an explicit cache, a cache in ``cache_dir``, or the
-    dataset in place when it is local.
+    """The source a loader reads from: an explicit cache, a cache in ``cache_dir``, the
+    node service when ``$FLASHFEED_NODE_SOCKET`` names one, or the dataset in place when it
+    is local.
 
     ``cache_capacity`` None opens the cache in ``cache_dir`` with the capacity it records
     (set by whoever created it, e.g. ``flashfeed cache warm``); a given one replaces it.
@@ -346,6 +355,10 @@ def open_source(
         from .unitread import LocalUnitSource
 
         return LocalUnitSource(dataset)  # type: ignore[return-value]
+    if cache_dir is None and not storage.is_local(dataset.url) and _node_service() is not None:
+        from flashfeed.cache.node import NodeShardSource
+
+        return NodeShardSource(dataset, storage_options=storage_options)
     cache_dir = node_cache_dir(cache_dir, dataset.url if files is None else files.root)
     if cache_dir is None:
         return LocalShardSource(dataset)

@@ -8,7 +8,9 @@ reads of the status files (``status.py``: the node cache's, and this user's runt
 directory's for loaders reading a local dataset in place) and of the cache's ``stats.json``
 over the last few seconds; the first frame shows averages since each loader started.
 Nothing is served: the view only reads files, so it needs no port and no access beyond the
-cache directory and the runtime directory.
+cache directory and the runtime directory. With ``FLASHFEED_NODE_SOCKET`` set it also shows
+the node service's rows per tenant and job (``nodeview.py``): the asker's own, or every
+tenant's for an admin.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import IO
 
 from flashfeed.telemetry import WAIT_KINDS, default_cache_dir
 
+from .nodeview import NodeView
 from .status import (
     NodeCache,
     RankStatus,
@@ -90,6 +93,8 @@ class TopView:
         self._cache = _History()
         self._scanned: int | None = None
         self._scanned_at = float("-inf")
+        node = os.environ.get("FLASHFEED_NODE_SOCKET")
+        self.node = NodeView(node) if node else None  # the node service's tenants and jobs
 
     def frame(self, *, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
@@ -138,6 +143,8 @@ class TopView:
                 lines += _source_line(s)
         if cache is not None:
             lines.append(self._cache_line(cache, now))
+        if self.node is not None:
+            lines += self.node.lines()
         return lines
 
     def _rank_row(self, st: RankStatus, now: float) -> str:
@@ -198,7 +205,7 @@ def run_top(
     if iterations is not None and iterations < 1:
         raise ValueError(f"--iterations must be >= 1, got {iterations}")
     view = TopView(cache_dir)
-    if not os.path.isdir(cache_dir) and not read_statuses(view.local_root):
+    if not os.path.isdir(cache_dir) and not read_statuses(view.local_root) and not view.node:
         raise FileNotFoundError(
             f"no cache directory at {cache_dir}: pass the node cache the loaders use "
             "(--cache-dir, or set FLASHFEED_CACHE_DIR)"

@@ -13,6 +13,7 @@ from flashfeed.plan.plan import PlanOptions
 from flashfeed.telemetry import CACHE_DIR_ENV, default_cache_dir
 from flashfeed.units import parse_size
 
+from ..node import cli as node_cli
 from ..shardcache import ShardCache
 from ..warm.nodeshare import NodeShare
 from ..warm.warm import warm_share
@@ -351,6 +352,8 @@ def _warm(args: argparse.Namespace) -> int:
         kwargs["peers"] = spec
     if args.ray_address is None and (args.hosts or args.hostfile):
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
+    if node_cli.via_service(args.cache_dir) and not is_mixture_file(args.dataset):
+        return node_cli.cache_warm(args, share)
     if is_mixture_file(args.dataset):
         if spec is not None:
             raise ValueError("--peers warms one dataset; a mixture's sources: one at a time")
@@ -460,6 +463,8 @@ def _share_from(args: argparse.Namespace) -> NodeShare | None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if node_cli.via_service(args.dir):
+        return node_cli.cache_status(args)
     root = _cache_dir(args.dir, "DIR", existing=True)
     if args.dataset is not None and is_mixture_file(args.dataset):
         report = _mixture_status(root, args)
@@ -496,6 +501,8 @@ def _mixture_status(root: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if node_cli.via_service(args.dir):
+        return node_cli.cache_verify(args)
     root = _cache_dir(args.dir, "DIR", existing=True)
     report = admin.verify(root)
     _print(verify_lines(root, report))
@@ -503,6 +510,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _evict(args: argparse.Namespace) -> int:
+    if node_cli.via_service(args.dir):
+        return node_cli.cache_evict(args)
     root = _cache_dir(args.dir, "DIR", existing=True)
     _print(evict_lines(admin.evict(root, url=None if args.all else args.dataset)))
     return 0

@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "flashfeed.cli.dataset",
     "flashfeed.ingest.cli",
     "flashfeed.cache.cli.cli",
+    "flashfeed.cache.node.cli",
     "flashfeed.monitor.cli",
 )
 
@@ -70,7 +71,7 @@ _USER_OS_ERRORS = (
 def _prog(args: argparse.Namespace) -> str:
     """``flashfeed cache warm``: the command and its action, as the user typed them."""
     words = ["flashfeed", args.command]
-    for attr in ("cache_command", "store_command"):
+    for attr in ("cache_command", "store_command", "node_command"):
         if getattr(args, attr, None):
             words.append(getattr(args, attr))
     return " ".join(words)

@@ -143,12 +143,21 @@ class EmbeddedStore:
     """
 
     def __init__(
-        self, dir: str | os.PathLike[str], *, port: int | None = None, detach: bool = False
+        self,
+        dir: str | os.PathLike[str],
+        *,
+        port: int | None = None,
+        detach: bool = False,
+        identities: list[dict[str, Any]] | None = None,
     ) -> None:
         """``port``: the S3 port; None for 8333 when free, 0 for any free port. ``detach``:
-        the server outlives this process (else it dies with it, however it dies)."""
+        the server outlives this process (else it dies with it, however it dies).
+        ``identities``: more S3 identities beside the admin one, as SeaweedFS's s3 config
+        spells them (``{"name", "credentials": [{"accessKey", "secretKey"}], "actions":
+        ["Read:bucket", ...]}``): users who may read some buckets only."""
         if port is not None and not 0 <= port < 65536:
             raise ValueError(f"port must be in 0..65535, got {port}")
+        self.identities = list(identities or [])
         self.dir = Path(dir).absolute()
         self.requested_port = port
         self.detach = detach
@@ -192,7 +201,8 @@ class EmbeddedStore:
                         {"accessKey": self.info.access_key, "secretKey": self.info.secret_key}
                     ],
                     "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-                }
+                },
+                *self.identities,
             ]
         }
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -1,0 +1,206 @@
+"""Node service benchmark: the service against the embedded cache, and a flood's effect.
+
+  hot epoch    one epoch of ``ShardDataset`` over a cached dataset: through the node
+               service (descriptors handed over a Unix socket, ``FLASHFEED_NODE_SOCKET``)
+               vs the embedded ``ShardCache`` (``cache_dir=``); rounds interleaved
+  hit          one shard read that hits: ``NodeClient.get`` (a round trip, two descriptors)
+               vs the embedded ``ShardCache.get`` plus opening the file; p50 and p99
+  flood        the same service hits' p99 while another Unix user (``nobody``) floods the
+               service with reads, as a ratio of the idle p99 (the goal: within 2x)
+
+Prints a table and writes JSON. Not a timed test: run it by hand, as root (the service and
+the flooding user are real).
+
+    python -m benchmarks.stages.nodebench --shards 16 --shard-size 4MiB --out .bench/node.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.benchmath import fmt, ratio
+from benchmarks.harness.datasets import random_dataset
+from benchmarks.harness.results import write_json
+from benchmarks.harness.rounds import run_rounds
+from benchmarks.harness.store import start_store
+from flashfeed.runtime import lifeline
+from flashfeed.units import parse_size
+
+_FLOOD = """
+import os, site, sys, time
+site.addsitedir(sys.argv[1])
+from flashfeed.cache.node import NodeClient
+url, seconds = sys.argv[2], float(sys.argv[3])
+client = NodeClient()
+os.close(client.get(url, 0)[0])
+print("flooding", flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    for _ in range(200):
+        client.call({"op": "get", "shard": 0}, url=url, wait=False)
+    client.status()
+"""
+
+
+def _epoch(ds: Any, epoch: int) -> float:
+    """Samples a second of epoch ``epoch`` of ``ds`` (made, and read once, beforehand)."""
+    ds.set_epoch(epoch)
+    t0 = time.perf_counter()
+    n = sum(1 for _ in ds)
+    return n / (time.perf_counter() - t0)
+
+
+def _hits(get: Any, shards: int, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        get(i % shards)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _flooder_python() -> str:
+    minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    for candidate in (sys.executable, f"/usr/bin/{minor}", f"/usr/local/bin/{minor}"):
+        try:
+            r = subprocess.run([candidate, "-c", "pass"], user="nobody", capture_output=True)
+        except OSError:
+            continue
+        if r.returncode == 0:
+            return candidate
+    raise SystemExit("no Python that user nobody may run for the flood")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--shards", type=int, default=16)
+    p.add_argument("--shard-size", default="4MiB")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--hits", type=int, default=2000)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        raise SystemExit("nodebench runs the service and a flooding user: run it as root")
+    from flashfeed.cache import ShardCache
+    from flashfeed.cache.node import NodeClient
+
+    root = tempfile.mkdtemp(prefix="ffnodebench-", dir="/tmp")
+    os.chmod(root, 0o755)
+    # removed again last at exit: the loaders' caches flush their counters at exit too
+    atexit.register(shutil.rmtree, root, True)
+    bench = start_store(os.path.join(root, "s3"), bucket="flashfeed", export_env=True)
+    proc = cache = None
+    try:
+        url = "s3://flashfeed/nodebench"
+        random_dataset(url, args.shards, parse_size(args.shard_size))
+        sock = os.path.join(root, "node.sock")
+        config = {"cache_dir": os.path.join(root, "node"), "capacity": "8GiB", "socket": sock,
+                  "store": bench.store.info.storage_options(), "default_quota": "8GiB"}  # fmt: skip
+        with open(os.path.join(root, "node.json"), "w") as f:
+            json.dump(config, f)
+        boot = "import sys; from flashfeed.cli import main; sys.exit(main())"
+        serve = ["node", "serve", os.path.join(root, "node.json"), "--log-level", "warning"]
+        proc = lifeline.popen([sys.executable, "-c", boot, *serve])
+        client = NodeClient(sock, reconnect_timeout=30)
+        embedded_dir = os.path.join(root, "embedded")
+        cache = ShardCache(embedded_dir, capacity="8GiB")
+        ds = cache.open_dataset(url)
+        for i in range(args.shards):  # both caches hot before any timing
+            cache.get(ds, i)
+            for fd in client.get(url, i)[:2]:
+                if fd is not None:
+                    os.close(fd)
+
+        from flashfeed.loader import ShardDataset
+
+        os.environ["FLASHFEED_NODE_SOCKET"] = sock
+        through_node = ShardDataset(url, shuffle=False)
+        del os.environ["FLASHFEED_NODE_SOCKET"]
+        through_cache = ShardDataset(url, shuffle=False, cache_dir=embedded_dir)
+        for d in (through_node, through_cache):
+            for _ in d:  # hot: every shard handed to this process's reader once
+                pass
+        count = iter(range(1, 10**6))
+        epochs = run_rounds({"node": lambda: _epoch(through_node, next(count)),
+                             "embedded": lambda: _epoch(through_cache, next(count))},
+                            args.rounds)  # fmt: skip
+
+        def node_get(i: int) -> None:
+            fd, idx, _ = client.get(url, i)
+            os.close(fd)
+            if idx is not None:
+                os.close(idx)
+
+        def embedded_get(i: int) -> None:
+            os.close(os.open(cache.get(ds, i), os.O_RDONLY))
+            os.close(os.open(cache.get(ds, i) + ".idx", os.O_RDONLY))
+
+        idle = _hits(node_get, args.shards, args.hits)
+        local = _hits(embedded_get, args.shards, args.hits)
+        flood = lifeline.popen([_flooder_python(), "-c", _FLOOD, sysconfig.get_paths()["purelib"],
+                                url, "60"], user="nobody", cwd="/", stdout=subprocess.PIPE,
+                               env={**os.environ, "FLASHFEED_NODE_SOCKET": sock,
+                                    "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
+        if flood.stdout is None or flood.stdout.readline().strip() != b"flooding":
+            raise SystemExit("the flooding process did not start")
+        time.sleep(0.5)
+        flooded = _hits(node_get, args.shards, args.hits)
+        flood.kill()
+        flood.wait()
+        while True:  # until what the flood left queued is served
+            t0 = time.perf_counter()
+            client.status()
+            if time.perf_counter() - t0 < 0.002:
+                break
+            time.sleep(0.1)
+        idle_again = _hits(node_get, args.shards, args.hits)
+    finally:
+        if cache is not None:
+            cache.close()  # its counters flushed now, not at exit into a removed folder
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+        bench.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    idle_p99 = statistics.median([_pct(idle, 0.99), _pct(idle_again, 0.99)])
+    rows = {
+        "hot_epoch_samples_per_s": {k: v for k, v in epochs.items()},
+        "hot_epoch_node_vs_embedded": ratio(epochs["node"], epochs["embedded"]),
+        "hit_us": {name: {"p50": _pct(v, 0.5) * 1e6, "p99": _pct(v, 0.99) * 1e6}
+                   for name, v in (("node idle", idle), ("embedded", local),
+                                   ("node flooded", flooded), ("node idle again", idle_again))},
+        "flooded_p99_vs_idle_p99": _pct(flooded, 0.99) / idle_p99,
+    }  # fmt: skip
+    e = rows["hot_epoch_node_vs_embedded"]
+    print(f"hot epoch (samples/s, median of {args.rounds}): node "
+          f"{fmt(statistics.median(epochs['node']))}, embedded "
+          f"{fmt(statistics.median(epochs['embedded']))}, ratio {e['ratio']:.2f} "
+          f"({e['min']:.2f}-{e['max']:.2f})")  # fmt: skip
+    print(f"{'hit':<18}{'p50 us':>10}{'p99 us':>10}")
+    for name, v in rows["hit_us"].items():
+        print(f"{name:<18}{fmt(v['p50']):>10}{fmt(v['p99']):>10}")
+    print(f"p99 under a flood / idle p99: {rows['flooded_p99_vs_idle_p99']:.2f} (goal <= 2)")
+    if args.out:
+        write_json(args.out, {"args": vars(args), **rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,392 @@
+"""What the node service does for each request.
+
+``hello`` names the job; ``open`` checks a proof of access (``access.py``) and grants the
+tenant the dataset; ``get`` answers a hit at once with open descriptors of the shard and its
+index, and queues a miss for the fill workers (room made in the tenant's quota first);
+``pin``, ``warm``, ``prefetch``, ``status``, ``metrics``, ``reload``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from flashfeed.units import format_size
+
+from ..errors import CacheError
+from ..progress import FillView, live_path
+from .access import AccessRefused, check_presigned
+from .accounting import prometheus_text
+from .adminops import settle
+from .room import QuotaError, make_room, warm_fits
+from .server import Connection, NodeService
+
+__all__ = ["fill_worker", "request_worker"]
+
+log = logging.getLogger("flashfeed.node")
+
+
+class RequestError(Exception):
+    """A refused request: ``kind`` for the client, the message one line."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def request_worker(svc: NodeService) -> None:
+    while True:
+        item = svc.requests.get()
+        if item is None:
+            return
+        conn, request = item
+        try:
+            _run(svc, conn, request, _REQUESTS)
+        finally:
+            svc.admit(conn.tenant).release()
+
+
+def fill_worker(svc: NodeService) -> None:
+    while True:
+        item = svc.fills.get()
+        if item is None:
+            return
+        conn, request = item
+        _run(svc, conn, request, _FILLS)
+
+
+def _run(svc: NodeService, conn: Connection, request: dict[str, Any], table: dict) -> None:
+    op = request.get("op")
+    handler = table.get(op)
+    try:
+        if handler is None:
+            raise RequestError("bad", f"unknown request {op!r}")
+        handler(svc, conn, request)
+    except RequestError as exc:
+        conn.reply(request, {"error": str(exc), "kind": exc.kind})
+    except QuotaError as exc:
+        conn.reply(request, {"error": str(exc), "kind": "quota"})
+    except CacheError as exc:  # the cache's own one-line reasons (disk full, corrupt store...)
+        conn.reply(request, {"error": str(exc), "kind": "cache"})
+    except Exception as exc:  # one request failing must not stop the service
+        log.exception("request %s of tenant %s failed", op, conn.tenant)
+        conn.reply(request, {"error": f"{type(exc).__name__}: {exc}", "kind": "failed"})
+
+
+def _queue_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    weight = svc.config.tenant(conn.tenant).weight(conn.job)
+    svc.fills.put(conn.owner, (conn, request), weight=weight)
+
+
+# -- requests (fast: no store I/O) -----------------------------------------------------------
+def _hello(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    job = request.get("job") or "default"
+    if not isinstance(job, str) or len(job) > 64 or not job.isprintable():
+        raise RequestError("bad", f"job must be a short printable name, got {job!r}")
+    conn.job = job
+    conn.reply(request, {"tenant": conn.tenant, "job": job})
+
+
+def _resolve(svc: NodeService, conn: Connection, request: dict[str, Any]) -> tuple[Any, int]:
+    key = request.get("key")
+    if not isinstance(key, str) or not svc.granted(conn, key):
+        raise RequestError("grant", "no grant for this dataset: open it first (again)")
+    dataset = svc.datasets[key]
+    shard = request.get("shard")
+    n = len(dataset.shards)
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
+        raise RequestError("bad", f"shard must be an int in [0, {n}), got {shard!r}")
+    return dataset, shard
+
+
+def _get(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    dataset, i = _resolve(svc, conn, request)
+    d = svc.cache.dataset_dir(dataset)
+    key = (d.key, i)
+    present = key in svc.ledger.charges and key not in svc.filling
+    present = present and os.path.exists(d.shard_path(i))
+    if present and key in svc.verified:
+        path = svc.cache.get(dataset, i)  # a stat: verified since this service started
+        svc.ledger.touch(key)
+        svc.accounts.add(conn.owner, hits=1)
+        _send_shard(conn, request, path, hit=True)
+        return
+    # a miss, or a copy not yet verified since the service started (a checksum of the whole
+    # shard: not in the way of other tenants' hits)
+    request["_queued"], request["_present"] = time.monotonic(), present
+    _queue_fill(svc, conn, request)
+
+
+def _send_shard(conn: Connection, request: dict[str, Any], path: str, *, hit: bool) -> None:
+    fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC)]
+    try:
+        try:
+            fds.append(os.open(path + ".idx", os.O_RDONLY | os.O_CLOEXEC))
+        except FileNotFoundError:
+            pass
+        conn.reply(request, {"hit": hit, "index": len(fds) > 1}, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _touch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """A read of a shard the client holds already: counted as a hit, its use noted; no
+    answer (the client does not wait for one)."""
+    dataset, i = _resolve(svc, conn, request)
+    svc.ledger.touch((svc.cache.dataset_dir(dataset).key, i))
+    svc.accounts.add(conn.owner, hits=1)
+
+
+def _partial(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """The fill of a shard running now, as descriptors of its live progress file, its part
+    file and its index part (a tar shard's), or ``partial: false``: none runs, or the shard
+    has no index to locate samples by while it arrives."""
+    dataset, i = _resolve(svc, conn, request)
+    d = svc.cache.dataset_dir(dataset)
+    view = None
+    if (d.key, i) in svc.filling:
+        view = FillView.open(live_path(d.parts_dir, i))
+    if view is None or view.index_part is None:
+        if view is not None:
+            view.close()
+        conn.reply(request, {"partial": False})
+        return
+    fds: list[int] = []
+    try:
+        for path in (view.part, view.index_part):
+            fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        fds.insert(0, os.dup(view.fileno()))
+    except FileNotFoundError:  # the fill ended meanwhile: the whole shard is there
+        conn.reply(request, {"partial": False})
+        return
+    finally:
+        view.close()
+        for fd in fds if len(fds) < 3 else ():
+            os.close(fd)
+    try:
+        conn.reply(request, {"partial": True}, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _pin(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    dataset, i = _resolve(svc, conn, request)
+    pinned = bool(request.get("pinned", True))
+    d = svc.cache.dataset_dir(dataset)
+    c = svc.ledger.set_pin((d.key, i), conn.owner, pinned)
+    others = c is not None and bool(c.pins)
+    (svc.cache.pin if others else svc.cache.unpin)(dataset, i)
+    conn.reply(request, {"pinned": pinned, "resident": c is not None})
+
+
+def _status(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    admin = svc.is_admin(conn)
+    report = svc.accounts.report(None if admin else conn.tenant)
+    now = time.monotonic()
+    mine = {
+        k for (t, k), until in svc.grants.items() if until > now and (admin or t == conn.tenant)
+    }
+    datasets = []
+    for key in sorted(mine):
+        ds = svc.datasets[key]
+        held = [c for (k, _), c in list(svc.ledger.charges.items()) if k == key]
+        row = {"url": ds.url, "shards": len(ds.shards), "cached_shards": len(held)}
+        if not admin:  # only what this tenant's own jobs hold and pin
+            held = [c for c in held if c.owner[0] == conn.tenant]
+            row["cached_shards"] = len(held)
+        row["bytes"] = sum(c.size for c in held)
+        datasets.append(row)
+    body: dict[str, Any] = {"tenant": conn.tenant, "job": conn.job, "admin": admin,
+                            "report": report, "datasets": datasets}  # fmt: skip
+    cfg = svc.config
+    body["quota"] = cfg.tenant(conn.tenant).quota
+    if admin:
+        body.update(capacity=cfg.capacity, used=svc.ledger.used(), disk=svc.cache.used_bytes(),
+                    config_error=svc.watch.error)  # fmt: skip
+    conn.reply(request, body)
+
+
+def _metrics(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    report = svc.accounts.report(None if svc.is_admin(conn) else conn.tenant)
+    conn.reply(request, {"text": prometheus_text(report)})
+
+
+def _verify(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    from .adminops import verify_all
+
+    if not svc.is_admin(conn):
+        raise RequestError("access", f"tenant {conn.tenant} may not verify the node cache")
+    conn.reply(request, verify_all(svc))
+
+
+def _evict(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    from .adminops import evict_own
+
+    key = request.get("key")
+    if key is not None and (not isinstance(key, str) or not svc.granted(conn, key)):
+        raise RequestError("grant", "no grant for this dataset: open it first (again)")
+    conn.reply(request, evict_own(svc, conn, key))
+
+
+def _reload(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    if not svc.is_admin(conn):
+        raise RequestError("access", f"tenant {conn.tenant} may not reload the node config")
+    svc.watch.reload()
+    conn.reply(request, {"error_in_config": svc.watch.error})
+
+
+# -- fills (slow: store I/O, queued per job by weight) ---------------------------------------
+def _open(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    url, proof = request.get("url"), request.get("proof")
+    if not isinstance(url, str) or not isinstance(proof, str):
+        raise RequestError("bad", "open needs a dataset url and a presigned proof")
+    url = url.rstrip("/")
+    cfg = svc.config
+    try:
+        check_presigned(proof, url=url, tenant=conn.tenant, store_options=cfg.store or None)
+    except AccessRefused as exc:
+        log.info("%s", exc)
+        raise RequestError("access", str(exc)) from None
+    dataset = svc.cache.open_dataset(url)
+    d = svc.cache.dataset_dir(dataset)
+    now = time.monotonic()
+    with svc.lock:
+        svc.dirs.setdefault(d.key, d)
+        svc.datasets[d.key] = dataset
+        for stale in [g for g, until in svc.grants.items() if until <= now]:
+            del svc.grants[stale]
+        svc.grants[(conn.tenant, d.key)] = now + cfg.grant_seconds
+    conn.reply(request, {"key": d.key, "version": dataset.manifest.digest,
+                         "shards": len(dataset.shards)})  # fmt: skip
+
+
+def _fill(
+    svc: NodeService, conn: Connection, dataset: Any, i: int, *, what: str
+) -> tuple[str, bool]:
+    """A verified copy of shard ``i``, filled if needed with room made in the tenant's quota:
+    ``(path, fetched here)``."""
+    d = svc.cache.dataset_dir(dataset)
+    key, size = (d.key, i), dataset.shards[i].bytes
+    fresh = False
+    with svc.ledger.lock:
+        present = key in svc.ledger.charges and os.path.exists(d.shard_path(i))
+        if not present and key not in svc.filling:
+            cfg = svc.config
+            make_room(ledger=svc.ledger, accounts=svc.accounts, dirs=svc.dirs, owner=conn.owner,
+                      quota=cfg.tenant(conn.tenant).quota, capacity=cfg.capacity, need=size,
+                      what=what, busy=svc.filling.__contains__)  # fmt: skip
+            svc.ledger.charge(key, conn.owner, size)  # on disk before the fill starts
+            svc.filling.add(key)
+            fresh = True
+    try:
+        path = svc.cache.get(dataset, i)
+    except BaseException:
+        if fresh and not os.path.exists(d.shard_path(i)):
+            svc.ledger.drop(key)
+        raise
+    finally:
+        if fresh:
+            svc.filling.discard(key)
+    if fresh:
+        svc.accounts.add(conn.owner, fetched_bytes=size)
+        svc.ledger.resize(key, _held_bytes(path))  # the index's bytes are known now
+        settle(svc, conn.owner)
+    svc.ledger.touch(key)
+    svc.verified.add(key)
+    return path, fresh
+
+
+def _held_bytes(path: str) -> int:
+    """A cached shard's bytes with its index's, as the embedded cache counts them."""
+    total = 0
+    for p in (path, path + ".idx"):
+        try:
+            total += os.stat(p).st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def _get_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    dataset, i = _resolve(svc, conn, request)
+    path, fresh = _fill(svc, conn, dataset, i, what=f"shard {i} of {dataset.url}")
+    if request.get("_present") and not fresh:  # there all along: only its first check
+        svc.accounts.add(conn.owner, hits=1)
+        _send_shard(conn, request, path, hit=True)
+        return
+    waited = time.monotonic() - request.get("_queued", time.monotonic())
+    svc.accounts.add(conn.owner, misses=1, fill_wait_seconds=waited)
+    _send_shard(conn, request, path, hit=False)
+
+
+def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """Fetch (and with ``pin``, pin for this job) the given shards; fails at once, before
+    any fetch, when they cannot all fit in the tenant's quota."""
+    request = dict(request)
+    shards = request.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(s, int) for s in shards):
+        raise RequestError("bad", "warm needs a list of shard numbers")
+    request["shard"] = shards[0] if shards else 0
+    dataset, _ = _resolve(svc, conn, request)
+    d = svc.cache.dataset_dir(dataset)
+    keys = {(d.key, s): dataset.shards[s].bytes for s in shards}
+    quota = svc.config.tenant(conn.tenant).quota
+    what = f"warm of {len(keys)} shards of {dataset.url}"
+    warm_fits(svc.ledger, conn.tenant, quota, keys, what)
+    pin = bool(request.get("pin", True))
+    fetched = 0
+    for s in shards:
+        if pin:  # pinned first: the next shard's room is never made by evicting this one
+            svc.ledger.set_pin((d.key, s), conn.owner, True)
+        _, fresh = _fill(svc, conn, dataset, s, what=what)
+        if pin:
+            svc.ledger.set_pin((d.key, s), conn.owner, True)  # the charge follows the pin
+            svc.cache.pin(dataset, s)
+        fetched += fresh
+    conn.reply(request, {"shards": len(shards), "fetched": fetched,
+                         "bytes": format_size(sum(keys.values()))})  # fmt: skip
+
+
+def _prefetch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """A fetch ahead (a hint): each shard filled in turn, failures only logged."""
+    request = dict(request)
+    for s in request.get("shards") or []:
+        request["shard"] = s
+        try:
+            dataset, i = _resolve(svc, conn, request)
+            _fill(svc, conn, dataset, i, what=f"fetch ahead of shard {i} of {dataset.url}")
+        except (RequestError, QuotaError) as exc:
+            log.debug("fetch ahead of tenant %s skipped: %s", conn.tenant, exc)
+            return
+
+
+def _queued(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    _queue_fill(svc, conn, request)
+
+
+_REQUESTS = {
+    "hello": _hello,
+    "touch": _touch,
+    "partial": _partial,
+    "get": _get,
+    "pin": _pin,
+    "status": _status,
+    "metrics": _metrics,
+    "reload": _reload,
+    "evict": _evict,
+    "open": _queued,
+    "verify": _queued,
+    "warm": _queued,
+    "prefetch": _queued,
+}
+_FILLS = {
+    "get": _get_fill,
+    "open": _open,
+    "warm": _warm,
+    "prefetch": _prefetch,
+    "verify": _verify,
+}

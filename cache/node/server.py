@@ -1,0 +1,245 @@
+"""``NodeService``: one process owns the node's cache directory and answers its tenants over
+a Unix socket, handing out open descriptors of verified shards (see ``handlers.py`` for what
+each request does, ``room.py`` for quotas, ``access.py`` for proofs of access).
+
+Requests queue per tenant and are served round robin (a tenant flooding the service waits
+behind its own requests); fills queue per job and share the fill workers by job weight.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashfeed.dataset import Dataset
+
+from ..layout import DatasetDir, list_dataset_dirs, make_private_dir
+from ..shardcache import ShardCache
+from .accounting import Accounts
+from .fairqueue import FairQueue
+from .ledger import Ledger
+from .protocol import ProtocolError, recv_message, send_message
+from .tenants import ConfigWatch
+
+__all__ = ["Connection", "NodeService"]
+
+log = logging.getLogger("flashfeed.node")
+
+#: requests of one tenant queued at once: a flooding tenant's further requests wait unread
+#: in its own sockets, costing the service nothing until their turn
+QUEUED_PER_TENANT = 64
+#: the interpreter's thread switch interval in the service (seconds): a request waits for a
+#: thread that holds the interpreter at most about this long (Python's default is 5 ms)
+SWITCH_INTERVAL = 0.0005
+
+
+@dataclass
+class Connection:
+    """One client: its socket, the Unix user behind it (the tenant) and its job."""
+
+    sock: socket.socket
+    tenant: str
+    uid: int
+    job: str = "default"
+    alive: bool = True
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        return (self.tenant, self.job)
+
+    def reply(
+        self, request: dict[str, Any], body: dict[str, Any], fds: list[int] | None = None
+    ) -> None:
+        """Answer ``request`` (its ``id`` echoed); a client gone meanwhile is no error."""
+        body = {"id": request.get("id"), **body}
+        try:
+            with self.send_lock:
+                send_message(self.sock, body, fds)
+        except OSError:
+            self.alive = False
+
+
+def peer_tenant(sock: socket.socket) -> tuple[str, int]:
+    """The Unix user on the other end of ``sock`` (``SO_PEERCRED``): its name and uid."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    try:
+        return pwd.getpwuid(uid).pw_name, uid
+    except KeyError:
+        return f"uid{uid}", uid
+
+
+class NodeService:
+    """The node service of the config file at ``config_path`` (``tenants.NodeConfig``)."""
+
+    def __init__(
+        self, config_path: str, *, request_workers: int = 1, fill_workers: int = 4
+    ) -> None:
+        self.watch = ConfigWatch(config_path)
+        cfg = self.watch.config
+        make_private_dir(cfg.cache_dir)
+        os.chmod(cfg.cache_dir, 0o700)
+        self.state_dir = make_private_dir(os.path.join(cfg.cache_dir, "state"))
+        self.cache = ShardCache(
+            os.path.join(cfg.cache_dir, "store"),
+            capacity=cfg.capacity,
+            storage_options=cfg.store or None,
+        )
+        self.ledger = Ledger(self.state_dir)
+        self.dirs: dict[str, DatasetDir] = {d.key: d for d in list_dataset_dirs(self.cache.root)}
+        resident = {}
+        for d, e in self.cache.space.scan()[0]:
+            self.dirs.setdefault(d.key, d)
+            resident[(d.key, e.shard)] = e.size  # the shard and its index, as fills charge
+        dropped, adopted = self.ledger.recover(resident)
+        if dropped or adopted:
+            log.info("recovered: %d charges of absent shards dropped, %d shards adopted",
+                     dropped, adopted)  # fmt: skip
+        self.accounts = Accounts(self.state_dir, self.ledger)
+        self.datasets: dict[str, Dataset] = {}  # dataset key -> the service's Dataset
+        self.grants: dict[tuple[str, str], float] = {}  # (tenant, key) -> until (monotonic)
+        self.filling: set[tuple[str, int]] = set()
+        self._admit: dict[str, threading.Semaphore] = {}
+        #: shards verified since this service started (hits of others need one more check)
+        self.verified: set[tuple[str, int]] = set()
+        #: evictions the embedded cache made on its own, as last seen (``adminops.settle``)
+        self.embedded_evictions = 0
+        self.lock = threading.Lock()
+        self.requests = FairQueue()
+        self.fills = FairQueue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._workers = (request_workers, fill_workers)
+        self.sock: socket.socket | None = None
+
+    @property
+    def config(self) -> Any:
+        return self.watch.current()
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def bind(self) -> str:
+        """Listen on the config's socket path (mode 0666: any local user may ask; who asks
+        is told by the kernel, ``SO_PEERCRED``). A stale socket file is replaced."""
+        path = self.config.socket
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+        if os.path.exists(path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+                raise RuntimeError(f"a node service already listens on {path}")
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(path)
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path)
+        os.chmod(path, 0o666)
+        sock.listen(128)
+        self.sock = sock
+        return path
+
+    def start(self) -> None:
+        """Bind and start the threads (accept, request and fill workers, counter flushes)."""
+        from .handlers import fill_worker, request_worker
+
+        if self.sock is None:
+            self.bind()
+        n_req, n_fill = self._workers
+        targets = [self._accept, self._flusher]
+        targets += [lambda: request_worker(self)] * n_req
+        targets += [lambda: fill_worker(self)] * n_fill
+        for target in targets:
+            t = threading.Thread(target=target, daemon=True, name="flashfeed-node")
+            t.start()
+            self._threads.append(t)
+
+    def serve_forever(self) -> None:
+        """Run until SIGTERM or SIGINT; SIGHUP reads the config again."""
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        signal.signal(signal.SIGHUP, lambda *_: self.watch.reload())
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        self.start()
+        log.info("node service on %s, cache %s", self.config.socket, self.cache.root)
+        try:
+            while not self._stop.wait(1.0):
+                pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.requests.close()
+        self.fills.close()
+        if self.sock is not None:
+            path = self.config.socket
+            self.sock.close()
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self.accounts.flush()
+        self.cache.close()
+
+    def _flusher(self) -> None:
+        while not self._stop.wait(2.0):
+            self.accounts.flush()
+
+    # -- connections ------------------------------------------------------------------------
+    def _accept(self) -> None:
+        listening = self.sock
+        while listening is not None and not self._stop.is_set():
+            try:
+                sock, _ = listening.accept()
+            except OSError:
+                return
+            tenant, uid = peer_tenant(sock)
+            conn = Connection(sock, tenant, uid)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: Connection) -> None:
+        """Queue each request of ``conn`` in its tenant's flow until it disconnects."""
+        try:
+            while conn.alive:
+                got = recv_message(conn.sock)
+                if got is None:
+                    break
+                request, fds = got
+                for fd in fds:  # clients send none; never keep what one sends anyway
+                    os.close(fd)
+                self.admit(conn.tenant).acquire()  # a flood waits here, in its own socket
+                self.requests.put(conn.tenant, (conn, request))
+        except (OSError, ProtocolError):
+            pass
+        finally:
+            conn.alive = False
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+
+    def admit(self, tenant: str) -> threading.Semaphore:
+        """The tenant's admission: at most ``QUEUED_PER_TENANT`` requests of it queued at
+        once; further ones stay unread in its sockets (taken back by ``request_worker``)."""
+        with self.lock:
+            sem = self._admit.get(tenant)
+            if sem is None:
+                sem = self._admit[tenant] = threading.Semaphore(QUEUED_PER_TENANT)
+            return sem
+
+    def is_admin(self, conn: Connection) -> bool:
+        return conn.tenant in self.config.admins
+
+    def granted(self, conn: Connection, key: str) -> bool:
+        until = self.grants.get((conn.tenant, key))
+        return until is not None and until > time.monotonic()

@@ -1,0 +1,220 @@
+"""``NodeShardSource``: the loader's shards through the node service (``$FLASHFEED_NODE_SOCKET``
+or ``node=``), behind the same ``ShardSource`` interface as the embedded cache.
+
+``local_path`` answers ``/proc/self/fd/N``: a descriptor the service handed over for a
+verified shard, which the reader maps as it maps a cached file (``flashfeed.runtime.fdpath``). The
+source keeps the last ``max_held`` descriptors and reads a shard it holds again without a
+round trip (a dataset version's bytes never change; the service is told of the read
+without waiting, for its LRU and the job's hits). So while the service is away
+(restarting) the shards held are read on; others wait for it to come back. A shard still
+being filled is read as it lands (``partial``): the service hands over descriptors of its
+part file and of the fill's progress, as the embedded cache's ``DatasetView`` opens them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from flashfeed.dataset import Dataset
+from flashfeed.format.wdsindex import SampleIndex, parse_index
+from flashfeed.runtime.fdpath import fd_path
+
+from ..progress import FillView
+from ..view import PartialShard
+from .client import NodeClient, NodeUnavailable
+
+__all__ = ["NodeShardSource"]
+
+#: descriptors a source keeps by default: well above the shards a reader keeps mapped (16)
+#: plus those its read-ahead has in flight, so a path handed out stays valid while used
+MAX_HELD = 256
+
+
+class NodeShardSource:
+    """Shards of ``dataset`` from the node service at ``socket_path`` (picklable: each
+    process connects on its own, as job ``job`` of its Unix user)."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        socket_path: str | None = None,
+        job: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+        max_held: int = MAX_HELD,
+    ) -> None:
+        if max_held < 1:
+            raise ValueError(f"max_held must be >= 1, got {max_held!r}")
+        self.dataset = dataset
+        self.url = dataset.url.rstrip("/")
+        self.max_held = max_held
+        self._args = (socket_path, job, storage_options)
+        self.client = NodeClient(socket_path, job=job, storage_options=storage_options)
+        self.socket_path = self.client.socket_path
+        self._init_local()
+
+    def _init_local(self) -> None:
+        self._owner = os.getpid()
+        self._lock = threading.Lock()
+        self._held: OrderedDict[int, int] = OrderedDict()  # shard -> fd
+        self._index: dict[int, list[SampleIndex]] = {}
+        self._parts: list[int] = []  # part files of fills handed over (``partial``)
+        self._hits = self._misses = self._held_reads = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "url": self.url, "max_held": self.max_held,
+                "_args": self._args, "socket_path": self.socket_path}  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        path, job, options = self._args
+        self.client = NodeClient(path, job=job, storage_options=options)
+        self._init_local()
+
+    def _mine(self) -> None:
+        if self._owner != os.getpid():  # forked: a connection and descriptors of its own
+            path, job, options = self._args
+            self.client = NodeClient(path, job=job, storage_options=options)
+            self._init_local()
+
+    def local_path(self, shard: int) -> str:
+        self._mine()
+        with self._lock:
+            held = self._held.get(shard)
+            if held is not None:  # verified bytes of this dataset version, whatever since
+                self._held.move_to_end(shard)
+                self._held_reads += 1
+        if held is not None:
+            try:  # tell the service (its LRU and this job's hits), without waiting
+                self.client.call({"op": "touch", "shard": int(shard)}, url=self.url,
+                                 wait=False, patient=False)  # fmt: skip
+            except NodeUnavailable:
+                pass  # away: the held copy is read on all the same
+            return fd_path(held)
+        fd, idx, hit = self.client.get(self.url, shard)
+        index = None
+        if idx is not None:
+            try:
+                with os.fdopen(idx, "rb") as f:
+                    index = parse_index(f.read(), source=f"{self.url} shard {shard} index")
+            except BaseException:
+                os.close(fd)
+                raise
+        with self._lock:
+            self._hits += hit
+            self._misses += not hit
+            if index is not None:
+                self._index[shard] = index
+            old = self._held.get(shard)
+            if old is not None and _same_file(old, fd):
+                os.close(fd)  # the copy this process holds already: its path stays valid
+                self._held.move_to_end(shard)
+                return fd_path(old)
+            self._held[shard] = fd
+            self._held.move_to_end(shard)
+            while len(self._held) > self.max_held:
+                _, oldest = self._held.popitem(last=False)
+                os.close(oldest)
+            if old is not None:
+                os.close(old)  # replaced by a new copy (evicted and fetched again)
+        return fd_path(fd)
+
+    def index(self, shard: int) -> list[SampleIndex]:
+        known = self._index.get(shard)
+        if known is None:
+            self.local_path(shard)
+            known = self._index.get(shard)
+        if known is None:
+            raise ValueError(f"shard {shard} of {self.url} has no index at the node service")
+        return known
+
+    def fetch_ahead(self, shards: Sequence[int]) -> None:
+        self._mine()
+        try:
+            self.client.prefetch(self.url, list(shards))
+        except NodeUnavailable:
+            pass  # a hint: the reads themselves wait for the service
+
+    def need(
+        self, shard: int, rows: Sequence[int] | np.ndarray, batches: Sequence[int] | np.ndarray
+    ) -> None:
+        return None
+
+    def set_future(self, shards: Sequence[int]) -> None:
+        return None
+
+    def partial(self, shard: int) -> PartialShard | None:
+        """The shard's fill running now at the service, read as it lands: descriptors of its
+        part file and its progress, and its index (a tar shard's). None when it is complete
+        here, no fill runs, or the service is away."""
+        self._mine()
+        if shard in self._held:
+            return None
+        got = self.client.partial(self.url, shard)
+        if got is None:
+            return None
+        live, part, idx = got
+        view = FillView.from_fd(live)
+        try:
+            if view is None:
+                return None
+            while not view.index_ready():  # one small GET beside the first parts
+                if view.ended():
+                    view.close()
+                    return None
+                time.sleep(0.002)
+            index = parse_index(_read_fd(idx), source=f"{self.url} shard {shard} index")
+        except BaseException:
+            if view is not None:
+                view.close()
+            os.close(part)
+            raise
+        finally:
+            os.close(idx)
+        view.part, view.index_part = fd_path(part), None
+        with self._lock:  # kept open while a reader may still map it by this path
+            self._parts.append(part)
+            while len(self._parts) > self.max_held:
+                os.close(self._parts.pop(0))
+        return PartialShard(view.part, index, view)
+
+    def held(self) -> int:
+        """Descriptors this process holds now."""
+        return len(self._held)
+
+    def close(self) -> None:
+        """Close the held descriptors and the connection."""
+        with self._lock:
+            for fd in [*self._held.values(), *self._parts]:
+                os.close(fd)
+            self._held.clear()
+            self._parts.clear()
+        self.client.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {"kind": "node", "socket": self.socket_path, "hits": self._hits,
+                "misses": self._misses, "held_reads": self._held_reads,
+                "held": len(self._held), "reconnects": self.client.reconnects}  # fmt: skip
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        data = os.pread(fd, 1 << 20, offset)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+        offset += len(data)
+
+
+def _same_file(a: int, b: int) -> bool:
+    sa, sb = os.fstat(a), os.fstat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)

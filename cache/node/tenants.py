@@ -1,0 +1,188 @@
+"""The node service's config file: where the cache lives, its capacity, the service's own
+store credentials, and each tenant's byte quota and job weights.
+
+::
+
+    {"cache_dir": "/nvme/flashfeed", "capacity": "800GiB",
+     "socket": "/run/flashfeed/node.sock",
+     "store": {"endpoint_url": "http://...", "key": "...", "secret": "..."},
+     "admins": ["root"],
+     "default_quota": "0",
+     "tenants": {"alice": {"quota": "200GiB", "jobs": {"sweep": {"weight": 2}}}}}
+
+A tenant is the Unix user on the other end of the socket. Quotas and weights are read again
+when the file changes (its mtime) or on SIGHUP; ``cache_dir``, ``socket`` and ``store`` are
+read at start only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashfeed.units import parse_size
+
+__all__ = ["ConfigError", "ConfigWatch", "NodeConfig", "TenantConfig"]
+
+DEFAULT_SOCKET = "/run/flashfeed/node.sock"
+
+
+class ConfigError(ValueError):
+    """The config file is unreadable or holds a bad value (named in the message)."""
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """One tenant's quota (bytes) and the weights of its named jobs (others weigh 1)."""
+
+    quota: int
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def weight(self, job: str) -> float:
+        return self.weights.get(job, 1.0)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The whole config file, validated."""
+
+    cache_dir: str
+    capacity: int
+    socket: str
+    store: dict[str, Any]
+    tenants: dict[str, TenantConfig]
+    default_quota: int
+    admins: tuple[str, ...]
+    grant_seconds: float
+
+    def tenant(self, name: str) -> TenantConfig:
+        """The tenant's config; one not listed gets ``default_quota`` and weights of 1."""
+        return self.tenants.get(name) or TenantConfig(self.default_quota)
+
+    @classmethod
+    def parse(cls, data: Any, *, source: str) -> NodeConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: the config must be a JSON object")
+        known = {"cache_dir", "capacity", "socket", "store", "tenants", "default_quota",
+                 "admins", "grant_seconds"}  # fmt: skip
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(known)}")
+        cache_dir = data.get("cache_dir")
+        if not isinstance(cache_dir, str) or not cache_dir:
+            raise ConfigError(f"{source}: cache_dir must be a directory path, got {cache_dir!r}")
+        store = data.get("store", {})
+        if not isinstance(store, dict):
+            raise ConfigError(f"{source}: store must be an object of storage options")
+        tenants = {}
+        raw = data.get("tenants", {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: tenants must be an object keyed by user name")
+        for name, t in raw.items():
+            tenants[name] = _tenant(name, t, source)
+        grant = data.get("grant_seconds", 600)
+        if isinstance(grant, bool) or not isinstance(grant, (int, float)) or grant <= 0:
+            raise ConfigError(f"{source}: grant_seconds must be > 0, got {grant!r}")
+        admins = data.get("admins", ["root"])
+        if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
+            raise ConfigError(f"{source}: admins must be a list of user names, got {admins!r}")
+        return cls(
+            cache_dir=os.path.abspath(cache_dir),
+            capacity=_size(data.get("capacity"), "capacity", source, positive=True),
+            socket=str(data.get("socket", DEFAULT_SOCKET)),
+            store=dict(store),
+            tenants=tenants,
+            default_quota=_size(data.get("default_quota", 0), "default_quota", source),
+            admins=tuple(admins),
+            grant_seconds=float(grant),
+        )
+
+    @classmethod
+    def read(cls, path: str) -> NodeConfig:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read node config {path}: {exc}") from None
+        return cls.parse(data, source=path)
+
+
+def _size(value: Any, name: str, source: str, *, positive: bool = False) -> int:
+    if not positive and value in (0, "0"):
+        return 0  # no quota: the tenant reads what others hold, and fills nothing
+    try:
+        n = parse_size(value, name=name)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    if n < 0 or (positive and n == 0):
+        raise ConfigError(
+            f"{source}: {name} must be {'> 0' if positive else '>= 0'}, got {value!r}"
+        )
+    return n
+
+
+def _tenant(name: str, t: Any, source: str) -> TenantConfig:
+    if not isinstance(t, dict):
+        raise ConfigError(f"{source}: tenant {name!r} must be an object with a quota")
+    quota = _size(t.get("quota"), f"quota of tenant {name}", source)
+    weights: dict[str, float] = {}
+    jobs = t.get("jobs", {})
+    if not isinstance(jobs, dict):
+        raise ConfigError(f"{source}: jobs of tenant {name!r} must be an object")
+    for job, j in jobs.items():
+        w = j.get("weight", 1) if isinstance(j, dict) else None
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w <= 0:
+            raise ConfigError(f"{source}: weight of job {job!r} of tenant {name!r} must be > 0")
+        weights[job] = float(w)
+    return TenantConfig(quota, weights)
+
+
+class ConfigWatch:
+    """The current config: read again when the file's mtime or size changed (looked at with
+    one ``stat`` at each use, or at most every ``every`` seconds), or at once after
+    ``reload()`` (SIGHUP). A bad new file keeps the last good config and says so in
+    ``error``."""
+
+    def __init__(self, path: str, *, every: float = 0.0) -> None:
+        self.path = os.path.abspath(path)
+        self.every = every
+        self.config = NodeConfig.read(self.path)
+        self.error: str | None = None
+        self._stamp = self._stat()
+        self._checked = time.monotonic()
+        self._lock = threading.Lock()
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def reload(self) -> None:
+        """Read the file again now (SIGHUP)."""
+        with self._lock:
+            self._stamp = None
+            self._checked = -1e9
+        self.current()
+
+    def current(self) -> NodeConfig:
+        now = time.monotonic()
+        if now - self._checked < self.every:
+            return self.config
+        with self._lock:
+            self._checked = now
+            stamp = self._stat()
+            if stamp is None or stamp == self._stamp:
+                return self.config
+            self._stamp = stamp
+            try:
+                self.config = NodeConfig.read(self.path)
+                self.error = None
+            except ConfigError as exc:
+                self.error = str(exc)
+            return self.config

@@ -1,0 +1,214 @@
+"""Fixtures of the node service tests: two real Unix users (tenants), a store whose S3
+identities give them different access, datasets, and a service run as a real process."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flashfeed.cli.devstore import EmbeddedStore
+from flashfeed.runtime import lifeline
+
+from support.loader_helpers import make_image_dataset
+from support.node_tenant import Tenant, tenant_python
+from support.slowproxy import SlowProxy, is_shard_get
+
+USERS = ("ffnodea", "ffnodeb")
+ALPHA, SHARED = "ffalpha", "ffshared"  # alice reads both buckets, bob only the shared one
+
+
+@pytest.fixture(scope="session")
+def tenant_users() -> Iterator[tuple[str, str]]:
+    """Two real Unix users, created for the session (tests run as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("the node service tests create Unix users: they must run as root")
+    made = []
+    for name in USERS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "-m", "-s", "/bin/false", name], check=True)
+            made.append(name)
+    python = tenant_python(USERS[0])
+    if python is None:
+        pytest.skip("no Python this test's venv runs on is executable by another user")
+    try:
+        yield USERS
+    finally:
+        for name in made:
+            subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def node_store(tenant_users: tuple[str, str]) -> Iterator[dict[str, Any]]:
+    """A store of our own (SeaweedFS) with an admin and one identity per tenant, behind a
+    proxy that can make shard GETs slow (``proxy.delay``)."""
+    root = tempfile.mkdtemp(prefix="ffnode-s3-")
+    keys = {u: (f"key{u}", f"secret-{u}-{os.urandom(6).hex()}") for u in tenant_users}
+    alice, bob = tenant_users
+    identities = [
+        {"name": alice, "credentials": [{"accessKey": keys[alice][0], "secretKey": keys[alice][1]}],
+         "actions": [f"Read:{ALPHA}", f"List:{ALPHA}", f"Read:{SHARED}", f"List:{SHARED}"]},
+        {"name": bob, "credentials": [{"accessKey": keys[bob][0], "secretKey": keys[bob][1]}],
+         "actions": [f"Read:{SHARED}", f"List:{SHARED}"]},
+    ]  # fmt: skip
+    store = EmbeddedStore(os.path.join(root, "s3"), port=0, identities=identities)
+    proxy = None
+    try:
+        store.start()
+        for bucket in (ALPHA, SHARED):
+            store.make_bucket(bucket)
+        proxy = SlowProxy(("127.0.0.1", store.info.s3_port), delay_if=is_shard_get)
+        admin = {**store.info.storage_options(), "endpoint_url": proxy.endpoint}
+        yield {"store": store, "proxy": proxy, "admin": admin, "keys": keys, "root": root}
+    finally:
+        if proxy is not None:
+            proxy.close()
+        store.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def datasets(node_store: dict[str, Any]) -> dict[str, str]:
+    """``alpha`` (alice only) and ``shared`` (both): 6 shards of 8 JPEG samples each."""
+    admin = node_store["admin"]
+    out = {}
+    for name, bucket in (("alpha", ALPHA), ("shared", SHARED)):
+        url = f"s3://{bucket}/{name}-{os.urandom(3).hex()}"
+        make_image_dataset(url, [8] * 6, storage_options=admin)
+        out[name] = url
+    return out
+
+
+class NodeProc:
+    """A node service run as a real process (root), with its config file."""
+
+    def __init__(self, base: str, store: dict[str, Any], **config: Any) -> None:
+        self.base = base
+        self.cache_dir = os.path.join(base, "cache")
+        run = os.path.join(base, "run")
+        os.makedirs(run, mode=0o755, exist_ok=True)
+        os.chmod(base, 0o755)  # tenants reach the socket; the cache dir itself stays 0700
+        self.socket = os.path.join(run, "node.sock")
+        self.config_path = os.path.join(base, "node.json")
+        self.config = {
+            "cache_dir": self.cache_dir,
+            "capacity": "64MiB",
+            "socket": self.socket,
+            "store": store["admin"],
+            "default_quota": "0",
+            "tenants": {},
+            **config,
+        }
+        self.write_config()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = os.path.join(base, "node.log")
+
+    def write_config(self, **changes: Any) -> None:
+        self.config.update(changes)
+        tmp = self.config_path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.config, f)
+        os.replace(tmp, self.config_path)
+
+    def start(self, timeout: float = 20.0) -> None:
+        boot = "import sys; from flashfeed.cli import main; sys.exit(main())"
+        cmd = [
+            sys.executable,
+            "-c",
+            boot,
+            "node",
+            "serve",
+            self.config_path,
+            "--log-level",
+            "debug",
+        ]
+        with open(self.log, "ab") as log:
+            self.proc = lifeline.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node service exited: {self.log_tail()}")
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(self.socket)
+                return
+            except OSError:
+                time.sleep(0.05)
+            finally:
+                s.close()
+        raise RuntimeError(f"node service did not listen: {self.log_tail()}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self) -> str:
+        return (
+            Path(self.log).read_text(errors="replace")[-3000:] if os.path.exists(self.log) else ""
+        )
+
+    def disk_bytes(self) -> int:
+        """Bytes of the complete shards in the service's cache, their indexes included."""
+        total = 0
+        for f in self.store_files():
+            total += os.stat(f).st_size
+            if os.path.exists(f + ".idx"):
+                total += os.stat(f + ".idx").st_size
+        return total
+
+    def store_files(self) -> list[str]:
+        """Complete shard files in the service's cache (not indexes, not part files)."""
+        out = []
+        for dirpath, _, names in os.walk(os.path.join(self.cache_dir, "store")):
+            if os.sep + "data" in dirpath:
+                out += [os.path.join(dirpath, n) for n in names if n.endswith(".tar")]
+        return sorted(out)
+
+
+@pytest.fixture
+def node(tmp_path: Path, node_store: dict[str, Any]) -> Iterator[NodeProc]:
+    """A started node service with no tenant quotas yet (tests set them)."""
+    base = tempfile.mkdtemp(prefix="ffnode-", dir="/tmp")
+    proc = NodeProc(base, node_store)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def tenants(
+    tenant_users: tuple[str, str], node_store: dict[str, Any], node: NodeProc
+) -> Iterator[tuple[Tenant, Tenant]]:
+    """alice and bob: each runs processes as its own Unix user with its own S3 keys."""
+    made = [Tenant(u, node_store["keys"][u], node_store["proxy"].endpoint, node.socket)
+            for u in tenant_users]  # fmt: skip
+    try:
+        yield made[0], made[1]
+    finally:
+        for t in made:
+            t.kill_all()
