@@ -7,7 +7,9 @@ ids as it is; a text column tokenized here, each document its tokens plus EOS) a
 back to back into rows of ``seq_len``: a document that does not fit continues at the start
 of the next row. Each row records its segments, so the document outputs of ``TokenLoader``
 (``position_ids``, ``document_ids``, ``cu_seqlens``, ``max_seqlen``, ``labels``,
-``document_offsets``) come with it; ``document_ids`` are the documents' plan ids.
+``document_offsets``) come with it; ``document_ids`` are the documents' plan ids. Other
+columns of the documents' rows pass through by name: per row, each piece's document's value,
+in the order of its keys.
 
 The state says where a run stopped: documents of this rank consumed, and how many tokens of
 the next one were already delivered. Each rank packs its own documents: its own state
@@ -45,7 +47,9 @@ class PackedLoader:
     row], **outputs}`` from a Parquet or JSONL dataset indexed in place.
 
     ``column``: a column of token ids (lists of ints) or of text; text needs ``tokenizer``
-    (a ``tokenizer.json`` path). ``outputs``: any of ``DOC_OUTPUTS``. ``pad_id``: fills the
+    (a ``tokenizer.json`` path). ``outputs``: any of ``DOC_OUTPUTS``. ``columns``: other
+    columns carried as ``batch[name]``, a list per row of each piece's document's value,
+    aligned with ``__key__``. ``pad_id``: fills the
     last row of an epoch when ``drop_last=False``. ``max_open``: units kept decoded;
     ``decode_ahead``: units read and tokenized ahead of need, in background threads (0:
     when needed, in the caller's thread). Every loader's keywords
@@ -63,6 +67,7 @@ class PackedLoader:
         eos_token: str | None = None,
         pad_id: int = 0,
         outputs: Sequence[str] = (),
+        columns: Sequence[str] = (),
         max_open: int = 16,
         decode_ahead: int = 2,
         **shared: Any,  # ``SharedKeywords``, checked by ``loader_parts``
@@ -84,6 +89,16 @@ class PackedLoader:
             raise ValueError(
                 f"{ds.url} has no column {column!r}; its columns: {sorted(ds.manifest.schema)}"
             )
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise ValueError(f"columns must be a sequence of column names, got {columns!r}")
+        for c in columns:
+            if c in ("tokens", "__key__", *DOC_OUTPUTS):
+                raise ValueError(f"columns: {c!r} is a name of the batch's own outputs")
+            if c not in ds.manifest.schema:
+                raise ValueError(
+                    f"{ds.url} has no column {c!r}; its columns: {sorted(ds.manifest.schema)}"
+                )
+        self.columns = tuple(dict.fromkeys(columns))
         self.dataset = ds
         self.parts = parts
         self.ctx = parts.ctx
@@ -95,7 +110,9 @@ class PackedLoader:
         self.outputs = tuple(o for o in DOC_OUTPUTS if o in outputs)
         self.max_open = max_open
         tokenizer_json, eos_id = tokenizer_eos(tokenizer, eos_token)
-        self.reader = UnitReader(ds, column=column, tokenizer_json=tokenizer_json, eos_id=eos_id)
+        self.reader = UnitReader(
+            ds, column=column, tokenizer_json=tokenizer_json, eos_id=eos_id, extra=self.columns
+        )
         self.position = Position(
             shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
         )
@@ -275,6 +292,7 @@ class PackedLoader:
             segs: list[Segment] = []
             started: list[str] = []
             keys: list[list[str]] = [[] for _ in range(B)]
+            extra: dict[str, list[list[Any]]] = {c: [[] for _ in range(B)] for c in self.columns}
             at = 0  # tokens placed in the batch
             while at < B * L and j < n:
                 if base + j >= next_hint:
@@ -286,7 +304,8 @@ class PackedLoader:
                         continue
                     off, begun = (resume_at.pop(d, 0) if resume_at else 0), True
                 s, r = int(shards[j]), int(rows[j])
-                doc = self._unit(s).doc(r)
+                unit = self._unit(s)
+                doc = unit.doc(r)
                 if off >= len(doc):  # an empty (skipped) document, or one delivered whole
                     j, off, begun = j + 1, 0, False
                     continue
@@ -297,6 +316,8 @@ class PackedLoader:
                 if off == 0:
                     started.append(key)
                 keys[row].append(key)
+                for c, per_row in extra.items():
+                    per_row[row].append(unit.extra[c][r])
                 segs.append((row, col, take, int(ids[j]), off))
                 at += take
                 off += take
@@ -313,6 +334,7 @@ class PackedLoader:
                 self.ledger.record(self.position.epoch, started)
             self.tokens_delivered += at
             batch: dict[str, Any] = {"tokens": torch.from_numpy(tokens), "__key__": keys}
+            batch.update(extra)
             if self.outputs:
                 batch.update(batch_outputs(tokens, segs, self.outputs))
             yield batch
