@@ -5,7 +5,8 @@ file's range read in place and checked against its checksum, or the node cache's
 the range. One column is read: a column of token ids (lists of ints) is taken as it is; a
 text column is tokenized here with a ``tokenizer.json`` (each document its tokens plus EOS,
 as ingest writes them). A document that cannot be read (a JSONL line that is not JSON, not
-UTF-8, or lacks the column; a null) becomes no tokens and is counted by reason.
+UTF-8, or lacks the column; a null) becomes no tokens and is counted by reason. Other
+columns named by ``extra`` come along as each row's value (None where a line lacks it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import gzip
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,11 +38,13 @@ __all__ = ["DocTokens", "LocalUnitSource", "UnitReader", "unit_bytes"]
 
 @dataclass(frozen=True)
 class DocTokens:
-    """A unit's documents: document ``i`` is ``values[offsets[i]:offsets[i + 1]]``."""
+    """A unit's documents: document ``i`` is ``values[offsets[i]:offsets[i + 1]]``; ``extra``:
+    each other column read, its value per row."""
 
     offsets: np.ndarray
     values: np.ndarray
     skipped: Counter[str]
+    extra: dict[str, list[Any]] = field(default_factory=dict)
 
     def doc(self, i: int) -> np.ndarray:
         return self.values[self.offsets[i] : self.offsets[i + 1]]
@@ -117,9 +120,11 @@ class UnitReader:
         column: str,
         tokenizer_json: str | None,
         eos_id: int | None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.dataset = dataset
         self.column = column
+        self.extra = tuple(extra)
         self.tokenizer_json = tokenizer_json
         self.eos_id = eos_id
         self._tokenizer: Any = None
@@ -138,31 +143,36 @@ class UnitReader:
             raise ValueError(f"{self.dataset.url} is not indexed in place")
         url, _, entry = files.location(info.path)
         name = f"{url}#{split_unit_path(info.path)[1]}"
+        extra: dict[str, list[Any]] = {}
         if self.dataset.manifest.shard_format == "parquet":
-            values = self._parquet(data, entry, info.path, url, name)
+            values = self._parquet(data, entry, info.path, url, name, extra)
             if isinstance(values, DocTokens):  # a column of token ids: its own offsets
                 if len(values.offsets) - 1 != info.samples:
                     raise CorruptShardError(
                         f"{name}: holds {len(values.offsets) - 1} rows, the index says "
                         f"{info.samples}"
                     )
-                return values
+                return replace(values, extra=extra) if extra else values
         else:
-            values = self._jsonl(data, entry.codec, name)
+            values = self._jsonl(data, entry.codec, name, extra)
         if len(values) != info.samples:
             raise CorruptShardError(
                 f"{name}: holds {len(values)} rows, the index says {info.samples}"
             )
-        return self._tokens(values, name)
+        got = self._tokens(values, name)
+        return replace(got, extra=extra) if extra else got
 
     def _parquet(
-        self, data: Any, entry: Any, path: str, url: str, name: str
+        self, data: Any, entry: Any, path: str, url: str, name: str, extra: dict[str, list[Any]]
     ) -> list[Any] | DocTokens:
         md = self._metadata.get(entry.file)
         if md is None:
             md = self._metadata[entry.file] = parquet_metadata(entry.footer or b"", source=url)
         _, unit = split_unit_path(path)
-        table = read_row_group(data, entry, unit, [self.column], metadata=md, name=name)
+        others = [c for c in self.extra if c != self.column]
+        table = read_row_group(data, entry, unit, [self.column, *others], metadata=md, name=name)
+        for c in self.extra:
+            extra[c] = table.column(c).to_pylist()
         col = table.column(self.column)
         if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
             if not pa.types.is_integer(col.type.value_type):
@@ -172,7 +182,7 @@ class UnitReader:
             return _list_tokens(col)
         return [("text", v) for v in col.to_pylist()]
 
-    def _jsonl(self, data: Any, codec: str, name: str) -> list[Any]:
+    def _jsonl(self, data: Any, codec: str, name: str, extra: dict[str, list[Any]]) -> list[Any]:
         if codec == "gzip":
             data = gzip.decompress(data)
         elif codec == "zstd":
@@ -180,16 +190,20 @@ class UnitReader:
 
             data = zstandard.ZstdDecompressor().decompressobj().decompress(bytes(data))
         out: list[Any] = []
+        lists = [extra.setdefault(c, []) for c in self.extra]
         for line in bytes(data).split(b"\n"):
             if not line.strip():
                 continue
             try:
                 value = json.loads(line)
             except UnicodeDecodeError:
-                out.append(("skip", "invalid-utf8"))
-                continue
+                value = ("skip", "invalid-utf8")
             except ValueError:
-                out.append(("skip", "not-json"))
+                value = ("skip", "not-json")
+            for c, values in zip(self.extra, lists, strict=True):
+                values.append(value.get(c) if isinstance(value, dict) else None)
+            if isinstance(value, tuple):
+                out.append(value)
                 continue
             if not isinstance(value, dict) or self.column not in value:
                 out.append(("skip", "missing-column"))

@@ -12,6 +12,9 @@
            the same way (the tokenized corpus repeated ``--token-copies`` times)
   images   images/s of the DALI ``Loader`` over JPEGs and captions as a Hugging Face
            ``Image`` column in Parquet (indexed in place) beside the same in tar shards
+  ceilings the bare work each of those cannot avoid, measured in the same rounds: the
+           tokenizer's call over the same texts (text), pyarrow decoding the same row groups'
+           list column and nothing else (tokens); each flashfeed side's fraction of it
   index    seconds and requests of ``flashfeed index`` over ``--index-files`` Parquet files
            on S3 (the benchmark's own SeaweedFS)
 
@@ -100,6 +103,32 @@ def run_hf_streaming(files: list[str], tok: str, opts: dict[str, Any] | None) ->
     return sum(len(r["input_ids"]) + 1 for r in ds)  # + EOS: flashfeed's documents carry one
 
 
+def run_tokenizer(docs: list[str], tok: str) -> int:
+    """The ceiling of a text column tokenized in the loader: the bare tokenizer's call over
+    the same texts, batched as ``UnitReader`` batches a row group, in one process (+ EOS)."""
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(tok)
+    n = 0
+    for k in range(0, len(docs), 1000):
+        enc = t.encode_batch_fast(docs[k : k + 1000], add_special_tokens=False)
+        n += sum(len(e.ids) + 1 for e in enc)
+    return n
+
+
+def run_decode(prefix: str, column: str) -> int:
+    """The ceiling of a token column read from Parquet: each row group's list column
+    decoded by pyarrow alone (no check, no packing, no batches), in one process."""
+    import pyarrow.parquet as pq
+
+    n = 0
+    for f in sorted((Path(prefix) / "data").iterdir()):
+        pf = pq.ParquetFile(f)
+        for g in range(pf.num_row_groups):
+            n += len(pf.read_row_group(g, columns=[column]).column(column).combine_chunks().values)
+    return n
+
+
 def run_litdata(files: list[str], tok: str) -> int | None:
     try:
         from litdata.streaming.item_loader import ParquetLoader  # noqa: F401
@@ -122,6 +151,7 @@ def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
         "flashfeed local": lambda: _timed(lambda: run_packed(local, tok, args)),
         "datasets streaming local": lambda: _maybe(run_hf_streaming, files, tok, None),
         "litdata ParquetLoader local": lambda: _maybe(run_litdata, files, tok),
+        CEILING_TEXT: lambda: _timed(lambda: run_tokenizer(docs, tok)),
     }
     if store is not None:
         remote = f"{store}/text"
@@ -143,9 +173,32 @@ def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
             run_hf_streaming, remote_files, tok, opts
         )
     got = run_rounds(sides, args.rounds, after_each=_progress)
-    return _table(
-        "text column tokenized in the loader", got, ("flashfeed local", "flashfeed S3 cold")
+    rows = _table(
+        "text column tokenized in the loader",
+        got,
+        ("flashfeed local", "flashfeed S3 cold", CEILING_TEXT),
     )
+    _of_ceiling(rows, got, CEILING_TEXT, ("flashfeed local", "flashfeed S3 cold"))
+    return rows
+
+
+#: the bare work each side cannot avoid, measured beside them
+CEILING_TEXT = "ceiling: bare tokenizer, same texts"
+CEILING_IDS = "ceiling: pyarrow decode only, zstd"
+
+
+def _of_ceiling(
+    rows: dict[str, Any], got: dict[str, list[Any]], ceiling: str, names: tuple[str, ...]
+) -> None:
+    """Each side's rate as a fraction of the ceiling's (medians; tokens/s and per CPU s)."""
+    top = got[ceiling]
+    for name in names:
+        if name not in got or any(m is None for m in got[name]):
+            continue
+        r = ratio([m["tokens_per_s"] for m in got[name]], [m["tokens_per_s"] for m in top])
+        c = ratio([m["tokens_per_cpu_s"] for m in got[name]], [m["tokens_per_cpu_s"] for m in top])
+        rows[name]["of_ceiling"] = {"ratio": r, "cpu_ratio": c}
+        print(f"{name}: {r['ratio']:.2f}x of the ceiling ({c['ratio']:.2f}x per CPU second)")
 
 
 def _maybe(fn: Callable[..., int | None], *a: Any) -> Measure | None:
@@ -184,10 +237,13 @@ def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace
         "PackedLoader, Parquet ids zstd": packed("zstd"),
         "PackedLoader, Parquet ids snappy": packed("snappy"),
         "TokenLoader, ingested Arrow": lambda: _timed(token_loader),
+        CEILING_IDS: lambda: _timed(lambda: run_decode(local["zstd"], "input_ids")),
     }
     got = run_rounds(sides, args.rounds, after_each=_progress)
-    ours = ("PackedLoader, Parquet ids zstd", "PackedLoader, Parquet ids snappy")
-    return _table("pre-tokenized column vs ingested Arrow", got, ours)
+    ours = ("PackedLoader, Parquet ids zstd", "PackedLoader, Parquet ids snappy", CEILING_IDS)
+    rows = _table("pre-tokenized column vs ingested Arrow", got, ours)
+    _of_ceiling(rows, got, CEILING_IDS, ours[:1])
+    return rows
 
 
 def bench_images(work: Path, args: argparse.Namespace) -> dict[str, Any]:

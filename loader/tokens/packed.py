@@ -7,7 +7,9 @@ ids as it is; a text column tokenized here, each document its tokens plus EOS) a
 back to back into rows of ``seq_len``: a document that does not fit continues at the start
 of the next row. Each row records its segments, so the document outputs of ``TokenLoader``
 (``position_ids``, ``document_ids``, ``cu_seqlens``, ``max_seqlen``, ``labels``,
-``document_offsets``) come with it; ``document_ids`` are the documents' plan ids.
+``document_offsets``) come with it; ``document_ids`` are the documents' plan ids. Other
+columns of the documents' rows pass through by name: per row, each piece's document's value,
+in the order of its keys.
 
 The state says where a run stopped: documents of this rank consumed, and how many tokens of
 the next one were already delivered. Each rank packs its own documents: its own state
@@ -33,8 +35,10 @@ from ..passorder import first_uses
 from ..position import Position
 from ..telemetry.ledger import Ledger
 from ..unitread import DocTokens, UnitReader
-from .packedrows import Segment, batch_outputs, tokenizer_eos
+from .packedrows import batch_outputs, tokenizer_eos
 from .packedstate import merge_states
+from .packplan import pack_run
+from .passdocs import PassDocs
 from .segments import DOC_OUTPUTS
 
 __all__ = ["PackedLoader"]
@@ -45,7 +49,9 @@ class PackedLoader:
     row], **outputs}`` from a Parquet or JSONL dataset indexed in place.
 
     ``column``: a column of token ids (lists of ints) or of text; text needs ``tokenizer``
-    (a ``tokenizer.json`` path). ``outputs``: any of ``DOC_OUTPUTS``. ``pad_id``: fills the
+    (a ``tokenizer.json`` path). ``outputs``: any of ``DOC_OUTPUTS``. ``columns``: other
+    columns carried as ``batch[name]``, a list per row of each piece's document's value,
+    aligned with ``__key__``. ``pad_id``: fills the
     last row of an epoch when ``drop_last=False``. ``max_open``: units kept decoded;
     ``decode_ahead``: units read and tokenized ahead of need, in background threads (0:
     when needed, in the caller's thread). Every loader's keywords
@@ -63,6 +69,7 @@ class PackedLoader:
         eos_token: str | None = None,
         pad_id: int = 0,
         outputs: Sequence[str] = (),
+        columns: Sequence[str] = (),
         max_open: int = 16,
         decode_ahead: int = 2,
         **shared: Any,  # ``SharedKeywords``, checked by ``loader_parts``
@@ -84,6 +91,16 @@ class PackedLoader:
             raise ValueError(
                 f"{ds.url} has no column {column!r}; its columns: {sorted(ds.manifest.schema)}"
             )
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise ValueError(f"columns must be a sequence of column names, got {columns!r}")
+        for c in columns:
+            if c in ("tokens", "__key__", *DOC_OUTPUTS):
+                raise ValueError(f"columns: {c!r} is a name of the batch's own outputs")
+            if c not in ds.manifest.schema:
+                raise ValueError(
+                    f"{ds.url} has no column {c!r}; its columns: {sorted(ds.manifest.schema)}"
+                )
+        self.columns = tuple(dict.fromkeys(columns))
         self.dataset = ds
         self.parts = parts
         self.ctx = parts.ctx
@@ -95,7 +112,9 @@ class PackedLoader:
         self.outputs = tuple(o for o in DOC_OUTPUTS if o in outputs)
         self.max_open = max_open
         tokenizer_json, eos_id = tokenizer_eos(tokenizer, eos_token)
-        self.reader = UnitReader(ds, column=column, tokenizer_json=tokenizer_json, eos_id=eos_id)
+        self.reader = UnitReader(
+            ds, column=column, tokenizer_json=tokenizer_json, eos_id=eos_id, extra=self.columns
+        )
         self.position = Position(
             shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
         )
@@ -265,56 +284,59 @@ class PackedLoader:
         self, ids: np.ndarray, shards: np.ndarray, rows: np.ndarray
     ) -> Iterator[dict[str, Any]]:
         B, L = self.batch_size, self.seq_len
-        j, off, n = 0, self.doc_offset, len(ids)
-        begun = off > 0  # the document at j was started before (its offset is off)
-        skip, resume_at = self.skip, self.resume_at
+        p, off, n = 0, self.doc_offset, len(ids)
+        pass_ = PassDocs(self, ids, shards, rows)
         self._firsts = first_uses(shards)
-        base, next_hint = 0, 0  # the pass position of ids[0]; where the next unit starts
+        next_hint, span = 0, 64  # where the next unit is first needed; documents looked at
         while True:
+            while True:  # a run of documents holding a batch's tokens (or the pass's rest)
+                end = min(n, p + span)
+                while next_hint < end:
+                    next_hint = self._ahead(max(p, next_hint))
+                left, first = pass_.left(p, end, off)
+                if end == n or int(left.sum()) >= B * L:
+                    break
+                span *= 2
+            run = pack_run(left, first, need=B * L, seq_len=L)
+            span = max(64, 2 * run.consumed + 8)
+            pass_.begun(p, run, started_inside=off > 0)
+            at = run.filled
             tokens = np.full((B, L), self.pad_id, np.int64)
-            segs: list[Segment] = []
-            started: list[str] = []
+            base, upto = p, p + min(len(left), run.consumed + 1)  # the documents it touches
+            w_shards, w_rows = shards[base:upto].tolist(), rows[base:upto].tolist()
+            w_starts = pass_.starts[base:upto].tolist()
+            units = {u: self._unit(u) for u in dict.fromkeys(w_shards[d] for d in run.doc)}
+            flat = tokens.reshape(-1)
+            for d, a, k, src in zip(run.doc, run.at, run.size, run.start, strict=True):
+                lo = w_starts[d] + src
+                flat[a : a + k] = units[w_shards[d]].values[lo : lo + k]
+            where = [(w_shards[run.doc[k]], w_rows[run.doc[k]]) for k in run.piece]
             keys: list[list[str]] = [[] for _ in range(B)]
-            at = 0  # tokens placed in the batch
-            while at < B * L and j < n:
-                if base + j >= next_hint:
-                    next_hint = self._ahead(base + j)
-                if not begun:
-                    d = int(ids[j])
-                    if d in skip:  # delivered whole before a resume on another world size
-                        j += 1
-                        continue
-                    off, begun = (resume_at.pop(d, 0) if resume_at else 0), True
-                s, r = int(shards[j]), int(rows[j])
-                doc = self._unit(s).doc(r)
-                if off >= len(doc):  # an empty (skipped) document, or one delivered whole
-                    j, off, begun = j + 1, 0, False
-                    continue
-                row, col = divmod(at, L)
-                take = min(L - col, len(doc) - off)
-                tokens[row, col : col + take] = doc[off : off + take]
-                key = self.key(s, r)
-                if off == 0:
-                    started.append(key)
+            seg_keys = [self.key(s, r) for s, r in where]
+            for row, key in zip(run.row, seg_keys, strict=True):
                 keys[row].append(key)
-                segs.append((row, col, take, int(ids[j]), off))
-                at += take
-                off += take
-                if off >= len(doc):
-                    j, off, begun = j + 1, 0, False
+            started = [key for key, o in zip(seg_keys, run.doc_off, strict=True) if o == 0]
+            extra: dict[str, list[list[Any]]] = {}
+            for c in self.columns:
+                per_row: list[list[Any]] = [[] for _ in range(B)]
+                for row, (s, r) in zip(run.row, where, strict=True):
+                    per_row[row].append(units[s].extra[c][r])
+                extra[c] = per_row
             if at == 0 or (at < B * L and self.parts.options.drop_last):
                 self._end([self._id_of(k) for k in started])
                 return
-            self.position.advance(j)
-            ids, shards, rows, base, j = ids[j:], shards[j:], rows[j:], base + j, 0
-            n = len(ids)
-            self.doc_offset = off if begun else 0
+            self.position.advance(run.consumed)
+            p, off = p + run.consumed, run.offset
+            self.doc_offset = off
             if self.ledger is not None and started:
                 self.ledger.record(self.position.epoch, started)
             self.tokens_delivered += at
             batch: dict[str, Any] = {"tokens": torch.from_numpy(tokens), "__key__": keys}
+            batch.update(extra)
             if self.outputs:
-                batch.update(batch_outputs(tokens, segs, self.outputs))
+                w_ids = ids[base:upto].tolist()
+                docs = [w_ids[run.doc[k]] for k in run.piece]
+                batch.update(batch_outputs(tokens, run.length, docs, run.doc_off, self.outputs))
             yield batch
             if at < B * L:
                 self._end([])

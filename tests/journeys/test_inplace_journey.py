@@ -2,11 +2,18 @@
 (a read-only source: the manifest goes under another prefix) indexed in place, warmed on
 two nodes' caches, trained on 2 ranks, stopped after a few steps, resumed on 3 ranks from
 every rank's state; then the delivered keys and tokens prove it: each document delivered
-once, and each decodes back to its source text."""
+once, and each decodes back to its source text. Then the same with each rank its own
+process (tests/support/packed_train.py): killed by SIGKILL after a checkpoint, resumed by
+three new processes from every rank's checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +26,12 @@ from flashfeed.dataset import Dataset
 from flashfeed.loader import DOC_OUTPUTS, PackedLoader
 from flashfeed.loader.telemetry.ledger import key_hash, read_ledger
 
+from support import SUPPORT
 from support.parquet_corpus import corpus_texts, write_parquet_corpus
 from support.token_docs import byte_bpe
 
 TEXTS = corpus_texts(300, seed=7)
+TRAIN = SUPPORT / "packed_train.py"
 SEQ, BATCH, STEPS = 48, 3, 4
 
 
@@ -86,3 +95,78 @@ def test_parquet_on_s3_indexed_warmed_trained_resumed_elsewhere(
     cached = [os.path.getsize(os.path.join(d, f)) for c in tmp_path.glob("n*")
               for d, _, fs in os.walk(c) for f in fs if "#" in f]  # fmt: skip
     assert cached and set(cached) <= units
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    out = open(log, "ab")
+    return subprocess.Popen([sys.executable, str(TRAIN), *args], stdout=out, stderr=out)
+
+
+def _wait(cond: Any, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+    """Until ``cond()``; fails at once, with the logs, when a process ended instead (the
+    deadline only stops a hung run, it judges nothing)."""
+    deadline = time.monotonic() + 240
+    while not cond():
+        ended = [p.returncode for p in procs if p.poll() is not None]
+        if ended or time.monotonic() > deadline:
+            text = "\n".join(f"--- {p}\n{p.read_text()[-3000:]}" for p in logs if p.exists())
+            raise AssertionError(f"ended {ended} before the hold\n{text}")
+        time.sleep(0.2)
+
+
+def test_rank_processes_killed_by_a_signal_resume_on_three(s3_prefix: str, tmp_path: Path) -> None:
+    """The same corpus trained by rank processes: 2 ranks hold after a checkpoint and are
+    killed by SIGKILL, 3 new processes resume from every rank's checkpoint and finish the
+    epoch; the pieces they logged prove each document delivered once and whole."""
+    src, index = f"{s3_prefix}/hf-corpus", f"{s3_prefix}/index"
+    texts = TEXTS[:120]
+    write_parquet_corpus(src, {"text": texts}, files=2, row_group_size=20)
+    assert flashfeed(["index", src, "--manifest-prefix", index, "--no-progress"]) == 0
+    tok_path = byte_bpe(tmp_path / "tok.json", texts)
+    out, ckpt, ledger = (tmp_path / d for d in ("out", "ckpt", "ledger"))
+    out.mkdir()
+    common = ["--dataset", index, "--tokenizer", tok_path, "--ckpt", str(ckpt),
+              "--out", str(out), "--ledger", str(ledger)]  # fmt: skip
+    logs = [tmp_path / f"run1-rank{r}.log" for r in range(2)]
+    for node in range(2):  # each node's cache warmed with its share first
+        argv = ["cache", "warm", index, "--cache-dir", str(tmp_path / f"node{node}")]
+        argv += ["--node-rank", str(node), "--num-nodes", "2", "--seed", "21", "--no-progress"]
+        assert flashfeed(argv) == 0
+    hold = ["--world-size", "2", "--hold-after", "3"]
+    first = [
+        _spawn([*common, *hold, "--rank", str(r), "--cache", str(tmp_path / f"node{r}")], logs[r])
+        for r in range(2)
+    ]
+    try:
+        _wait(lambda: all((out / f"held-rank{r}").exists() for r in range(2)), first, logs)
+    finally:
+        for p in first:
+            p.send_signal(signal.SIGKILL)
+            p.wait(timeout=30)
+    assert [p.returncode for p in first] == [-signal.SIGKILL] * 2
+    logs2 = [tmp_path / f"run2-rank{r}.log" for r in range(3)]
+    three = [*common, "--world-size", "3"]
+    second = [
+        _spawn([*three, "--rank", str(r), "--cache", str(tmp_path / f"new{r}")], logs2[r])
+        for r in range(3)
+    ]
+    _wait(lambda: all(p.poll() is not None for p in second), [], logs2)
+    assert [p.returncode for p in second] == [0] * 3, "\n".join(p.read_text() for p in logs2)
+    pieces = [json.loads(line) for f in sorted(out.glob("*.jsonl")) for line in f.open()]
+    assert {f.name.split("-rank")[0] for f in out.glob("*.jsonl")} == {
+        "ws2-from0000",
+        "ws3-from0003",
+    }
+    # exactly once, from the delivered keys: each document's first piece once, every key
+    # in the ledger once
+    firsts = [p["key"] for p in pieces if p["off"] == 0]
+    assert len(firsts) == len(set(firsts)) == len(texts)
+    hashes = [h for lines in read_ledger(str(ledger)).values() for h in lines]
+    assert sorted(hashes) == sorted(key_hash(k) for k in firsts)
+    tok = Tokenizer.from_file(tok_path)
+    ids: dict[int, list[int]] = {}
+    for p in sorted(pieces, key=lambda p: (p["doc"], p["off"])):
+        got = ids.setdefault(p["doc"], [])
+        assert p["off"] == len(got), f"document {p['doc']}: a gap or an overlap"
+        got += p["tokens"]
+    assert {d: tok.decode(t[:-1]) for d, t in ids.items()} == dict(enumerate(texts))
