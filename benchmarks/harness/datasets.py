@@ -70,15 +70,22 @@ def image_dataset(
 
 
 def random_dataset(
-    prefix: str, shards: int, size: int, *, storage_options: dict[str, Any] | None = None
+    prefix: str,
+    shards: int,
+    size: int,
+    *,
+    per_shard: int = 4,
+    seed: int = 0,
+    storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
-    """``shards`` tar shards of about ``size`` bytes of random data (4 samples a shard): what
-    moving bytes costs, with nothing to decode."""
-    _check(shards=shards, size=size)
-    rng = np.random.default_rng(0)
+    """``shards`` tar shards of about ``size`` bytes of random data (``per_shard`` samples a
+    shard): what moving bytes costs, with nothing to decode."""
+    _check(shards=shards, size=size, per_shard=per_shard)
+    rng = np.random.default_rng(seed)
     infos = []
     for i in range(shards):
-        samples = [(f"s{i:04d}-{j:04d}", {"bin": rng.bytes(size // 4 - 1024)}) for j in range(4)]
+        member = max(1, size // per_shard - 1024)
+        samples = [(f"s{i:04d}-{j:04d}", {"bin": rng.bytes(member)}) for j in range(per_shard)]
         infos.append(
             write_tar_shard(prefix, shard_name(i, "tar"), samples, storage_options=storage_options)
         )

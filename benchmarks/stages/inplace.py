@@ -210,7 +210,7 @@ def _maybe(fn: Callable[..., int | None], *a: Any) -> Measure | None:
 def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace) -> dict[str, Any]:
     import pyarrow as pa
 
-    from benchmarks.stages.tokens_dataset import document_ids, ingested_tokens
+    from benchmarks.harness.tokens_dataset import document_ids, ingested_tokens
     from flashfeed.format.inplaceindex import index_in_place
     from flashfeed.loader import TokenLoader
 

@@ -1,8 +1,8 @@
 """The cluster tier on simulated nodes: store bytes and warm times with and without peers.
 
 Each node is a process on its own loopback address (127.0.0.N) with its own cache, serving
-it to the others (``flashfeed.cache.peer.PeerNode``, driven by ``tests/support/peer_node.py``).
-Every node reaches the store through one throttling proxy (``tests/support/slowproxy.py``)
+it to the others (``flashfeed.cache.peer.PeerNode``, driven by ``benchmarks/harness/peernode.py``).
+Every node reaches the store through one throttling proxy (``benchmarks/harness/slowproxy.py``)
 set to ``--store-mbps``: the store's bandwidth is the bottleneck, as at a few hundred nodes.
 The proxy counts the shard bytes the store served. One run, three scenarios:
 
@@ -31,19 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.datasets import random_dataset
+from benchmarks.harness.peercluster import SimNode, start_node
 from benchmarks.harness.results import write_json
+from benchmarks.harness.slowproxy import SlowProxy
 from benchmarks.harness.store import start_store
 from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
 from flashfeed.cache.peer.sweep import parse_sweep
 from flashfeed.cache.peer.sweepwarm import warm_sweep
 from flashfeed.cache.warm.nodeshare import NodeShare
-
-# the simulated nodes and the store's throttling proxy are the tests' own
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-
-from support.cache_data import make_dataset
-from support.peer_cluster import SimNode, start_node
-from support.slowproxy import SlowProxy
 
 TOKEN = "flashfeed-peer-benchmark-token-0123456789"
 
@@ -146,11 +142,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     proxy = SlowProxy(("127.0.0.1", store.store.info.s3_port), rate=args.store_mbps * 1e6)
     out: dict[str, Any] = {"store_mbps": args.store_mbps}
     try:
-        ds = make_dataset(
-            f"{store.bucket}/peertier",
-            shards=args.shards,
-            shard_bytes=args.shard_mib << 20,
-            per_shard=8,
+        ds = random_dataset(
+            f"{store.bucket}/peertier", args.shards, args.shard_mib << 20, per_shard=8
         )
         size = sum(s.bytes for s in ds.shards)
         out["dataset_bytes"] = size

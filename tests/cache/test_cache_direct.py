@@ -11,11 +11,10 @@ import errno
 import numpy as np
 import pytest
 
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.cache.ranged import is_retryable, is_throttle
 from flashfeed.s3.directget import SignedObject, reader_for
-
-from support.slowproxy import SlowProxy
 
 
 @pytest.fixture

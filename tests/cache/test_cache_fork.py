@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
 from flashfeed.s3.directget import SignedObject, reader_for
 
 from support.cache_data import make_dataset
-from support.slowproxy import SlowProxy
 
 SHARDS = 6
 

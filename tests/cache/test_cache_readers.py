@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.s3 import directget
 from flashfeed.s3.directget import (
@@ -21,8 +22,6 @@ from flashfeed.s3.directget import (
     register_backend,
 )
 from flashfeed.storage import s3_options_of
-
-from support.slowproxy import SlowProxy
 
 
 @dataclass

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed.cache import ShardCache
 from flashfeed.cache.aimd import AdaptiveLimit
 from flashfeed.cache.ranged import RangedFetcher
@@ -24,7 +25,6 @@ from flashfeed.loader.readahead import StreamFeeder
 from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
-from support.slowproxy import SlowProxy
 
 FAST = RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.01, deadline=10)
 PART = 512

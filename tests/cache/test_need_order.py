@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.cache import ShardCache, ShardNeed
 from flashfeed.cache.aimd import AdaptiveLimit
@@ -23,7 +24,6 @@ from flashfeed.loader.passorder import make_pass_order
 from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
-from support.slowproxy import SlowProxy
 
 FAST = RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.01, deadline=10)
 

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed.cache.manifests import node_manifest
 from flashfeed.errors import ManifestError
 from flashfeed.loader import TokenLoader
 
 from support.loader_helpers import make_token_dataset
-from support.slowproxy import SlowProxy
 
 
 @pytest.fixture

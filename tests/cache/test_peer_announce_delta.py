@@ -9,12 +9,12 @@ import time
 
 import pytest
 
+from benchmarks.harness.peercluster import start_node
 from flashfeed.cache.layout import DatasetDir, dataset_key
 from flashfeed.cache.peer.client import PeerTier
 from flashfeed.cache.peer.holdings import HoldingsLog, apply, since_param
 
 from support.cache_data import make_dataset
-from support.peer_cluster import start_node
 
 TOKEN = "delta-token-of-this-test-0123456789"
 

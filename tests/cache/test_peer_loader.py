@@ -9,6 +9,8 @@ from collections import Counter
 
 import pytest
 
+from benchmarks.harness.peercluster import start_node
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed.cache import ShardCache
 from flashfeed.cache.layout import DatasetDir, dataset_key
 from flashfeed.cache.peer.client import PeerTier
@@ -17,8 +19,6 @@ from flashfeed.loader import Loader
 from flashfeed.loader.telemetry.ledger import check_exactly_once
 
 from support.loader_helpers import image_keys, make_image_dataset
-from support.peer_cluster import start_node
-from support.slowproxy import SlowProxy
 
 TOKEN = b"loader-cluster-token-0123456789"
 

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
+from benchmarks.harness.peercluster import SimNode, start_node
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.cache.layout import DatasetDir, dataset_key
 from flashfeed.cache.peer.sweep import parse_sweep, plan_sweep
 
 from support.cache_data import make_dataset
-from support.peer_cluster import SimNode, start_node
-from support.slowproxy import SlowProxy
 
 TOKEN = "sweep-token-of-this-test-0123456789"
 

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import xxhash
 
+from benchmarks.harness.peercluster import SimNode, start_node
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.layout import DatasetDir, dataset_key
@@ -31,8 +33,6 @@ from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.runtime.lifeline import popen
 
 from support.cache_data import make_dataset
-from support.peer_cluster import SimNode, start_node
-from support.slowproxy import SlowProxy
 
 TOKEN = b"cluster-token-of-this-test-0123456789"
 

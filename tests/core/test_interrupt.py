@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed.ingest.samplecorpus import make_imagefolder
 
 from support import REPO
 from support.cache_data import make_dataset
 from support.procs import GONE_WITHIN, alive, cmdline, descendants, session_members
-from support.slowproxy import SlowProxy
 
 CLI = [sys.executable, "-m", "flashfeed.cli"]
 #: a bound on waiting for a moment to come, not a measured time

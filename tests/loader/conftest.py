@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from support.slowproxy import SlowProxy
+from benchmarks.harness.slowproxy import SlowProxy
 
 
 @pytest.fixture

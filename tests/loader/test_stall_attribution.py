@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.harness.slowproxy import is_shard_get
 from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset
-from support.slowproxy import is_shard_get
 
 DELAY = 1.0
 SHARDS = 4

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from benchmarks.harness.slowproxy import is_shard_get
 from flashfeed.cache import ShardCache
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader, ShardDataset, TokenLoader, base
@@ -21,7 +22,6 @@ from flashfeed.s3.retry import RetryPolicy
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
 from support.monitor_helpers import wait_for
-from support.slowproxy import is_shard_get
 
 DELAY = 1.0
 SHARDS = 4

@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from benchmarks.harness.slowproxy import Request, SlowProxy
 from flashfeed.cli.devstore import StoreInfo
-
-from support.slowproxy import Request, SlowProxy
 
 __all__ = [
     "MARKER",

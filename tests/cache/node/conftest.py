@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness.slowproxy import SlowProxy, is_shard_get
 from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.runtime import lifeline
 
 from support.loader_helpers import make_image_dataset
 from support.node_tenant import Tenant, tenant_python
-from support.slowproxy import SlowProxy, is_shard_get
 
 USERS = ("ffnodea", "ffnodeb")
 ALPHA, SHARED = "ffalpha", "ffshared"  # alice reads both buckets, bob only the shared one

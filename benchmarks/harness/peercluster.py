@@ -1,4 +1,4 @@
-"""Simulated nodes of the cluster tier on one machine: each a ``peer_node.py`` process on
+"""Simulated nodes of the cluster tier on one machine: each a ``peernode.py`` process on
 its own loopback address (127.0.0.N) with its own counting proxy in front of the store, so a
 test (or a benchmark) reads per node which shard bytes the store served it."""
 
@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed.runtime.lifeline import popen
-
-from support.slowproxy import SlowProxy
 
 __all__ = ["SimNode", "start_node"]
 
-WORKER = Path(__file__).with_name("peer_node.py")
+WORKER = Path(__file__).with_name("peernode.py")
 
 
 @dataclass

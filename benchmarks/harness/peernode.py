@@ -1,6 +1,6 @@
 """A simulated node of the cluster tier: a ``PeerNode`` driven by JSON lines on stdin.
 
-``python peer_node.py CACHE_DIR LISTEN_HOST S3_ENDPOINT [--rate BYTES_PER_S] [--part-size S]
+``python peernode.py CACHE_DIR LISTEN_HOST S3_ENDPOINT [--rate BYTES_PER_S] [--part-size S]
 [--capacity BYTES]``
 with ``FLASHFEED_PEER_TOKEN`` set (the AWS_* variables give the credentials; the endpoint is
 the node's own counting proxy). Prints ``{"address": ...}`` once it serves, then answers
