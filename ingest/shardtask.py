@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,8 +23,8 @@ from flashfeed.format.video import VIDEO_EXTS, member_videos
 from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
-from .sources import Item, Reject, StorageContext, open_reader
-from .tokenize import TokenPacker
+from .sources import Item, Reject, SourceReader, StorageContext, open_reader
+from .tokenize import shared_packer, tokenizer_threads
 from .transforms import TransformOptions, transform_record
 
 __all__ = [
@@ -71,6 +72,8 @@ class TaskSpec:
     pack_window: int = 4096
     text_field: str | None = None
     encryption: EncryptionKey | None = None
+    #: the tokenizer may run on every core: the run has fewer tasks than CPUs
+    parallel_tokenizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,11 +137,14 @@ def _reusable(spec: TaskSpec, job: ShardJob) -> ShardResult | None:
 
 
 def _samples(
-    spec: TaskSpec, job: ShardJob, result: ShardResult
+    spec: TaskSpec, job: ShardJob, result: ShardResult, reader: SourceReader | None = None
 ) -> Iterator[tuple[Item, dict, dict[str, tuple[int, int]]]]:
     """Read and transform the shard's items, in assigned order, each with the sizes of the
-    images the transform opened; rejects go to ``result``."""
-    reader = open_reader(spec.source_format, spec.shared)
+    images the transform opened; rejects go to ``result``. ``reader``: one the caller
+    keeps open across its shards (what it read for one shard serves the next)."""
+    own = reader is None
+    if reader is None:
+        reader = open_reader(spec.source_format, spec.shared)
     t_read = t_transform = 0.0
     by_source = sorted(range(len(job.items)), key=lambda i: job.items[i].index)
     records: dict[int, tuple[dict, dict[str, tuple[int, int]]] | None] = {}
@@ -165,7 +171,8 @@ def _samples(
                     }
                 )
     finally:
-        reader.close()
+        if own:
+            reader.close()
     result.timings["read"] = t_read
     result.timings["transform"] = t_transform
     result.rejects.sort(key=lambda d: d["index"])
@@ -203,7 +210,7 @@ def _member(kind: str, value: Any) -> bytes:
 
 def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardResult) -> pa.Table:
     """The shard's documents as packed token rows; an empty document is a counted reject."""
-    packer = TokenPacker(
+    packer = shared_packer(
         spec.tokenizer or "",
         seq_len=spec.seq_len or 0,
         eos_token=spec.eos_token,
@@ -224,7 +231,8 @@ def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardRes
         ids.append(it.index)
     result.rejects.sort(key=lambda d: d["index"])
     t0 = time.perf_counter()
-    table, result.stats = packer.pack(docs, ids)
+    with tokenizer_threads(spec.parallel_tokenizer):
+        table, result.stats = packer.pack(docs, ids)
     result.timings["tokenize"] = time.perf_counter() - t0
     return table
 
@@ -266,14 +274,16 @@ def _encoded(
     return _Built(result, path, data, samples, index)
 
 
-def _build(spec: TaskSpec, job: ShardJob, check: bool = True) -> _Built:
+def _build(
+    spec: TaskSpec, job: ShardJob, check: bool = True, reader: SourceReader | None = None
+) -> _Built:
     """Read, transform and encode one shard; a finished one from an earlier run or try
     comes back as it is (``result.reused``) where ``check`` asks to look for it."""
     reused = _reusable(spec, job) if check else None
     if reused is not None:
         return _Built(reused)
     result = ShardResult(number=job.number, info=None)
-    found = list(_samples(spec, job, result))
+    found = list(_samples(spec, job, result, reader))
     samples = [(it, rec) for it, rec, _ in found]
     t0 = time.perf_counter()
     table: pa.Table | None = None
@@ -349,10 +359,12 @@ def run_shards(spec: TaskSpec, jobs: tuple[ShardJob, ...]) -> list[ShardResult]:
     of its run (uploads end in order), so a fresh run asks once per task, not per shard."""
     results: list[ShardResult] = []
     retried = True  # until a shard of this run is found unfinished
-    with ThreadPoolExecutor(1, thread_name_prefix="ff-upload") as uploads:
+    reader = open_reader(spec.source_format, spec.shared)  # one for the run: a text
+    # partition parsed for one shard serves the next shards that draw from it
+    with ThreadPoolExecutor(1, thread_name_prefix="ff-upload") as uploads, closing(reader):
         pending: Future[ShardResult] | None = None
         for job in jobs:
-            built = _build(spec, job, check=retried or job.recorded)
+            built = _build(spec, job, check=retried or job.recorded, reader=reader)
             retried = retried and built.result.reused
             if pending is not None:
                 results.append(pending.result())
