@@ -146,21 +146,27 @@ def _samples(
     if reader is None:
         reader = open_reader(spec.source_format, spec.shared)
     t_read = t_transform = 0.0
-    by_source = sorted(range(len(job.items)), key=lambda i: job.items[i].index)
-    records: dict[int, tuple[dict, dict[str, tuple[int, int]]] | None] = {}
+    items = job.items
+    by_source = sorted(range(len(items)), key=lambda i: items[i].index)
+    records: list[tuple[dict, dict[str, tuple[int, int]]] | None] = [None] * len(items)
+    read, ctx, clock = reader.read, spec.ctx, time.perf_counter
+    kinds, opts = spec.kinds, spec.transform
+    nbytes = 0
+    t0 = clock()
     try:
         for i in by_source:
-            item = job.items[i]
-            t0 = time.perf_counter()
+            item = items[i]
             try:
-                raw = reader.read(item, spec.ctx)
-                result.bytes_in += _nbytes(raw)
-                t1 = time.perf_counter()
+                raw = read(item, ctx)
+                nbytes += _nbytes(raw)
+                t1 = clock()
                 t_read += t1 - t0
                 sizes: dict[str, tuple[int, int]] = {}
-                records[i] = (transform_record(raw, spec.kinds, spec.transform, sizes=sizes), sizes)
-                t_transform += time.perf_counter() - t1
+                records[i] = (transform_record(raw, kinds, opts, sizes=sizes), sizes)
+                t0 = clock()
+                t_transform += t0 - t1
             except Reject as r:
+                t0 = clock()
                 records[i] = None
                 result.rejects.append(
                     {
@@ -171,13 +177,13 @@ def _samples(
                     }
                 )
     finally:
+        result.bytes_in += nbytes
         if own:
             reader.close()
     result.timings["read"] = t_read
     result.timings["transform"] = t_transform
     result.rejects.sort(key=lambda d: d["index"])
-    for i, item in enumerate(job.items):
-        done = records[i]
+    for item, done in zip(items, records, strict=True):
         if done is not None:
             yield item, done[0], done[1]
 
