@@ -101,3 +101,16 @@ def test_a_text_source_tokenized_into_many_shards_per_task(
     for d, text in enumerate(docs):
         ids = [t for s in sorted(pieces[d]) for t in pieces[d][s]]
         assert decoder.decode(ids[:-1], skip_special_tokens=False) == text
+
+
+def test_a_shard_job_pickles_back_equal_through_rays_pickler() -> None:
+    import ray.cloudpickle
+
+    from flashfeed.ingest.shardtask import ShardJob
+    from flashfeed.ingest.sources import Item
+
+    job = ShardJob(3, (Item(7, "a.jsonl:8", 12, {"values": {"txt": "héllo"}}), Item(9, "b", 0)),
+                   "f" * 32, recorded=False)  # fmt: skip
+    back = ray.cloudpickle.loads(ray.cloudpickle.dumps(job))
+    assert back == job and [type(it) for it in back.items] == [Item, Item]
+    assert back.items[1].ref == {} and back.items[0].ref is not job.items[0].ref
