@@ -267,8 +267,8 @@ def _per_cpu_rows(per: dict[str, Any] | None) -> list[dict[str, Any]]:
     rows = []
     for shape, by_cpus in per["runs"].items():
         mb = per["corpora"][shape]["mb"]
-        fast = [mb / k["cpu"] for k in per["kernels"][shape]["encode_batch_fast"]]
         for cpus, runs in by_cpus.items():
+            fast = [mb / k["cpu"] for k in per["kernels"][shape][cpus]["encode_batch_fast"]]
             mine = [mb / r["cpu"] for r in runs]
             rows.append(
                 _row("tokens", f"token ingest per CPU, {shape} documents, {cpus} Ray CPU",

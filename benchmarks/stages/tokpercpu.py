@@ -122,7 +122,7 @@ def bench_per_cpu(tok: Path, work: Path, store_bucket: str, args: argparse.Names
     out: dict[str, Any] = {"corpora": {}, "runs": {}, "ray_start_s": {}, "cold_run": {}}
     for shape, c in corpora.items():
         out["corpora"][shape] = {k: v for k, v in c.items() if k != "src"}
-    kernels = {}  # the kernels do not depend on Ray: measured with every Ray CPU count
+    kernels: dict[str, dict[str, dict[str, list[dict[str, float]]]]] = {}
     for cpus in args.ray_cpus:
         t0 = time.perf_counter()
         with ray_session(num_cpus=cpus):
@@ -146,9 +146,9 @@ def bench_per_cpu(tok: Path, work: Path, store_bucket: str, args: argparse.Names
                             f"{got['cpu']:6.2f} s  wall {got['wall']:6.2f} s",
                             file=sys.stderr,
                         )
-                kernels.setdefault(shape, {})
-                for name in KERNELS:
-                    kernels[shape].setdefault(name, []).extend(runs.pop(name))
+                # each Ray CPU count beside the kernels of its own rounds: the load
+                # other jobs put on the machine moves between sessions
+                kernels.setdefault(shape, {})[str(cpus)] = {n: runs.pop(n) for n in KERNELS}
                 out["runs"].setdefault(shape, {})[str(cpus)] = runs[INGEST]
     out["kernels"] = kernels
     out["table"] = per_cpu_table(out)
@@ -160,14 +160,15 @@ def _med(runs: list[dict[str, Any]], key: str) -> float:
 
 
 def per_cpu_table(out: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per shape and Ray CPU count: MB per CPU second of ingest and the kernels
-    (medians), and the ratios."""
+    """One row per shape and Ray CPU count: MB per CPU second of ingest and of the kernels
+    run in the same rounds (medians, and the best round), and the ratios."""
     rows = []
     for shape, by_cpus in out["runs"].items():
         mb = out["corpora"][shape]["mb"]
-        k = {n: mb / _med(v, "cpu") for n, v in out["kernels"][shape].items()}
-        best = {n: mb / min(r["cpu"] for r in v) for n, v in out["kernels"][shape].items()}
         for cpus, runs in by_cpus.items():
+            kern = out["kernels"][shape][cpus]
+            k = {n: mb / _med(v, "cpu") for n, v in kern.items()}
+            best = {n: mb / min(r["cpu"] for r in v) for n, v in kern.items()}
             ingest = mb / _med(runs, "cpu")
             ingest_best = mb / min(r["cpu"] for r in runs)
             rows.append(
