@@ -173,6 +173,10 @@ class TokenPacker:
         if not documents:
             return np.zeros(0, self.dtype), np.zeros(0, np.int64)
         encoded = self.tokenizer.encode_batch_fast(list(documents), add_special_tokens=False)
+        return self.stream(encoded)
+
+    def stream(self, encoded: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """``(stream, lengths)`` of ``tokenizers`` encodings: each one's ids, then EOS."""
         flat = array.array(_U32)  # extend converts each list in C: no list of every token
         extend, append, eos = flat.extend, flat.append, self.eos_id
         counts = []

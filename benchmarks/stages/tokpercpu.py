@@ -15,7 +15,8 @@ What is measured, in CPU seconds (the machine's wall clock is shared with other 
   encode_batch       the same with character offsets, one thread
 
 Rate per CPU = MB of text / CPU seconds. Ray's start-up (``ray.init``) and the first,
-cold run on fresh workers (their imports) are reported apart.
+cold run on fresh workers (their imports) are reported apart. Then where the CPU goes,
+stage by stage, in one process (``tokstages``).
 
     python -m benchmarks.stages.tokpercpu JSONL TOKENIZER --kernel fast --threads 1
 """
@@ -35,6 +36,7 @@ from typing import Any
 from benchmarks.harness.cputime import TreeCPU
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.textshapes import SHAPES, machine_text, shaped_documents
+from benchmarks.stages.tokstages import STAGES, stage_profile
 
 __all__ = ["bench_per_cpu", "print_per_cpu"]
 
@@ -152,6 +154,10 @@ def bench_per_cpu(tok: Path, work: Path, store_bucket: str, args: argparse.Names
                 out["runs"].setdefault(shape, {})[str(cpus)] = runs[INGEST]
     out["kernels"] = kernels
     out["table"] = per_cpu_table(out)
+    out["stages"] = {
+        shape: stage_profile(c["src"], tok, f"{store_bucket}/stages-{shape}", seq_len=args.seq_len)
+        for shape, c in corpora.items()
+    }
     return out
 
 
@@ -219,12 +225,35 @@ def print_per_cpu(p: dict[str, Any]) -> None:
             f"{r['vs_encode_batch']:7.2f}x {r['ray_daemons_cpu_s']:9.2f} "
             f"{r['ingest_wall_mb_s_per_ray_cpu']:13.2f}"
         )
+    if p.get("stages"):
+        print_stages(p)
     for cpus, secs in p["ray_start_s"].items():
         cold = p["cold_run"][cpus]
         print(
             f"  Ray start-up, {cpus} CPU(s): {secs:.2f} s; then the first run ({cold['shape']}, "
             f"fresh workers) {cold['wall']:.2f} s wall, {cold['cpu']:.2f} CPU s"
         )
+
+
+def print_stages(p: dict[str, Any]) -> None:
+    """CPU seconds per stage, one process, no Ray (best of 5), as % of the kernel; then
+    what a run on 1 Ray CPU spent beyond them (Ray's task round trip, the commit, ...)."""
+    shapes = list(p["stages"])
+    print("\nwhere the CPU goes, one process, no Ray: CPU s (% of encode_batch_fast)")
+    print(f"  {'stage':24s} {'where':6s}" + "".join(f" {s:>16s}" for s in shapes))
+    for name, where in STAGES:
+        cells = []
+        for shape in shapes:
+            st = p["stages"][shape]
+            cells.append(f"{st[name]:7.3f} ({100 * st[name] / st['encode_batch_fast']:5.1f}%)")
+        print(f"  {name:24s} {where:6s}" + "".join(f" {c:>16s}" for c in cells))
+    cells = []
+    for shape in shapes:
+        st = p["stages"][shape]
+        runs = p["runs"][shape].get("1")
+        rest = _med(runs, "cpu") - sum(st.values()) if runs else float("nan")
+        cells.append(f"{rest:7.3f} ({100 * rest / st['encode_batch_fast']:5.1f}%)")
+    print(f"  {'1 Ray CPU run, the rest':24s} {'both':6s}" + "".join(f" {c:>16s}" for c in cells))
 
 
 def main(argv: list[str] | None = None) -> int:
