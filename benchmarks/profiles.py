@@ -48,6 +48,8 @@ class Profile:
     cache_get_variants: tuple[int, ...] = ()
     #: arguments of the near-duplicate stage (neardup.py)
     neardup_args: tuple[str, ...] = ("--bases", "300", "--rounds", "1", "--kernel-rounds", "1")
+    #: arguments of the near-dup accuracy and speed stage (neardupcurve.py)
+    neardupcurve_args: tuple[str, ...] = ("--bases", "300", "--seeds", "0", "--rounds", "1")
 
 
 QUICK = Profile(
@@ -127,5 +129,6 @@ FULL = Profile(
     tokens_args=("--mb", "8", "--rounds", "3", "--token-rows", "8192", "--batch-size", "64"),
     crypto_args=("--loader-rounds", "5"),
     neardup_args=("--bases", "10000", "--rounds", "3"),
+    neardupcurve_args=("--bases", "2000", "--seeds", "0,1", "--rounds", "3"),
     stage_timeout_s=900,
 )

@@ -213,6 +213,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
             )
     rows += token_rows(st)
     rows += neardup_rows(st)
+    rows += neardupcurve_rows(st)
     ev = ((st.get("plan") or {}).get("data") or {}).get("eviction", [])
     for e in ev:
         if e["capacity"] == 0.5:
@@ -299,6 +300,23 @@ def neardup_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
                      peer, spread(kernels[peer]), ratio(mine, kernels[peer]))
             )  # fmt: skip
     return rows
+
+
+def neardupcurve_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
+    """The neardupcurve stage: documents per CPU second, from text to clusters with the
+    exact check, beside the faster of datasketch and rensa used directly."""
+    data = (stages.get("neardupcurve") or {}).get("data") or {}
+    runs = (data.get("speed") or {}).get("rounds") or {}
+    med = data.get("speed", {}).get("median") or {}
+    peers = [k for k in ("rensa", "datasketch") if runs.get(k)]
+    if not runs.get("flashfeed") or not peers:
+        return []
+    peer = max(peers, key=lambda k: med[k])
+    what = "near-dup removal with the exact check, 1 process"
+    return [
+        _row("ingest", what, spread(runs["flashfeed"]), "docs/CPU s", f"{peer} used directly",
+             spread(runs[peer]), ratio(runs["flashfeed"], runs[peer]))
+    ]  # fmt: skip
 
 
 def scaling(result: dict[str, Any]) -> list[dict[str, Any]]:

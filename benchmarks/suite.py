@@ -24,6 +24,9 @@ a stage run in interleaved rounds whose order rotates every round):
   crypto   sealed vs plain shards                                  (crypto)
   neardup  MinHash kernels (rensa, numpy, datasketch) on planted near-duplicates; the
            near-dup stage's docs/s at 1 and 2 Ray CPUs      (neardup, .bench-venv)
+  neardupcurve near-dup accuracy on planted edits around the threshold (exact-Jaccard
+           ground truth), the removal curve, docs per CPU second vs datasketch and rensa
+                                                            (neardupcurve, .bench-venv)
   tokens   tokenization MB/s at ingest vs datasets.map and tokenizers' encode_batch,
            packing padding, TokenLoader GB/s with document outputs vs memcpy
                                                                    (tokenize_bench)
@@ -40,6 +43,9 @@ a stage run in interleaved rounds whose order rotates every round):
   extsource DALI's native webdataset reader vs the same operators fed through external_source
            from RAM, on the targets stage's shards: the bound on a loader that feeds DALI
            its own order                                           (extsource)
+  cluster  the cluster tier on simulated nodes behind a throttled store: a sweep's store
+           bytes, a replacement node's warm from peers, a cold start of 2 jobs x 2 nodes
+           (peertier); and on paper at 1,000 nodes and a 64-run sweep        (peersim)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
 ``limit_errors`` (a full run then exits 1) and the tables show the row as refused.
@@ -84,6 +90,7 @@ STAGES = (
     "mixture",
     "crypto",
     "neardup",
+    "neardupcurve",
     "tokens",
     "docfill",
     "tokcold",
@@ -92,6 +99,7 @@ STAGES = (
     "sign",
     "feed",
     "extsource",
+    "cluster",
 )
 
 
@@ -305,9 +313,18 @@ def run_stages(
     if "neardup" in stages:
         data = r.run("neardup", "neardup", list(p.neardup_args), python=r.peer_py)
         out["neardup"] = {"data": data} if data else {}
+    if "neardupcurve" in stages:  # datasketch, a peer, lives in the peers' environment
+        data = r.run("neardupcurve", "neardupcurve", list(p.neardupcurve_args), python=r.peer_py)
+        out["neardupcurve"] = {"data": data} if data else {}
     if "tokens" in stages:  # datasets, a peer, lives in the peers' environment
         data = r.run("tokens", "tokenize_bench", list(p.tokens_args), python=r.peer_py)
         out["tokens"] = {"data": data} if data else {}
+    if "cluster" in stages:
+        size = ["--shards", "12"] if p.rounds < 3 else []
+        data = r.run("cluster", "peertier", size)
+        paper = ["--job-shards", "20000", "--sweep-shards", "4000"] if p.rounds < 3 else []
+        sim = r.run("cluster-paper", "peersim", paper)
+        out["cluster"] = {"data": data, "paper": sim} if data else {}
     if "tokcold" in stages:
         size = ["--shards", "4", "--shard-mib", "8"] if p.rounds < 3 else ["--shards", "8"]
         data = r.run("tokcold", "tokcold", [*size, "--rounds", str(max(2, p.rounds))])

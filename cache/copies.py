@@ -10,24 +10,27 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from flashfeed import storage
 from flashfeed.crypto import cached_info
 from flashfeed.dataset import Dataset
+from flashfeed.errors import CorruptShardError
 from flashfeed.format.manifest import ShardInfo
 
 from .aimd import AdaptiveLimit
 from .errors import CacheFullError, CacheOverCapacityError
-from .fill import fill_shard
+from .fill import FillSource, fill_shard
 from .hints import ReadHints
 from .layout import DatasetDir
 from .locks import FileLock
 from .ranged import FetchReport, RangedFetcher
 from .space import SpaceManager
-from .stats import Counters
+from .stats import COUNTERS, Counters
 
 __all__ = ["ShardCopies"]
 
@@ -45,14 +48,32 @@ class ShardCopies:
     space: SpaceManager
     storage_options: dict[str, Any] | None
     hints: ReadHints
+    peers: Any = None  # a ``flashfeed.cache.peer.PeerTier``: misses ask peers first
     _verified: dict[str, tuple[int, int, int]] = field(default_factory=dict, init=False)
+    #: this process's counters of each dataset (by its cache key): a mixture's sources share
+    #: one cache, and each reports its own
+    _own: dict[str, dict[str, float]] = field(default_factory=dict, init=False)
+    _own_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    def _count(self, d: DatasetDir, **values: float) -> None:
+        """Add to the cache's counters and to ``d``'s own."""
+        self.counters.add(**values)
+        with self._own_lock:
+            own = self._own.setdefault(d.key, dict.fromkeys(COUNTERS, 0))
+            for k, v in values.items():
+                own[k] += v
+
+    def dataset_counters(self, d: DatasetDir) -> dict[str, float]:
+        """The counters of one dataset's shards in this process (zeros before any use)."""
+        with self._own_lock:
+            return dict(self._own.get(d.key) or dict.fromkeys(COUNTERS, 0))
 
     def ensure(self, dataset: Dataset, d: DatasetDir, i: int, speculative: bool = False) -> str:
         """The path of a good copy of shard ``i``, filling it first if needed (blocks)."""
         path = d.shard_path(i)
         if self._usable(path, cached_info(dataset.manifest, dataset.shards[i])) is True:
             _touch(path)
-            self.counters.add(hits=1)
+            self._count(d, hits=1)
             return path
         return self._fill(dataset, d, i, speculative)
 
@@ -86,11 +107,11 @@ class ShardCopies:
             state = self._usable(path, cached_info(dataset.manifest, dataset.shards[i]))
             if state is True:
                 _touch(path)
-                self.counters.add(hits=1, shared_waits=int(waited))
+                self._count(d, hits=1, shared_waits=int(waited))
                 return path
             if state is False:
                 log.warning("cached shard %s is corrupt; fetching it again", path)
-                self.counters.add(corrupt_refetches=1)
+                self._count(d, corrupt_refetches=1)
                 for p in (path, path + ".idx"):
                     try:
                         os.unlink(p)
@@ -101,7 +122,8 @@ class ShardCopies:
             def count_miss(report: FetchReport) -> None:
                 # flushed before the shard is visible: a kill between the two must not
                 # leave a cached shard whose fetch no counter remembers
-                self.counters.add(
+                self._count(
+                    d,
                     misses=1,
                     bytes_fetched=dataset.shards[i].bytes,
                     fetch_seconds=time.monotonic() - start,
@@ -114,7 +136,7 @@ class ShardCopies:
                 )
                 self.counters.flush()
 
-            try:
+            def fill(source: FillSource | None) -> None:
                 fill_shard(
                     d,
                     i,
@@ -126,21 +148,52 @@ class ShardCopies:
                     storage_options=self.storage_options,
                     priority=self.hints.priority(d.key, i, speculative=speculative),
                     verified=count_miss,
+                    source=source,
                 )
+
+            try:
+                self._fill_from_peers(dataset, d, i, fill)
             except CacheOverCapacityError:
-                self.counters.add(over_capacity=1)
+                self._count(d, over_capacity=1)
                 raise
             except CacheFullError:
-                self.counters.add(**{"fetch_ahead_skipped" if speculative else "failures": 1})
+                self._count(d, **{"fetch_ahead_skipped" if speculative else "failures": 1})
                 raise
             except BaseException:
-                self.counters.add(failures=1)
+                self._count(d, failures=1)
                 raise
             st = os.stat(path)
             self._verified[path] = (st.st_dev, st.st_ino, st.st_size)
             return path
         finally:
             lock.release()
+
+    def _fill_from_peers(
+        self, dataset: Dataset, d: DatasetDir, i: int, fill: Callable[[FillSource | None], None]
+    ) -> None:
+        """``fill`` from peers first (``self.peers``), then the store: a fill whose bytes or
+        index from peers do not match the manifest runs anew without those peers."""
+        source = None
+        if self.peers is not None and not dataset.in_place:  # units of files: from the store
+            source = self.peers.attempt(
+                dataset, d, i, storage_options=self.storage_options, connections=self.limit.maximum
+            )
+        while True:
+            try:
+                fill(source)
+                return
+            except CorruptShardError as exc:
+                if source is None or not source.used:
+                    raise
+                self.counters.add(corrupt_refetches=1)
+                self.peers.distrust(source, str(exc))
+                source = self.peers.attempt(
+                    dataset,
+                    d,
+                    i,
+                    storage_options=self.storage_options,
+                    connections=self.limit.maximum,
+                )
 
 
 def _touch(path: str) -> None:

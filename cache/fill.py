@@ -11,14 +11,16 @@ import mmap
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import xxhash
 
 from flashfeed import crypto, storage
 from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError, FlashfeedError, StorageError
+from flashfeed.format.inplace import check_unit_bytes
 from flashfeed.format.manifest import ShardInfo
+from flashfeed.format.tarshard import scan_index
 from flashfeed.format.wdsindex import parse_index
 from flashfeed.s3.directget import RangedReader, reader_for_url
 from flashfeed.units import format_size
@@ -31,9 +33,19 @@ from .progress import FillProgress, live_path
 from .ranged import FetchReport, RangedFetcher
 from .space import space_lock
 
-__all__ = ["CHUNK", "OrderedHasher", "block_size", "fill_shard"]
+__all__ = ["CHUNK", "FillSource", "OrderedHasher", "block_size", "fill_shard"]
 
 Reserve = Callable[[int, str], int]
+
+
+class FillSource(RangedReader, Protocol):
+    """Where a fill reads a shard instead of the store's reader (the cluster tier's peers,
+    falling back to the store): its ranges, and its index when it has one (``index_from``
+    names who served it: the fill checks it against the verified shard)."""
+
+    index_from: str | None
+
+    def index(self) -> bytes | None: ...
 
 
 #: bytes read from a response body at a time: small enough to stay in the CPU's cache
@@ -153,9 +165,12 @@ def _fetch_to(
     hasher: OrderedHasher,
     progress: FillProgress | None = None,
     priority: PartPriority | None = None,
+    source: FillSource | None = None,
 ) -> FetchReport:
-    url = dataset.shard_url(info)
-    direct = _direct(url, opts, fetcher) if info.bytes > 0 else None
+    # a unit of a file indexed in place is a range of that file: its bytes start at ``base``
+    # (peers serve whole shards of our own format only: ``ShardCopies`` gives them no unit)
+    url, base = dataset.shard_range(info)
+    direct = source if source is not None else _direct(url, opts, fetcher) if info.bytes else None
     fs: Any = None  # only where no lean reader reads it: making one imports s3fs
     path = ""
     if direct is None:
@@ -168,9 +183,9 @@ def _fetch_to(
 
     def fetch(start: int, end: int) -> bytes | memoryview | _Landed:
         if direct is None:
-            return fs.cat_file(path, start=start, end=end)
+            return fs.cat_file(path, start=base + start, end=base + end)
         at = start  # each chunk: socket -> reused buffer -> hash (when in order) -> file
-        for part in direct.chunks(start, end, _buffer(chunk)):
+        for part in direct.chunks(base + start, base + end, _buffer(chunk)):
             _pwrite_all(fd, part, at)
             hasher.add(at, part)
             landed(at, at + len(part))
@@ -262,6 +277,22 @@ def _decrypt_in_place(part: str, dataset: Dataset, info: ShardInfo) -> None:
         f.truncate(len(plain))
 
 
+def _check_index(part: str, index: bytes, dataset: Dataset, info: ShardInfo, who: str) -> None:
+    """An index that did not come from the store (the manifest has no checksum of it) must
+    be the one the verified shard's own tar headers give."""
+    with open(part, "rb") as f:
+        own = scan_index(f, source=f"{dataset.url} {info.path}")
+    try:
+        same = parse_index(index, source=who) == own
+    except CorruptShardError:
+        same = False
+    if not same:
+        raise CorruptShardError(
+            f"the index of shard {info.path} of {dataset.url} from {who} does not match the "
+            "shard's own tar headers"
+        )
+
+
 def _write_new(path: str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -279,6 +310,7 @@ def fill_shard(
     publish: bool = True,
     priority: PartPriority | None = None,
     verified: Callable[[FetchReport], None] | None = None,
+    source: FillSource | None = None,
 ) -> FetchReport:
     """Fetch shard ``shard`` into the cache; the caller holds its fill lock.
 
@@ -286,7 +318,8 @@ def fill_shard(
     readers can serve samples before the whole shard is there. ``priority`` ranks its
     parts among all parts in flight (``needorder.py``); it learns the index on arrival.
     ``verified`` runs once the checksum matched and before the shard becomes visible, so
-    that what it records (the miss) is on disk before anyone can find the shard."""
+    that what it records (the miss) is on disk before anyone can find the shard.
+    ``source`` reads the shard (and its index) in place of the store (``FillSource``)."""
     info = dataset.shards[shard]
     final = d.shard_path(shard)
     part = d.new_part(shard)
@@ -309,7 +342,10 @@ def fill_shard(
 
         def fetch_index(report: FetchReport) -> None:
             if index_url is not None:
-                index.append(_fetch_index(fetcher, dataset, info, index_url, opts, report))
+                given = source.index() if source is not None else None
+                if given is None:
+                    given = _fetch_index(fetcher, dataset, info, index_url, opts, report)
+                index.append(given)
                 if priority is not None and priority.need is not None and not dataset.encrypted:
                     try:
                         entries = parse_index(index[0], source=index_url)
@@ -325,12 +361,14 @@ def fill_shard(
         hasher = OrderedHasher(file_bytes)
         try:
             report = _fetch_to(
-                fetcher, dataset, info, fd, opts, fetch_index, hasher, progress, priority
+                fetcher, dataset, info, fd, opts, fetch_index, hasher, progress, priority, source
             )
         finally:
             file_bytes.close()
             os.close(fd)
         got = hasher.checksum(info.bytes)
+        if got != info.checksum and dataset.in_place is not None:
+            check_unit_bytes(b"", info, url=dataset.shard_url(info))  # the one-line refusal
         if got != info.checksum:
             raise CorruptShardError(
                 f"shard {info.path} of dataset {dataset.url} arrived with checksum {got}, "
@@ -338,6 +376,8 @@ def fill_shard(
                 "the object was replaced or corrupted (a dataset re-committed at this URL "
                 "is a new version: a new loader reads it)"
             )
+        if index and source is not None and source.index_from is not None:
+            _check_index(part, index[0], dataset, info, source.index_from)
         if dataset.encrypted:
             _decrypt_in_place(part, dataset, info)
         make_private_dir(os.path.dirname(final))

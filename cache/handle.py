@@ -23,16 +23,24 @@ class CacheHandle:
     """A cache directory and every option of the ``ShardCache`` it came from.
 
     ``storage_options`` may hold credentials: they travel with the handle (a reader process
-    needs them to fetch) but stay out of its ``repr``.
+    needs them to fetch) but stay out of its ``repr``; so does ``peers``, the cluster tier's
+    settings and token (``PeerTier.spec``), so that a reader process's misses ask the same
+    peers first.
     """
 
     root: str
     options: CacheOptions
     storage_options: dict[str, Any] | None = field(default=None, repr=False, hash=False)
+    peers: dict[str, Any] | None = field(default=None, repr=False, hash=False)
 
     def open(self) -> ShardCache:
         """A ``ShardCache`` of this process on the same directory, with the same options."""
         from .shardcache import ShardCache
 
         values = {f.name: getattr(self.options, f.name) for f in fields(self.options)}
-        return ShardCache(self.root, storage_options=self.storage_options, **values)
+        tier = None
+        if self.peers is not None:
+            from .peer.client import PeerTier
+
+            tier = PeerTier.from_spec(self.peers)
+        return ShardCache(self.root, storage_options=self.storage_options, peers=tier, **values)

@@ -264,6 +264,12 @@ class DatasetDir:
             out.append(CachedEntry(self.key, i, full, size, st.st_mtime, i in pinned))
         return sorted(out, key=lambda e: e.shard)
 
+    def held_shards(self) -> list[int]:
+        """The numbers of the shards with a complete file here, by a listing (no ``stat``):
+        what the cluster tier announces, rebuilt often."""
+        by_path = self._shard_numbers()
+        return sorted(i for rel, _, _ in self._files() if (i := by_path.get(rel)) is not None)
+
     def held_bytes(self) -> int:
         """The bytes of the complete entries, counted as ``entries()`` counts them, without
         a ``stat`` per entry: a cached file is renamed in whole and removed whole, never

@@ -58,6 +58,9 @@ class ShardCache:
     (a new cache records 80% of the free space plus what it already holds); a given capacity
     is honoured and recorded, and a change is logged naming the old and the new value.
     ``handle()`` reopens the cache with all these options in another process.
+
+    ``peers`` (a ``flashfeed.cache.peer.PeerTier``): a miss is read from the cluster's other
+    nodes before the store, checked against the manifest all the same (docs/CACHE.md).
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class ShardCache:
         verify: str = "once",
         space_timeout: float = 10.0,
         retry: RetryPolicy | None = None,
+        peers: Any = None,
     ) -> None:
         given = None if capacity is None else parse_size(capacity, name="capacity")
         options = CacheOptions.build(  # every value checked before the disk is touched
@@ -114,6 +118,7 @@ class ShardCache:
             space=self.space,
             storage_options=storage_options,
             hints=self.hints,
+            peers=peers,
         )
         self._lock = threading.Lock()
         self._dirs: dict[int, tuple[Any, DatasetDir]] = {}
@@ -132,7 +137,9 @@ class ShardCache:
     def handle(self) -> CacheHandle:
         """What another process needs to open this cache with these very options."""
         storage_options = None if self.storage_options is None else dict(self.storage_options)
-        return CacheHandle(self.root, self.options, storage_options)
+        peers = self.copies.peers
+        spec = None if peers is None else peers.spec()
+        return CacheHandle(self.root, self.options, storage_options, spec)
 
     # -- datasets ---------------------------------------------------------------------------
     def dataset_dir(self, dataset: Dataset) -> DatasetDir:
@@ -362,6 +369,14 @@ class ShardCache:
         if now - self._used_at > 2.0:  # a directory scan: at most every 2 s
             self._used, self._used_at = self.space.used_bytes(), now
         out["used_bytes"] = self._used
+        return out
+
+    def dataset_stats(self, dataset: Dataset) -> dict[str, Any]:
+        """This process's counters of one dataset's shards only (hits, misses, bytes
+        fetched, ...): what a mixture reports per source of the cache they share."""
+        out: dict[str, Any] = dict(self.copies.dataset_counters(self.dataset_dir(dataset)))
+        seconds = out["fetch_seconds"]
+        out["fetch_gbps"] = out["bytes_fetched"] / seconds / 1e9 if seconds else 0.0
         return out
 
     def used_bytes(self) -> int:

@@ -6,11 +6,19 @@ import io
 import mmap
 import os
 from collections.abc import Iterator
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from flashfeed.format.arrowshard import open_arrow
+from flashfeed.format.inplace import (
+    InPlaceFiles,
+    check_unit_bytes,
+    is_in_place,
+    read_files_table,
+    unit_rows,
+)
 from flashfeed.format.manifest import Manifest, ShardInfo, read_manifest
 from flashfeed.format.shardlist import ShardList
 from flashfeed.format.tarshard import Sample, iter_samples
@@ -29,8 +37,9 @@ class Dataset:
     >>> ds.manifest.num_samples, len(ds.shards)           # doctest: +SKIP
     (1281167, 1024)
 
-    ``shards`` builds a ``ShardInfo`` per shard asked for; ``shard_samples``, ``shard_url(i)``
-    and ``index_url(i)`` work straight off the manifest's columns.
+    A relative local path is made absolute here, once: a later ``chdir`` reads the same
+    files. ``shards`` builds a ``ShardInfo`` per shard asked for; ``shard_samples``,
+    ``shard_url(i)`` and ``index_url(i)`` work straight off the manifest's columns.
     """
 
     def __init__(
@@ -41,6 +50,8 @@ class Dataset:
         storage_options: dict[str, Any] | None = None,
         encryption_key: crypto.EncryptionKey | None = None,
     ) -> None:
+        if storage.split_protocol(url)[0] is None and not os.path.isabs(url):
+            url = os.path.abspath(url)  # its identity: a later chdir must not move it
         self.url = url.rstrip("/")
         self.manifest = manifest
         self.storage_options = storage_options
@@ -107,7 +118,27 @@ class Dataset:
             return shard
         return self.manifest.shard(self._number(shard))
 
+    @cached_property
+    def in_place(self) -> InPlaceFiles | None:
+        """The files table of a dataset indexed in place (read once), else None."""
+        if not is_in_place(self.manifest):
+            return None
+        return read_files_table(
+            self.url, self.manifest.source, storage_options=self.storage_options
+        )
+
+    def shard_range(self, shard: int | str | ShardInfo) -> tuple[str, int]:
+        """``(url, offset)``: where shard ``shard``'s bytes start; offset 0 but for a unit
+        of a file indexed in place (a row group, a block of lines)."""
+        files = self.in_place
+        if files is None:
+            return self.shard_url(shard), 0
+        url, offset, _ = files.location(self.shard(shard).path)
+        return url, offset
+
     def shard_url(self, shard: int | str | ShardInfo) -> str:
+        if self.in_place is not None:
+            return self.shard_range(shard)[0]
         if isinstance(shard, ShardInfo):
             return storage.join(self.url, shard.path)
         if isinstance(shard, str):
@@ -129,14 +160,22 @@ class Dataset:
         """A shard's bytes, checked against the manifest's size and checksum; decrypted
         (and authenticated) if the dataset is encrypted, unless ``decrypt=False``."""
         info = self.shard(shard)
-        url = self.shard_url(info)
+        url, offset = self.shard_range(info)
         try:
-            data = storage.read_bytes(url, storage_options=self.storage_options)
+            if self.in_place is not None:  # a unit of a file indexed in place: its range
+                data = storage.read_bytes(
+                    url, start=offset, end=offset + info.bytes,
+                    storage_options=self.storage_options,
+                )  # fmt: skip
+            else:
+                data = storage.read_bytes(url, storage_options=self.storage_options)
         except FileNotFoundError:
             raise CorruptShardError(
                 f"shard {info.path} of dataset {self.url} is missing ({url} not found)"
             ) from None
-        if verify:
+        if verify and self.in_place is not None:
+            check_unit_bytes(data, info, url=url)
+        elif verify:
             check_shard_bytes(data, info, dataset=self.url)
         if decrypt and self.encrypted:
             return crypto.open_shard(
@@ -162,6 +201,10 @@ class Dataset:
         """
         info = self.shard(shard)
         data = self.read_shard(info)
+        if self.in_place is not None:  # a row group or a block of lines: its rows
+            for i, row in enumerate(unit_rows(self.in_place, info.path, data)):
+                yield f"{info.path}/{i}", row
+            return
         if self.manifest.shard_format == "arrow":
             table = open_arrow(data, name=self.shard_url(info))
             for i, row in enumerate(table.to_pylist()):

@@ -128,6 +128,12 @@ def _collect(
 
 def _check_shard(ds: Dataset, info: ShardInfo, check_index: bool) -> str | None:
     url = ds.shard_url(info)
+    if ds.in_place is not None:  # a unit of a file indexed in place: its range, checked
+        try:
+            ds.read_shard(info)
+        except CorruptShardError as exc:
+            return str(exc)
+        return None
     try:
         n, digest = stream_checksum(url, storage_options=ds.storage_options)
     except FileNotFoundError:

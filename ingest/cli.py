@@ -154,6 +154,13 @@ def register(subparsers: Any) -> None:
         help="documents best-fit packing sorts at once (bounds its memory; default 4096)",
     )
     p.add_argument(
+        "--special-tokens",
+        choices=("text", "special"),
+        default="text",
+        help="a special token spelled in a document (e.g. <|endoftext|>): encoded as the "
+        "text it is (default), or as its control id (special)",
+    )
+    p.add_argument(
         "--eos-token",
         help="EOS token (default: the tokenizer's </s>, <|endoftext|>, <eos> or [SEP])",
     )
@@ -192,7 +199,8 @@ def _near_dup_arguments(p: Any) -> None:
         type=float,
         metavar="J",
         help="drop documents whose shingle Jaccard similarity to another is >= J, in (0, 1), "
-        "keeping the smallest source position of each cluster (MinHash LSH; off by default)",
+        "keeping the smallest source position of each cluster (MinHash LSH candidates, "
+        "confirmed on exact Jaccard: J is a line; off by default)",
     )
     g.add_argument(
         "--near-dup-shingle-size",
@@ -258,6 +266,7 @@ def build_config(args: argparse.Namespace) -> IngestConfig:
         eos_token=args.eos_token,
         packing=args.packing,
         pack_window=args.pack_window,
+        special_tokens=args.special_tokens,
         encrypt=args.encrypt or args.encrypt_key_file is not None,
         encrypt_key_file=args.encrypt_key_file,
         name=args.name,

@@ -70,6 +70,18 @@ class IngestResult:
             "samples_per_s": round(m.num_samples / secs, 1),
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
             "phases": {k: round(v, 3) for k, v in self.phases.items()},
+            **self._token_counts(),
+        }
+
+    def _token_counts(self) -> dict[str, Any]:
+        """Of a token dataset: how many documents spelled a special token, and as what it
+        was encoded (``text`` or ``special``)."""
+        tokens = self.manifest.extra.get("tokens")
+        if not isinstance(tokens, dict):
+            return {}
+        return {
+            "documents_with_special_tokens": int(tokens.get("documents_with_special_tokens", 0)),
+            "special_tokens": tokens.get("special_tokens", "special"),
         }
 
 
@@ -167,6 +179,7 @@ def commit_run(
             "packing": packer.options.mode,
             "vocab_size": packer.vocab_size,
             "field": spec.text_field,
+            "special_tokens": packer.specials.mode,
             **dict(sorted(totals.items())),
         }
     if near_dup is not None:

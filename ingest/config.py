@@ -16,6 +16,7 @@ from flashfeed.units import parse_size
 from .neardup import NearDupOptions, QualityFilter, load_quality_filter
 from .packing import PackOptions
 from .sources import FORMATS, check_source_options
+from .tokentext import SPECIAL_TOKEN_MODES
 
 __all__ = ["OUTPUT_FORMATS", "SOURCE_FORMATS", "IngestConfig"]
 
@@ -76,6 +77,8 @@ class IngestConfig:
     eos_token: str | None = None
     packing: str = "concat"
     pack_window: int = 4096
+    #: a special token spelled in a document: encoded as text, or as its control id
+    special_tokens: str = "text"
     encrypt: bool = False
     encrypt_key_file: str | None = None
     name: str | None = None
@@ -127,6 +130,10 @@ class IngestConfig:
         self.near_dup_options()  # a bad near-dup option fails here, named
         if self.quality_filter is not None:
             self.quality_function()  # so does a quality filter that cannot be loaded
+        if self.special_tokens not in SPECIAL_TOKEN_MODES:
+            raise ValueError(
+                f"special_tokens must be one of {SPECIAL_TOKEN_MODES}, got {self.special_tokens!r}"
+            )
         if (self.tokenizer is None) != (self.seq_len is None):
             raise ValueError("tokenizer and seq_len go together: give both or neither")
         if self.tokenizer is not None:

@@ -5,8 +5,10 @@ integers in bulk; a batch of documents becomes one ``(docs, num_perm)`` signatur
 (``rensa``'s Rust kernel by default, or an own numpy kernel: both are measured in
 ``benchmarks/stages/neardup.py``); ``band_keys`` folds each band of ``rows`` signature values into
 one 64-bit bucket key. Two documents share a band key with probability ``s**rows`` per band
-for Jaccard similarity ``s``; ``lsh_params`` picks ``bands x rows`` whose S-curve turns at
-the threshold.
+for Jaccard similarity ``s``. ``lsh_for_recall`` sizes ``bands x rows`` so that a pair at the
+threshold is a candidate with probability >= 0.99 (the candidates are then confirmed on
+their exact shingle sets, ``shinglesets.exact_pairs``); ``lsh_params`` is the S-curve that turns
+at the threshold, the way datasketch sizes it (the benchmark's comparison).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ __all__ = [
     "BACKENDS",
     "UNITS",
     "band_keys",
+    "candidate_probability",
     "jaccard",
+    "lsh_for_recall",
     "lsh_params",
     "shingle_hashes",
     "shingles",
@@ -164,6 +168,28 @@ def band_keys(sigs: np.ndarray, *, bands: int, rows: int) -> np.ndarray:
         for j in range(rows):
             acc = _mix(acc * _MULTS[j % len(_MULTS)] + v[:, :, j])
     return acc
+
+
+def candidate_probability(similarity: float, bands: int, rows: int) -> float:
+    """The chance that two documents of Jaccard ``similarity`` share a band key."""
+    return float(1.0 - (1.0 - similarity**rows) ** bands)
+
+
+@lru_cache(maxsize=64)
+def lsh_for_recall(threshold: float, num_perm: int, *, recall: float = 0.99) -> tuple[int, int]:
+    """``(bands, rows)``: the longest bands (fewest chance candidates) with which a pair at
+    ``threshold`` is still a candidate with probability >= ``recall``; ``num_perm // rows``
+    bands (``num_perm`` bands of one row when even those fall short)."""
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must be in (0, 1), got {threshold!r}")
+    if not 0.0 < recall < 1.0:
+        raise ValueError(f"recall must be in (0, 1), got {recall!r}")
+    best = (num_perm, 1)
+    for rows in range(1, num_perm + 1):
+        bands = num_perm // rows
+        if candidate_probability(threshold, bands, rows) >= recall:
+            best = (bands, rows)
+    return best
 
 
 def _integral(fn: np.ndarray, xs: np.ndarray) -> float:

@@ -6,9 +6,12 @@
    split into ``buckets`` parts by key, so no process ever holds every signature.
 2. One *bucket* task per bucket: sort its ``(band, key, doc)`` rows; the documents of a
    group are candidate pairs (all pairs of a group, up to ``GROUP_PAIRS`` per document).
-3. One *check* task per chunk with candidates: each pair's signatures (the sign tasks' own
-   objects, fetched by the task) estimate its Jaccard similarity; a pair below the
-   threshold is no link (an LSH collision, which would chain unrelated clusters).
+3. One *check* task per chunk with candidates: each pair's shingle sets (the sign tasks'
+   own objects, fetched by the task) give its exact Jaccard similarity
+   (``ingest.shinglesets``); a pair below the threshold is no link (an LSH collision, which
+   would chain unrelated clusters). The LSH is sized so that a pair at the threshold is a
+   candidate with probability >= 0.99 (``minhash.lsh_for_recall``): the check, not the
+   S-curve, draws the line. docs/INGEST.md has the measured removal curve.
 4. On the driver, a union-find over the checked pairs: each connected cluster keeps its
    smallest document id (so the kept set depends only on the corpus and the options), the
    rest are skipped as ``duplicate`` (an identical text came first) or ``near_duplicate``.
@@ -25,9 +28,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .minhash import BACKENDS, UNITS, band_keys, lsh_params, shingle_hashes, signatures
+from .minhash import BACKENDS, UNITS, band_keys, lsh_for_recall, shingle_hashes, signatures
 from .nearpairs import candidate_pairs, checked_pairs
+from .shinglesets import Shingled, shingled
 from .sources import Item, Reject, RejectInfo, StorageContext, open_reader
+from .taskerrors import StageError, cause_line, get, in_stage, where_items
 from .transforms import TransformOptions, transform_record
 
 __all__ = [
@@ -47,7 +52,8 @@ _ROW = np.dtype([("key", np.uint64), ("band", np.int32), ("doc", np.int64)])
 
 @dataclass(frozen=True, kw_only=True)
 class NearDupOptions:
-    """MinHash LSH options. ``bands x rows`` follow from ``threshold`` and ``num_perm``."""
+    """MinHash LSH options. ``bands x rows`` follow from ``threshold`` and ``num_perm``; a
+    pair is a near-duplicate when its exact shingle Jaccard similarity is >= ``threshold``."""
 
     threshold: float = 0.8
     shingle_size: int = 5
@@ -75,7 +81,7 @@ class NearDupOptions:
 
     @property
     def bands_rows(self) -> tuple[int, int]:
-        return lsh_params(float(self.threshold), self.num_perm)
+        return lsh_for_recall(float(self.threshold), self.num_perm)
 
 
 def load_quality_filter(spec: str) -> QualityFilter:
@@ -143,20 +149,22 @@ def _quality(fn: QualityFilter, text: str, item: Item) -> str | None:
     try:
         verdict = fn(text)
     except Exception as exc:
-        raise ValueError(
-            f"quality_filter raised on {item.source}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise StageError(
+            "quality filter", item.source, f"quality_filter raised {cause_line(exc)}"
+        ) from None
     if verdict is not None and (not isinstance(verdict, str) or not verdict):
-        raise ValueError(
-            f"quality_filter must return None (keep) or a reason string (drop), got "
-            f"{verdict!r} for {item.source}"
+        raise StageError(
+            "quality filter",
+            item.source,
+            "quality_filter must return None (keep) or a reason string (drop), "
+            f"got {verdict!r:.80}",
         )
     return verdict
 
 
 def _sign(spec: _SignSpec, items: list[Item]) -> tuple[Any, ...]:
-    """One chunk: ``(dropped, (doc ids, signatures), bucket_0, ..., bucket_{n-1})`` (see the
-    module docstring)."""
+    """One chunk: ``(dropped, (doc ids, shingle hashes, offsets), bucket_0, ...,
+    bucket_{n-1})`` (see the module docstring)."""
     reader = open_reader(spec.fmt, spec.shared)
     dropped: list[tuple[int, str, str, str]] = []
     docs: list[int] = []
@@ -164,7 +172,8 @@ def _sign(spec: _SignSpec, items: list[Item]) -> tuple[Any, ...]:
     try:
         for item in items:
             try:
-                rec = transform_record(reader.read(item, spec.ctx), spec.kinds, spec.transform)
+                with in_stage("near-dup", item.source):
+                    rec = transform_record(reader.read(item, spec.ctx), spec.kinds, spec.transform)
             except Reject as r:
                 dropped.append((item.index, item.source, r.reason, r.detail))
                 continue
@@ -182,18 +191,17 @@ def _sign(spec: _SignSpec, items: list[Item]) -> tuple[Any, ...]:
     empty = np.empty(0, dtype=_ROW)
     if spec.near_dup is None:
         return (dropped, None, *[empty] * spec.buckets)
-    rows, signed = _rows(spec.near_dup, docs, texts)
+    with in_stage("near-dup", where_items(items)):
+        rows, signed = _rows(spec.near_dup, docs, texts)
     part = (rows["key"] % np.uint64(spec.buckets)).astype(np.int64)
     return (dropped, signed, *[rows[part == b] for b in range(spec.buckets)])
 
 
-def _rows(
-    opts: NearDupOptions, docs: list[int], texts: list[str]
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+def _rows(opts: NearDupOptions, docs: list[int], texts: list[str]) -> tuple[np.ndarray, Shingled]:
     """Every ``(key, band, doc)`` of a chunk: ``bands`` LSH keys per document with at least
     one shingle, and band ``bands`` holding the exact-text key of every document with text
     (samples without text are never duplicates of each other); and those documents' ids
-    with their signatures."""
+    with their shingle hashes, for the exact check."""
     bands, rows_per_band = opts.bands_rows
     hashes = [shingle_hashes(t, size=opts.shingle_size, unit=opts.shingle_unit) for t in texts]
     has = [i for i, h in enumerate(hashes) if len(h)]
@@ -215,7 +223,7 @@ def _rows(
     )
     exact["band"] = bands
     exact["doc"] = doc_ids[with_text]
-    return np.concatenate([lsh, exact]), (doc_ids[has], sigs)
+    return np.concatenate([lsh, exact]), shingled(doc_ids[has], [hashes[i] for i in has])
 
 
 def clusters(edges: np.ndarray) -> dict[int, int]:
@@ -270,13 +278,9 @@ def screen(
     sign = ray.remote(num_returns=buckets + 2, **retry)(_sign)
     outs: list[Any] = [sign.remote(spec_ref, c) for c in chunks]
     by_index = {it.index: it for it in items}
-    try:
-        dropped = [d for part in ray.get([o[0] for o in outs]) for d in part]
-    except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, ValueError):  # the quality filter's: one line, not a traceback
-            raise ValueError(str(cause)) from None
-        raise
+    firsts = [o[0] for o in outs]
+    firsts_done = get(firsts, stage="near-dup", where=lambda i: where_items(chunks[i]))
+    dropped = [d for part in firsts_done for d in part]
     rejects = [RejectInfo(i, s, r, d) for i, s, r, d in dropped]
     if outs:
         ray.wait([o[-1] for o in outs], num_returns=len(outs))
@@ -288,7 +292,11 @@ def screen(
         bands, rows = near_dup.bands_rows
         pair_task = ray.remote(max_retries=3)(candidate_pairs)
         pair_refs = [pair_task.remote(bands, *[o[b + 2] for o in outs]) for b in range(buckets)]
-        found = [e for e in ray.get(pair_refs) if len(e)]
+        found = [
+            e
+            for e in get(pair_refs, stage="near-dup buckets", where=lambda b: f"bucket {b}")
+            if len(e)
+        ]
         candidates = np.concatenate(found) if found else np.empty((0, 3), dtype=np.int64)
         candidates = np.unique(candidates, axis=0)  # a pair may share keys in two buckets
         timings["buckets"] = (t2 := time.perf_counter()) - t1
@@ -314,6 +322,7 @@ def screen(
             shingle=f"{near_dup.shingle_size} {near_dup.shingle_unit}s",
             backend=near_dup.backend,
             buckets=buckets,
+            check="exact jaccard",
             candidate_pairs=len(candidates),
             checked_below=len(candidates) - len(edges),
             candidate_edges=len(edges),

@@ -1,9 +1,10 @@
-"""Candidate pairs of near-duplicate removal, and their check against the signatures.
+"""Candidate pairs of near-duplicate removal, and their check.
 
 Documents sharing an LSH band key are only candidates: a collision of unrelated documents
 would, through the union-find, chain their clusters. Each candidate pair is kept only when
-its two MinHash signatures agree on at least the threshold's share of their values (the
-estimated Jaccard similarity); identical texts need no check.
+the exact Jaccard similarity of its shingle sets reaches the threshold
+(``shinglesets.exact_pairs``); identical texts need no check. ``check_pairs``, the estimate
+from two MinHash signatures, is what the benchmark compares the exact check with.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from .shinglesets import exact_pairs
 from .sources import Item
+from .taskerrors import get, where_items
 
 __all__ = ["GROUP_PAIRS", "candidate_pairs", "check_pairs", "checked_pairs"]
 
@@ -68,9 +71,9 @@ def check_pairs(threshold: float, pairs: np.ndarray, *signed: tuple[np.ndarray, 
 def checked_pairs(
     candidates: np.ndarray, threshold: float, chunks: list[list[Item]], signed: list[Any]
 ) -> np.ndarray:
-    """The candidate pairs whose estimated Jaccard similarity reaches ``threshold`` (same
-    texts need no check): one Ray task per chunk of a pair's first document, given the
-    signature objects of the chunks its pairs touch."""
+    """The candidate pairs whose exact Jaccard similarity reaches ``threshold`` (same texts
+    need no check): one Ray task per chunk of a pair's first document, given the shingle
+    objects (``shinglesets.Shingled``) of the chunks its pairs touch."""
     import ray
 
     same = candidates[candidates[:, 2] == 1]
@@ -80,11 +83,12 @@ def checked_pairs(
     chunk_of = {it.index: c for c, chunk in enumerate(chunks) for it in chunk}
     first = np.fromiter((chunk_of[d] for d in rest[:, 0].tolist()), np.int64, len(rest))
     second = np.fromiter((chunk_of[d] for d in rest[:, 1].tolist()), np.int64, len(rest))
-    task = ray.remote(max_retries=3)(check_pairs)
-    refs = []
+    task = ray.remote(max_retries=3)(exact_pairs)
+    refs, where = [], []
     for c in np.unique(first).tolist():
         mine = first == c
         touched = sorted({c, *np.unique(second[mine]).tolist()})
         refs.append(task.remote(threshold, rest[mine], *[signed[t] for t in touched]))
-    kept = [same, *ray.get(refs)]
+        where.append(where_items(chunks[c]))
+    kept = [same, *get(refs, stage="near-dup check", where=where)]
     return np.unique(np.concatenate(kept), axis=0)

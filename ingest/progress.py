@@ -89,6 +89,15 @@ def summary_table(summary: dict[str, Any]) -> str:
         ("driver time", ", ".join(f"{k} {v:.1f} s" for k, v in summary["phases"].items())),
         ("task time", ", ".join(f"{k} {v:.1f} s" for k, v in t.items()) + " (summed)"),
     ]
+    if "documents_with_special_tokens" in summary:
+        encoded = "as text" if summary["special_tokens"] == "text" else "as control ids"
+        rows.append(
+            (
+                "special tokens",
+                f"{summary['documents_with_special_tokens']:,} documents spell one "
+                f"(encoded {encoded})",
+            )
+        )
     skipped = summary["skipped"]
     rows.append(
         (

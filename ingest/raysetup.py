@@ -80,10 +80,13 @@ def _apply(fn: Callable[[Any], Any], arg: Any) -> Any:
     return fn(arg)
 
 
-def ray_map(fn: Callable[[Any], Any], args: list[Any]) -> list[Any]:
+def ray_map(fn: Callable[[Any], Any], args: list[Any], *, stage: str = "scan") -> list[Any]:
     """``[fn(a) for a in args]`` as one Ray task each, results in order; retried on worker
-    death."""
+    death. A failed task is one line naming ``stage`` and the file of its argument."""
     import ray
 
+    from .taskerrors import describe, get
+
     remote = ray.remote(max_retries=3)(_apply)
-    return list(ray.get([remote.remote(fn, a) for a in args]))
+    refs = [remote.remote(fn, a) for a in args]
+    return get(refs, stage=stage, where=lambda i: describe(args[i]))

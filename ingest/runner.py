@@ -27,6 +27,7 @@ from .raysetup import ray_map, ray_session
 from .screening import exact_duplicates, screen_text
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, done_url, run_shards
 from .sources import Item, SourceScan, StorageContext, scan_source
+from .taskerrors import get as get_results
 from .tokenize import TokenPacker, shared_packer, text_field
 from .transforms import TransformOptions, output_fields
 
@@ -170,6 +171,7 @@ def _assign_shards(
             eos_token=config.eos_token,
             packing=config.packing,
             window=config.pack_window,
+            special_tokens=config.special_tokens,
         )
     # a tar member costs a 512-byte header and up to 511 bytes of padding
     overhead = 768 * len(out_fields) if config.format == "webdataset" else 0
@@ -196,6 +198,7 @@ def _assign_shards(
         pack_window=config.pack_window,
         text_field=txt,
         encryption=config.encryption_key(),
+        special_tokens=config.special_tokens,
     )
     jobs = []
     for n, group in enumerate(groups):
@@ -233,8 +236,9 @@ def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResu
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
-                pending.pop(ref)
-                for r in ray.get(ref):
+                group = pending.pop(ref)
+                names = f"shards {group[0]}-{group[-1]}" if group else "no shards"
+                for r in get_results([ref], stage="shard", where=[names])[0]:
                     results.append(r)
                     progress.update(
                         samples=r.info["samples"] if r.info else 0,

@@ -10,6 +10,7 @@ from .config import IngestConfig
 from .neardup import screen
 from .raysetup import ray_map
 from .sources import Item, Reject, RejectInfo, SourceScan, StorageContext, open_reader
+from .taskerrors import in_stage
 from .tokenize import text_field
 from .transforms import TransformOptions, content_hash, output_fields
 
@@ -24,7 +25,8 @@ def _hash_items(
     try:
         for item in items:
             try:
-                out.append(content_hash(reader.read(item, ctx)))
+                with in_stage("dedup", item.source):
+                    out.append(content_hash(reader.read(item, ctx)))
             except Reject:
                 out.append(None)
     finally:
@@ -37,7 +39,7 @@ def exact_duplicates(scan: SourceScan, ctx: StorageContext) -> tuple[list[Item],
     driver: the first occurrence in source order stays, later ones are rejected."""
     chunks = [scan.items[i : i + 256] for i in range(0, len(scan.items), 256)]
     fn = partial(_hash_items, fmt=scan.format, shared=scan.shared, ctx=ctx)
-    hashes = [h for chunk in ray_map(fn, chunks) for h in chunk]
+    hashes = [h for chunk in ray_map(fn, chunks, stage="dedup") for h in chunk]
     first: dict[str, Item] = {}
     kept, rejects = [], []
     for item, h in zip(scan.items, hashes, strict=True):

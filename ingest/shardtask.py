@@ -25,6 +25,7 @@ from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
 from .sources import Item, Reject, SourceReader, StorageContext, open_reader
+from .taskerrors import in_stage
 from .tokenize import shared_packer, tokenizer_threads
 from .transforms import TransformOptions, transform_record
 
@@ -73,6 +74,7 @@ class TaskSpec:
     pack_window: int = 4096
     text_field: str | None = None
     encryption: EncryptionKey | None = None
+    special_tokens: str = "text"
     #: the tokenizer may run on every core: the run has fewer tasks than CPUs
     parallel_tokenizer: bool = False
 
@@ -181,14 +183,15 @@ def _samples(
         for i in by_source:
             item = items[i]
             try:
-                raw = read(item, ctx)
-                nbytes += _nbytes(raw)
-                t1 = clock()
-                t_read += t1 - t0
-                sizes: dict[str, tuple[int, int]] = {}
-                records[i] = (transform_record(raw, kinds, opts, sizes=sizes), sizes)
-                t0 = clock()
-                t_transform += t0 - t1
+                with in_stage("shard", item.source):
+                    raw = read(item, ctx)
+                    nbytes += _nbytes(raw)
+                    t1 = clock()
+                    t_read += t1 - t0
+                    sizes: dict[str, tuple[int, int]] = {}
+                    records[i] = (transform_record(raw, kinds, opts, sizes=sizes), sizes)
+                    t0 = clock()
+                    t_transform += t0 - t1
             except Reject as r:
                 t0 = clock()
                 records[i] = None
@@ -243,13 +246,15 @@ def _member(kind: str, value: Any) -> bytes:
 
 
 def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardResult) -> pa.Table:
-    """The shard's documents as packed token rows; an empty document is a counted reject."""
+    """The shard's documents as packed token rows; an empty document, or one the tokenizer
+    refuses, is a counted reject."""
     packer = shared_packer(
         spec.tokenizer or "",
         seq_len=spec.seq_len or 0,
         eos_token=spec.eos_token,
         packing=spec.packing,
         window=spec.pack_window,
+        special_tokens=spec.special_tokens,
     )
     field_name = spec.text_field or "txt"
     docs, ids = [], []
@@ -263,11 +268,19 @@ def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardRes
             continue
         docs.append(str(text))
         ids.append(it.index)
-    result.rejects.sort(key=lambda d: d["index"])
+    source = {it.index: it.source for it, _ in samples}
+
+    def refused(index: int, why: str) -> None:
+        result.rejects.append(
+            {"index": index, "source": source[index], "reason": "unencodable_text",
+             "detail": why}
+        )  # fmt: skip
+
     t0 = time.perf_counter()
     with tokenizer_threads(spec.parallel_tokenizer):
-        table, result.stats = packer.pack(docs, ids)
+        table, result.stats = packer.pack(docs, ids, on_skip=refused)
     result.timings["tokenize"] = time.perf_counter() - t0
+    result.rejects.sort(key=lambda d: d["index"])
     return table
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import array
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from .packing import PackOptions, PackPlan, plan_packing
+from .tokentext import SpecialTokens, unencodable
 
 __all__ = [
     "DOCUMENT_COLUMNS",
@@ -101,6 +102,7 @@ def shared_packer(
     eos_token: str | None = None,
     packing: str = "concat",
     window: int = 4096,
+    special_tokens: str = "text",
 ) -> TokenPacker:
     """A ``TokenPacker`` loaded once per process: a Ray worker builds many shards, and a
     large vocabulary's ``tokenizer.json`` takes a tenth of a second to a second to load.
@@ -110,12 +112,15 @@ def shared_packer(
         ident: Any = (st.st_size, st.st_mtime_ns, st.st_ino)
     except OSError:
         ident = None  # TokenPacker says why in one line
-    key = (path, ident, seq_len, eos_token, packing, window)
+    key = (path, ident, seq_len, eos_token, packing, window, special_tokens)
     with _PACKERS_LOCK:
         packer = _PACKERS.get(key)
     if packer is not None:
         return packer
-    packer = TokenPacker(path, seq_len=seq_len, eos_token=eos_token, packing=packing, window=window)
+    packer = TokenPacker(
+        path, seq_len=seq_len, eos_token=eos_token, packing=packing, window=window,
+        special_tokens=special_tokens,
+    )  # fmt: skip
     if ident is not None:
         with _PACKERS_LOCK:
             while len(_PACKERS) >= _PACKERS_MAX:
@@ -135,11 +140,14 @@ class TokenPacker:
         eos_token: str | None = None,
         packing: str = "concat",
         window: int = 4096,
+        special_tokens: str = "text",
     ) -> None:
         if type(seq_len) is not int or seq_len <= 0:
             raise ValueError(f"seq_len must be > 0, got {seq_len!r}")
         self.options = PackOptions(seq_len=seq_len, mode=packing, window=window)
         self.tokenizer = load_tokenizer(path)
+        # a special token spelled in a document is text ("text") or its control id ("special")
+        self.specials = SpecialTokens(self.tokenizer, special_tokens)
         self.seq_len = seq_len
         self.eos_id = self._find(eos_token, path)
         pad = [self.tokenizer.token_to_id(n) for n in PAD_CANDIDATES]
@@ -190,28 +198,60 @@ class TokenPacker:
         return (stream if self.dtype == np.uint32 else stream.astype(self.dtype)), lengths
 
     def pack(
-        self, documents: Iterable[str], ids: Sequence[int] | None = None
+        self,
+        documents: Iterable[str],
+        ids: Sequence[int] | None = None,
+        *,
+        on_skip: Callable[[int, str], None] | None = None,
     ) -> tuple[pa.Table, dict[str, Any]]:
         """``(table, stats)``: ``tokens`` rows and their segments. ``ids`` name the documents
-        (default: their positions); empty documents are left out and counted."""
+        (default: their positions); empty documents are left out and counted. A document the
+        tokenizer refuses goes to ``on_skip(id, why)`` (without it: a ``ValueError``)."""
         docs = list(documents)
         doc_ids = np.arange(len(docs)) if ids is None else np.asarray(ids, dtype=np.int64)
         if len(doc_ids) != len(docs):
             raise ValueError(f"{len(docs)} documents but {len(doc_ids)} ids")
         keep = [i for i, d in enumerate(docs) if d]
-        stream, lengths = self.encode([docs[i] for i in keep])
+        empty = len(docs) - len(keep)
+        try:
+            stream, lengths = self.encode([docs[i] for i in keep])
+        except Exception:  # one document the tokenizer refuses fails the whole batch
+            taken = self._taken(docs, doc_ids, keep, on_skip)
+            if taken is None:
+                raise  # no document is refused alone: the failure is not the input's
+            keep = taken
+            stream, lengths = self.encode([docs[i] for i in keep])
         plan = plan_packing(lengths, self.options)
         table = self.table(stream, lengths, plan, doc_ids[keep])
         stats = {
             "documents": len(keep),
-            "documents_empty": len(docs) - len(keep),
+            "documents_empty": empty,
             "documents_split": plan.split_documents,
             "tokens": plan.tokens,
             "rows": plan.rows,
             "padding_tokens": plan.padding,
             "truncated_tokens": 0,
+            "documents_with_special_tokens": self.specials.documents_with([docs[i] for i in keep]),
         }
         return table, stats
+
+    def _taken(
+        self,
+        docs: list[str],
+        doc_ids: np.ndarray,
+        keep: list[int],
+        on_skip: Callable[[int, str], None] | None,
+    ) -> list[int] | None:
+        """``keep`` without the documents the tokenizer refuses, each reported; None when
+        it refuses none of them alone."""
+        bad = unencodable(self.tokenizer, [docs[i] for i in keep])
+        if not bad:
+            return None
+        for j, why in bad.items():
+            if on_skip is None:
+                raise ValueError(f"the tokenizer refuses document {int(doc_ids[keep[j]])}: {why}")
+            on_skip(int(doc_ids[keep[j]]), why)
+        return [i for j, i in enumerate(keep) if j not in bad]
 
     def table(
         self, stream: np.ndarray, lengths: np.ndarray, plan: PackPlan, ids: np.ndarray

@@ -17,6 +17,7 @@ from PIL import Image
 from flashfeed.format.video import probe_video
 
 from .sources.base import Record, Reject
+from .sources.textcheck import LONE_SURROGATE, lone_surrogate
 
 __all__ = [
     "TransformOptions",
@@ -76,8 +77,8 @@ def content_hash(record: Record) -> str:
         h.update(name.encode() + b"\0")
         if isinstance(value, bytes | bytearray | memoryview):
             h.update(value)
-        elif isinstance(value, str):
-            h.update(value.encode("utf-8"))
+        elif isinstance(value, str):  # a lone surrogate hashes too (the shard task skips it)
+            h.update(value.encode("utf-8", "surrogatepass"))
         else:
             h.update(json.dumps(value, sort_keys=True).encode())
         h.update(b"\0\0")
@@ -137,8 +138,9 @@ def transform_record(
     *,
     sizes: dict[str, tuple[int, int]] | None = None,
 ) -> Record:
-    """The sample after cleaning, or ``Reject``. ``kinds`` are the source's field kinds.
-    ``sizes``, when given, receives ``(width, height)`` of every output image field the
+    """The sample after cleaning, or ``Reject``. ``kinds`` are the source's field kinds; a
+    string no UTF-8 encoder takes (a lone surrogate) is a ``lone_surrogate`` reject, whatever
+    its field. ``sizes``, when given, receives ``(width, height)`` of every output image field the
     transform opened (checked or re-encoded), so that a shard's size table need not parse
     those images again."""
     out: Record = {}
@@ -147,6 +149,8 @@ def transform_record(
         if value is None:
             continue
         kind = kinds.get(name, "bytes")
+        if isinstance(value, str) and (bad := lone_surrogate(value)) is not None:
+            raise Reject(LONE_SURROGATE, f"{name}: {bad}")
         if kind == "text":
             has_text = True
             text = str(value)

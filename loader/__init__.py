@@ -1,7 +1,8 @@
 """Training-side loader: plan -> node cache -> DALI decode -> torch batches.
 
-``Loader`` (images, DALI), ``TokenLoader`` (Arrow token sequences) and ``ShardDataset``
-(a torch ``IterableDataset`` for your own transforms) share one plan, one resume state and
+``Loader`` (images, DALI), ``TokenLoader`` (Arrow token sequences), ``PackedLoader``
+(Parquet or JSONL documents indexed in place, packed on the fly) and ``ShardDataset`` (a
+torch ``IterableDataset`` for your own transforms) share one plan, one resume state and
 one stall accounting.
 """
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from .sources import CacheShardSource, LocalShardSource, ShardSource
     from .telemetry.ledger import Ledger, read_ledger
     from .telemetry.mixledger import SourceCheck, check_mixture
+    from .tokens.packed import PackedLoader
     from .tokens.segments import DOC_OUTPUTS
     from .tokens.tokens import TokenLoader
 
@@ -36,6 +38,7 @@ _LAZY = {
     "LoaderParts": ".parts",
     "LocalShardSource": ".sources",
     "MixtureDataset": ".mixsource",
+    "PackedLoader": ".tokens.packed",
     "PlanOptions": ".position",
     "Position": ".position",
     "ShardDataLoader": ".shard_dataset",
@@ -63,6 +66,7 @@ __all__ = [
     "LoaderParts",
     "LocalShardSource",
     "MixtureDataset",
+    "PackedLoader",
     "PlanOptions",
     "Position",
     "ShardDataLoader",

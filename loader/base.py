@@ -50,7 +50,7 @@ class PlannedLoader:
         self.drop_last = parts.options.drop_last
         self.source = parts.source
         self.position: Position | MixPosition = (
-            MixPosition(dataset, ctx, parts.options)
+            MixPosition(dataset, ctx, parts.options, batch=batch_size if self.drop_last else 1)
             if isinstance(dataset, MixtureDataset)
             else Position(
                 shard_samples(dataset) * per_sample,
@@ -128,7 +128,7 @@ class PlannedLoader:
     def state_dict(self) -> dict[str, Any]:
         """The exact position: seed, epoch, world size, segments, samples consumed, and how
         many samples of this epoch the job drops (``drop_last``: the plan's surplus and each
-        rank's last partial batch)."""
+        rank's last partial batch; a mixture: what its sources' completed cycles leave)."""
         state = self.position.state_dict()
         state["finished"] = self._finished
         state["url"] = self.dataset.url  # tells another dataset from another version of it
@@ -324,6 +324,11 @@ class PlannedLoader:
         per_source: tuple[tuple[str, int], ...] = ()
         if isinstance(self.position, MixPosition):
             per_source = self.position.source_counts(samples)
+            taken = self.position.consumed
+            if self.ledger is not None:  # cycles this batch completes: what they left unread
+                gone = self.position.dropped_between(taken, taken + samples)
+                if len(gone):
+                    self.ledger.record_dropped(epoch, gone.tolist())
         self.position.advance(samples)
         # the values, not a ``StatsRecord``: the recorder builds one only for a reader of it
         self.recorder.add(

@@ -7,6 +7,10 @@ world size, the very same sequence continues. Under another world size, or other
 schedule or a length changed, a source added), a new deal starts from where every source
 stands: nothing read in this epoch is read again, and the change is recorded in the state.
 A state whose sources are missing or hold other data is refused, naming the source.
+
+What the epoch's completed cycles leave unread is counted (``RankPlan.dropped_total``, the
+state's ``deal.dropped`` for the deals before this one) and each rank's share of it is named
+once its cycle is complete (``dropped_between``), for the ledger.
 """
 
 from __future__ import annotations
@@ -44,19 +48,25 @@ class MixPosition:
     _sources: np.ndarray | None  # the source of each sample of this rank's share of the deal
     _counted: dict[tuple[int, int], tuple[tuple[str, int], ...]]  # ``source_counts`` ahead
 
-    def __init__(self, dataset: MixtureDataset, ctx: DistContext, options: PlanOptions) -> None:
+    def __init__(
+        self, dataset: MixtureDataset, ctx: DistContext, options: PlanOptions, *, batch: int = 1
+    ) -> None:
+        """``batch``: the loader's batch when it drops a last partial batch (else 1): a
+        deal is cut to whole batches, so the epoch deals what it delivers."""
         self.mix = dataset
         self.ctx = ctx
+        self.batch = batch
         self.shard_sizes = dataset.manifest.shard_samples
         self.dataset_id: str | None = dataset.manifest.digest
         self._plan(options)
+        self.planner.check_epoch(ctx.topology)
         self.progress = self.planner.start(0, ctx.topology)  # its deal; see ``consumed``
         self.changes: list[list[Any]] = []
         self._memo: tuple[Any, MixRankPlan] | None = None
 
     def _plan(self, options: PlanOptions) -> None:
         self.options = options
-        self.planner = MixPlanner(self.mix.mixture, self.mix.tables(), options)
+        self.planner = MixPlanner(self.mix.mixture, self.mix.tables(), options, batch=self.batch)
 
     @property
     def topology(self) -> Topology:
@@ -95,25 +105,36 @@ class MixPosition:
             self.progress = self.planner.fresh(int(epoch), self.topology)
 
     def next_epoch(self) -> None:
-        self.progress = self.planner.next_epoch(self.progress)
+        """The next epoch, once this one's pass ended: the clock moves by what it delivered."""
+        self.progress = self.planner.next_epoch(self.progress, self._taken)
 
     def following(self) -> MixPosition:
         """A copy standing at the start of the next epoch."""
         ahead = MixPosition.__new__(MixPosition)
         ahead.__dict__.update(self.__dict__)
         ahead._memo = None
-        ahead.progress = self.planner.next_epoch(self.progress)
+        ahead.progress = self.planner.next_epoch(self.progress, self._taken)
         return ahead
 
     def rank_plan(self) -> RankPlan:
-        """What this rank still reads of this epoch (virtual sample ids)."""
-        samples = self._share()
+        """What this rank still reads of this epoch (virtual sample ids), its share of what
+        the cycles still to complete leave unread, and the epoch's losses in all."""
+        share = self._share_plan()
+        samples = share.samples
         if self._taken > len(samples):
             raise ValueError(
                 f"resume state says each rank consumed {self._taken} samples of this deal but "
                 f"it has only {len(samples)}: the state belongs to another mixture"
             )
-        return RankPlan(samples[self._taken :])
+        later = share.dropped[share.dropped_at > self._taken]
+        empty = np.zeros(0, np.int64)
+        return RankPlan(samples[self._taken :], later, empty, self.planner.losses(self._deal))
+
+    def dropped_between(self, lo: int, hi: int) -> np.ndarray:
+        """This rank's share of what the cycles complete once ``hi`` (not yet at ``lo``)
+        samples of the deal were taken leave unread: virtual ids, for the ledger."""
+        share = self._share_plan()
+        return share.dropped[(share.dropped_at > lo) & (share.dropped_at <= hi)]
 
     def _share(self) -> np.ndarray:
         """This rank's whole share of the current deal, planned once per deal."""
@@ -128,7 +149,10 @@ class MixPosition:
         return self._memo[1]
 
     def remaining(self) -> np.ndarray:
-        return self.rank_plan().samples
+        samples = self._share()
+        if self._taken > len(samples):
+            self.rank_plan()  # says why
+        return samples[self._taken :]
 
     def advance(self, n: int) -> None:
         self._taken += n
@@ -194,6 +218,7 @@ class MixPosition:
                 "ranks_per_node": p.topology.rpn,
                 "mixture": p.mixture,
                 "consumed": p.consumed,
+                "dropped": p.dropped,
                 "counts": [int(c) for c in counts],
                 "cursors": [
                     [
@@ -234,6 +259,7 @@ class MixPosition:
         if options != self.options:
             self._plan(options)
         progress, counts = _progress(state)
+        self._check_length(progress, state)
         same_sources = [n for n, _ in progress.cursors] == list(self.mix.names)
         if (
             progress.mixture == self.mix.mixture.digest
@@ -256,6 +282,18 @@ class MixPosition:
         self._memo = None
         self.rank_plan()
         return self.options
+
+    def _check_length(self, progress: MixProgress, state: dict[str, Any]) -> None:
+        """A length below what the state's epoch consumed would leave nothing to read: refused
+        by value (an epoch the state finished goes on to the next one)."""
+        length = self.mix.mixture.length
+        done = progress.start + progress.consumed * progress.topology.world_size
+        if length is not None and length < done and not state.get("finished"):
+            raise ValueError(
+                f"mixture length={length} is below the {done} samples epoch "
+                f"{progress.epoch} already consumed: give a length above {done}, or resume "
+                "at the next epoch"
+            )
 
     def _check_sources(self, raw: Any) -> None:
         if not isinstance(raw, list):
@@ -294,6 +332,7 @@ def _progress(state: dict[str, Any]) -> tuple[MixProgress, np.ndarray]:
             cursors=cursors,
             mixture=str(deal["mixture"]),
             consumed=int(deal["consumed"]),
+            dropped=int(deal.get("dropped", 0)),  # absent in states saved before it counted
         )
         counts = np.asarray([int(c) for c in deal["counts"]], dtype=np.int64)
     except (KeyError, TypeError, ValueError) as exc:

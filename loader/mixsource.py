@@ -240,11 +240,14 @@ class MixtureShardSource:
         return src.partial(local)
 
     def stats(self) -> dict[str, Any]:
-        per = {n: src.stats() for n, src in zip(self.dataset.names, self.sources, strict=True)}
+        per = {
+            n: src.own_stats() if isinstance(src, CacheShardSource) else src.stats()
+            for n, src in zip(self.dataset.names, self.sources, strict=True)
+        }
         first = next(iter(per.values()))
         caches = {id(getattr(s, "cache", None)) for s in self.sources}
-        if len(caches) == 1 and getattr(self.sources[0], "cache", None) is not None:
-            out = dict(first)  # one node cache: its counters are the mixture's
+        if len(caches) == 1 and isinstance(self.sources[0], CacheShardSource):
+            out = self.sources[0].stats()  # one node cache: its counters are the mixture's
         else:
             out = {"kind": first.get("kind", "mixture")}
             for key in ("hits", "misses"):

@@ -24,7 +24,12 @@ from .sources import CacheShardSource, ShardSource, open_dataset, open_source
 __all__ = ["LoaderParts", "SharedKeywords", "Telemetry", "loader_parts", "readahead_shards"]
 
 #: which loader reads which shard format (said when a dataset reaches the wrong one)
-_READERS = {"webdataset": "Loader or ShardDataset", "arrow": "TokenLoader"}
+_READERS = {
+    "webdataset": "Loader or ShardDataset",
+    "arrow": "TokenLoader",
+    "parquet": "PackedLoader",
+    "jsonl": "PackedLoader",
+}
 
 
 class SharedKeywords(TypedDict, total=False):
@@ -93,9 +98,9 @@ class LoaderParts:
 
 def loader_parts(
     loader: str,
-    dataset: str | Dataset | Mixture,
+    dataset: str | Dataset | Mixture | Mapping[str, Any],
     *,
-    shard_format: str,
+    shard_format: str | tuple[str, ...],
     keywords: Mapping[str, Any],
 ) -> LoaderParts:
     """The parts of loader ``loader`` (its class name, for messages) reading ``dataset``,
@@ -110,9 +115,9 @@ def loader_parts(
 
 def _build(
     loader: str,
-    dataset: str | Dataset | Mixture,
+    dataset: str | Dataset | Mixture | Mapping[str, Any],
     *,
-    shard_format: str,
+    shard_format: str | tuple[str, ...],
     cache_dir: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,
@@ -142,7 +147,7 @@ def _build(
         arrival_windows=arrival_windows,
     )  # fmt: skip
     ctx = resolve_context(rank=rank, world_size=world_size, ranks_per_node=ranks_per_node)
-    if isinstance(dataset, Mixture) or is_mixture_file(dataset):
+    if isinstance(dataset, Mixture | Mapping) or is_mixture_file(dataset):
         mixture = load_mixture(dataset)  # type: ignore[arg-type]
         mix, routed = open_mixture(
             mixture, storage_options=storage_options, cache_dir=cache_dir, cache=cache
@@ -161,7 +166,7 @@ def _build(
         dataset, storage_options, cache_dir=cache_dir, cache=cache, version=dataset_version
     )
     found = ds.manifest.shard_format
-    if found != shard_format:
+    if found not in _formats(shard_format):
         raise ValueError(
             f"{ds.url} holds {found} shards; {loader} reads {shard_format} shards"
             + (f" (use {_READERS[found]} for {found})" if found in _READERS else "")
@@ -176,8 +181,12 @@ def _build(
     return LoaderParts(ds, ctx, options, source, telemetry, shards_ahead, budget)
 
 
-def _check_format(loader: str, url: str, found: str, shard_format: str) -> None:
-    if found != shard_format:
+def _formats(shard_format: str | tuple[str, ...]) -> tuple[str, ...]:
+    return shard_format if isinstance(shard_format, tuple) else (shard_format,)
+
+
+def _check_format(loader: str, url: str, found: str, shard_format: str | tuple[str, ...]) -> None:
+    if found not in _formats(shard_format):
         raise ValueError(
             f"{url} holds {found} shards; {loader} reads {shard_format} shards"
             + (f" (use {_READERS[found]} for {found})" if found in _READERS else "")

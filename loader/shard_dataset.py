@@ -61,7 +61,7 @@ class ShardDataset(PlannedLoader, IterableDataset):
 
     def __init__(
         self,
-        dataset: str | Dataset | Mixture,
+        dataset: str | Dataset | Mixture | Mapping[str, Any],
         *,
         batch_size: int = 1,
         transform: Transform | None = None,

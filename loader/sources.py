@@ -315,6 +315,15 @@ class CacheShardSource:
             out["error"] = str(exc)
         return out
 
+    def own_stats(self) -> dict[str, Any]:
+        """The counters of this dataset's shards only, not the whole cache's."""
+        out: dict[str, Any] = {"kind": "cache"}
+        try:
+            out.update(self._cache().dataset_stats(self.dataset))
+        except Exception as exc:  # a stats failure must not stop training
+            out["error"] = str(exc)
+        return out
+
 
 def open_source(
     dataset: Dataset,
@@ -332,7 +341,12 @@ def open_source(
     """
     if cache is not None:
         return CacheShardSource(dataset, cache)
-    cache_dir = node_cache_dir(cache_dir, dataset.url)
+    files = dataset.in_place
+    if files is not None and storage.is_local(files.root):  # ranges of local files, in place
+        from .unitread import LocalUnitSource
+
+        return LocalUnitSource(dataset)  # type: ignore[return-value]
+    cache_dir = node_cache_dir(cache_dir, dataset.url if files is None else files.root)
     if cache_dir is None:
         return LocalShardSource(dataset)
     try:

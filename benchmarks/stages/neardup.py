@@ -54,8 +54,9 @@ SIZE, PERM = 5, 128
 
 
 def _lsh_roots(sigs: np.ndarray, threshold: float) -> dict[int, int]:
-    """Bands of the signatures -> candidate pairs checked against their signatures ->
-    union-find (flashfeed's path)."""
+    """Bands of the signatures (the S-curve sizing) -> candidate pairs checked against their
+    signatures -> union-find: the same path for every kernel. flashfeed ingest itself sizes
+    the LSH for recall and checks candidates exactly (``neardupcurve.py`` measures that)."""
     bands, rows = lsh_params(threshold, PERM)
     keys = band_keys(sigs, bands=bands, rows=rows)
     n = len(sigs)

@@ -65,6 +65,7 @@ def _kernel_main(src: str, tok: str, kernel: str) -> None:
     with open(src) as f:
         texts = [json.loads(line)["text"] for line in f]
     t = Tokenizer.from_file(tok)
+    t.encode_special_tokens = True  # as ingest encodes by default (special_tokens="text")
     fn = t.encode_batch_fast if kernel == "fast" else t.encode_batch
     c0, w0 = time.process_time(), time.perf_counter()
     fn(texts, add_special_tokens=False)

@@ -25,6 +25,7 @@ STAGES = (
     ("read back + NFC", "task"),
     ("encode_batch_fast", "task"),
     ("ids into one array", "task"),
+    ("special-token count", "task"),
     ("best-fit plan", "task"),
     ("rows + segment columns", "task"),
     ("Arrow write", "task"),
@@ -78,6 +79,7 @@ def stage_profile(
             lambda: packer.tokenizer.encode_batch_fast(texts, add_special_tokens=False), repeat
         )
     (stream, lengths), t["ids into one array"] = _best(lambda: packer.stream(encoded), repeat)
+    _, t["special-token count"] = _best(lambda: packer.specials.documents_with(texts), repeat)
     plan, t["best-fit plan"] = _best(lambda: plan_packing(lengths, packer.options), repeat)
     ids = np.arange(len(texts))
     table, t["rows + segment columns"] = _best(

@@ -126,6 +126,41 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _peer_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the cluster tier: read from the other nodes before the store")
+    g.add_argument(
+        "--peers",
+        metavar="H0:P,H1:P,...",
+        help="the nodes' peer servers (`python -m flashfeed.cache.peer serve`), in node-rank "
+        "order for a cluster warm; the token: $FLASHFEED_PEER_TOKEN or --peer-token-file",
+    )
+    g.add_argument("--peer-port", type=int, default=7460, help="where an entry has no port")
+    g.add_argument(
+        "--peer-self",
+        metavar="HOST:PORT",
+        help="this node's own peer server (one-node warm): it may then read shards from the "
+        "store for the cluster; without it, this warm reads peers' copies, then the store",
+    )
+    g.add_argument("--peer-token-file", metavar="FILE", help="the cluster token (mode 0600)")
+
+
+def _peer_spec(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``cache warm --peers``: what each warm's cache makes its ``PeerTier`` of."""
+    if not args.peers:
+        if args.peer_self or args.peer_token_file:
+            raise ValueError("--peer-self and --peer-token-file need --peers")
+        return None
+    from ..peer.discovery import peers_from
+
+    peers = peers_from(hosts=args.peers, port=args.peer_port)
+    return {
+        "peers": peers,
+        "self": args.peer_self,
+        "ranked": args.ray_address is not None,
+        "token_file": args.peer_token_file,
+    }
+
+
 def _cache_dir(given: str | None, what: str, *, existing: bool) -> str:
     """The cache directory from the flag or the environment. ``existing``: it must already
     be one (status, verify and evict read a cache; only warm creates it)."""
@@ -202,8 +237,16 @@ def register(subparsers: Any) -> None:
     )
     w.add_argument("--no-progress", action="store_true", help="no progress bar")
     w.add_argument("--json", action="store_true", help="print the summary as JSON")
+    w.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        metavar="B",
+        help="a mixture's loader batch size: its epochs are whole batches (1)",
+    )
     _plan_options(w, defaults=True)
     _cluster_options(w)
+    _peer_options(w)
     w.set_defaults(func=_warm)
 
     s = _on_cache_dir(
@@ -271,18 +314,29 @@ def _warm(args: argparse.Namespace) -> int:
         "concurrency": args.concurrency,
         "part_size": args.part_size,
     }
+    spec = _peer_spec(args)
+    if spec is not None:
+        kwargs["peers"] = spec
     if args.ray_address is None and (args.hosts or args.hostfile):
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
     if is_mixture_file(args.dataset):
+        if spec is not None:
+            raise ValueError("--peers warms one dataset; a mixture's sources: one at a time")
         return _warm_mixture(args, share, kwargs)
     if args.ray_address is not None:
         results = _warm_cluster(args, share, kwargs)
     else:
         root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
+        if spec is not None:
+            from ..peer.clusterwarm import with_peer_tier
+
+            kwargs = with_peer_tier(kwargs)
         with ShardCache(root, **kwargs) as cache:
             dataset = cache.open_dataset(args.dataset)  # the manifest is kept for offline runs
             result = warm_share(cache, dataset, share, progress=not args.no_progress)
         results = [{**result.to_dict(), "cache_dir": root}]
+        if spec is not None:
+            results[0]["peers"] = kwargs["peers"].stats()
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -296,13 +350,17 @@ def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, 
     """``cache warm MIXTURE.json``: every source's shards this node reads first."""
     from ..warm.warmmix import warm_mixture
 
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     mixture = load_mixture(args.dataset)
     if args.ray_address is not None:
         results = _warm_cluster(args, share, kwargs, mixture)
     else:
         root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
         with ShardCache(root, **kwargs) as cache:
-            result = warm_mixture(cache, mixture, share, progress=not args.no_progress)
+            result = warm_mixture(
+                cache, mixture, share, progress=not args.no_progress, batch=args.batch_size
+            )
         results = [{**result.to_dict(), "cache_dir": root}]
     results = [{**r, "mixture": args.dataset} for r in results]
     if args.json:
@@ -344,6 +402,7 @@ def _warm_cluster(
         num_nodes=given,
         cache_kwargs=kwargs,
         warn=_say,
+        batch=args.batch_size,
     )
 
 
@@ -370,12 +429,38 @@ def _share_from(args: argparse.Namespace) -> NodeShare | None:
 
 def _status(args: argparse.Namespace) -> int:
     root = _cache_dir(args.dir, "DIR", existing=True)
-    report = admin.status(root, url=args.dataset, share=_share_from(args))
+    if args.dataset is not None and is_mixture_file(args.dataset):
+        report = _mixture_status(root, args)
+    else:
+        report = admin.status(root, url=args.dataset, share=_share_from(args))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         _print(status_lines(report))
     return 0
+
+
+def _mixture_status(root: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``cache status --dataset MIXTURE``: the status of each source, named."""
+    if _share_from(args) is not None:
+        raise ValueError(
+            f"--dataset {args.dataset} is a mixture: its node share is the mixture plan's, "
+            "which cache status does not compute; drop the plan flags (cache warm "
+            "reports the share it fetched)"
+        )
+    mixture = load_mixture(args.dataset)
+    report: dict[str, Any] = {}
+    datasets = []
+    for s in mixture.sources:
+        try:
+            one = admin.status(root, url=s.url)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"mixture source {s.key!r} ({s.url}) cannot be opened: {exc}"
+            ) from None
+        datasets += [{**d, "source": s.key} for d in one["datasets"]]
+        report = one
+    return {**report, "mixture": args.dataset, "datasets": datasets}
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -88,7 +88,8 @@ def status_lines(report: dict[str, Any]) -> list[str]:
 
 def _dataset_lines(d: dict[str, Any]) -> list[str]:
     lines = [
-        f"dataset {d['url']}: {d['cached_shards']}/{d['shards']} shards cached "
+        f"dataset {d['url']}{' (source ' + str(d['source']) + ')' if d.get('source') else ''}: "
+        f"{d['cached_shards']}/{d['shards']} shards cached "
         f"({format_size(d['cached_bytes'])} of {format_size(d['dataset_bytes'])})"
         f"{', ' + str(d['pinned']) + ' pinned' if d.get('pinned') else ''}"
     ]

@@ -163,21 +163,34 @@ def _driver_storage_options(given: dict[str, Any] | None) -> dict[str, Any] | No
 
 
 def warm_node(
-    url: str | Mixture, cache_dir: str | None, share: NodeShare, cache_kwargs: dict[str, Any]
+    url: str | Mixture,
+    cache_dir: str | None,
+    share: NodeShare,
+    cache_kwargs: dict[str, Any],
+    batch: int = 1,
 ) -> dict[str, Any]:
     """Warm this machine's cache with ``share`` of the dataset at ``url`` or of every source
     of a mixture; ``cache_dir`` None: this node's default (``default_cache_dir``). A setup
     failure comes back as ``"error"``, one line."""
     root = cache_dir or default_cache_dir()
     try:
+        spec = cache_kwargs.get("peers")
+        if spec is not None:  # cache warm --peers: the cluster tier
+            from ..peer.clusterwarm import assign_owners, with_peer_tier
+
+            cache_kwargs = with_peer_tier(cache_kwargs, node_rank=share.node_rank)
         with ShardCache(root, **cache_kwargs) as cache:
             if isinstance(url, Mixture):
                 from .warmmix import warm_mixture
 
-                out = warm_mixture(cache, url, share, progress=False).to_dict()
+                out = warm_mixture(cache, url, share, progress=False, batch=batch).to_dict()
             else:
                 dataset = cache.open_dataset(url)  # the manifest is kept for offline runs
+                if spec is not None:
+                    assign_owners(cache_kwargs["peers"], dataset, spec)
                 out = warm_share(cache, dataset, share, progress=False).to_dict()
+                if spec is not None:
+                    out["peers"] = cache_kwargs["peers"].stats()
     except (FlashfeedError, ValueError, OSError) as exc:
         out = WarmResult(node_rank=share.node_rank, shards=0).to_dict()
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -198,13 +211,15 @@ def warm_cluster(
     num_nodes: int | None = None,
     cache_kwargs: dict[str, Any],
     warn: Callable[[str], None] = log.warning,
+    batch: int = 1,
 ) -> list[dict[str, Any]]:
     """One Ray task per node of the run (hard node affinity), each warming its share (of
     every source, for a ``Mixture``: the nodes' shares of the mixture's plan).
 
     A node's rank is its position in ``hosts``, or without ``hosts`` its place among the
     alive Ray nodes sorted by id. ``num_nodes``, when given, must be that number of nodes.
-    ``cache_dir`` None: each node uses its own ``FLASHFEED_CACHE_DIR``.
+    ``cache_dir`` None: each node uses its own ``FLASHFEED_CACHE_DIR``. ``batch``: the
+    loader's batch size, for a mixture's plan.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -232,12 +247,19 @@ def warm_cluster(
         **cache_kwargs,
         "storage_options": _driver_storage_options(cache_kwargs.get("storage_options")),
     }
+    shares = [NodeShare(options, topology, rank, epochs) for rank in range(len(ranked))]
+    if cache_kwargs.get("peers") is not None and not isinstance(url, Mixture):
+        from ..peer.clusterwarm import plan_store_reads
+
+        cache_kwargs["peers"] = plan_store_reads(
+            url, cache_kwargs["peers"], shares, cache_kwargs["storage_options"]
+        )
     task = ray.remote(num_cpus=1, max_retries=0)(warm_node)
     refs = [
         task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-        ).remote(url, cache_dir, NodeShare(options, topology, rank, epochs), cache_kwargs)
-        for rank, node in enumerate(ranked)
+        ).remote(url, cache_dir, share, cache_kwargs, batch)
+        for node, share in zip(ranked, shares, strict=True)
     ]
     results = ray.get(refs)
     for node, r in zip(ranked, results, strict=True):

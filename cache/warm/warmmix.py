@@ -1,8 +1,9 @@
 """Warming a node cache for a mixture: every source's shards this node reads first, in the
 order the mixture's plan reads them (``flashfeed.plan.mixplan``), as far as the capacity allows.
 
-The order is the loader's own: the same ``MixPlanner`` over the same shard tables, options
-and topology, node by node, epoch after epoch. Each source's warm record names the mixture.
+The order is the loader's own: the same ``MixPlanner`` over the same shard tables, options,
+topology and batch (a deal is cut to whole batches when the loader drops a last partial
+one), node by node, epoch after epoch. Each source's warm record names the mixture.
 """
 
 from __future__ import annotations
@@ -51,15 +52,17 @@ def open_sources(
 
 
 def mixture_order(
-    mixture: Mixture, datasets: Sequence[Dataset], share: NodeShare
+    mixture: Mixture, datasets: Sequence[Dataset], share: NodeShare, *, batch: int = 1
 ) -> list[tuple[int, int]]:
     """(source number, shard) pairs this node reads, in order of first need, epoch after
-    epoch (each shard once: its first need)."""
+    epoch (each shard once: its first need). ``batch``: the loader's batch size."""
     tables = [
         SourceTable(s.key, str(d.manifest.digest), d.manifest.shard_samples)
         for s, d in zip(mixture.sources, datasets, strict=True)
     ]
-    planner = MixPlanner(mixture, tables, share.options)
+    planner = MixPlanner(
+        mixture, tables, share.options, batch=batch if share.options.drop_last else 1
+    )
     at = planner.start(0, share.topology)
     seen: set[int] = set()
     order: list[tuple[int, int]] = []
@@ -82,15 +85,17 @@ def warm_mixture(
     progress: bool = True,
     workers: int = 4,
     file: TextIO | None = None,
+    batch: int = 1,
 ) -> WarmResult:
     """Fetch the shards of every source that this node reads first, in read order, up to
     the cache's capacity; never raises per shard (``WarmResult.failed`` names source and
     shard). Pins what it warmed (the last warm's pins of each source released first) and
-    records for each source which share of which mixture was warmed."""
+    records for each source which share of which mixture was warmed. ``batch``: the
+    loader's batch size (its later epochs start where the earlier ones' whole batches end)."""
     datasets = open_sources(mixture, storage_options, cache=cache)
     for d in datasets:
         release_warm_pins(cache.root, d.url)
-    order = mixture_order(mixture, datasets, share)
+    order = mixture_order(mixture, datasets, share, batch=batch)
     wanted, room = [], cache.capacity
     for s, i in order:
         room -= datasets[s].shards[i].bytes

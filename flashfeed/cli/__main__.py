@@ -2,7 +2,7 @@
 
 import sys
 
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

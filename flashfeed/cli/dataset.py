@@ -13,13 +13,18 @@ from tqdm import tqdm
 from flashfeed.cli.help import formatter
 from flashfeed.dataset import Dataset
 from flashfeed.format.indexer import index_dataset
+from flashfeed.format.inplaceindex import find_in_place_files, index_in_place
+from flashfeed.plan.mixture import is_mixture_file
 from flashfeed.summary import format_summary, summarize
 from flashfeed.units import format_size
 from flashfeed.verify import verify_dataset
 
 __all__ = ["register"]
 
-_URL_HELP = "dataset prefix: s3://bucket/ds, file:///data/ds or a local path"
+_URL_HELP = (
+    "dataset prefix: s3://bucket/ds, file:///data/ds or a local path; or a mixture file "
+    "(.json/.yaml): each of its sources"
+)
 
 
 def register(sub: Any) -> None:
@@ -56,17 +61,39 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser(
         "index",
-        help="adopt uncompressed *.tar shards written by other tools (index + manifest)",
-        description="Find the uncompressed *.tar shards under URL (written by webdataset's "
+        help="adopt *.tar shards written by other tools, or index Parquet/JSONL in place",
+        description="Parquet, JSONL, JSONL.gz or JSONL.zst files under URL are indexed in "
+        "place: a manifest of their row groups (or blocks of lines) with checksums, footers "
+        "and schema, no copy (see docs/INGEST.md, 'Index in place or convert'). "
+        "Otherwise: find the uncompressed *.tar shards under URL (written by webdataset's "
         "ShardWriter, Ray's write_webdataset, GNU tar, ...), write a DALI .idx beside each, "
         "and commit a manifest whose schema is inferred from the member extensions. "
         "Compressed shards (.tgz, .tar.gz) cannot be indexed: re-shard them with "
         "`flashfeed ingest SRC DEST --source-format webdataset`.",
         epilog="examples:\n  flashfeed index s3://flashfeed/laion-wds --name laion\n"
-        "  flashfeed index ./shards --overwrite     # re-index after adding shards",
+        "  flashfeed index ./shards --overwrite     # re-index after adding shards\n"
+        "  flashfeed index s3://corpus/web/ --manifest-prefix s3://mine/web-index",
         formatter_class=formatter(),
     )
-    p.add_argument("url", metavar="URL", help="prefix holding *.tar shards (searched recursively)")
+    p.add_argument(
+        "url",
+        metavar="URL",
+        help="prefix holding *.tar shards, or Parquet/JSONL files to index in place "
+        "(searched recursively)",
+    )
+    p.add_argument(
+        "--manifest-prefix",
+        default=None,
+        metavar="URL",
+        help="Parquet/JSONL: write the manifest here instead of beside the files (a "
+        "read-only source); the files stay where they are",
+    )
+    p.add_argument(
+        "--block-bytes",
+        type=int,
+        default=16 << 20,
+        help="JSONL: a block's target size in bytes, whole lines (default %(default)s)",
+    )
     p.add_argument("--name", default=None, help="dataset name (default: the prefix's last part)")
     p.add_argument("--overwrite", action="store_true", help="replace a committed manifest")
     p.add_argument(
@@ -77,6 +104,10 @@ def register(sub: Any) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    if is_mixture_file(args.url):
+        from flashfeed.cli.mixture import inspect_mixture
+
+        return inspect_mixture(args)
     ds = Dataset.open(args.url)
     summary = summarize(ds.manifest, url=ds.url, shards=args.shards)
     if args.json:
@@ -87,7 +118,14 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    ds = Dataset.open(args.url)
+    if is_mixture_file(args.url):
+        from flashfeed.cli.mixture import verify_mixture
+
+        return verify_mixture(args, _verify_one)
+    return _verify_one(args, Dataset.open(args.url))
+
+
+def _verify_one(args: argparse.Namespace, ds: Dataset) -> int:
     lock = threading.Lock()
     with tqdm(
         total=ds.manifest.num_bytes,
@@ -121,6 +159,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
+    if args.manifest_prefix is not None or _in_place(args.url):
+        return _index_in_place(args)
     lock = threading.Lock()
     with tqdm(unit="shard", desc="index", file=sys.stderr, disable=args.no_progress) as bar:
 
@@ -138,5 +178,36 @@ def _index(args: argparse.Namespace) -> int:
         f"indexed {m.num_shards} shards, {m.num_samples} samples, "
         f"{format_size(m.num_bytes)}; schema {', '.join(sorted(m.schema))}; "
         f"committed {report.manifest_url}"
+    )
+    return 0
+
+
+def _in_place(url: str) -> bool:
+    """Whether ``url`` holds files to index in place (and no tar shards)."""
+    from flashfeed import storage
+
+    if any(u.endswith(".tar") for u in storage.list_files(url)):
+        return False
+    return bool(find_in_place_files(url))
+
+
+def _index_in_place(args: argparse.Namespace) -> int:
+    lock = threading.Lock()
+    with tqdm(unit="file", desc="index", file=sys.stderr, disable=args.no_progress) as bar:
+
+        def done(_: str) -> None:
+            with lock:
+                bar.update(1)
+
+        report = index_in_place(
+            args.url, manifest_prefix=args.manifest_prefix, name=args.name,
+            overwrite=args.overwrite, workers=args.workers, block_bytes=args.block_bytes,
+            on_file=done,
+        )  # fmt: skip
+    m = report.manifest
+    print(
+        f"indexed {report.files} {m.shard_format} files in place: {m.num_shards} units, "
+        f"{m.num_samples} rows, {format_size(m.num_bytes)}; columns "
+        f"{', '.join(sorted(m.schema))}; committed {report.manifest_url}"
     )
     return 0

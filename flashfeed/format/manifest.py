@@ -86,6 +86,10 @@ class Manifest:
             raise ManifestError(
                 f"shard_format must be one of {SHARD_FORMATS}, got {shard_format!r}"
             )
+        if shard_format in ("parquet", "jsonl") and "in-place" not in requires:
+            raise ManifestError(
+                f"a {shard_format} manifest indexes files in place: it must require 'in-place'"
+            )
         self.name = name
         self.shard_format = shard_format
         self.schema = schema

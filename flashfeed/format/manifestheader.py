@@ -28,9 +28,11 @@ __all__ = [
 FORMAT_VERSION = 2
 READ_VERSIONS = (1, 2, 3)
 #: the ``requires`` entries this flashfeed understands
-FEATURES = ("token-documents",)
+FEATURES = ("token-documents", "in-place")
 MANIFEST_NAME = "manifest.json"
-SHARD_FORMATS = ("webdataset", "arrow")
+#: ``parquet`` and ``jsonl``: units of files indexed in place (``flashfeed.format.inplace``), which
+#: a manifest marks with ``requires: ["in-place"]``
+SHARD_FORMATS = ("webdataset", "arrow", "parquet", "jsonl")
 TABLE_FORMAT = "arrow-ipc"
 TABLE_PREFIX = "manifest-"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["WeightCurve", "deal_order"]
+__all__ = ["WeightCurve", "deal_order", "whole_batches"]
 
 
 class WeightCurve:
@@ -147,3 +147,37 @@ def deal_order(
         slot = int(np.flatnonzero(merged == s)[n - 1])
         return merged[: slot + 1], order[: slot + 1], starts
     return merged[:slots], order[:slots], starts
+
+
+def whole_batches(
+    dealt: tuple[np.ndarray, np.ndarray, np.ndarray],
+    curve: WeightCurve,
+    *,
+    start: float,
+    width: int,
+    phases: np.ndarray,
+    until: tuple[int, int],
+    batch: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An ``until=(s, n)`` deal (``dealt``: it ends on source ``s``'s ``n``-th pick) filled
+    up to whole batches of ``batch`` slots with the other sources' picks that follow: a last
+    partial batch dropped would take source ``s``'s last samples with it. Unchanged if
+    nothing can fill it (every other source's weight 0 from there on)."""
+    labels = dealt[0]
+    target = -(-len(labels) // batch) * batch
+    if target == len(labels):
+        return dealt
+    s, n = until
+    slots, kept = target, -1
+    for _ in range(24):
+        slots *= 2
+        more, order, starts = deal_order(curve, start=start, width=width, phases=phases,
+                                         slots=slots)  # fmt: skip
+        keep = np.flatnonzero((more != s) | (order < starts[s] + n))
+        if len(keep) >= target:
+            keep = keep[:target]
+            return more[keep], order[keep], starts
+        if len(keep) == kept:
+            break  # the other sources have nothing more to give
+        kept = len(keep)
+    return dealt

@@ -6,7 +6,9 @@ Pure and rank-local, like ``flashfeed.plan.plan``, on which it is built:
   from the run's seed and the source's digest): its own shard order, windows and node
   affinity. A source read more often than its plan is long is read again in a fresh
   permutation (a new *cycle*, planned as source epoch ``epoch * 2**32 + cycle``); one read
-  less is read as a prefix of its order: sampled without replacement.
+  less is read as a prefix of its order: sampled without replacement. A cycle is split
+  among the ranks without repeats (whatever ``drop_last``): the fewer than a world size of
+  samples the split leaves are a completed cycle's *losses*, counted and named per rank.
 - ``flashfeed.plan.mixdeal`` deals a rank's slots to sources by weight. The deal does not depend
   on the rank: all ranks read the same number of samples of each source, in lock-step.
 - So a source's place in an epoch is a ``Cursor``: its cycle and the ``Segment`` values
@@ -16,52 +18,29 @@ Pure and rank-local, like ``flashfeed.plan.plan``, on which it is built:
 
 Positions are global sample counts: the schedule's clock is the samples trained since the
 start of epoch 0 (every rank together); an epoch of ``length`` samples deals
-``length // world_size`` slots per rank. Samples are named by virtual ids: the sources' ids
+``length // world_size`` slots per rank, cut to whole batches (``batch``) so that every
+slot dealt is delivered. Samples are named by virtual ids: the sources' ids
 laid end to end in the mixture's order (``MixPlanner.offsets``).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from flashfeed.plan.mixdeal import WeightCurve, deal_order
+from flashfeed.plan.mixcycles import Cursor, SourceCycles, SourceTable
+from flashfeed.plan.mixdeal import WeightCurve, deal_order, whole_batches
 from flashfeed.plan.mixture import Mixture
 from flashfeed.plan.plan import (
     PlanOptions,
-    Segment,
     Topology,
-    _epoch,
-    _node_samples,
-    _rank_plan,
-    _sizes,
 )
-from flashfeed.plan.streams import _Chain, _Epoch
 
 __all__ = ["Cursor", "MixPlanner", "MixProgress", "MixRankPlan", "SourceTable"]
 
 _SALT_PHASE = 0x70686173
-CYCLE = 1 << 32  # source epoch of (epoch, cycle): epoch * CYCLE + cycle
-
-
-@dataclass(frozen=True)
-class SourceTable:
-    """What the plan needs of one source: its name, its dataset's digest, its shard sizes."""
-
-    name: str
-    digest: str
-    sizes: np.ndarray = field(repr=False)
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """One source's place in an epoch: its cycle, and what of it was trained (segments)."""
-
-    cycle: int = 0
-    segments: tuple[Segment, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +57,7 @@ class MixProgress:
     cursors: tuple[tuple[str, Cursor], ...]
     mixture: str
     consumed: int = 0
+    dropped: int = 0  # samples the epoch's completed cycles left unread before this deal
 
     def cursor(self, name: str) -> Cursor:
         return dict(self.cursors).get(name, Cursor())
@@ -89,28 +69,32 @@ class MixRankPlan:
 
     samples: np.ndarray
     sources: np.ndarray
-
-
-def _derived_seed(seed: int, digest: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}/{digest}".encode()).digest()[:8], "big") >> 1
-
-
-def _merge(segments: tuple[Segment, ...], topology: Topology, k: int) -> tuple[Segment, ...]:
-    """``segments`` after each rank took ``k`` more samples under ``topology``."""
-    if segments and segments[-1].topology == topology:
-        last = segments[-1]
-        return (*segments[:-1], replace(last, samples_per_rank=last.samples_per_rank + k))
-    return (*segments, Segment(topology.world_size, topology.rpn, k))
+    #: what the rank's share of completed cycles leaves unread (virtual ids), and for each
+    #: the slots of the deal consumed once its cycle is complete
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    dropped_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 class MixPlanner:
     """The plan of one mixture over its sources' shard tables (no I/O).
 
-    ``tables`` are in the mixture's source order. Deals are memoised: a rank asking again
-    for the same deal (after consuming some of it) costs an array slice.
+    ``tables`` are in the mixture's source order. ``batch``: slots a deal's length is a
+    multiple of (the loader's batch when it drops a last partial batch), so that an epoch
+    deals what it delivers. Deals are memoised: a rank asking again for the same deal (after
+    consuming some of it) costs an array slice.
     """
 
-    def __init__(self, mixture: Mixture, tables: Sequence[SourceTable], options: PlanOptions):
+    def __init__(
+        self,
+        mixture: Mixture,
+        tables: Sequence[SourceTable],
+        options: PlanOptions,
+        *,
+        batch: int = 1,
+    ):
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+        self.batch = batch
         names = [t.name for t in tables]
         if names != list(mixture.names):
             raise ValueError(f"source tables {names} do not match the mixture's {mixture.names}")
@@ -124,154 +108,13 @@ class MixPlanner:
             if n == 0:
                 raise ValueError(f"source {t.name!r} has no samples")
         self.totals = totals
+        self.cycles = SourceCycles(tables, options)
         self.offsets = np.concatenate([[0], np.cumsum(totals)])
         counts = np.array([len(t.sizes) for t in tables], dtype=np.int64)
         self.shard_offsets = np.concatenate([[0], np.cumsum(counts)])
-        self.src_options = tuple(
-            replace(options, seed=_derived_seed(options.seed, t.digest)) for t in tables
-        )
         self.index = {t.name: i for i, t in enumerate(tables)}
         # a deal: its labels, and the pick of each slot (``deal_order``)
         self._deals: dict[tuple[object, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._lengths: dict[tuple[object, ...], int] = {}
-        self._chains: dict[int, _Chain] = {}
-
-    # -- sources -------------------------------------------------------------------------
-
-    def _epoch(
-        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...]
-    ) -> tuple[_Epoch, int]:
-        """``plan._epoch`` of source ``s``'s cycle over its shard chain, which depends on
-        neither the epoch nor the cycle: built once, not once per cycle."""
-        try:
-            if s not in self._chains:
-                self._chains[s] = _Chain(_sizes(self.tables[s].sizes), self.src_options[s])
-            return _epoch(self.tables[s].sizes, self.src_options[s], epoch * CYCLE + cycle,
-                          topology, segments, self._chains[s])  # fmt: skip
-        except ValueError as exc:
-            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
-
-    def cycle_plan(
-        self,
-        s: int,
-        epoch: int,
-        cycle: int,
-        topology: Topology,
-        rank: int,
-        segments: tuple[Segment, ...] = (),
-    ) -> np.ndarray:
-        """Source ``s``'s own ids that ``rank`` still reads of cycle ``cycle``."""
-        options = self.src_options[s]
-        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
-        if segments and not options.drop_last and rest.current.length < topology.world_size:
-            # without drop_last, a cycle's rest smaller than the new world size cannot
-            # reach every rank: that stretch of the cycle is skipped, never read twice
-            return np.zeros(0, np.int64)
-        try:
-            plan = _rank_plan(rest, skip, options, topology, rank)
-        except ValueError as exc:
-            raise ValueError(f"source {self.tables[s].name!r}: {exc}") from None
-        return plan.samples
-
-    def _cycle_len(
-        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...] = ()
-    ) -> int:
-        key = (s, epoch, cycle, topology, segments)
-        if key not in self._lengths:
-            self._lengths[key] = self._count(s, epoch, cycle, topology, segments)
-        return self._lengths[key]
-
-    def _count(
-        self, s: int, epoch: int, cycle: int, topology: Topology, segments: tuple[Segment, ...]
-    ) -> int:
-        """``len(cycle_plan(...))``, the same on every rank, without planning a rank."""
-        options = self.src_options[s]
-        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
-        if segments and not options.drop_last and rest.current.length < topology.world_size:
-            return 0  # the stretch cycle_plan skips
-        return max(rest.current.per_rank(options.drop_last) - skip, 0)
-
-    def _full_len(self, s: int, topology: Topology) -> int:
-        """Samples per rank of a whole cycle of source ``s`` (the same in every cycle)."""
-        n = self._cycle_len(s, 0, 0, topology)
-        if n == 0:
-            raise ValueError(
-                f"source {self.tables[s].name!r} has too few samples "
-                f"({self.totals[s]}) for {topology.world_size} ranks"
-            )
-        return n
-
-    def advance(self, cursor: Cursor, s: int, epoch: int, topology: Topology, k: int) -> Cursor:
-        """Source ``s``'s cursor after each rank read ``k`` more of its samples."""
-        if k == 0:
-            return cursor
-        rest = self._cycle_len(s, epoch, cursor.cycle, topology, cursor.segments)
-        if k < rest:
-            return Cursor(cursor.cycle, _merge(cursor.segments, topology, k))
-        full, part = divmod(k - rest, self._full_len(s, topology))
-        segs = (Segment(topology.world_size, topology.rpn, part),) if part else ()
-        return Cursor(cursor.cycle + 1 + full, segs)
-
-    def source_picks(
-        self,
-        s: int,
-        cursor: Cursor,
-        epoch: int,
-        topology: Topology,
-        rank: int,
-        lo: int,
-        hi: int,
-        *,
-        node: bool = False,
-    ) -> np.ndarray:
-        """Source ``s``'s own ids of ``rank``'s picks ``[lo, hi)`` of a deal from ``cursor``;
-        with ``node``, of every rank of node ``rank``: one row per pick, one column per rank.
-        """
-        out, pos, cycle, segs = [], 0, cursor.cycle, cursor.segments
-        while pos < hi:
-            key = (s, epoch, cycle, topology, segs)
-            if not node and pos >= lo and key not in self._lengths:
-                # the whole cycle is read from its start: its plan says its length too
-                ids = self.cycle_plan(s, epoch, cycle, topology, rank, segs)
-                n = self._lengths[key] = len(ids)
-            else:
-                n, ids = self._cycle_len(s, epoch, cycle, topology, segs), None
-            if n == 0 and not segs:
-                self._full_len(s, topology)  # says the source is too small
-            if pos + n > lo:
-                if node:
-                    ids = self._node_cycle(s, epoch, cycle, topology, rank, segs, n)
-                elif ids is None:
-                    ids = self.cycle_plan(s, epoch, cycle, topology, rank, segs)
-                out.append(ids[max(lo - pos, 0) : hi - pos])
-            pos, cycle, segs = pos + n, cycle + 1, ()
-        if not out:
-            return np.zeros((0, topology.rpn) if node else 0, np.int64)
-        return np.concatenate(out)
-
-    def _node_cycle(
-        self,
-        s: int,
-        epoch: int,
-        cycle: int,
-        topology: Topology,
-        node: int,
-        segments: tuple[Segment, ...],
-        n: int,
-    ) -> np.ndarray:
-        """Source ``s``'s ids that node ``node``'s ranks read of a cycle, ``(n, rpn)``: the
-        node's stream dealt round-robin (rank ``j``'s ``i``-th sample is element
-        ``i * rpn + j``); without ``drop_last`` (short ranks repeat) rank by rank."""
-        rpn = topology.rpn
-        if n == 0:
-            return np.zeros((0, rpn), np.int64)
-        if not self.src_options[s].drop_last:
-            ranks = [self.cycle_plan(s, epoch, cycle, topology, node * rpn + j, segments)
-                     for j in range(rpn)]  # fmt: skip
-            return np.stack(ranks, axis=1)
-        rest, skip = self._epoch(s, epoch, cycle, topology, segments)
-        ids = _node_samples(rest, skip, self.src_options[s], topology, node)
-        return ids.reshape(n, rpn)
 
     # -- deals ---------------------------------------------------------------------------
 
@@ -305,25 +148,36 @@ class MixPlanner:
             self._deals[key] = self._deal(progress)
         return self._deals[key]
 
+    def _until_left(self, progress: MixProgress) -> int:
+        """Picks per rank the ``until`` source has left of its one cycle in this deal."""
+        cur = progress.cursor(str(self.mixture.until))
+        if cur.cycle != 0:
+            return 0
+        x = self.index[str(self.mixture.until)]
+        return self.cycles.cycle_len(x, progress.epoch, 0, progress.topology, cur.segments)
+
+    def epoch_length(self) -> int:
+        """Global samples of an epoch of ``length`` (or, by default, of all sources)."""
+        mix = self.mixture
+        return mix.length if mix.length is not None else int(self.totals.sum())
+
     def _deal(self, progress: MixProgress) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         topo, mix = progress.topology, self.mixture
         clock = float(progress.epoch_start + progress.start)
         phases = self._phases(progress)
+        width = topo.world_size
         if mix.until is not None:
-            x = self.index[mix.until]
-            cur = progress.cursor(mix.until)
-            left = 0
-            if cur.cycle == 0:
-                left = self._cycle_len(x, progress.epoch, 0, topo, cur.segments)
+            left = self._until_left(progress)
             if left == 0:
-                return deal_order(self.curve, start=clock, width=topo.world_size,
-                                  phases=phases, slots=0)  # fmt: skip
-            return deal_order(self.curve, start=clock, width=topo.world_size, phases=phases,
-                        until=(x, left))  # fmt: skip
-        length = mix.length if mix.length is not None else int(self.totals.sum())
-        slots = max(length - progress.start, 0) // topo.world_size
-        return deal_order(self.curve, start=clock, width=topo.world_size, phases=phases,
-                          slots=slots)  # fmt: skip
+                return deal_order(self.curve, start=clock, width=width, phases=phases, slots=0)
+            x = self.index[mix.until]
+            dealt = deal_order(self.curve, start=clock, width=width, phases=phases,
+                               until=(x, left))  # fmt: skip
+            return whole_batches(dealt, self.curve, start=clock, width=width, phases=phases,
+                                 until=(x, left), batch=self.batch)  # fmt: skip
+        slots = max(self.epoch_length() - progress.start, 0) // width
+        slots -= slots % self.batch  # whole batches: what is dealt is delivered
+        return deal_order(self.curve, start=clock, width=width, phases=phases, slots=slots)
 
     def counts(self, progress: MixProgress, slots: int | None = None) -> np.ndarray:
         """Picks of each source in the first ``slots`` slots of the deal (default: the
@@ -348,15 +202,51 @@ class MixPlanner:
         # each source's picks end to end, as the deal numbers them, then one gather by the
         # pick of each slot: no sort, no mask per source
         picks = np.empty(int(starts[-1]), np.int64)
+        gone_ids: list[np.ndarray] = []
+        gone_at: list[np.ndarray] = []
         for s, t in enumerate(self.tables):
-            if total[s] == before[s]:
-                continue
             cur = progress.cursor(t.name)
-            own = self.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s])
+            if total[s] == before[s]:
+                if (
+                    self.mixture.until == t.name
+                    and cur.cycle == 0
+                    and (self._until_left(progress) == 0)
+                ):  # its one cycle has nothing left for these ranks: the epoch ends on it
+                    plan = self.cycles.cycle_rank(s, progress.epoch, 0, topo, rank, cur.segments)
+                    gone_ids.append(plan.dropped + self.offsets[s])
+                    gone_at.append(np.full(len(plan.dropped), max(len(labels), 1), np.int64))
+                continue
+            found: list[tuple[int, np.ndarray]] = []
+            own = self.cycles.source_picks(s, cur, progress.epoch, topo, rank, before[s], total[s],
+                                    dropped=found)  # fmt: skip
             first = int(starts[s])
             picks[first + int(before[s]) : first + int(total[s])] = own + self.offsets[s]
+            if found:  # cycles completed: the rank's share of what each left, at its slot
+                slots = np.flatnonzero(labels == s)
+                for pick, gone in found:
+                    gone_ids.append(gone + self.offsets[s])
+                    gone_at.append(np.full(len(gone), slots[pick] + 1, np.int64))
         ids = picks[order[lo:]]
-        return MixRankPlan(ids, rest)
+        if not gone_ids:
+            return MixRankPlan(ids, rest)
+        dropped = np.concatenate(gone_ids).astype(np.int64)
+        return MixRankPlan(ids, rest, dropped, np.concatenate(gone_at))
+
+    def losses(self, progress: MixProgress) -> int:
+        """Samples the epoch's completed cycles leave unread (all ranks together): those
+        before this deal and those of this deal to the end of the epoch."""
+        topo = progress.topology
+        total = np.bincount(self.labels(progress), minlength=len(self.tables))
+        out = progress.dropped
+        for s, t in enumerate(self.tables):
+            cur = progress.cursor(t.name)
+            out += self.cycles.source_losses(s, cur, progress.epoch, topo, int(total[s]))
+        if self.mixture.until is not None and self._until_left(progress) == 0:
+            cur = progress.cursor(self.mixture.until)
+            if cur.cycle == 0:
+                x = self.index[self.mixture.until]
+                out += self.cycles.cycle_loss(x, progress.epoch, 0, topo, cur.segments)
+        return int(out)
 
     def node_samples(self, progress: MixProgress, node_rank: int) -> np.ndarray:
         """Virtual ids one node's ranks still read of the deal, position by position (its
@@ -371,7 +261,7 @@ class MixPlanner:
         for s, t in enumerate(self.tables):
             if total[s] > before[s]:
                 cur = progress.cursor(t.name)
-                own = self.source_picks(s, cur, progress.epoch, topo, node_rank, before[s],
+                own = self.cycles.source_picks(s, cur, progress.epoch, topo, node_rank, before[s],
                                         total[s], node=True)  # fmt: skip
                 first = int(starts[s])
                 picks[first + int(before[s]) : first + int(total[s])] = own + self.offsets[s]
@@ -416,9 +306,33 @@ class MixPlanner:
         """Samples (all ranks) of the epoch once ``progress``'s deal runs to its end."""
         return progress.start + len(self.labels(progress)) * progress.topology.world_size
 
-    def next_epoch(self, progress: MixProgress) -> MixProgress:
-        done = progress.epoch_start + self.epoch_samples(progress)
-        return self.start(progress.epoch + 1, progress.topology, done)
+    def next_epoch(self, progress: MixProgress, delivered: int | None = None) -> MixProgress:
+        """The next epoch's start; the clock moves by the samples delivered: ``delivered``
+        slots per rank of this deal (default: all of it)."""
+        if delivered is None:
+            done = self.epoch_samples(progress)
+        else:
+            done = progress.start + delivered * progress.topology.world_size
+        return self.start(progress.epoch + 1, progress.topology, progress.epoch_start + done)
+
+    def check_epoch(self, topology: Topology) -> None:
+        """Refuse an epoch that deals no slot to ``topology``'s ranks (a length below one
+        batch per rank, an ``until`` source with fewer samples than ranks): never a silent
+        empty pass."""
+        if self.mixture.until is not None:
+            self.cycles.full_len(self.index[self.mixture.until], topology)
+            return
+        length, width = self.epoch_length(), topology.world_size
+        if length // width < self.batch:
+            what = f"length={length}" if self.mixture.length is not None else (
+                f"the sources' {length} samples (the default length)"
+            )  # fmt: skip
+            got = f"{length // width} samples, fewer than one batch of {self.batch}"
+            raise ValueError(
+                f"mixture {what} gives each of {width} ranks "
+                f"{got if self.batch > 1 else 'no sample'}: an epoch would deliver nothing; "
+                f"give a length of at least {self.batch * width}"
+            )
 
     def settle(
         self, progress: MixProgress, counts: Sequence[int] | np.ndarray, topology: Topology
@@ -430,12 +344,14 @@ class MixPlanner:
         old = progress.topology
         cursors = dict(progress.cursors)
         names = [n for n, _ in progress.cursors]
+        dropped = progress.dropped
         for name, k in zip(names, counts, strict=True):
             if name not in self.index:
                 raise ValueError(f"source {name!r} is not in this mixture {self.mixture.names}")
             s = self.index[name]
-            cursors[name] = self.advance(cursors[name], s, progress.epoch, old, int(k))
+            dropped += self.cycles.source_losses(s, cursors[name], progress.epoch, old, int(k))
+            cursors[name] = self.cycles.advance(cursors[name], s, progress.epoch, old, int(k))
         ordered = tuple((t.name, cursors.get(t.name, Cursor())) for t in self.tables)
         start = progress.start + progress.consumed * old.world_size
         return MixProgress(progress.epoch, progress.epoch_start, start, topology, ordered,
-                           self.digest)  # fmt: skip
+                           self.digest, dropped=dropped)  # fmt: skip

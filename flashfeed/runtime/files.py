@@ -58,10 +58,10 @@ def atomic_write(
         raise
 
 
-def atomic_write_json(path: str, obj: Any, **options: Any) -> None:
-    """``atomic_write`` of ``obj`` as JSON (keys sorted); ``options`` as ``atomic_write``'s."""
+def atomic_write_json(path: str, obj: Any, *, sort_keys: bool = True, **options: Any) -> None:
+    """``atomic_write`` of ``obj`` as JSON; ``options`` as ``atomic_write``'s."""
     # dumps, not dump: dump to a file takes the pure-Python encoder, chunk by chunk
-    atomic_write(path, json.dumps(obj, sort_keys=True), **options)
+    atomic_write(path, json.dumps(obj, sort_keys=sort_keys), **options)
 
 
 def sweep_dead_tmp(directory: str) -> int:

@@ -4,9 +4,9 @@ whose documents are one text column, read as field ``txt``.
 Unlike the table formats, nothing of a document is held on the driver: the scan runs one
 Ray task per partition (a byte range of a plain JSONL file, a whole compressed file, a
 Parquet row group; see ``textparts``), and each item only names its partition and ordinal.
-Bad records are counted skips with a reason (``invalid_utf8``, ``bad_json``,
-``not_an_object``, ``missing_text``, ``empty_text``, ``too_large``, ``truncated_file``,
-``corrupt_parquet``).
+Bad records are counted skips with a reason (``invalid_utf8``, ``lone_surrogate``,
+``bad_json``, ``not_an_object``, ``missing_text``, ``empty_text``, ``too_large``,
+``truncated_file``, ``corrupt_parquet``); a UTF-8 byte-order mark before a line is dropped.
 """
 
 from __future__ import annotations

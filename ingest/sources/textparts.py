@@ -18,6 +18,7 @@ from typing import Any
 from flashfeed import storage
 
 from .base import StorageContext, read
+from .textcheck import LONE_SURROGATE, lone_surrogate
 
 __all__ = [
     "COMPRESSED",
@@ -34,6 +35,7 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 COMPRESSED = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 PARQUET_SUFFIXES = (".parquet",)
 _CHUNK = 1 << 20
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,8 @@ def _doc(n: int, source: str, line: bytes | None, column: str, limit: int) -> Do
     """One JSONL line as a document, or a reject; None for a blank line."""
     if line is None:
         return Doc(n, source, None, "too_large", f"a line over the {limit}-byte document limit")
+    if line.startswith(_BOM):
+        line = line[len(_BOM) :]  # a file saved with a byte-order mark: not part of the JSON
     if not line.strip():
         return None
     try:
@@ -209,6 +213,9 @@ def _text_doc(n: int, source: str, value: Any, column: str, limit: int) -> Doc:
             return Doc(n, source, None, "invalid_utf8", str(exc))
     if not isinstance(value, str):
         return Doc(n, source, None, "missing_text", f"{column!r} is a {type(value).__name__}")
+    bad = lone_surrogate(value)
+    if bad is not None:
+        return Doc(n, source, None, LONE_SURROGATE, f"{column!r}: {bad}")
     if len(value) > limit // 4 and len(value.encode("utf-8")) > limit:
         return Doc(n, source, None, "too_large", f"over the {limit}-byte document limit")
     if not value.strip():

@@ -22,7 +22,6 @@ from ..parts import SharedKeywords, loader_parts
 from ..passorder import PassOrder
 from ..position import Position
 from ..reader import BatchSource
-from ..shardreader import ShardReader
 from ..weakcall import weakly
 from .bucketplan import BucketPlanner, bucket_options
 from .convert import DeviceCopier, to_keys, to_torch
@@ -43,6 +42,7 @@ from .pipeline import (
 )
 from .spawncheck import SpawnError, check_spawnable_main, spawn_failure_hint
 from .text import TextEncoder, collate_json, collate_text, load_tokenizer
+from .unitmembers import member_reader
 from .video import check_clip_state, clip_draws, clip_options, require_pyav
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class Loader(PlannedLoader):
 
     def __init__(
         self,
-        dataset: str | Dataset | Mixture,
+        dataset: str | Dataset | Mixture | Mapping[str, Any],
         *,
         batch_size: int,
         image_size: int = 224,
@@ -151,7 +151,10 @@ class Loader(PlannedLoader):
         if videos:
             require_pyav()
         per_video = self.clips.clips_per_video if self.clips is not None else 1
-        parts = loader_parts("Loader", dataset, shard_format="webdataset", keywords=shared)
+        # rows of Parquet or JSONL files indexed in place are samples too (``unitmembers.py``)
+        parts = loader_parts(
+            "Loader", dataset, shard_format=("webdataset", "parquet", "jsonl"), keywords=shared
+        )
         opened = time.perf_counter()
         py_workers = py_workers or 0  # None: the default, no reader process
         self.device_kind = decode_device(device)
@@ -246,7 +249,7 @@ class Loader(PlannedLoader):
         )
 
     def _source(self, pass_dir: str) -> BatchSource:
-        reader = ShardReader(self.source, self.shard_names)
+        reader = member_reader(self.source, self.shard_names, self.dataset)
         return BatchSource(
             reader, batch_size=self.batch_size, specs=self.specs, pass_dir=pass_dir,
             text=self.text, bucketed=self.buckets is not None, clips=self.clips,

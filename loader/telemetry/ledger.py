@@ -14,8 +14,12 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import xxhash
+
+if TYPE_CHECKING:
+    from .doccoverage import DocumentCoverage, TokenDocuments
 
 __all__ = [
     "EpochCheck",
@@ -91,6 +95,8 @@ class EpochCheck:
     missing: list[str]  # expected keys never delivered
     unknown: int  # delivered hashes that are no expected key
     dropped: int = 0  # keys recorded as dropped (drop_last), each counted as accounted for
+    #: per-document coverage of a token dataset (``documents=`` given), else None
+    coverage: DocumentCoverage | None = None
 
     @property
     def ok(self) -> bool:
@@ -115,6 +121,7 @@ def check_exactly_once(
     *,
     epochs: Iterable[int] = (),
     dropped: dict[int, list[int]] | None = None,
+    documents: TokenDocuments | None = None,
 ) -> dict[int, EpochCheck]:
     """Per epoch, which of ``keys`` (``<shard path>/<sample key>``) a ledger holds more than
     once or not at all, and what it holds that is no key. ``ledger`` is a ledger directory
@@ -143,5 +150,14 @@ def check_exactly_once(
             missing=sorted(k for h, k in by_hash.items() if h not in counts),
             unknown=sum(n for h, n in counts.items() if h not in by_hash),
             dropped=len(gone),
+            coverage=_coverage(hashes, documents),
         )
     return out
+
+
+def _coverage(hashes: list[str], documents: TokenDocuments | None) -> DocumentCoverage | None:
+    if documents is None:
+        return None
+    from .doccoverage import document_coverage
+
+    return document_coverage(hashes, documents)

@@ -5,16 +5,26 @@ to sources through the keys each source holds. A source read at most once over i
 show no key twice; one read several times over shows how often its keys were read (each
 cycle reads a sample at most once, so no key more often than the cycles begun; with
 ``drop_last`` each cycle may leave a few out, so counts spread); its share of the delivered
-samples is set beside its weight.
+samples is set beside its weight. What a completed cycle left unread (a world size that
+does not divide the source) is in the ledger's dropped ids, counted per source. Given
+``documents=`` (a token source's rows and their segments), each source also reports which
+documents arrived whole, partly or not at all.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .ledger import key_hash, read_ledger
+import numpy as np
+
+from .ledger import key_hash, read_dropped, read_ledger
+
+if TYPE_CHECKING:
+    from .doccoverage import DocumentCoverage, TokenDocuments
 
 __all__ = ["SourceCheck", "check_mixture"]
 
@@ -33,6 +43,9 @@ class SourceCheck:
     fewest: int  # the fewest times one key was delivered (0 if one was missed)
     share: float  # of every sample delivered in the epoch
     weight: float  # the weight it was given (normalised), for comparison
+    dropped: int = 0  # samples the ledger names as left unread by a completed cycle
+    #: per-document coverage (``documents=`` given for this source), else None
+    coverage: DocumentCoverage | None = None
 
     @property
     def passes(self) -> float:
@@ -47,9 +60,11 @@ class SourceCheck:
         dup = ", ".join(f"{k} x{n}" for k, n in list(self.duplicates.items())[:3])
         return (
             f"{self.source}: {self.delivered} delivered ({self.distinct} distinct of "
-            f"{self.keys}, {self.missing} never, each {self.fewest}-{self.most} times), share "
+            f"{self.keys}, {self.missing} never, each {self.fewest}-{self.most} times, "
+            f"{self.dropped} dropped), share "
             f"{self.share:.4f} vs weight {self.weight:.4f}"
             + (f"; read twice within one pass: {dup}" if dup else "")
+            + (f"; {self.coverage}" if self.coverage is not None else "")
         )
 
 
@@ -59,11 +74,18 @@ def check_mixture(
     weights: Mapping[str, float],
     *,
     epochs: Iterable[int] = (),
+    dropped: dict[int, list[int]] | None = None,
+    documents: Mapping[str, TokenDocuments] | None = None,
 ) -> dict[int, dict[str, SourceCheck | int]]:
     """Per epoch and source, a ``SourceCheck``; under ``"unknown"`` the hashes no source
     holds. ``keys``: source -> its keys (``<source>:<shard>/<key>``); ``weights``: source ->
-    weight (normalised here)."""
+    weight (normalised here). The dropped ids (read from a ledger directory, or given:
+    epoch -> ids) are offsets into the keys laid end to end: ``keys`` in the mixture's
+    source order, each source's in dataset order. ``documents``: source -> its rows'
+    segments (``token_documents(url, prefix="<source>:")``) to report per-document coverage."""
     recorded = read_ledger(ledger) if isinstance(ledger, str) else ledger
+    if dropped is None:
+        dropped = read_dropped(ledger) if isinstance(ledger, str) else {}
     owner: dict[str, str] = {}
     named: dict[str, str] = {}
     sizes: dict[str, int] = {}
@@ -74,10 +96,13 @@ def check_mixture(
             owner[h], named[h] = name, k
             n += 1
         sizes[name] = n
+    names = list(keys)
+    ends = list(np.cumsum([sizes[n] for n in names])) if names else []
     total_w = sum(weights.values()) or 1.0
     out: dict[int, dict[str, SourceCheck | int]] = {}
-    for epoch in sorted(set(recorded) | set(epochs)):
+    for epoch in sorted(set(recorded) | set(epochs) | set(dropped)):
         counts = Counter(recorded.get(epoch, []))
+        gone = Counter(names[bisect.bisect_right(ends, int(i))] for i in dropped.get(epoch, []))
         per: dict[str, Counter[str]] = {name: Counter() for name in keys}
         unknown = 0
         for h, n in counts.items():
@@ -102,7 +127,17 @@ def check_mixture(
                 fewest=0 if missing else min(got.values(), default=0),
                 share=delivered / delivered_all,
                 weight=weights.get(name, 0.0) / total_w,
+                dropped=gone[name],
+                coverage=_coverage(got, (documents or {}).get(name)),
             )
         checks["unknown"] = unknown
         out[epoch] = checks
     return out
+
+
+def _coverage(got: Counter[str], documents: TokenDocuments | None) -> DocumentCoverage | None:
+    if documents is None:
+        return None
+    from .doccoverage import document_coverage
+
+    return document_coverage(got, documents)

@@ -104,7 +104,7 @@ class StatusWriter:
             state=state(),
         )
         try:
-            atomic_write_json(self.path, body)
+            atomic_write_json(self.path, body, sort_keys=False)  # in the order written
         except OSError:
             return False
         return True

@@ -81,7 +81,7 @@ class TokenLoader(PlannedLoader):
 
     def __init__(
         self,
-        dataset: str | Dataset | Mixture,
+        dataset: str | Dataset | Mixture | Mapping[str, Any],
         *,
         batch_size: int,
         columns: Sequence[str] = ("tokens",),

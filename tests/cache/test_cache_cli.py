@@ -20,7 +20,7 @@ from flashfeed.cache import ShardCache
 from flashfeed.cache.cli.admin import status
 from flashfeed.cache.stats import read_persisted
 from flashfeed.cache.warm.warm import NodeShare, fitting_prefix, warm
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.storage import RetryPolicy
 
 from support.cache_data import make_dataset, start_own_store

@@ -11,7 +11,7 @@ import pytest
 from flashfeed.cache import ShardCache
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cache.warm.warmmix import mixture_order, open_sources
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.loader import TokenLoader
 from flashfeed.plan.mixture import Mixture, Source
 
@@ -134,3 +134,46 @@ def test_a_cluster_warm_of_a_mixture_names_a_source_that_cannot_be_opened(
     assert main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mixture source 'code'" in err[0] and "-typo" in err[0]
+
+
+def test_the_warm_order_follows_a_loader_whose_epochs_are_whole_batches(tmp_path: Path, capsys):
+    # 15 slots a rank (length 31 on 2 ranks) in batches of 4: each epoch delivers 12, and
+    # the next epoch's deal starts there; the warm order is the loader's only if it knows
+    # the batch size
+    sources = []
+    for name, sizes in (("a", [6] * 12), ("b", [5] * 16)):
+        make_token_dataset(str(tmp_path / name), sizes, seq_len=4)
+        sources.append(Source(str(tmp_path / name), 1, name))
+    mix = Mixture(tuple(sources), length=31)
+    datasets = open_sources(mix)
+    number = {}
+    for i, (s, d) in enumerate(zip(mix.sources, datasets, strict=True)):
+        number.update({(s.key, sh.path): (i, j) for j, sh in enumerate(d.shards)})
+    per_rank = []
+    for rank in range(2):
+        loader = TokenLoader(mix, batch_size=4, rank=rank, world_size=2, seed=6)
+        keys = []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            keys += [k for b in loader for k in b["__key__"]]
+        loader.close()
+        per_rank.append(keys)
+    read: list[tuple[int, int]] = []
+    for pair in zip(*per_rank, strict=True):  # position by position, as the node reads
+        for key in pair:
+            source, rest = key.split(":", 1)
+            shard = number[(source, rest.rsplit("/", 1)[0])]
+            if shard not in read:
+                read.append(shard)
+    share = NodeShare.build(num_nodes=1, ranks_per_node=2, epochs=3, seed=6)
+    assert mixture_order(mix, datasets, share, batch=4) == read
+    assert mixture_order(mix, datasets, share) != read  # a batch of 1 drifts in epoch 1
+    path = tmp_path / "mix.json"
+    path.write_text(json.dumps(mix.to_dict()))
+    root = tmp_path / "cache"
+    argv = ["cache", "warm", str(path), "--cache-dir", str(root), "--ranks-per-node", "2",
+            "--epochs", "3", "--seed", "6", "--no-progress", "--json"]  # fmt: skip
+    assert main([*argv, "--batch-size", "0"]) == 2
+    assert "--batch-size must be >= 1, got 0" in capsys.readouterr().err
+    assert main([*argv, "--batch-size", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["shards"] == len(read)

@@ -17,7 +17,7 @@ from flashfeed import Dataset
 from flashfeed.cache import CacheOverCapacityError, ShardCache
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cache.warm.warm import warm_share
-from flashfeed.cli.main import main as cli_main
+from flashfeed.cli import main as cli_main
 from flashfeed.loader import TokenLoader
 
 from support.cache_data import make_dataset

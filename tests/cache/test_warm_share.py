@@ -30,7 +30,7 @@ from flashfeed.cache.warm.warm import (
     warm_mismatch,
     warm_share,
 )
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order
 
 from support.cache_data import make_dataset
@@ -379,10 +379,14 @@ def test_bad_warm_options_are_one_line_without_traceback(
     assert not (tmp_path / "c").exists()
 
 
-def test_a_missing_cache_dir_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_without_a_cache_dir_the_default_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
     monkeypatch.delenv("FLASHFEED_CACHE_DIR", raising=False)
-    assert main(["cache", "warm", str(tmp_path / "ds")]) == 2
-    assert main(["cache", "status"]) == 2
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert main(["cache", "status"]) == 1
+    err = capsys.readouterr().err
+    assert f"no cache directory at {tmp_path / 'home' / '.cache' / 'flashfeed'}" in err
     monkeypatch.setenv("FLASHFEED_CACHE_DIR", str(tmp_path / "c"))
     ShardCache(tmp_path / "c", capacity="1MiB").close()
     assert main(["cache", "status", "--json"]) == 0

@@ -20,8 +20,8 @@ from flashfeed import (
     commit_manifest,
     storage,
 )
+from flashfeed.cli import main
 from flashfeed.cli.devstore import EmbeddedStore
-from flashfeed.cli.main import main
 from flashfeed.format.tarshard import iter_samples, scan_index
 from flashfeed.shardio import shard_name, tar_shard_bytes, write_tar_shard
 from flashfeed.verify import verify_dataset

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flashfeed import Dataset, Manifest, commit_manifest
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.shardio import shard_name, tar_shard_bytes, write_tar_shard
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from flashfeed import CorruptShardError, Dataset, crypto, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.format.manifest import MANIFEST_NAME, Manifest
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import make_imagefolder

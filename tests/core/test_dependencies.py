@@ -35,3 +35,21 @@ def test_every_flashfeed_module_imports_without_webdataset_or_filelock() -> None
     count, failed = out.stdout.strip().split(" ", 1)
     assert int(count) > 50  # the walk found the product's modules
     assert failed == "{}"
+
+
+def test_every_package_folder_is_listed_for_a_wheel_install() -> None:
+    """The editable install finds sub-packages by path; a wheel ships only the listed ones."""
+    import tomllib
+
+    from support import REPO
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found = set()
+    for name, folder in dirs.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / folder).parts
+            found.add(".".join((name, *rel)))
+    assert found == listed, f"add {sorted(found - listed)} / drop {sorted(listed - found)}"

@@ -13,7 +13,7 @@ import pytest
 from numpy.random import default_rng
 
 from flashfeed import CorruptShardError, Dataset, FlashfeedError, ManifestError, storage
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.format.tarshard import iter_samples, scan_index
 from flashfeed.ingest import IngestConfig, run

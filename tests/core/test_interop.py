@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flashfeed import Dataset, TarShardReader, storage
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.shardio import shard_name, write_tar_shard
 
 REAL_TARS = ("compressed.tar", "mpdata.tar", "tendata.tar", "testgz.tar")

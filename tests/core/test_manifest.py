@@ -139,6 +139,9 @@ def test_totals_that_disagree_with_the_shards_are_refused() -> None:
 
 def test_unknown_shard_format_is_refused() -> None:
     with pytest.raises(ManifestError, match="shard_format must be one of"):
+        make_manifest(shard_format="orc")
+    # files indexed in place: only in a manifest that requires 'in-place' (version 3)
+    with pytest.raises(ManifestError, match="must require 'in-place'"):
         make_manifest(shard_format="parquet")
     with pytest.raises(ManifestError, match="shard_format"):
         Manifest.from_json(_dump(make_manifest(), shard_format="zip"))

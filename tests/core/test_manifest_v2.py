@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from flashfeed import Dataset, Manifest, ManifestError, ShardInfo, commit_manifest, read_manifest
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.format.indexer import index_dataset
 from flashfeed.format.manifest import (
     MANIFEST_NAME,

@@ -98,8 +98,8 @@ def test_sources_are_read_without_replacement_and_repeated_in_fresh_cycles():
     assert counts.max() - counts.min() <= 1 and counts.sum() == 2000
     # each cycle is a fresh permutation: the first two passes differ in order
     rank0 = (ids[:1000][srcs[:1000] == 1] - planner.offsets[1]).tolist()
-    cycle = planner.cycle_plan(1, 0, 0, Topology(4, 2), 0)
-    again = planner.cycle_plan(1, 0, 1, Topology(4, 2), 0)
+    cycle = planner.cycles.cycle_plan(1, 0, 0, Topology(4, 2), 0)
+    again = planner.cycles.cycle_plan(1, 0, 1, Topology(4, 2), 0)
     assert rank0[: len(cycle)] == cycle.tolist() and cycle.tolist() != again.tolist()
     assert sorted(cycle.tolist()) != cycle.tolist()
 
@@ -211,7 +211,7 @@ def test_elastic_resume_of_a_repeated_source_keeps_each_cycle_once():
     m = cur.segments[-1].samples_per_rank
     ids4, srcs4 = _all_ranks(planner, first)
     before = [x[:u][s[:u] == 1][-m:] for x, s in zip(ids4, srcs4, strict=True)]
-    left = len(planner.cycle_plan(1, 0, cur.cycle, Topology(2, 1), 0, cur.segments))
+    left = len(planner.cycles.cycle_plan(1, 0, cur.cycle, Topology(2, 1), 0, cur.segments))
     ids2, srcs2 = _all_ranks(planner, moved)
     after = [x[s == 1][:left] for x, s in zip(ids2, srcs2, strict=True)]
     cycle = np.concatenate(before + after)
@@ -353,7 +353,7 @@ def test_any_mixture_resumed_elastically_reads_each_cycle_once(
         both = np.concatenate([got[s], rest[s]])
         n = int(planner.totals[s])
         counts = np.bincount(both, minlength=n)
-        end = planner.advance(moved.cursor(names[s]), s, 0, Topology(*after), int(picks[s]))
+        end = planner.cycles.advance(moved.cursor(names[s]), s, 0, Topology(*after), int(picks[s]))
         cycles = end.cycle + (1 if end.segments else 0)  # cycles begun in the epoch
         if s == 0 and drop_last:
             # the until source: every sample once, but for the surpluses of two world sizes

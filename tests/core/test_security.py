@@ -13,8 +13,8 @@ import pytest
 
 from flashfeed import Dataset, storage
 from flashfeed.cache import CachePermissionError, ShardCache
+from flashfeed.cli import main
 from flashfeed.cli.devstore import StoreInfo
-from flashfeed.cli.main import main
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.loader import Loader

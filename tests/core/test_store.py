@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from flashfeed import storage
+from flashfeed.cli import main
 from flashfeed.cli.devstore import EmbeddedStore, StoreError, find_weed
-from flashfeed.cli.main import main
 
 FLASHFEED = str(Path(sys.executable).parent / "flashfeed")
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from flashfeed import StorageError, storage
+from flashfeed.cli import main as cli_main
 from flashfeed.cli.devstore import EmbeddedStore
-from flashfeed.cli.main import main as cli_main
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import make_imagefolder
 

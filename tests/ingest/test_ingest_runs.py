@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from flashfeed import Dataset, DatasetExistsError, storage
-from flashfeed.cli.main import main as cli_main
+from flashfeed.cli import main as cli_main
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.samplecorpus import jpeg_bytes, make_imagefolder, make_text_jsonl
 from flashfeed.ingest.sources.tfrecord_format import encode_example, frame_record

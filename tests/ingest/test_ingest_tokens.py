@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from flashfeed import Dataset, storage
-from flashfeed.cli.main import main as cli_main
+from flashfeed.cli import main as cli_main
 from flashfeed.format.arrowlayout import head_size, read_layout
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.loader import TokenLoader

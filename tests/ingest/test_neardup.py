@@ -16,6 +16,7 @@ from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.minhash import (
     band_keys,
     jaccard,
+    lsh_for_recall,
     lsh_params,
     shingle_hashes,
     shingles,
@@ -85,7 +86,7 @@ def test_planted_near_duplicates_found_with_recall_and_precision(
     assert np.mean(good) >= 0.95, np.mean(good)
     merged_below = np.mean([cluster_of[p.base] == cluster_of[p.copy] for p in below])
     assert merged_below <= 0.05, merged_below
-    # candidate pairs whose signatures disagree were dropped before the union-find
+    # candidate pairs below the threshold were dropped before the union-find
     stats = found.stats
     assert stats["candidate_pairs"] - stats["checked_below"] == stats["candidate_edges"]
     assert stats["checked_below"] > 0
@@ -94,7 +95,7 @@ def test_planted_near_duplicates_found_with_recall_and_precision(
     assert {r.reason for r in found.rejects} <= {"duplicate", "near_duplicate"}
     assert len(found.rejects) == len(root) == len(corpus.docs) - len(found.kept)
     bands, rows = found.stats["bands"], found.stats["rows"]
-    assert (bands, rows) == lsh_params(THRESHOLD, 128) and bands * rows <= 128
+    assert (bands, rows) == lsh_for_recall(THRESHOLD, 128) and bands * rows <= 128
 
 
 def test_same_input_same_kept_set_whatever_the_chunking(
@@ -356,7 +357,7 @@ def test_samples_without_text_are_never_duplicates_of_each_other() -> None:
     from flashfeed.ingest.neardup import _rows
 
     opts = NearDupOptions(threshold=THRESHOLD)
-    rows, (signed, _) = _rows(opts, [0, 1, 2, 3], ["", "", "the same words here",
+    rows, (signed, _, _) = _rows(opts, [0, 1, 2, 3], ["", "", "the same words here",
                                                    "the same words here"])  # fmt: skip
     assert sorted(set(rows["doc"].tolist())) == [2, 3] and signed.tolist() == [2, 3]
     edges = candidate_pairs(opts.bands_rows[0], rows)

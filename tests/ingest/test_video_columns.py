@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.dataset import Dataset
 from flashfeed.errors import ManifestError
 from flashfeed.format.shardtable import ShardTable

@@ -1,6 +1,7 @@
 """The reserved run as users live it, on a simulated cluster (tests/cluster.py): ingest on
 Ray, warm every node, stop the object store, train with torchrun on 2 nodes from their
-caches through the outage, lose a node, bring the store back, resume on 3.
+caches through the outage, lose a node, bring the store back, warm the new node from its
+peers' caches (the cluster tier), resume on 3.
 
 The cluster's nodes are namespaces on this machine, each with its own address, cache tmpfs
 and counting S3 proxy, so the test can tell what each node fetched from the store.
@@ -19,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from flashfeed import Dataset, storage
+from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cli.devstore import EmbeddedStore
 from flashfeed.ingest.samplecorpus import make_imagefolder
 from flashfeed.loader.telemetry.ledger import check_exactly_once, key_hash, read_ledger
 
-from support.cluster import SimCluster, bytes_read, free_port, namespaces_available
+from support.cluster import MARKER, SimCluster, bytes_read, free_port, namespaces_available
 from support.journey import keys_of, kill_node_run, logs, manifest_gets, torchrun, wait_for
 
 pytestmark = pytest.mark.slow
@@ -182,6 +184,45 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     n2 = cluster.add_node()
     cluster.start_ray([n2])
     lap("node 2 joins")
+
+    # 5a. the survivors serve their caches to the cluster; the new node warms its share from
+    # them and takes from the store only shards that no surviving node holds
+    token = {"FLASHFEED_PEER_TOKEN": "journey-cluster-token-0123456789"}
+    peers = [f"{n.address}:{free_port(n.address, cluster.netns)}" for n in (n0, n1)]
+    serve = [sys.executable, "-m", "flashfeed.cache.peer", "serve"]
+    serve += ["--cache-dir", cluster.cache_dir]
+    servers = [
+        cluster.popen(
+            n,
+            [*serve, "--listen", peer],
+            env={**token, MARKER: f"{cluster.tag}:node{n.index}:peers"},
+            log=os.path.join(cluster.root, f"peers-node{n.index}.log"),
+        )
+        for n, peer in zip((n0, n1), peers, strict=True)
+    ]
+    serving = lambda: all(  # noqa: E731
+        '"address"' in Path(cluster.root, f"peers-node{i}.log").read_text() for i in (0, 1)
+    )
+    wait_for(serving, servers, "the survivors' peer servers")
+    mark = n2.proxy.mark()
+    argv = ["flashfeed", "cache", "warm", ds, "--cache-dir", cluster.cache_dir]
+    argv += ["--node-rank", "2", "--num-nodes", "3", "--ranks-per-node", "2"]
+    argv += ["--epochs", str(EPOCHS), "--capacity", "64MiB", "--json", "--no-progress"]
+    argv += ["--peers", ",".join(peers)]
+    done = cluster.run(n2, argv, timeout=300, env=token)
+    assert done.returncode == 0, done.stdout + done.stderr
+    warm2 = bytes_read(n2.proxy.since(mark), sizes)
+    manifest_warm2 = manifest_gets(n2.proxy.since(mark))
+    held = set(warmed[0]) | set(warmed[1])
+    share2 = NodeShare.build(node_rank=2, num_nodes=3, ranks_per_node=2, epochs=EPOCHS)
+    share_paths = {"/" + dataset.shard_url(i).split("://", 1)[1] for i in share2.order(dataset)}
+    assert warm2 == {p: sizes[p] for p in share_paths - held}, "the warm took store bytes"
+    from_peers = json.loads(done.stdout)[0]["peers"]["bytes_from_peers"]
+    assert from_peers == sum(sizes[p] for p in share_paths & held)
+    for proc in servers:
+        cluster.kill_group(proc)
+        proc.wait(timeout=10)
+    lap("node 2 warms from peers")
     marks = [n.proxy.mark() for n in cluster.nodes]
     port = free_port(n0.address, cluster.netns)
     args = [*common, "--ledger-dir", str(tmp_path / "ledger2")]
@@ -237,7 +278,8 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     for phase, gets in (("train 2x2", manifests1), ("train 3x2", manifests2)):
         for i, (headers, tables) in enumerate(gets):
             assert headers <= 1 and tables <= 1, f"{phase}: node {i} fetched the manifest twice"
-    assert manifests2[2] == (1, 1)  # the new node: once
+    assert manifest_warm2 == (1, 1)  # the new node: once, at its warm (from the store:
+    assert manifests2[2] == (0, 0)  # the version check is a HEAD), then its node's copy
 
     read_by = {
         (run, node): {_shard_of(r[4]) for r in received if (r[0], r[1]) == (run, node)}
@@ -254,7 +296,9 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
         assert read_by[("ws4-from000000", i)] <= short(warmed[i])
     new = train2[2]
     assert all(new[p] == sizes[p] for p in new), f"node 2 fetched a shard twice: {new}"
-    assert short(new) == read_by[(f"ws6-from{ckpt_step:06d}", 2)]
+    # what its warm did not bring, it fetched on first read, once
+    assert short(new) == read_by[(f"ws6-from{ckpt_step:06d}", 2)] - short(share_paths)
+    assert not set(new) & set(warm2), "node 2 fetched a warmed shard again"
     for i in (0, 1):
         assert short(train2[i]) <= read_by[(f"ws6-from{ckpt_step:06d}", i)]
         total = Counter(warmed[i]) + Counter(train2[i])
@@ -270,7 +314,7 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     for i in (0, 1):  # warmed for 2 nodes, resumed on 3: each rank says so once
         assert log[("train2", i)].count(mismatch) == 2, log[("train2", i)][-3000:]
         assert "number of nodes" in log[("train2", i)]
-    assert mismatch not in log[("train2", 2)]  # never warmed: nothing to compare
+    assert mismatch not in log[("train2", 2)]  # warmed for the run it joined
     for node in (n0, n1):
         status = cluster.run(
             node, ["flashfeed", "cache", "status", cluster.cache_dir, "--json"], timeout=60

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.dataset import Dataset
 from flashfeed.errors import ManifestError
 from flashfeed.format.manifest import Manifest, commit_manifest

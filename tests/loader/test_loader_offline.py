@@ -17,8 +17,8 @@ import pytest
 from flashfeed.cache import ShardCache
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.cache.warm.warm import warm_share
+from flashfeed.cli import main as cli_main
 from flashfeed.cli.devstore import EmbeddedStore
-from flashfeed.cli.main import main as cli_main
 from flashfeed.loader import TokenLoader
 from flashfeed.storage import RetryPolicy
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from flashfeed.cli.main import main
+from flashfeed.cli import main
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.loader import Loader

@@ -268,7 +268,7 @@ def test_token_mixture_from_the_object_store(s3_prefix, s3_info, tmp_path, capsy
     loader.close()
     del rows
     # flashfeed report: each source's delivered samples, from the stats log
-    from flashfeed.cli.main import main
+    from flashfeed.cli import main
 
     assert main(["report", log]) == 0
     out = capsys.readouterr().out

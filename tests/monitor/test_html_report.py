@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashfeed.cli.main import main as cli_main
+from flashfeed.cli import main as cli_main
 from flashfeed.telemetry import WAIT_KINDS, parse_record
 
 from support.monitor_helpers import running_ranks, wait_for

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.cli.main import main as cli_main
+from flashfeed.cli import main as cli_main
 from flashfeed.loader import Loader
 from flashfeed.monitor.binning import stall_series
 from flashfeed.monitor.report import summarize

@@ -7,7 +7,7 @@ import json
 import random
 from pathlib import Path
 
-from flashfeed.cli.main import main as cli_main
+from flashfeed.cli import main as cli_main
 
 
 def _fixed_run(d: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flashfeed.cli.main import main as cli_main
+from flashfeed.cli import main as cli_main
 from flashfeed.loader.telemetry.status import StatusWriter
 from flashfeed.monitor.status import read_statuses, status_dir
 from flashfeed.monitor.top import TopView

@@ -3,9 +3,10 @@
 It parses the HTTP requests passing through (method, path, Range), counts them, can delay
 each request or the chosen ones (a slow store, ``delay_if``), answer chosen ones 503
 SlowDown (a throttling store) and cut chosen responses midway (a store failing
-mid-transfer). Responses pass through untouched. A request that waits for ``100 Continue``
-before sending its body (botocore's PUTs) gets it from the proxy, and goes upstream
-without ``Expect``.
+mid-transfer), and bound the bytes a second it passes back (``rate``: a store whose
+bandwidth is the bottleneck, shared by all connections). Responses pass through untouched.
+A request that waits for ``100 Continue`` before sending its body (botocore's PUTs) gets it
+from the proxy, and goes upstream without ``Expect``.
 """
 
 from __future__ import annotations
@@ -55,14 +56,37 @@ class SlowProxy:
     fail: Callable[[Request], bool] = field(default=lambda r: False)
     throttle: Callable[[Request], bool] = field(default=lambda r: False)
     requests: list[Request] = field(default_factory=list)
+    rate: float = 0.0  # bytes a second passed back over all connections; 0: unbounded
 
     def __post_init__(self) -> None:
+        self._next_send = time.monotonic()
+        self._rate_lock = threading.Lock()
         self._server = self._listen()
         self.port = self._server.getsockname()[1]
         self._lock = threading.Lock()
         self._closed = False
         self._accepted = 0
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def _pace(self, n: int) -> None:
+        """Wait for ``n`` bytes' turn at ``rate`` (one queue for every connection)."""
+        if self.rate <= 0:
+            return
+        with self._rate_lock:
+            now = time.monotonic()
+            start = max(self._next_send, now)
+            self._next_send = start + n / self.rate
+        if start > now:
+            time.sleep(start - now)
+
+    def shard_bytes(self, needle: str = ".tar") -> int:
+        """Bytes of the ranged GETs of objects whose path holds ``needle``, as asked."""
+        with self._lock:
+            return sum(
+                r.range[1] - r.range[0]
+                for r in self.requests
+                if r.method == "GET" and needle in r.path and r.range is not None
+            )
 
     def _listen(self) -> socket.socket:
         return socket.create_server(("127.0.0.1", 0))
@@ -95,7 +119,9 @@ class SlowProxy:
             client.close()
             return
         cut: list[int] = []  # set: the response stream is cut after this many more bytes
-        threading.Thread(target=self._pipe, args=(upstream, client, cut), daemon=True).start()
+        threading.Thread(
+            target=self._pipe, args=(upstream, client, cut, self._pace), daemon=True
+        ).start()
         buf = b""
         try:
             while True:
@@ -152,10 +178,13 @@ class SlowProxy:
         return Request(method, path.split("?")[0], rng), int(headers.get("content-length", 0))
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, cut: list[int]) -> None:
+    def _pipe(
+        src: socket.socket, dst: socket.socket, cut: list[int], pace: Callable[[int], None]
+    ) -> None:
         try:
             while True:
                 data = src.recv(65536)
+                pace(len(data))
                 if not data:
                     break
                 if cut:
