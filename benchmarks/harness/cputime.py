@@ -1,37 +1,51 @@
 """CPU seconds of a process tree, read from ``/proc``: what a run cost on a machine whose wall
-clock other jobs share. ``TreeCPU.sample()`` before and after a run; the difference is the
-CPU the tree spent, split into this process, Ray's task workers and everything else below
-it: Ray's daemons (raylet, GCS, agents) and the rest (a store's servers)."""
+clock other jobs share. ``TreeCPU.sample()`` before and after a run; ``after - before`` is
+the CPU the tree spent in between, process by process, split into this process, Ray's task
+workers, Ray's daemons (raylet, GCS, agents) and the rest (a store's servers)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flashfeed.runtime.lifeline import descendants
 
 __all__ = ["CPUSample", "TreeCPU"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
+_ROLES = ("driver", "workers", "ray", "others")
 
 
 @dataclass(frozen=True)
 class CPUSample:
     """CPU seconds so far: this process, Ray's task workers, Ray's daemons, the other
-    processes below it."""
+    processes below it; ``procs``: each process's ``(start time, role, seconds)``. A
+    difference also counts the worker processes that started (``new_workers``) and the
+    processes that ended (``ended``: their CPU since the first sample is not known)."""
 
     driver: float
     workers: float
     ray: float
     others: float
+    procs: dict[int, tuple[str, str, float]] = field(default_factory=dict, repr=False)
+    new_workers: int = 0
+    ended: int = 0
 
-    def __sub__(self, other: CPUSample) -> CPUSample:
-        return CPUSample(
-            self.driver - other.driver,
-            self.workers - other.workers,
-            self.ray - other.ray,
-            self.others - other.others,
-        )
+    def __sub__(self, before: CPUSample) -> CPUSample:
+        secs = dict.fromkeys(_ROLES, 0.0)
+        new = 0
+        for pid, (start, role, spent) in self.procs.items():
+            old = before.procs.get(pid)
+            if old is not None and old[0] == start:
+                secs[role] += spent - old[2]
+            else:  # started since: all its CPU is the run's
+                secs[role] += spent
+                new += role == "workers"
+        ended = sum(
+            1 for pid, (start, *_) in before.procs.items()
+            if pid not in self.procs or self.procs[pid][0] != start
+        )  # fmt: skip
+        return CPUSample(**secs, new_workers=new, ended=ended)
 
     @property
     def tasks(self) -> float:
@@ -64,27 +78,26 @@ def _role(pid: int) -> str:
 
 
 class TreeCPU:
-    """CPU seconds of this process and every process below it. A process that ends
-    between two samples loses the CPU it spent since the first (Ray's workers and daemons
-    live as long as Ray does)."""
+    """CPU seconds of this process and every process below it."""
 
     def __init__(self) -> None:
         self._me = os.getpid()
-        self._seen: dict[int, tuple[str, str]] = {}
+        self._roles: dict[tuple[int, str], str] = {}
 
     def sample(self) -> CPUSample:
-        secs = {"driver": 0.0, "workers": 0.0, "ray": 0.0, "others": 0.0}
+        secs = dict.fromkeys(_ROLES, 0.0)
+        procs: dict[int, tuple[str, str, float]] = {}
         for pid in descendants([self._me]):
             stat = _stat(pid)
             if stat is None:
                 continue
             start, spent = stat
             if pid == self._me:
-                secs["driver"] += spent
-                continue
-            known = self._seen.get(pid)
-            if known is None or known[0] != start:
-                known = (start, _role(pid))
-                self._seen[pid] = known
-            secs[known[1]] += spent
-        return CPUSample(**secs)
+                role = "driver"
+            else:
+                role = self._roles.get((pid, start)) or self._roles.setdefault(
+                    (pid, start), _role(pid)
+                )
+            secs[role] += spent
+            procs[pid] = (start, role, spent)
+        return CPUSample(**secs, procs=procs)
