@@ -17,7 +17,7 @@ What is measured, in CPU seconds (the machine's wall clock is shared with other 
 
 Rate per CPU = MB of text / CPU seconds. Ray's start-up (``ray.init``) and the first,
 cold run on fresh workers (their imports) are reported apart. Then where the CPU goes,
-stage by stage, in one process (``tokstages``).
+stage by stage, in one process (``benchmarks.harness.tokstages``).
 
     python -m benchmarks.stages.tokpercpu JSONL TOKENIZER --kernel fast --threads 1
 """
@@ -37,7 +37,7 @@ from typing import Any
 from benchmarks.harness.cputime import TreeCPU
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.textshapes import SHAPES, machine_text, shaped_documents
-from benchmarks.stages.tokstages import STAGES, stage_profile
+from benchmarks.harness.tokstages import STAGES, stage_profile
 
 __all__ = ["bench_per_cpu", "print_per_cpu"]
 
