@@ -87,6 +87,10 @@ QUICK = Profile(
         "128KB",
         "--batch-size",
         "16",
+        "--percpu-mb",
+        "0.5",
+        "--ray-cpus",
+        "1",
     ),
     crypto_args=(
         "--cipher-mib",

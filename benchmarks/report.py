@@ -239,14 +239,17 @@ def token_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
     if not data:
         return []
     rows = []
-    t = data["tokenize"]["rounds"]
-    ff = t["flashfeed-ingest"]
+    t = (data.get("tokenize") or {}).get("rounds") or {}
+    ff = t.get("flashfeed-ingest")
     for peer in ("datasets-map", "encode_batch", "encode_batch_fast"):
-        if t.get(peer):
+        if ff and t.get(peer):
             rows.append(
                 _row("tokens", "tokenization at ingest, 2 Ray CPUs", spread(ff), "MB/s", peer,
                      spread(t[peer]), ratio(ff, t[peer]))
             )  # fmt: skip
+    rows += _per_cpu_rows(data.get("per_cpu"))
+    if "loader" not in data:
+        return rows
     lo = data["loader"]["rounds"]
     mine, plain = lo["with document outputs"], lo["tokens only"]
     rows.append(
@@ -254,6 +257,25 @@ def token_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
              "tokens only", spread(plain), ratio(mine, plain), "memcpy of the same bytes",
              max(lo["memcpy (same bytes)"]))
     )  # fmt: skip
+    return rows
+
+
+def _per_cpu_rows(per: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Token ingest's MB per CPU second beside ``encode_batch_fast`` on one thread, per
+    corpus shape and Ray CPU count (``tokpercpu``)."""
+    if not per:
+        return []
+    rows = []
+    for shape, by_cpus in per["runs"].items():
+        mb = per["corpora"][shape]["mb"]
+        for cpus, runs in by_cpus.items():
+            fast = [mb / k["cpu"] for k in per["kernels"][shape][cpus]["encode_batch_fast"]]
+            mine = [mb / r["cpu"] for r in runs]
+            rows.append(
+                _row("tokens", f"token ingest per CPU, {shape} documents, {cpus} Ray CPU",
+                     spread(mine), "MB/CPU-s", "encode_batch_fast, 1 thread", spread(fast),
+                     ratio(mine, fast))
+            )  # fmt: skip
     return rows
 
 

@@ -130,15 +130,17 @@ def _best_fit(lens: np.ndarray, opts: PackOptions) -> PackPlan:
         rows += 1
 
     for w0 in range(0, len(lens), opts.window):
-        pieces: list[tuple[int, int, int]] = []  # (length, doc, start)
-        for d in range(w0, min(w0 + opts.window, len(lens))):
-            n = int(lens[d])
-            whole = n // seq_len
-            for k in range(whole):  # a long document's full rows: no padding at all
-                emit([(d, k * seq_len, seq_len)])
-            if n - whole * seq_len:
-                pieces.append((n - whole * seq_len, d, whole * seq_len))
-        pieces.sort(key=lambda p: (-p[0], p[1]))  # longest first; ties in document order
+        window = lens[w0 : w0 + opts.window]
+        whole, rest = np.divmod(window, seq_len)
+        for d in np.flatnonzero(whole).tolist():  # a long document's full rows: no padding
+            for k in range(int(whole[d])):
+                emit([(w0 + d, k * seq_len, seq_len)])
+        # the remainders, longest first; ties in document order
+        ds = np.flatnonzero(rest)
+        ds = ds[np.lexsort((ds, -rest[ds]))]
+        pieces = zip(
+            rest[ds].tolist(), (ds + w0).tolist(), (whole[ds] * seq_len).tolist(), strict=True
+        )
         for n, d, s in pieces:
             i = bisect.bisect_left(free, (n, -1))
             if i == len(free):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import xxhash
@@ -28,7 +28,7 @@ from .screening import exact_duplicates, screen_text
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, done_url, run_shards
 from .sources import Item, SourceScan, StorageContext, scan_source
 from .taskerrors import get as get_results
-from .tokenize import TokenPacker, text_field
+from .tokenize import TokenPacker, shared_packer, text_field
 from .transforms import TransformOptions, output_fields
 
 __all__ = ["IngestResult", "run"]
@@ -37,10 +37,9 @@ __all__ = ["IngestResult", "run"]
 def _fingerprint(config: IngestConfig, out_fields: dict[str, str], items: list[Item]) -> str:
     h = xxhash.xxh3_128()
     h.update(json.dumps([config.provenance(), out_fields], sort_keys=True, default=str).encode())
-    for it in items:
-        h.update(
-            json.dumps([it.index, it.source, it.size, it.ref], sort_keys=True, default=str).encode()
-        )
+    # the items in one encoder call: a call per item cost more than the JSON itself
+    fields = [[it.index, it.source, it.size, it.ref] for it in items]
+    h.update(json.dumps(fields, sort_keys=True, default=str).encode())
     return h.hexdigest()
 
 
@@ -166,7 +165,7 @@ def _assign_shards(
     txt = None
     if config.tokenizer is not None:
         txt = text_field(out_fields)
-        packer = TokenPacker(
+        packer = shared_packer(
             config.tokenizer,
             seq_len=config.seq_len or 0,
             eos_token=config.eos_token,
@@ -220,9 +219,11 @@ def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResu
 
     retry: Any = {"max_retries": 3, "retry_exceptions": [StorageError]}
     task = ray.remote(**retry)(run_shards)
-    spec_ref = ray.put(spec)
     slots = cpu_slots()
     groups = shard_groups(len(jobs), max(1, len(slots)))
+    # fewer runs than CPUs: a run's tokenizer may spread over the CPUs no run holds
+    spec = replace(spec, parallel_tokenizer=len(groups) < len(slots))
+    spec_ref = ray.put(spec)
     pending = {
         task.options(scheduling_strategy=_on(slots, k)).remote(
             spec_ref, tuple(jobs[i] for i in g)

@@ -8,7 +8,9 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from contextlib import closing
+from dataclasses import asdict, dataclass, field, fields
+from operator import attrgetter
 from typing import Any
 
 import pyarrow as pa
@@ -22,9 +24,9 @@ from flashfeed.format.video import VIDEO_EXTS, member_videos
 from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
-from .sources import Item, Reject, StorageContext, open_reader
+from .sources import Item, Reject, SourceReader, StorageContext, open_reader
 from .taskerrors import in_stage
-from .tokenize import TokenPacker
+from .tokenize import shared_packer, tokenizer_threads
 from .transforms import TransformOptions, transform_record
 
 __all__ = [
@@ -73,6 +75,8 @@ class TaskSpec:
     text_field: str | None = None
     encryption: EncryptionKey | None = None
     special_tokens: str = "text"
+    #: the tokenizer may run on every core: the run has fewer tasks than CPUs
+    parallel_tokenizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,29 @@ class ShardJob:
     items: tuple[Item, ...]
     fingerprint: str
     recorded: bool = True
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as plain tuples: a dataclass per item would cost the pickler (Ray's
+        cloudpickle) a Python call per item, a tenth of the tokenizer's time on short
+        documents."""
+        return _job, (self.number, list(map(_item_fields, self.items)), self.fingerprint,
+                      self.recorded)  # fmt: skip
+
+
+def _job(number: int, items: list[tuple[Any, ...]], fingerprint: str, recorded: bool) -> ShardJob:
+    return ShardJob(number, tuple(map(_item, items)), fingerprint, recorded)
+
+
+def _item(values: tuple[Any, ...]) -> Item:
+    """An ``Item`` made as pickle makes one, its fields set without the frozen class's
+    ``__init__`` (four ``object.__setattr__`` calls an item)."""
+    item = object.__new__(Item)
+    item.__dict__.update(zip(_ITEM_FIELDS, values, strict=True))
+    return item
+
+
+_ITEM_FIELDS = tuple(f.name for f in fields(Item))
+_item_fields = attrgetter(*_ITEM_FIELDS)
 
 
 @dataclass
@@ -136,29 +163,37 @@ def _reusable(spec: TaskSpec, job: ShardJob) -> ShardResult | None:
 
 
 def _samples(
-    spec: TaskSpec, job: ShardJob, result: ShardResult
+    spec: TaskSpec, job: ShardJob, result: ShardResult, reader: SourceReader | None = None
 ) -> Iterator[tuple[Item, dict, dict[str, tuple[int, int]]]]:
     """Read and transform the shard's items, in assigned order, each with the sizes of the
-    images the transform opened; rejects go to ``result``."""
-    reader = open_reader(spec.source_format, spec.shared)
+    images the transform opened; rejects go to ``result``. ``reader``: one the caller
+    keeps open across its shards (what it read for one shard serves the next)."""
+    own = reader is None
+    if reader is None:
+        reader = open_reader(spec.source_format, spec.shared)
     t_read = t_transform = 0.0
-    by_source = sorted(range(len(job.items)), key=lambda i: job.items[i].index)
-    records: dict[int, tuple[dict, dict[str, tuple[int, int]]] | None] = {}
+    items = job.items
+    by_source = sorted(range(len(items)), key=lambda i: items[i].index)
+    records: list[tuple[dict, dict[str, tuple[int, int]]] | None] = [None] * len(items)
+    read, ctx, clock = reader.read, spec.ctx, time.perf_counter
+    kinds, opts = spec.kinds, spec.transform
+    nbytes = 0
+    t0 = clock()
     try:
         for i in by_source:
-            item = job.items[i]
-            t0 = time.perf_counter()
+            item = items[i]
             try:
                 with in_stage("shard", item.source):
-                    raw = reader.read(item, spec.ctx)
-                    result.bytes_in += _nbytes(raw)
-                    t1 = time.perf_counter()
+                    raw = read(item, ctx)
+                    nbytes += _nbytes(raw)
+                    t1 = clock()
                     t_read += t1 - t0
                     sizes: dict[str, tuple[int, int]] = {}
-                    record = transform_record(raw, spec.kinds, spec.transform, sizes=sizes)
-                    records[i] = (record, sizes)
-                    t_transform += time.perf_counter() - t1
+                    records[i] = (transform_record(raw, kinds, opts, sizes=sizes), sizes)
+                    t0 = clock()
+                    t_transform += t0 - t1
             except Reject as r:
+                t0 = clock()
                 records[i] = None
                 result.rejects.append(
                     {
@@ -169,12 +204,13 @@ def _samples(
                     }
                 )
     finally:
-        reader.close()
+        result.bytes_in += nbytes
+        if own:
+            reader.close()
     result.timings["read"] = t_read
     result.timings["transform"] = t_transform
     result.rejects.sort(key=lambda d: d["index"])
-    for i, item in enumerate(job.items):
-        done = records[i]
+    for item, done in zip(items, records, strict=True):
         if done is not None:
             yield item, done[0], done[1]
 
@@ -194,7 +230,11 @@ def _image_sizes(
 
 
 def _nbytes(record: dict) -> int:
-    return sum(len(v) for v in record.values() if isinstance(v, bytes | str))
+    n = 0
+    for v in record.values():
+        if isinstance(v, bytes | str):
+            n += len(v)
+    return n
 
 
 def _member(kind: str, value: Any) -> bytes:
@@ -208,7 +248,7 @@ def _member(kind: str, value: Any) -> bytes:
 def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardResult) -> pa.Table:
     """The shard's documents as packed token rows; an empty document, or one the tokenizer
     refuses, is a counted reject."""
-    packer = TokenPacker(
+    packer = shared_packer(
         spec.tokenizer or "",
         seq_len=spec.seq_len or 0,
         eos_token=spec.eos_token,
@@ -237,7 +277,8 @@ def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardRes
         )  # fmt: skip
 
     t0 = time.perf_counter()
-    table, result.stats = packer.pack(docs, ids, on_skip=refused)
+    with tokenizer_threads(spec.parallel_tokenizer):
+        table, result.stats = packer.pack(docs, ids, on_skip=refused)
     result.timings["tokenize"] = time.perf_counter() - t0
     result.rejects.sort(key=lambda d: d["index"])
     return table
@@ -280,14 +321,16 @@ def _encoded(
     return _Built(result, path, data, samples, index)
 
 
-def _build(spec: TaskSpec, job: ShardJob, check: bool = True) -> _Built:
+def _build(
+    spec: TaskSpec, job: ShardJob, check: bool = True, reader: SourceReader | None = None
+) -> _Built:
     """Read, transform and encode one shard; a finished one from an earlier run or try
     comes back as it is (``result.reused``) where ``check`` asks to look for it."""
     reused = _reusable(spec, job) if check else None
     if reused is not None:
         return _Built(reused)
     result = ShardResult(number=job.number, info=None)
-    found = list(_samples(spec, job, result))
+    found = list(_samples(spec, job, result, reader))
     samples = [(it, rec) for it, rec, _ in found]
     t0 = time.perf_counter()
     table: pa.Table | None = None
@@ -363,10 +406,12 @@ def run_shards(spec: TaskSpec, jobs: tuple[ShardJob, ...]) -> list[ShardResult]:
     of its run (uploads end in order), so a fresh run asks once per task, not per shard."""
     results: list[ShardResult] = []
     retried = True  # until a shard of this run is found unfinished
-    with ThreadPoolExecutor(1, thread_name_prefix="ff-upload") as uploads:
+    reader = open_reader(spec.source_format, spec.shared)  # one for the run: a text
+    # partition parsed for one shard serves the next shards that draw from it
+    with ThreadPoolExecutor(1, thread_name_prefix="ff-upload") as uploads, closing(reader):
         pending: Future[ShardResult] | None = None
         for job in jobs:
-            built = _build(spec, job, check=retried or job.recorded)
+            built = _build(spec, job, check=retried or job.recorded, reader=reader)
             retried = retried and built.result.reused
             if pending is not None:
                 results.append(pending.result())

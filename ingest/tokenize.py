@@ -9,7 +9,11 @@ last row is padded (and the padding counted). docs/FORMAT.md has the layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import array
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -25,7 +29,9 @@ __all__ = [
     "TOKEN_FEATURE",
     "TokenPacker",
     "load_tokenizer",
+    "shared_packer",
     "text_field",
+    "tokenizer_threads",
 ]
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "[SEP]", "<|end_of_text|>")
@@ -60,6 +66,67 @@ def load_tokenizer(path: str) -> Any:
     except Exception as exc:  # the Rust side raises plain Exception with a long message
         why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise ValueError(f"cannot load tokenizer {path}: {why}") from None
+
+
+_PARALLELISM = "TOKENIZERS_PARALLELISM"
+#: the ``array`` type code of an unsigned 32-bit integer
+_U32 = "I" if array.array("I").itemsize == 4 else "L"
+
+
+@contextmanager
+def tokenizer_threads(parallel: bool) -> Iterator[None]:
+    """``tokenizers`` on every core (``parallel``) or on the calling thread alone, for the
+    block: a Ray task holds one CPU, and a tokenizer that spreads over every core beside
+    the other tasks costs more CPU for the same tokens. The variable is read at each call."""
+    before = os.environ.get(_PARALLELISM)
+    os.environ[_PARALLELISM] = "true" if parallel else "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_PARALLELISM, None)
+        else:
+            os.environ[_PARALLELISM] = before
+
+
+#: packers loaded in this process, by file identity and options (see ``shared_packer``)
+_PACKERS: dict[tuple[Any, ...], TokenPacker] = {}
+_PACKERS_LOCK = threading.Lock()
+_PACKERS_MAX = 4
+
+
+def shared_packer(
+    path: str,
+    *,
+    seq_len: int,
+    eos_token: str | None = None,
+    packing: str = "concat",
+    window: int = 4096,
+    special_tokens: str = "text",
+) -> TokenPacker:
+    """A ``TokenPacker`` loaded once per process: a Ray worker builds many shards, and a
+    large vocabulary's ``tokenizer.json`` takes a tenth of a second to a second to load.
+    Keyed by the file's size and modification time, so a changed file is loaded again."""
+    try:
+        st = os.stat(path)
+        ident: Any = (st.st_size, st.st_mtime_ns, st.st_ino)
+    except OSError:
+        ident = None  # TokenPacker says why in one line
+    key = (path, ident, seq_len, eos_token, packing, window, special_tokens)
+    with _PACKERS_LOCK:
+        packer = _PACKERS.get(key)
+    if packer is not None:
+        return packer
+    packer = TokenPacker(
+        path, seq_len=seq_len, eos_token=eos_token, packing=packing, window=window,
+        special_tokens=special_tokens,
+    )  # fmt: skip
+    if ident is not None:
+        with _PACKERS_LOCK:
+            while len(_PACKERS) >= _PACKERS_MAX:
+                _PACKERS.pop(next(iter(_PACKERS)))
+            _PACKERS[key] = packer
+    return packer
 
 
 class TokenPacker:
@@ -114,14 +181,21 @@ class TokenPacker:
         if not documents:
             return np.zeros(0, self.dtype), np.zeros(0, np.int64)
         encoded = self.tokenizer.encode_batch_fast(list(documents), add_special_tokens=False)
-        flat: list[int] = []
-        lengths = np.empty(len(encoded), np.int64)
-        for n, e in enumerate(encoded):  # list.extend: C speed, no Python loop per token
+        return self.stream(encoded)
+
+    def stream(self, encoded: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """``(stream, lengths)`` of ``tokenizers`` encodings: each one's ids, then EOS."""
+        flat = array.array(_U32)  # extend converts each list in C: no list of every token
+        extend, append, eos = flat.extend, flat.append, self.eos_id
+        counts = []
+        for e in encoded:
             ids = e.ids
-            flat.extend(ids)
-            flat.append(self.eos_id)
-            lengths[n] = len(ids) + 1
-        return np.array(flat, dtype=self.dtype), lengths
+            extend(ids)
+            append(eos)
+            counts.append(len(ids))
+        lengths = np.array(counts, dtype=np.int64) + 1
+        stream = np.frombuffer(flat, dtype=np.uint32)
+        return (stream if self.dtype == np.uint32 else stream.astype(self.dtype)), lengths
 
     def pack(
         self,

@@ -6,6 +6,9 @@
              num_proc=2)`` calling the same tokenizer, and ``tokenizers``' own
              ``encode_batch`` / ``encode_batch_fast`` on the texts already in memory, in one
              process (its limit: no reading, no writing)
+  per_cpu    ingest's MB per CPU second beside the bare tokenizer's, on generated corpora of
+             three shapes (median document 300 B, 3 KB, 100 KB) with 1 and 2 Ray CPUs, the
+             shards PUT to a local SeaweedFS; Ray's start-up apart (``tokpercpu``)
   packing    padding of concat and best-fit on the corpus's real document lengths
   loader     TokenLoader GB/s of delivered bytes, tokens only and with the document outputs
              (position_ids, document_ids, cu_seqlens, max_seqlen, labels), beside a memcpy
@@ -42,6 +45,9 @@ import numpy as np
 
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
+from benchmarks.harness.store import start_store
+from benchmarks.harness.textshapes import SHAPES
+from benchmarks.stages.tokpercpu import bench_per_cpu, print_per_cpu
 
 SOURCES = ("/usr/share/doc/*/*", "/usr/lib/python3*/**/*.py")
 CHUNK = 256 << 10
@@ -354,9 +360,18 @@ def main(argv: list[str] | None = None) -> int:
         help="TokenLoader with document outputs at these batch sizes too",
     )  # fmt: skip
     p.add_argument(
-        "--only", choices=("all", "loader"), default="all",
-        help="loader: only the TokenLoader table (no tokenizer runs, no Ray)",
+        "--only", choices=("all", "loader", "percpu"), default="all",
+        help="loader: only the TokenLoader table (no tokenizer runs, no Ray); "
+        "percpu: only the per-CPU table",
     )  # fmt: skip
+    p.add_argument(
+        "--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES),
+        help="per_cpu: the corpus shapes (median document size)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ray-cpus", type=int, nargs="+", default=[1, 2], help="per_cpu: Ray CPU counts"
+    )
+    p.add_argument("--percpu-mb", type=float, default=4.0, help="per_cpu: MB of each corpus")
     p.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     p.add_argument("--out")
     args = p.parse_args(argv)
@@ -371,8 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.only == "all":
             result["tokenize"] = bench_tokenize(src, tok, texts, work, args)
             result["packing"] = bench_packing(texts, tok, args)
-        make_token_dataset(work / "tokens", tok, args)
-        result["loader"] = bench_loader(work / "tokens", args)
+        if args.only in ("all", "percpu"):
+            result["per_cpu"] = run_per_cpu(tok, work, args)
+        if args.only != "percpu":
+            make_token_dataset(work / "tokens", tok, args)
+            result["loader"] = bench_loader(work / "tokens", args)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -382,9 +400,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_per_cpu(tok: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The per-CPU table (``tokpercpu``), its shards PUT to a SeaweedFS of its own."""
+    store = start_store(work / "store", export_env=True)
+    try:
+        per = argparse.Namespace(**{**vars(args), "mb": args.percpu_mb})
+        return bench_per_cpu(tok, work, store.bucket, per)
+    finally:
+        store.stop()
+
+
 def print_tables(result: dict[str, Any]) -> None:
     if "tokenize" in result:
         print_ingest_tables(result)
+    if "per_cpu" in result:
+        print_per_cpu(result["per_cpu"])
+    if "loader" not in result:
+        return
     lo = result["loader"]
     print("\nTokenLoader, CPU (GB/s of delivered bytes, median)")
     for name, v in lo["gb_per_s"].items():

@@ -19,7 +19,8 @@ from support.bench import BENCH, bench_command, load_bench
 def tiny_run(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("tok") / "tokens.json"
     sizes = "--mb 0.2 --rounds 1 --token-rows 128 --seq-len 256 --shard-size 64KB --batch-size 8"
-    args = [*sizes.split(), "--vocab", "600", "--out", str(out)]
+    per_cpu = "--percpu-mb 0.1 --shapes 300B --ray-cpus 1"
+    args = [*sizes.split(), *per_cpu.split(), "--vocab", "600", "--out", str(out)]
     proc = subprocess.run(
         bench_command("stages.tokenize_bench", *args),
         capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
@@ -30,7 +31,8 @@ def tiny_run(tmp_path_factory) -> tuple[dict, str]:
 
 def test_it_prints_and_writes_every_table(tiny_run) -> None:
     result, stdout = tiny_run
-    for heading in ("tokenization,", "packing of its", "TokenLoader, CPU"):
+    for heading in ("tokenization,", "packing of its", "TokenLoader, CPU",
+                    "token ingest per CPU", "where the CPU goes", "Ray start-up"):  # fmt: skip
         assert heading in stdout
     tok = result["tokenize"]
     assert {"flashfeed-ingest", "encode_batch", "encode_batch_fast"} <= set(tok["median_mb_s"])
@@ -42,6 +44,12 @@ def test_it_prints_and_writes_every_table(tiny_run) -> None:
     assert set(lo) == {"tokens only", "with document outputs", "memcpy (same bytes)",
                        "row gather into reused buffers, not a limit"}  # fmt: skip
     assert all(v > 0 for v in lo.values())
+    per = result["per_cpu"]
+    (row,) = per["table"]
+    assert row["shape"] == "300B" and row["ray_cpus"] == 1 and row["documents"] > 100
+    assert row["ingest_mb_per_cpu_s"] > 0 and row["vs_fast"] > 0 and row["vs_encode_batch"] > 0
+    stages = per["stages"]["300B"]
+    assert stages["encode_batch_fast"] > 0 and "PUT" in stages and per["ray_start_s"]["1"] > 0
 
 
 def test_the_report_makes_headline_rows_of_it(tiny_run) -> None:
@@ -50,6 +58,7 @@ def test_the_report_makes_headline_rows_of_it(tiny_run) -> None:
     rows = report.headline({"stages": {"tokens": {"data": result}}})
     refs = {r["reference"] for r in rows if r["area"] == "tokens"}
     assert {"encode_batch", "encode_batch_fast", "tokens only"} <= refs
+    assert "encode_batch_fast, 1 thread" in refs  # the per-CPU row
     loader = next(r for r in rows if r["reference"] == "tokens only")
     assert loader["limit"] == "memcpy of the same bytes" and loader["of_limit"] > 0
 

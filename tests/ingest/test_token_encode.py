@@ -1,0 +1,116 @@
+"""The tokenizing path's per-process parts: one tokenizer load per process, the token
+stream built without a list of every token, the tokenizer's threads, and a text source
+read once per task across the task's shards."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from tokenizers import Tokenizer
+
+from flashfeed import storage
+from flashfeed.dataset import Dataset
+from flashfeed.ingest import IngestConfig, run
+from flashfeed.ingest.tokenize import TokenPacker, shared_packer, tokenizer_threads
+
+from support.token_docs import byte_bpe, mixed_documents
+
+
+@pytest.fixture
+def tok(tmp_path: Path) -> str:
+    return byte_bpe(tmp_path / "tok.json", mixed_documents(200, seed=1))
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_the_stream_is_each_documents_ids_then_eos(tok: str, dtype) -> None:
+    packer = TokenPacker(tok, seq_len=32)
+    packer.dtype = dtype  # a vocabulary over 65,536 ids is stored as uint32
+    docs = mixed_documents(50, seed=4)
+    stream, lengths = packer.encode(docs)
+    want = []
+    for e in Tokenizer.from_file(tok).encode_batch(docs, add_special_tokens=False):
+        want += [*e.ids, packer.eos_id]
+    assert stream.dtype == dtype and stream.tolist() == want
+    assert lengths.tolist() == [len(e.ids) + 1 for e in packer.tokenizer.encode_batch(docs)]
+
+
+def test_a_packer_is_loaded_once_per_process_and_again_when_its_file_changes(
+    tmp_path: Path, tok: str
+) -> None:
+    first = shared_packer(tok, seq_len=16, packing="best-fit")
+    assert shared_packer(tok, seq_len=16, packing="best-fit") is first
+    assert shared_packer(tok, seq_len=32, packing="best-fit") is not first
+    bigger = byte_bpe(tmp_path / "tok2.json", mixed_documents(200, seed=1), vocab=300)
+    os.replace(bigger, tok)
+    again = shared_packer(tok, seq_len=16, packing="best-fit")
+    assert again is not first and again.vocab_size < first.vocab_size
+
+
+def test_a_missing_tokenizer_is_still_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot load tokenizer"):
+        shared_packer(str(tmp_path / "none.json"), seq_len=16)
+
+
+@pytest.mark.parametrize("before", [None, "true"])
+def test_tokenizer_threads_sets_the_variable_for_the_block_only(monkeypatch, before) -> None:
+    if before is None:
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    else:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
+    with tokenizer_threads(False):
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == before
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_text_source_tokenized_into_many_shards_per_task(
+    tmp_path: Path, s3_prefix: str, tok: str
+) -> None:
+    """Eight shards of one text partition on two CPUs: each task keeps the partition it
+    read for its first shard, and every document comes back exactly, once."""
+    docs = mixed_documents(160, seed=5)
+    src = tmp_path / "corpus.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    result = run(
+        IngestConfig(
+            source=str(src), dest=s3_prefix, format="arrow", tokenizer=tok, seq_len=48,
+            packing="best-fit", samples_per_shard=20, source_format="text", progress="none",
+        )
+    )  # fmt: skip
+    assert len(result.manifest.shards) == 8 and result.manifest.extra["tokens"]["documents"] == 160
+    ds = Dataset.open(s3_prefix)
+    pieces: dict[int, dict[int, list[int]]] = {}
+    for i in range(len(ds.shards)):
+        table = pa.ipc.open_file(pa.BufferReader(storage.read_bytes(ds.shard_url(i)))).read_all()
+        for row, lens, ids, starts in zip(
+            table["tokens"].to_pylist(), table["doc_lens"].to_pylist(),
+            table["doc_ids"].to_pylist(), table["doc_starts"].to_pylist(), strict=True,
+        ):  # fmt: skip
+            at = 0
+            for n, d, s in zip(lens, ids, starts, strict=True):
+                assert s not in pieces.setdefault(d, {})  # no piece placed twice
+                pieces[d][s] = row[at : at + n]
+                at += n
+    assert sorted(pieces) == list(range(len(docs)))
+    decoder = Tokenizer.from_file(tok)
+    for d, text in enumerate(docs):
+        ids = [t for s in sorted(pieces[d]) for t in pieces[d][s]]
+        assert decoder.decode(ids[:-1], skip_special_tokens=False) == text
+
+
+def test_a_shard_job_pickles_back_equal_through_rays_pickler() -> None:
+    import ray.cloudpickle
+
+    from flashfeed.ingest.shardtask import ShardJob
+    from flashfeed.ingest.sources import Item
+
+    job = ShardJob(3, (Item(7, "a.jsonl:8", 12, {"values": {"txt": "héllo"}}), Item(9, "b", 0)),
+                   "f" * 32, recorded=False)  # fmt: skip
+    back = ray.cloudpickle.loads(ray.cloudpickle.dumps(job))
+    assert back == job and [type(it) for it in back.items] == [Item, Item]
+    assert back.items[1].ref == {} and back.items[0].ref is not job.items[0].ref
