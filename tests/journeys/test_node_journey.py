@@ -55,6 +55,13 @@ def _check_accounting(node: Any) -> dict[str, Any]:
     return status
 
 
+def _shards(node: Any, name: str) -> list[int]:
+    """The shard numbers of dataset ``name`` complete in the node's cache."""
+    return sorted(
+        int(os.path.basename(f).split(".")[0]) for f in node.store_files() if f"/{name}-" in f
+    )
+
+
 def _row(status: dict[str, Any], tenant: str, job: str) -> dict[str, Any]:
     (row,) = [r for r in status["report"]["rows"] if (r["tenant"], r["job"]) == (tenant, job)]
     return row
@@ -64,7 +71,8 @@ def test_two_nodes_two_tenants_three_jobs(node_store, datasets, tenant_users):
     admin = node_store["admin"]
     alpha, shared = datasets["alpha"], datasets["shared"]
     alpha_ds = Dataset.open(alpha, storage_options=admin)
-    shared_bytes = sum(s.bytes for s in Dataset.open(shared, storage_options=admin).shards)
+    shared_ds = Dataset.open(shared, storage_options=admin)
+    shared_bytes = sum(s.bytes for s in shared_ds.shards)
     share = sorted(set(NodeShare.build(node_rank=0, num_nodes=2).order(alpha_ds)))
     share_bytes = sum(alpha_ds.shards[i].bytes for i in share)
     # alice's share fits on node 0; her share and all of the shared dataset do not
@@ -111,8 +119,9 @@ def test_two_nodes_two_tenants_three_jobs(node_store, datasets, tenant_users):
         assert over["cli_rc"] == 1
         line = over["stderr"].strip()
         assert "\n" not in line, line
+        assert line.startswith(f"flashfeed cache warm: error: warm of 6 shards of {shared}"), line
         assert f"cannot fit in the quota of tenant {ALICE}" in line and "job warm-a" in line
-        assert not [f for f in nodes[0].store_files() if "shared" in f]
+        assert _shards(nodes[0], "shared") == []
 
         # node 1's service dies; bob's job (gone with its node) resumes through node 0
         nodes[1].kill()
@@ -142,15 +151,19 @@ def test_two_nodes_two_tenants_three_jobs(node_store, datasets, tenant_users):
         a = _row(status0, ALICE, "warm-a")
         assert a["pinned_bytes"] == a["resident_bytes"] >= share_bytes
         assert a["resident_bytes"] <= quota
+        assert a["fetched_bytes"] == share_bytes  # each shard of the share left the store once
+        assert _shards(nodes[0], "alpha") == share
+        # bob's resumed run read from its checkpoint's shard on: those, each fetched once
         b = _row(status0, BOB, "train-b")
+        rest = list(range(20 // 8, 6))
+        assert _shards(nodes[0], "shared") == rest
+        assert b["fetched_bytes"] == sum(shared_ds.shards[i].bytes for i in rest)
         assert b["resident_bytes"] > 0 and b["pinned_bytes"] == 0
-        warmed = {f for f in nodes[0].store_files() if "alpha" in f}
-        assert len(warmed) == len(share)
         # node 1 comes back from its kill with its books matching its disk
         nodes[1].start()
         status1 = _check_accounting(nodes[1])
         assert {r["tenant"] for r in status1["report"]["rows"]} <= {BOB}
-        assert not [f for f in nodes[1].store_files() if "alpha" in f]
+        assert _shards(nodes[1], "alpha") == []
     finally:
         for t in made:
             t.kill_all()
