@@ -9,6 +9,7 @@
 # user's own store credentials; the node rank is SLURM_NODEID's order, the order of
 # `scontrol show hostnames` of the job's node list. A failed warm never fails the job
 # (a failing prolog would drain the node): the loader then fetches what is missing.
+# The warm's `timeout` must stay under slurm.conf's PrologEpilogTimeout.
 set -u
 
 SOCKET=${FLASHFEED_NODE_SOCKET:-/run/flashfeed/node.sock}

@@ -228,3 +228,38 @@ def test_the_slurm_prolog_warms_this_nodes_share(tmp_path):
     args = build_parser().parse_args(argv)
     assert (args.dataset, args.node_rank, args.num_nodes) == ("s3://b/ds-v1", 1, 3)
     assert (args.ranks_per_node, args.seed, args.epochs) == (8, 3, 1)
+
+
+def test_the_warm_job_warms_each_listed_node_with_its_rank(tmp_path):
+    """The Job's script, run on the third node of hosts.txt with a stand-in ``flashfeed``:
+    node rank 2 of 4, the flags the real parser takes; one pod per listed node."""
+    docs = {d["kind"]: d for d in _yaml_docs("kubernetes/warm-job.yaml")}
+    data = docs["ConfigMap"]["data"]
+    hosts = [h for h in data["hosts.txt"].splitlines() if h.strip()]
+    spec = docs["Job"]["spec"]
+    assert spec["completions"] == spec["parallelism"] == len(hosts)
+    pod = spec["template"]["spec"]
+    [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"][0]["values"] == hosts
+    assert pod["affinity"]["podAntiAffinity"]  # one pod per node
+    mount = next(
+        m["mountPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] == "warm"
+    )
+    (tmp_path / "hosts.txt").write_text(data["hosts.txt"])
+    script = tmp_path / "warm.sh"
+    script.write_text(data["warm.sh"].replace(mount, str(tmp_path)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, "flashfeed", 'printf "%s\\n" "$@" > "$ARGV"')
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", NODE_NAME=hosts[2], ARGV=str(tmp_path / "a"))
+    proc = subprocess.run(["sh", str(script)], env=env, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    args = build_parser().parse_args((tmp_path / "a").read_text().splitlines())
+    assert (args.dataset, args.node_rank, args.num_nodes) == (env["DATASET"], 2, len(hosts))
+    assert args.cache_dir is None  # through the service, FLASHFEED_NODE_SOCKET
+    env["NODE_NAME"] = "elsewhere"
+    proc = subprocess.run(["sh", str(script)], env=env, capture_output=True, timeout=60)
+    assert proc.returncode == 1 and b"is not in hosts.txt" in proc.stderr
