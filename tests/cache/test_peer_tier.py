@@ -1,7 +1,7 @@
 """The cluster tier on real processes: a miss reads from a peer before the store, a corrupt
 copy or a dying peer never puts a wrong byte in a fill, and concurrent misses on one shard
 single-flight at one node. Each node is a process on its own 127.0.0.N address whose
-store requests pass a counting proxy of its own (``support.peer_cluster``)."""
+store requests pass a counting proxy of its own (``benchmarks.harness.peercluster``)."""
 
 from __future__ import annotations
 
