@@ -5,7 +5,6 @@ leaves B on the store. Bad ``peers`` sections fail in one line naming the value.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -88,9 +87,13 @@ def _store_bytes(proxy: Any, url: str) -> int:
     )
 
 
-def _fetched(node: Any, tenant: str) -> int:
+def _admin_status(node: Any) -> dict[str, Any]:
     with NodeClient(node.socket, reconnect_timeout=5) as c:
-        rows = c.status()["report"]["rows"]
+        return c.status()
+
+
+def _fetched(node: Any, tenant: str) -> int:
+    rows = _admin_status(node)["report"]["rows"]
     return sum(r["fetched_bytes"] for r in rows if r["tenant"] == tenant)
 
 
@@ -119,16 +122,17 @@ def test_a_tenant_of_node_b_reads_from_node_a_not_the_store(cluster, node_store,
     assert len(b.store_files()) == 6  # B holds its own copies now
     assert _fetched(b, "ffnodeb") == total  # and charged them to its own tenant
     assert _fetched(a, "ffnodea") == total
-    reader = PeerTier(peers=[cluster["addrs"]["a"]], token=TOKEN)
-    resp = reader.request(cluster["addrs"]["a"], "GET", "/v1/stats")
-    served = json.loads(resp.read())
-    resp.close()
+    served = _admin_status(a)["peers"]
     assert served["served_bytes"] >= total  # A's peer server sent B the shards
-    resp = reader.request(cluster["addrs"]["b"], "GET", "/v1/stats")
-    b_stats = json.loads(resp.read())
+    b_peers = _admin_status(b)["peers"]
+    assert b_peers["address"] == cluster["addrs"]["b"]
+    assert b_peers["peers"] == [cluster["addrs"]["a"]]  # its own entry left out
+    assert b_peers["bytes_from_peers"] >= total
+    reader = PeerTier(peers=[cluster["addrs"]["a"]], token=b"not-the-cluster-token")
+    resp = reader.request(cluster["addrs"]["a"], "GET", "/v1/stats")
     resp.close()
-    assert b_stats["bytes_from_peers"] >= total
-    assert b_stats.get("bytes_from_store", 0) == 0
+    assert resp.status == 401  # only token holders are served
+    assert b_peers.get("bytes_from_store", 0) == 0
 
 
 def test_a_peer_that_is_down_leaves_node_b_on_the_store(cluster, node_store, fresh_dataset):
@@ -143,6 +147,7 @@ def test_a_peer_that_is_down_leaves_node_b_on_the_store(cluster, node_store, fre
         bob.kill_all()
     assert _store_bytes(proxy, fresh_dataset) == total
     assert _fetched(b, "ffnodeb") == total
+    assert _admin_status(b)["peers"]["peers_down"] >= 1  # A was asked, and left out
 
 
 def _parse(tmp_path, peers: Any) -> NodeConfig:
