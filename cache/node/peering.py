@@ -107,14 +107,19 @@ class PeerSide:
     (the fill source given to its ``ShardCache``: peers holding the shard, then the store)."""
 
     def __init__(self, cfg: PeerConfig, *, cache_root: str) -> None:
-        self.server = PeerServer(
-            cache_dir=cache_root,
-            token=cfg.token,
-            address=cfg.listen,
-            max_streams=cfg.max_streams,
-            rate=cfg.rate,
-            stats=lambda: self.tier.stats(),
-        )  # no fill route: a node fills only for its own tenants, inside their quotas
+        try:
+            self.server = PeerServer(
+                cache_dir=cache_root,
+                token=cfg.token,
+                address=cfg.listen,
+                max_streams=cfg.max_streams,
+                rate=cfg.rate,
+                stats=lambda: self.tier.stats(),
+            )  # no fill route: a node fills only for its own tenants, inside their quotas
+        except OSError as exc:
+            raise ValueError(
+                f"peers.listen: cannot listen on {cfg.address}: {exc.strerror or exc}"
+            ) from None
         self.address = self.server.address
         self.tier = PeerTier(
             peers=[p for p in cfg.peers if p not in (cfg.address, self.address)],

@@ -20,6 +20,7 @@ when the file changes (its mtime) or on SIGHUP; ``cache_dir``, ``socket``, ``sto
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,8 @@ from .peering import PeerConfig, parse_peers
 __all__ = ["ConfigError", "ConfigWatch", "NodeConfig", "TenantConfig"]
 
 DEFAULT_SOCKET = "/run/flashfeed/node.sock"
+
+log = logging.getLogger("flashfeed.node")
 
 
 class ConfigError(ValueError):
@@ -191,7 +194,10 @@ class ConfigWatch:
                 return self.config
             self._stamp = stamp
             try:
-                self.config = NodeConfig.read(self.path)
+                config = NodeConfig.read(self.path)
+                if config.peers != self.config.peers:
+                    log.warning("the peers section changed: it applies after a restart")
+                self.config = config
                 self.error = None
             except ConfigError as exc:
                 self.error = str(exc)

@@ -5,9 +5,12 @@ leaves B on the store. Bad ``peers`` sections fail in one line naming the value.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -132,6 +135,11 @@ def test_a_tenant_of_node_b_reads_from_node_a_not_the_store(cluster, node_store,
     resp = reader.request(cluster["addrs"]["a"], "GET", "/v1/stats")
     resp.close()
     assert resp.status == 401  # only token holders are served
+    a.write_config(peers={**a.config["peers"], "max_streams": 2})
+    with NodeClient(a.socket, reconnect_timeout=5) as c:
+        assert not c.reload().get("error_in_config")
+    assert "the peers section changed: it applies after a restart" in a.log_tail()
+    assert _admin_status(a)["peers"]["address"] == cluster["addrs"]["a"]  # still serving
     assert b_peers.get("bytes_from_store", 0) == 0
 
 
@@ -193,3 +201,32 @@ def _cases(ok: dict, tmp_path: Any, loose: str) -> list[tuple[Any, str]]:
         ({"listen": "127.0.0.2:7460"}, "no peer token"),
         ({**ok, "tokenfile": "x"}, "unknown key(s) ['tokenfile']"),
     ]
+
+
+def test_the_service_refuses_to_start_on_a_bad_peers_section_in_one_line(tmp_path):
+    token = tmp_path / "token"
+    token.write_bytes(TOKEN)
+    token.chmod(0o600)
+    taken = socket.create_server(("127.0.0.2", 0))
+    busy = f"127.0.0.2:{taken.getsockname()[1]}"
+    boot = "import sys; from flashfeed.cli import main; sys.exit(main())"
+    try:
+        for peers, says in (
+            ({"listen": busy, "token_file": str(token), "max_streams": 0},
+             "peers.max_streams must be an integer >= 1, got 0"),
+            ({"listen": busy, "token_file": str(token)},
+             f"peers.listen: cannot listen on {busy}: Address already in use"),
+        ):  # fmt: skip
+            config = tmp_path / "node.json"
+            config.write_text(json.dumps({"cache_dir": str(tmp_path / "c"), "capacity": "1GiB",
+                                          "socket": str(tmp_path / "node.sock"),
+                                          "peers": peers}))  # fmt: skip
+            cmd = [sys.executable, "-c", boot, "node", "serve", str(config)]
+            got = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            assert got.returncode == 2, got.stderr
+            lines = got.stderr.strip().splitlines()
+            assert len(lines) == 1, got.stderr
+            assert lines[0].startswith("flashfeed node serve: error: "), got.stderr
+            assert lines[0].endswith(says), got.stderr
+    finally:
+        taken.close()
