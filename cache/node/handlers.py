@@ -207,6 +207,9 @@ def _status(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None
     if admin:
         body.update(capacity=cfg.capacity, used=svc.ledger.used(), disk=svc.cache.used_bytes(),
                     config_error=svc.watch.error)  # fmt: skip
+        if svc.peer is not None:  # the service as a peer: its address, peers and counters
+            body["peers"] = {"address": svc.peer.address, "peers": list(svc.peer.tier.peers),
+                             **svc.peer.server.counters()}  # fmt: skip
     conn.reply(request, body)
 
 

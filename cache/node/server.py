@@ -27,6 +27,7 @@ from ..shardcache import ShardCache
 from .accounting import Accounts
 from .fairqueue import FairQueue
 from .ledger import Ledger
+from .peering import PeerSide
 from .protocol import ProtocolError, recv_message, send_message
 from .tenants import ConfigWatch
 
@@ -90,10 +91,14 @@ class NodeService:
         make_private_dir(cfg.cache_dir)
         os.chmod(cfg.cache_dir, 0o700)
         self.state_dir = make_private_dir(os.path.join(cfg.cache_dir, "state"))
+        store_root = os.path.join(cfg.cache_dir, "store")
+        #: the service as a peer of the cluster tier (the config's ``peers``: ``peering.py``)
+        self.peer = None if cfg.peers is None else PeerSide(cfg.peers, cache_root=store_root)
         self.cache = ShardCache(
-            os.path.join(cfg.cache_dir, "store"),
+            store_root,
             capacity=cfg.capacity,
             storage_options=cfg.store or None,
+            peers=None if self.peer is None else self.peer.tier,
         )
         self.ledger = Ledger(self.state_dir)
         self.dirs: dict[str, DatasetDir] = {d.key: d for d in list_dataset_dirs(self.cache.root)}
@@ -162,6 +167,8 @@ class NodeService:
             t = threading.Thread(target=target, daemon=True, name="flashfeed-node")
             t.start()
             self._threads.append(t)
+        if self.peer is not None:
+            self.peer.start()
 
     def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT; SIGHUP reads the config again."""
@@ -171,6 +178,9 @@ class NodeService:
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         self.start()
         log.info("node service on %s, cache %s", self.config.socket, self.cache.root)
+        if self.peer is not None:
+            log.info("serving peers on %s; peers: %s", self.peer.address,
+                     ", ".join(self.peer.tier.peers) or "none")  # fmt: skip
         try:
             while not self._stop.wait(1.0):
                 pass
@@ -188,6 +198,8 @@ class NodeService:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+        if self.peer is not None:
+            self.peer.close()
         self.accounts.flush()
         self.cache.close()
 

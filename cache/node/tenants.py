@@ -8,16 +8,19 @@ store credentials, and each tenant's byte quota and job weights.
      "store": {"endpoint_url": "http://...", "key": "...", "secret": "..."},
      "admins": ["root"],
      "default_quota": "0",
-     "tenants": {"alice": {"quota": "200GiB", "jobs": {"sweep": {"weight": 2}}}}}
+     "tenants": {"alice": {"quota": "200GiB", "jobs": {"sweep": {"weight": 2}}}},
+     "peers": {"listen": "10.0.0.5:7460", "hosts": ["10.0.0.5", "10.0.0.6"],
+               "token_file": "/etc/flashfeed/peer.token"}}
 
 A tenant is the Unix user on the other end of the socket. Quotas and weights are read again
-when the file changes (its mtime) or on SIGHUP; ``cache_dir``, ``socket`` and ``store`` are
-read at start only.
+when the file changes (its mtime) or on SIGHUP; ``cache_dir``, ``socket``, ``store`` and
+``peers`` (the service as a peer of the cluster tier: ``peering.py``) are read at start only.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -26,9 +29,13 @@ from typing import Any
 
 from flashfeed.units import parse_size
 
+from .peering import PeerConfig, parse_peers
+
 __all__ = ["ConfigError", "ConfigWatch", "NodeConfig", "TenantConfig"]
 
 DEFAULT_SOCKET = "/run/flashfeed/node.sock"
+
+log = logging.getLogger("flashfeed.node")
 
 
 class ConfigError(ValueError):
@@ -58,6 +65,7 @@ class NodeConfig:
     default_quota: int
     admins: tuple[str, ...]
     grant_seconds: float
+    peers: PeerConfig | None = None
 
     def tenant(self, name: str) -> TenantConfig:
         """The tenant's config; one not listed gets ``default_quota`` and weights of 1."""
@@ -68,7 +76,7 @@ class NodeConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: the config must be a JSON object")
         known = {"cache_dir", "capacity", "socket", "store", "tenants", "default_quota",
-                 "admins", "grant_seconds"}  # fmt: skip
+                 "admins", "grant_seconds", "peers"}  # fmt: skip
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -90,6 +98,10 @@ class NodeConfig:
         admins = data.get("admins", ["root"])
         if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
             raise ConfigError(f"{source}: admins must be a list of user names, got {admins!r}")
+        try:
+            peers = parse_peers(data.get("peers"))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         return cls(
             cache_dir=os.path.abspath(cache_dir),
             capacity=_size(data.get("capacity"), "capacity", source, positive=True),
@@ -99,6 +111,7 @@ class NodeConfig:
             default_quota=_size(data.get("default_quota", 0), "default_quota", source),
             admins=tuple(admins),
             grant_seconds=float(grant),
+            peers=peers,
         )
 
     @classmethod
@@ -181,7 +194,10 @@ class ConfigWatch:
                 return self.config
             self._stamp = stamp
             try:
-                self.config = NodeConfig.read(self.path)
+                config = NodeConfig.read(self.path)
+                if config.peers != self.config.peers:
+                    log.warning("the peers section changed: it applies after a restart")
+                self.config = config
                 self.error = None
             except ConfigError as exc:
                 self.error = str(exc)

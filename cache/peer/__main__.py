@@ -16,15 +16,15 @@ import sys
 from flashfeed.units import parse_size
 
 from .auth import load_token
-from .discovery import peers_from
+from .discovery import parse_listen, peers_from
 from .node import PeerNode
 
 
 def _listen(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"--listen must be host:port, got {text!r}")
-    return host, int(port)
+    try:
+        return parse_listen(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

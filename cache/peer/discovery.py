@@ -13,9 +13,17 @@ from typing import Any
 
 from ..warm.cluster import alive_nodes, parse_hostfile, parse_hosts
 
-__all__ = ["PEERS_ENV", "peers_from", "peers_from_ray", "with_port"]
+__all__ = ["PEERS_ENV", "parse_listen", "peers_from", "peers_from_ray", "with_port"]
 
 PEERS_ENV = "FLASHFEED_PEERS"
+
+
+def parse_listen(text: str, *, name: str = "--listen") -> tuple[str, int]:
+    """``host:port`` where a peer server listens (port 0: any free one)."""
+    host, _, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{name} must be host:port, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def with_port(entry: str, port: int) -> str:

@@ -106,10 +106,7 @@ class PeerServer:
         rate: float = 0.0,
         stats: Callable[[], dict[str, int]] | None = None,
     ) -> None:
-        if isinstance(max_streams, bool) or not isinstance(max_streams, int) or max_streams < 1:
-            raise ValueError(f"max_streams must be an integer >= 1, got {max_streams!r}")
-        if rate < 0:
-            raise ValueError(f"rate must be >= 0 bytes/s, got {rate!r}")
+        self.check(max_streams=max_streams, rate=rate)
         if len(token) < 16:
             raise ValueError("token must be at least 16 bytes")
         self.root = os.path.abspath(cache_dir)
@@ -131,6 +128,14 @@ class PeerServer:
         self._httpd = _Server(address, self._handler())
         self._thread: threading.Thread | None = None
         self._serving = threading.Event()
+
+    @staticmethod
+    def check(*, max_streams: Any, rate: Any) -> None:
+        """Raise ``ValueError`` naming ``max_streams`` or ``rate`` where one is bad."""
+        if isinstance(max_streams, bool) or not isinstance(max_streams, int) or max_streams < 1:
+            raise ValueError(f"max_streams must be an integer >= 1, got {max_streams!r}")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate < 0:
+            raise ValueError(f"rate must be >= 0 bytes/s, got {rate!r}")
 
     @property
     def address(self) -> str:

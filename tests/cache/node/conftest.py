@@ -212,3 +212,20 @@ def tenants(
     finally:
         for t in made:
             t.kill_all()
+
+
+@pytest.fixture
+def make_node(node_store: dict[str, Any]) -> Iterator[Any]:
+    """``make_node(base, **config)``: node services of their own (more than one node), each
+    stopped after the test."""
+    made: list[NodeProc] = []
+
+    def make(base: str, **config: Any) -> NodeProc:
+        made.append(NodeProc(base, node_store, **config))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for proc in made:
+            proc.stop()
