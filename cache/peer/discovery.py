@@ -18,7 +18,7 @@ __all__ = ["PEERS_ENV", "parse_listen", "peers_from", "peers_from_ray", "with_po
 PEERS_ENV = "FLASHFEED_PEERS"
 
 
-def parse_listen(text: str, *, name: str = "--listen") -> tuple[str, int]:
+def parse_listen(text: object, *, name: str = "--listen") -> tuple[str, int]:
     """``host:port`` where a peer server listens (port 0: any free one)."""
     host, _, port = text.rpartition(":") if isinstance(text, str) else ("", "", "")
     if not host or not port.isdigit() or int(port) > 65535:
