@@ -12,10 +12,11 @@ from .errors import (
     CacheOverCapacityError,
     CachePermissionError,
 )
+from .fetch.needorder import ShardNeed
 from .figures import NodeCache, read_node_cache
 from .handle import CacheHandle
 from .manifests import node_manifest
-from .needorder import ShardNeed
+from .node import NodeShardSource
 from .options import CacheOptions
 from .progress import FillView
 from .shardcache import ShardCache
@@ -33,6 +34,7 @@ __all__ = [
     "DatasetView",
     "FillView",
     "NodeCache",
+    "NodeShardSource",
     "PartialShard",
     "ShardCache",
     "ShardNeed",

@@ -22,13 +22,13 @@ from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.manifest import ShardInfo
 
-from .aimd import AdaptiveLimit
 from .errors import CacheFullError, CacheOverCapacityError
-from .fill import FillSource, fill_shard
+from .fetch.aimd import AdaptiveLimit
+from .fetch.fill import FillSource, fill_shard
+from .fetch.ranged import FetchReport, RangedFetcher
 from .hints import ReadHints
 from .layout import DatasetDir
 from .locks import FileLock
-from .ranged import FetchReport, RangedFetcher
 from .space import SpaceManager
 from .stats import COUNTERS, Counters
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 from flashfeed.runtime.files import atomic_write_json
 
+from .fetch.needorder import SPECULATIVE, URGENT, PartPriority, ShardNeed
 from .layout import DatasetDir
-from .needorder import SPECULATIVE, URGENT, PartPriority, ShardNeed
 from .policy import FutureOrder, MixtureFuture
 
 __all__ = ["ReadHints"]

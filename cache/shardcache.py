@@ -26,17 +26,17 @@ from flashfeed.storage import RetryPolicy
 from flashfeed.units import format_size, parse_size
 
 from .ahead import FetchAhead
-from .aimd import AdaptiveLimit
 from .copies import ShardCopies
 from .errors import CacheCapacityError
+from .fetch.aimd import AdaptiveLimit
+from .fetch.needorder import ShardNeed
+from .fetch.ranged import RangedFetcher
 from .handle import CacheHandle
 from .hints import ReadHints
 from .layout import DatasetDir, check_private_root, dataset_key, list_dataset_dirs, make_private_dir
 from .locks import FileLock
-from .needorder import ShardNeed
 from .options import CacheOptions
 from .progress import FillView, live_path
-from .ranged import RangedFetcher
 from .space import SpaceManager, settle_capacity, sweep_dead_parts
 from .stats import Counters
 from .view import DatasetView, PartialShard

@@ -356,7 +356,7 @@ def open_source(
 
         return LocalUnitSource(dataset)  # type: ignore[return-value]
     if cache_dir is None and not storage.is_local(dataset.url) and _node_service() is not None:
-        from flashfeed.cache.node import NodeShardSource
+        from flashfeed.cache import NodeShardSource
 
         return NodeShardSource(dataset, storage_options=storage_options)
     cache_dir = node_cache_dir(cache_dir, dataset.url if files is None else files.root)

@@ -34,9 +34,9 @@ from benchmarks.harness.store import start_store
 from benchmarks.stages.limits import ranged_get  # the GETs of a fill, bytes dropped
 from flashfeed import Dataset, Manifest, commit_manifest, storage
 from flashfeed.cache import ShardCache
+from flashfeed.cache.fetch.ranged import split_ranges
 from flashfeed.cache.options import CacheOptions
 from flashfeed.cache.policy import belady_hits, lru_hits
-from flashfeed.cache.ranged import split_ranges
 from flashfeed.cache.stats import read_persisted
 from flashfeed.cache.warm.warm import warm
 from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order

@@ -48,8 +48,8 @@ from benchmarks.harness.results import write_json
 from benchmarks.harness.store import start_store
 from flashfeed import Dataset, storage
 from flashfeed.cache import ShardCache
-from flashfeed.cache.fill import CHUNK
-from flashfeed.cache.ranged import split_ranges
+from flashfeed.cache.fetch.fill import CHUNK
+from flashfeed.cache.fetch.ranged import split_ranges
 from flashfeed.s3.directget import SignedObject, reader_for
 from flashfeed.units import format_size, parse_size
 
@@ -98,7 +98,7 @@ def fill(ds: Dataset, opts: dict[str, Any], root: str, concurrency: int, part: i
 
 
 def fill_s3fs(ds: Dataset, opts: dict[str, Any], root: str, concurrency: int, part: int) -> int:
-    from flashfeed.cache import fill as fill_module
+    from flashfeed.cache.fetch import fill as fill_module
 
     direct = fill_module.reader_for_url
     fill_module.reader_for_url = lambda *a, **kw: None  # type: ignore[assignment]

@@ -146,7 +146,7 @@ def _fill_reads(concurrency: int) -> Callable[[Any, str, int, int], Iterable[Any
     buffer), or through s3fs in one piece where that reader does not apply."""
     import threading
 
-    from flashfeed.cache.fill import CHUNK
+    from flashfeed.cache.fetch.fill import CHUNK
     from flashfeed.s3.directget import reader_for
 
     buffers = threading.local()
@@ -180,7 +180,7 @@ def download(url: str, dest: Path) -> int:
     marks, no index, no need order. The bytes landed. What any cold loader must at least
     pay for its bytes: the cold-start ceiling runs it beside a local epoch (targets.py)."""
     from flashfeed import storage
-    from flashfeed.cache.ranged import split_ranges
+    from flashfeed.cache.fetch.ranged import split_ranges
 
     part, concurrency = cache_fetch_shape()
     read = _fill_reads(concurrency)
@@ -218,7 +218,7 @@ def s3_get_gbps(
     """Per round: GB/s of every object's ranged GETs, ``concurrency`` at a time, through
     the reader a cache fill uses (``ranged_get``), bytes dropped on arrival."""
     from flashfeed import storage
-    from flashfeed.cache.ranged import split_ranges
+    from flashfeed.cache.fetch.ranged import split_ranges
 
     work = tempfile.mkdtemp(prefix="fflim-", dir="/tmp")
     bs = start_store(work, bucket="limits")

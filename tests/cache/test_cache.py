@@ -16,7 +16,7 @@ import pytest
 
 from flashfeed import Dataset, storage
 from flashfeed.cache import CacheCapacityError, CacheFullError, ShardCache
-from flashfeed.cache import fill as fill_module
+from flashfeed.cache.fetch import fill as fill_module
 from flashfeed.cache.stats import read_persisted
 
 from support import SUPPORT

@@ -95,7 +95,7 @@ def test_status_of_a_dataset_not_yet_cached_says_whether_it_fits(s3_prefix: str,
 
 WARM_SLOWLY = """
 import sys, time
-from flashfeed.cache import fill
+from flashfeed.cache.fetch import fill
 real = fill.OrderedHasher.add  # every fill path hashes each part in transit
 def slow(self, off, data):
     time.sleep(0.02)

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
-from flashfeed.cache.ranged import is_retryable, is_throttle
+from flashfeed.cache.fetch.ranged import is_retryable, is_throttle
 from flashfeed.s3.directget import SignedObject, reader_for
 
 

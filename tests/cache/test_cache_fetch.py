@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from flashfeed import storage
-from flashfeed.cache.aimd import AdaptiveLimit
-from flashfeed.cache.fill import OrderedHasher
+from flashfeed.cache.fetch.aimd import AdaptiveLimit
+from flashfeed.cache.fetch.fill import OrderedHasher
+from flashfeed.cache.fetch.ranged import RangedFetcher, is_retryable, is_throttle, split_ranges
 from flashfeed.cache.policy import (
     Candidate,
     FutureOrder,
@@ -23,7 +24,6 @@ from flashfeed.cache.policy import (
     lru_hits,
 )
 from flashfeed.cache.progress import FillProgress, FillView, live_path
-from flashfeed.cache.ranged import RangedFetcher, is_retryable, is_throttle, split_ranges
 from flashfeed.plan.plan import PlanOptions, Topology, node_shard_order
 from flashfeed.storage import RetryPolicy
 

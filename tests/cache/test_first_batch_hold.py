@@ -16,8 +16,8 @@ import pytest
 
 from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed.cache import ShardCache
-from flashfeed.cache.aimd import AdaptiveLimit
-from flashfeed.cache.ranged import RangedFetcher
+from flashfeed.cache.fetch.aimd import AdaptiveLimit
+from flashfeed.cache.fetch.ranged import RangedFetcher
 from flashfeed.dataset import Dataset
 from flashfeed.loader import Loader
 from flashfeed.loader.passorder import make_pass_order

@@ -14,9 +14,9 @@ import pytest
 from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.cache import ShardCache, ShardNeed
-from flashfeed.cache.aimd import AdaptiveLimit
-from flashfeed.cache.needorder import PartPriority, part_priorities
-from flashfeed.cache.ranged import RangedFetcher
+from flashfeed.cache.fetch.aimd import AdaptiveLimit
+from flashfeed.cache.fetch.needorder import PartPriority, part_priorities
+from flashfeed.cache.fetch.ranged import RangedFetcher
 from flashfeed.dataset import Dataset
 from flashfeed.format.wdsindex import Component, SampleIndex
 from flashfeed.loader import Loader

@@ -8,8 +8,8 @@ import errno
 import pytest
 
 from flashfeed import storage
+from flashfeed.cache.fetch.ranged import is_retryable
 from flashfeed.cache.options import CacheOptions, default_retry
-from flashfeed.cache.ranged import is_retryable
 from flashfeed.s3.retry import (
     DEFAULT_RETRY,
     RetryPolicy,

@@ -20,7 +20,7 @@ def main() -> None:
     barrier = opts.pop("barrier", None)
     slow = opts.pop("slow_write", 0.0)
     if slow:
-        from flashfeed.cache import fill
+        from flashfeed.cache.fetch import fill
 
         real = fill.OrderedHasher.add  # every fill path hashes each part in transit
 

@@ -13,7 +13,8 @@ import sys
 import time
 
 from flashfeed import Dataset
-from flashfeed.cache import ShardCache, fill
+from flashfeed.cache import ShardCache
+from flashfeed.cache.fetch import fill
 
 
 def main() -> None:

@@ -25,13 +25,13 @@ from flashfeed.format.wdsindex import parse_index
 from flashfeed.s3.directget import RangedReader, reader_for_url
 from flashfeed.units import format_size
 
-from .errors import CacheFullError
-from .layout import DatasetDir, make_private_dir
-from .locks import locked
+from ..errors import CacheFullError
+from ..layout import DatasetDir, make_private_dir
+from ..locks import locked
+from ..progress import FillProgress, live_path
+from ..space import space_lock
 from .needorder import PartPriority
-from .progress import FillProgress, live_path
 from .ranged import FetchReport, RangedFetcher
-from .space import space_lock
 
 __all__ = ["CHUNK", "FillSource", "OrderedHasher", "block_size", "fill_shard"]
 
