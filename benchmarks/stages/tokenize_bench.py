@@ -45,9 +45,7 @@ import numpy as np
 
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
-from benchmarks.harness.store import start_store
 from benchmarks.harness.textshapes import SHAPES
-from benchmarks.stages.tokpercpu import bench_per_cpu, print_per_cpu
 
 SOURCES = ("/usr/share/doc/*/*", "/usr/lib/python3*/**/*.py")
 CHUNK = 256 << 10
@@ -402,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_per_cpu(tok: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The per-CPU table (``tokpercpu``), its shards PUT to a SeaweedFS of its own."""
+    # imported here: the per-CPU table's modules (Ray, the store) stay out of the loader's
+    # process, whose timings they would slow by a few percent
+    from benchmarks.harness.store import start_store
+    from benchmarks.stages.tokpercpu import bench_per_cpu
+
     store = start_store(work / "store", export_env=True)
     try:
         per = argparse.Namespace(**{**vars(args), "mb": args.percpu_mb})
@@ -414,6 +417,8 @@ def print_tables(result: dict[str, Any]) -> None:
     if "tokenize" in result:
         print_ingest_tables(result)
     if "per_cpu" in result:
+        from benchmarks.stages.tokpercpu import print_per_cpu
+
         print_per_cpu(result["per_cpu"])
     if "loader" not in result:
         return
