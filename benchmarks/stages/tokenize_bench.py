@@ -45,6 +45,7 @@ import numpy as np
 
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
+from benchmarks.harness.rowgather import row_gather_rate
 from benchmarks.harness.textshapes import SHAPES
 
 SOURCES = ("/usr/share/doc/*/*", "/usr/lib/python3*/**/*.py")
@@ -292,7 +293,7 @@ def _loader_rates(
             rates[name].append(nbytes / secs / 1e9)
             if name == "with document outputs":
                 rates["memcpy (same bytes)"].append(nbytes / memcpy(nbytes) / 1e9)
-                rates[ROW_GATHER].append(_row_gather(prefix, keys, 1 + len(KERNEL_ARRAYS)))
+                rates[ROW_GATHER].append(row_gather_rate(prefix, keys, 1 + len(KERNEL_ARRAYS)))
     med = {n: statistics.median(v) for n, v in rates.items()}
     return {
         "gb_per_s": med,
@@ -303,44 +304,6 @@ def _loader_rates(
             n: statistics.median(cpu_us[o]) for n, o in rows.items() if o in cpu_us
         },
     }
-
-
-def _row_gather(prefix: Path, batches: list[list[str]], arrays: int) -> float:
-    """GB/s of the same rows, in the same order and batches, gathered from the mapped
-    shards into a preallocated buffer (one ``np.concatenate`` of row views, the fastest
-    gather measured) and widened into ``arrays`` preallocated int64 buffers: the (B, L)
-    bytes a batch delivers, written with no loader and nothing computed. Not a limit: its
-    buffers are written again every batch (cache-resident where a batch fits the cache),
-    where a loader's batches stay alive in new or pooled buffers."""
-    from flashfeed.dataset import Dataset
-    from flashfeed.loader.tokens.arrowcols import open_arrow_view
-
-    ds = Dataset.open(str(prefix))
-    views = {s.path: open_arrow_view(ds.shard_url(i), ("tokens",), name=s.path)
-             for i, s in enumerate(ds.shards)}  # fmt: skip
-
-    def where(key: str) -> tuple[np.ndarray, int]:  # the row's record batch, row in it
-        shard, row = key.rsplit("/", 1)
-        view = views[shard]
-        chunk, inner = view.locate(np.array([int(row)]))
-        return view.columns["tokens"][int(chunk[0])], int(inner[0])
-
-    plan = [[where(k) for k in b] for b in batches]
-    first = plan[0][0][0]
-    bufs: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
-    for b in plan:  # buffers made and faulted in before the clock starts
-        n = len(b)
-        if n not in bufs:
-            wide = [np.zeros((n, first.shape[1]), np.int64) for _ in range(arrays)]
-            bufs[n] = (np.zeros((n, first.shape[1]), first.dtype), wide)
-    t0 = time.perf_counter()
-    for b in plan:
-        narrow, wide = bufs[len(b)]
-        np.concatenate([a[r : r + 1] for a, r in b], out=narrow)
-        for w in wide:
-            np.copyto(w, narrow, casting="unsafe")
-    seconds = time.perf_counter() - t0
-    return sum(len(b) * first.shape[1] * 8 * arrays for b in plan) / seconds / 1e9
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
             result["tokenize"] = bench_tokenize(src, tok, texts, work, args)
             result["packing"] = bench_packing(texts, tok, args)
         if args.only in ("all", "percpu"):
-            result["per_cpu"] = run_per_cpu(tok, work, args)
+            # imported here: Ray and the store would slow the loader's timings a few percent
+            from benchmarks.stages.tokpercpu import per_cpu_on_own_store
+
+            result["per_cpu"] = per_cpu_on_own_store(tok, work, args)
         if args.only != "percpu":
             make_token_dataset(work / "tokens", tok, args)
             result["loader"] = bench_loader(work / "tokens", args)
@@ -396,21 +362,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         write_json(args.out, result)
     return 0
-
-
-def run_per_cpu(tok: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The per-CPU table (``tokpercpu``), its shards PUT to a SeaweedFS of its own."""
-    # imported here: the per-CPU table's modules (Ray, the store) stay out of the loader's
-    # process, whose timings they would slow by a few percent
-    from benchmarks.harness.store import start_store
-    from benchmarks.stages.tokpercpu import bench_per_cpu
-
-    store = start_store(work / "store", export_env=True)
-    try:
-        per = argparse.Namespace(**{**vars(args), "mb": args.percpu_mb})
-        return bench_per_cpu(tok, work, store.bucket, per)
-    finally:
-        store.stop()
 
 
 def print_tables(result: dict[str, Any]) -> None:

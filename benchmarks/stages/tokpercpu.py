@@ -39,7 +39,7 @@ from benchmarks.harness.rounds import rotated
 from benchmarks.harness.textshapes import SHAPES, machine_text, shaped_documents
 from benchmarks.harness.tokstages import STAGES, stage_profile
 
-__all__ = ["bench_per_cpu", "print_per_cpu"]
+__all__ = ["bench_per_cpu", "per_cpu_on_own_store", "print_per_cpu"]
 
 KERNELS = {  # name -> (kernel, all threads)
     "encode_batch_fast": ("fast", False),
@@ -120,6 +120,19 @@ def make_corpora(work: Path, args: argparse.Namespace) -> dict[str, dict[str, An
             "max_bytes": sizes[-1],
         }
     return out
+
+
+def per_cpu_on_own_store(tok: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``bench_per_cpu`` with its shards PUT to a SeaweedFS of its own (``args.percpu_mb``
+    MB of each corpus shape)."""
+    from benchmarks.harness.store import start_store
+
+    store = start_store(work / "store", export_env=True)
+    try:
+        per = argparse.Namespace(**{**vars(args), "mb": args.percpu_mb})
+        return bench_per_cpu(tok, work, store.bucket, per)
+    finally:
+        store.stop()
 
 
 def bench_per_cpu(tok: Path, work: Path, store_bucket: str, args: argparse.Namespace) -> dict:
