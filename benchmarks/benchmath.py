@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["OverLimitError", "check_limit", "fmt", "ratio", "spread"]
+__all__ = ["OverLimitError", "check_limit", "fmt", "ratio", "report_row", "spread"]
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -52,3 +53,36 @@ def check_limit(value: float, limit: float | None, what: str) -> float | None:
             "the product's shapes (or the run was disturbed)"
         )
     return frac
+
+
+def report_row(
+    area: str,
+    what: str,
+    mine: dict[str, float],
+    unit: str,
+    ref: str = "",
+    ref_v: dict[str, float] | None = None,
+    r: dict[str, float] | None = None,
+    limit: str = "",
+    limit_v: float | None = None,
+) -> dict[str, Any]:
+    """One row of the report: a measured value, its reference and ratio, and its limit
+    (a value above the limit is refused, named, not reported as a win)."""
+    refused = None
+    try:
+        check_limit(mine["median"], limit_v, f"{area} {what} vs {limit}")
+    except OverLimitError as exc:
+        refused = str(exc)
+    return {
+        "area": area,
+        "measure": what,
+        "value": mine,
+        "unit": unit,
+        "reference": ref,
+        "reference_value": ref_v,
+        "ratio": r,
+        "limit": limit,
+        "limit_value": limit_v,
+        "of_limit": mine["median"] / limit_v if limit_v else None,
+        "refused": refused,
+    }

@@ -14,9 +14,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.benchmath import OverLimitError, check_limit, fmt, ratio, spread
+from benchmarks.benchmath import OverLimitError, check_limit, fmt, ratio, report_row, spread
 from benchmarks.machine import PACKAGES, machine_info, package_versions
 from benchmarks.targets_report import targets_markdown, targets_rows
+from benchmarks.text_report import neardup_rows, neardupcurve_rows, token_rows
 
 _fmt = fmt
 
@@ -50,37 +51,6 @@ def limit_errors(result: dict[str, Any]) -> list[str]:
     return [r["refused"] for r in rows if r.get("refused")]
 
 
-def _row(
-    area: str,
-    what: str,
-    mine: dict[str, float],
-    unit: str,
-    ref: str = "",
-    ref_v: dict[str, float] | None = None,
-    r: dict[str, float] | None = None,
-    limit: str = "",
-    limit_v: float | None = None,
-) -> dict[str, Any]:
-    refused = None
-    try:
-        check_limit(mine["median"], limit_v, f"{area} {what} vs {limit}")
-    except OverLimitError as exc:
-        refused = str(exc)
-    return {
-        "area": area,
-        "measure": what,
-        "value": mine,
-        "unit": unit,
-        "reference": ref,
-        "reference_value": ref_v,
-        "ratio": r,
-        "limit": limit,
-        "limit_value": limit_v,
-        "of_limit": mine["median"] / limit_v if limit_v else None,
-        "refused": refused,
-    }
-
-
 def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per comparison of the headline runs."""
     st = result.get("stages", {})
@@ -99,7 +69,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
         for peer in ("ray-data", "shardwriter"):
             other = [x["mb_s"] for x in d["runs"][peer]]
             rows.append(
-                _row(
+                report_row(
                     "ingest",
                     f"corpus to S3, {v['label']}",
                     spread(ff),
@@ -116,7 +86,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
         # the GET limit: the faster of the limits stage and this stage's own raw GETs
         s3 = max([*(lim.get("s3_get_gbps") or []), *c["raw_gbps"], *c.get("lean_gbps", [])])
         rows.append(
-            _row(
+            report_row(
                 "cache",
                 f"cold warm-up from S3, {v['label']}",
                 spread(c["warm_gbps"]),
@@ -131,7 +101,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
         h = v["data"]["hit"]
         # the limit of a hit is reading the same files from the page cache, in the same stage
         rows.append(
-            _row(
+            report_row(
                 "cache",
                 "hit path: get + read",
                 spread([h["cache_gbps"]]),
@@ -149,7 +119,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
         ff = im["flashfeed"]
         for peer in ("dali-reader", "wds+pil", "imagefolder+pil"):
             rows.append(
-                _row(
+                report_row(
                     "loader",
                     f"images, {v['label']}",
                     spread(ff),
@@ -164,7 +134,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
         tok = v["data"]["tokens_gbps"]
         memcpy = lim.get("memcpy_gbps") or tok.get("memcpy")
         rows.append(
-            _row(
+            report_row(
                 "tokens",
                 "TokenLoader int32",
                 spread([tok["tokens-int32"]]),
@@ -186,7 +156,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
         ):
             if mine in cold and ref in cold:
                 rows.append(
-                    _row(
+                    report_row(
                         "loader",
                         what,
                         spread(cold[mine]),
@@ -201,7 +171,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
         if peer in peers.get("rounds", {}).get("img_per_s", {}):
             r = peers["rounds"]["img_per_s"]
             rows.append(
-                _row(
+                report_row(
                     "loader",
                     "images, peers stage",
                     spread(r["flashfeed"]),
@@ -218,7 +188,7 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
     for e in ev:
         if e["capacity"] == 0.5:
             rows.append(
-                _row(
+                report_row(
                     "cache",
                     "hit rate, capacity 50%, 3 epochs",
                     spread([e["plan_aware"]]),
@@ -231,92 +201,6 @@ def headline(result: dict[str, Any]) -> list[dict[str, Any]]:
                 )
             )
     return rows
-
-
-def token_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tokens stage: ingest tokenization beside its peers, TokenLoader beside memcpy."""
-    data = (stages.get("tokens") or {}).get("data") or {}
-    if not data:
-        return []
-    rows = []
-    t = (data.get("tokenize") or {}).get("rounds") or {}
-    ff = t.get("flashfeed-ingest")
-    for peer in ("datasets-map", "encode_batch", "encode_batch_fast"):
-        if ff and t.get(peer):
-            rows.append(
-                _row("tokens", "tokenization at ingest, 2 Ray CPUs", spread(ff), "MB/s", peer,
-                     spread(t[peer]), ratio(ff, t[peer]))
-            )  # fmt: skip
-    rows += _per_cpu_rows(data.get("per_cpu"))
-    if "loader" not in data:
-        return rows
-    lo = data["loader"]["rounds"]
-    mine, plain = lo["with document outputs"], lo["tokens only"]
-    rows.append(
-        _row("tokens", "TokenLoader with document outputs, CPU", spread(mine), "GB/s",
-             "tokens only", spread(plain), ratio(mine, plain), "memcpy of the same bytes",
-             max(lo["memcpy (same bytes)"]))
-    )  # fmt: skip
-    return rows
-
-
-def _per_cpu_rows(per: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Token ingest's MB per CPU second beside ``encode_batch_fast`` on one thread, per
-    corpus shape and Ray CPU count (``tokpercpu``)."""
-    if not per:
-        return []
-    rows = []
-    for shape, by_cpus in per["runs"].items():
-        mb = per["corpora"][shape]["mb"]
-        for cpus, runs in by_cpus.items():
-            fast = [mb / k["cpu"] for k in per["kernels"][shape][cpus]["encode_batch_fast"]]
-            mine = [mb / r["cpu"] for r in runs]
-            rows.append(
-                _row("tokens", f"token ingest per CPU, {shape} documents, {cpus} Ray CPU",
-                     spread(mine), "MB/CPU-s", "encode_batch_fast, 1 thread", spread(fast),
-                     ratio(mine, fast))
-            )  # fmt: skip
-    return rows
-
-
-def neardup_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
-    """The neardup stage: the Ray stage at 2 CPUs beside 1, rensa beside datasketch."""
-    data = (stages.get("neardup") or {}).get("data") or {}
-    if not data:
-        return []
-    runs = {c: [r["docs_per_s"] for r in rs] for c, rs in data["ray"].items()}
-    rows = []
-    if "1" in runs and "2" in runs:
-        rows.append(
-            _row("ingest", "near-dup removal, 2 Ray CPUs", spread(runs["2"]), "docs/s",
-                 "1 Ray CPU", spread(runs["1"]), ratio(runs["2"], runs["1"]))
-        )  # fmt: skip
-    kernels = {k["kernel"]: k.get("rounds") for k in data["kernels"] if k.get("rounds")}
-    mine = kernels.get("flashfeed-rensa")
-    for peer in ("datasketch", "flashfeed-numpy"):
-        if mine and kernels.get(peer):
-            rows.append(
-                _row("ingest", "MinHash LSH, rensa kernel, 1 process", spread(mine), "docs/s",
-                     peer, spread(kernels[peer]), ratio(mine, kernels[peer]))
-            )  # fmt: skip
-    return rows
-
-
-def neardupcurve_rows(stages: dict[str, Any]) -> list[dict[str, Any]]:
-    """The neardupcurve stage: documents per CPU second, from text to clusters with the
-    exact check, beside the faster of datasketch and rensa used directly."""
-    data = (stages.get("neardupcurve") or {}).get("data") or {}
-    runs = (data.get("speed") or {}).get("rounds") or {}
-    med = data.get("speed", {}).get("median") or {}
-    peers = [k for k in ("rensa", "datasketch") if runs.get(k)]
-    if not runs.get("flashfeed") or not peers:
-        return []
-    peer = max(peers, key=lambda k: med[k])
-    what = "near-dup removal with the exact check, 1 process"
-    return [
-        _row("ingest", what, spread(runs["flashfeed"]), "docs/CPU s", f"{peer} used directly",
-             spread(runs[peer]), ratio(runs["flashfeed"], runs[peer]))
-    ]  # fmt: skip
 
 
 def scaling(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -32,8 +32,8 @@ def test_neardup_benchmark_runs_and_reports_its_keys(
     for k in measured:
         assert len(k["rounds"]) == 2 and k["docs_per_s"] == statistics.median(k["rounds"])
         assert k["docs_per_s"] > 0 and 0.0 <= k["recall"] <= 1.0 and k["estimate_mae"] < 0.2
-    report = load_bench("report")
-    rows = report.neardup_rows({"neardup": {"data": result}})
+    text_report = load_bench("text_report")
+    rows = text_report.neardup_rows({"neardup": {"data": result}})
     refs = [r["reference"] for r in rows]
     assert refs[0] == "1 Ray CPU" and "flashfeed-numpy" in refs  # datasketch: if installed
     assert rows and all(r["unit"] == "docs/s" and r["ratio"]["ratio"] > 0 for r in rows)
