@@ -42,6 +42,7 @@ from ..layout import DatasetDir, dataset_key
 from ..progress import FillView, live_path
 from .auth import verify
 from .holdings import HoldingsLog
+from .pace import Throttle, parse_range
 from .scan import scan_holdings
 
 __all__ = ["PeerServer"]
@@ -57,25 +58,6 @@ _PACED = 64 << 10  # the pieces of a paced response (``rate``)
 #: how long a response waits for a fill's next block, or for a fill asked for to start
 _STALL = 30.0
 _ANNOUNCE_EVERY = 0.5
-
-
-class _Throttle:
-    """Bytes per second over all responses (0: unbounded)."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self._lock = threading.Lock()
-        self._next = time.monotonic()
-
-    def take(self, n: int) -> None:
-        """Wait until ``n`` more bytes fit in the rate (their own time included)."""
-        if self.rate <= 0:
-            return
-        with self._lock:
-            now = time.monotonic()
-            self._next = max(self._next, now) + n / self.rate
-            wait = self._next - now
-        time.sleep(wait)
 
 
 class _Server(ThreadingHTTPServer):
@@ -115,7 +97,7 @@ class PeerServer:
         self._open_dataset = open_dataset
         self._stats = stats
         self._streams = threading.BoundedSemaphore(max_streams)
-        self._throttle = _Throttle(rate)
+        self._throttle = Throttle(rate)
         self._fills = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ff-peer-fill")
         self._pending: dict[tuple[str, int], Future[Any]] = {}
         self._lock = threading.Lock()
@@ -200,10 +182,17 @@ class PeerServer:
             **(self._stats() if self._stats is not None else {}),
         }
 
-    def _dataset_dir(self, key: str) -> DatasetDir | None:
+    def _dataset_dir(self, key: str, shard: int | None = None) -> DatasetDir | None:
+        """The dataset's folder once its manifest and URL are in place; with ``shard``, a
+        fill a peer asked for that has not yet made the folder is waited for."""
         d = DatasetDir(self.root, key)
-        if not os.path.isfile(d.manifest_path):
-            return None
+        deadline = time.monotonic() + _STALL
+        while not (os.path.isfile(d.manifest_path) and os.path.isfile(d.meta_path)):
+            if shard is None or self._pending_fill(key, shard) is None:
+                return None
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
         return d
 
     # -- fills asked for by peers -------------------------------------------------------------
@@ -284,8 +273,8 @@ class PeerServer:
                 if m is None or m.group(1) == "fill":
                     self._status(404)
                     return
-                d = server._dataset_dir(m.group(2))
                 shard = int(m.group(3))
+                d = server._dataset_dir(m.group(2), shard)
                 if d is None or shard >= len(d.manifest.shards) or is_encrypted(d.manifest):
                     self._status(404)
                     return
@@ -356,7 +345,7 @@ class PeerServer:
 
             def _shard(self, d: DatasetDir, shard: int) -> None:
                 size = d.manifest.shards[shard].bytes
-                rng = _parse_range(self.headers.get("Range"), size)
+                rng = parse_range(self.headers.get("Range"), size)
                 if rng is None:
                     self._status(416)
                     return
@@ -431,16 +420,3 @@ class PeerServer:
                     src.close()
 
         return Handler
-
-
-def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """``bytes=a-b`` as ``[a, b + 1)`` within ``size``; no header: the whole shard."""
-    if header is None:
-        return 0, size
-    m = re.fullmatch(r"bytes=(\d+)-(\d+)", header.strip())
-    if m is None:
-        return None
-    lo, hi = int(m.group(1)), int(m.group(2)) + 1
-    if lo >= hi or hi > size:
-        return None
-    return lo, hi
