@@ -20,12 +20,16 @@ from ..progress import FillView, live_path
 from .access import AccessRefused, check_presigned
 from .accounting import prometheus_text
 from .adminops import settle
+from .ledger import Owner
 from .room import QuotaError, make_room, warm_fits
 from .server import Connection, NodeService
 
-__all__ = ["fill_worker", "request_worker"]
+__all__ = ["PEERS", "fill_for_peers", "fill_worker", "request_worker"]
 
 log = logging.getLogger("flashfeed.node")
+
+#: the account of the fills this node makes for its peers (no Unix user has this name)
+PEERS: Owner = ("(peers)", "cluster")
 
 
 class RequestError(Exception):
@@ -272,17 +276,37 @@ def _fill(
 ) -> tuple[str, bool]:
     """A verified copy of shard ``i``, filled if needed with room made in the tenant's quota:
     ``(path, fetched here)``."""
+    quota = svc.config.tenant(conn.tenant).quota
+    return _fill_for(svc, conn.owner, quota, dataset, i, what=what)
+
+
+def fill_for_peers(svc: NodeService, dataset: Any, i: int) -> None:
+    """A fill another node asked for (this node single-flights the shard's store read for
+    the cluster): charged to ``PEERS`` within the config's ``peers.fill_quota``, making room
+    by evicting that account's own shards first. It takes holders, then the store: it never
+    hands the shard on again."""
+    assert svc.peer is not None
+    d = svc.cache.dataset_dir(dataset)
+    with svc.lock:
+        svc.dirs.setdefault(d.key, d)
+    what = f"a peer's fill of shard {i} of {dataset.url}"
+    with svc.peer.tier.owning():
+        _fill_for(svc, PEERS, svc.config.peer_fill_quota, dataset, i, what=what)
+
+
+def _fill_for(
+    svc: NodeService, owner: Owner, quota: int, dataset: Any, i: int, *, what: str
+) -> tuple[str, bool]:
     d = svc.cache.dataset_dir(dataset)
     key, size = (d.key, i), dataset.shards[i].bytes
     fresh = False
     with svc.ledger.lock:
         present = key in svc.ledger.charges and os.path.exists(d.shard_path(i))
         if not present and key not in svc.filling:
-            cfg = svc.config
-            make_room(ledger=svc.ledger, accounts=svc.accounts, dirs=svc.dirs, owner=conn.owner,
-                      quota=cfg.tenant(conn.tenant).quota, capacity=cfg.capacity, need=size,
+            make_room(ledger=svc.ledger, accounts=svc.accounts, dirs=svc.dirs, owner=owner,
+                      quota=quota, capacity=svc.config.capacity, need=size,
                       what=what, busy=svc.filling.__contains__)  # fmt: skip
-            svc.ledger.charge(key, conn.owner, size)  # on disk before the fill starts
+            svc.ledger.charge(key, owner, size)  # on disk before the fill starts
             svc.filling.add(key)
             fresh = True
     try:
@@ -295,9 +319,9 @@ def _fill(
         if fresh:
             svc.filling.discard(key)
     if fresh:
-        svc.accounts.add(conn.owner, fetched_bytes=size)
+        svc.accounts.add(owner, fetched_bytes=size)
         svc.ledger.resize(key, _held_bytes(path))  # the index's bytes are known now
-        settle(svc, conn.owner)
+        settle(svc, owner)
     svc.ledger.touch(key)
     svc.verified.add(key)
     return path, fresh

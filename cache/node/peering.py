@@ -7,15 +7,22 @@
 
 The service then serves its cache to the other nodes (a ``PeerServer`` in its own process)
 and reads its tenants' misses from the peers holding them before the store (a ``PeerTier``
-under its ``ShardCache``), checked against the manifest as every fill is. Peers never fill
-for each other here: what a node holds was filled for, and is charged to, its own tenants.
-The section is read at start only.
+under its ``ShardCache``), checked against the manifest as every fill is. Concurrent misses
+of one shard on several nodes single-flight at one node (the shard's rendezvous owner): the
+others ask it to fill the shard (``POST /v1/fill``) and stream its fill as it lands. Such a
+fill reads the store with the service's own credentials (a tenant's access was checked by
+the node it asked) and is charged to the account ``(peers)``, within ``fill_quota``
+(default: a quarter of the capacity; 0: this node neither fills for peers nor asks them
+to). The section is read at start only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from flashfeed.dataset import Dataset
 
 from ..peer.auth import load_token
 from ..peer.client import PeerTier
@@ -24,7 +31,7 @@ from ..peer.server import PeerServer
 
 __all__ = ["PeerConfig", "PeerSide", "parse_peers"]
 
-_KNOWN = {"listen", "hosts", "hostfile", "port", "token_file", "max_streams", "rate"}
+_KNOWN = {"listen", "hosts", "hostfile", "port", "token_file", "max_streams", "rate", "fill_quota"}
 _WILDCARD = {"0.0.0.0", "::", ""}
 
 
@@ -37,6 +44,7 @@ class PeerConfig:
     token: bytes
     max_streams: int
     rate: float
+    fill_quota: int | None = None  # bytes of fills for peers (None: a quarter of the capacity)
 
     @property
     def address(self) -> str:
@@ -83,7 +91,7 @@ def parse_peers(data: Any) -> PeerConfig | None:
     except ValueError as exc:
         raise ValueError(f"peers: {exc}") from None
     cfg = PeerConfig(listen, tuple(nodes), token, data.get("max_streams", 8),
-                     _rate(data.get("rate", 0)))  # fmt: skip
+                     _rate(data.get("rate", 0)), _fill_quota(data.get("fill_quota")))  # fmt: skip
     try:
         PeerServer.check(max_streams=cfg.max_streams, rate=cfg.rate)
     except ValueError as exc:
@@ -102,20 +110,42 @@ def _rate(value: Any) -> float:
         raise ValueError(f"{exc} (bytes a second; 0: unbounded)") from None
 
 
+def _fill_quota(value: Any) -> int | None:
+    from flashfeed.units import parse_size
+
+    if value is None:
+        return None
+    if value in (0, "0"):
+        return 0
+    try:
+        return parse_size(value, name="peers.fill_quota")
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{exc} (bytes of fills this node makes for its peers; 0: none)") from None
+
+
 class PeerSide:
     """The service's peer parts: ``server`` (its cache served to the others) and ``tier``
     (the fill source given to its ``ShardCache``: peers holding the shard, then the store)."""
 
-    def __init__(self, cfg: PeerConfig, *, cache_root: str) -> None:
+    def __init__(
+        self,
+        cfg: PeerConfig,
+        *,
+        cache_root: str,
+        fill: Callable[[Dataset, int], None] | None = None,
+        open_dataset: Callable[[str], Dataset] | None = None,
+    ) -> None:
         try:
             self.server = PeerServer(
                 cache_dir=cache_root,
                 token=cfg.token,
                 address=cfg.listen,
+                fill=fill,  # None: no fill route (501), and no node asks this one to fill
+                open_dataset=open_dataset,
                 max_streams=cfg.max_streams,
                 rate=cfg.rate,
                 stats=lambda: self.tier.stats(),
-            )  # no fill route: a node fills only for its own tenants, inside their quotas
+            )
         except OSError as exc:
             raise ValueError(
                 f"peers.listen: cannot listen on {cfg.address}: {exc.strerror or exc}"
@@ -125,7 +155,7 @@ class PeerSide:
             peers=[p for p in cfg.peers if p not in (cfg.address, self.address)],
             token=cfg.token,
             self_address=self.address,
-            delegate=False,
+            delegate=fill is not None,
         )
 
     def start(self) -> None:

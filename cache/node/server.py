@@ -93,7 +93,12 @@ class NodeService:
         self.state_dir = make_private_dir(os.path.join(cfg.cache_dir, "state"))
         store_root = os.path.join(cfg.cache_dir, "store")
         #: the service as a peer of the cluster tier (the config's ``peers``: ``peering.py``)
-        self.peer = None if cfg.peers is None else PeerSide(cfg.peers, cache_root=store_root)
+        self.peer = None
+        if cfg.peers is not None:
+            fills = cfg.peer_fill_quota > 0
+            self.peer = PeerSide(cfg.peers, cache_root=store_root,
+                                 fill=self._peer_fill if fills else None,
+                                 open_dataset=self._peer_open if fills else None)  # fmt: skip
         self.cache = ShardCache(
             store_root,
             capacity=cfg.capacity,
@@ -248,6 +253,16 @@ class NodeService:
             if sem is None:
                 sem = self._admit[tenant] = threading.Semaphore(QUEUED_PER_TENANT)
             return sem
+
+    # -- the service as a peer -------------------------------------------------------------
+    def _peer_fill(self, dataset: Dataset, shard: int) -> None:
+        """A fill another node asked for (``POST /v1/fill``: ``handlers.fill_for_peers``)."""
+        from .handlers import fill_for_peers
+
+        fill_for_peers(self, dataset, shard)
+
+    def _peer_open(self, url: str) -> Dataset:
+        return self.cache.open_dataset(url)
 
     def is_admin(self, conn: Connection) -> bool:
         return conn.tenant in self.config.admins

@@ -67,6 +67,14 @@ class NodeConfig:
     grant_seconds: float
     peers: PeerConfig | None = None
 
+    @property
+    def peer_fill_quota(self) -> int:
+        """Bytes of the fills this node makes for its peers (``peering.py``)."""
+        if self.peers is None:
+            return 0
+        quota = self.peers.fill_quota
+        return self.capacity // 4 if quota is None else min(quota, self.capacity)
+
     def tenant(self, name: str) -> TenantConfig:
         """The tenant's config; one not listed gets ``default_quota`` and weights of 1."""
         return self.tenants.get(name) or TenantConfig(self.default_quota)

@@ -13,10 +13,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import xxhash
 
+from flashfeed.cache.layout import dataset_key
 from flashfeed.cache.node import NodeClient
 from flashfeed.cache.node.tenants import ConfigError, NodeConfig
 from flashfeed.cache.peer import PeerTier
@@ -111,26 +114,33 @@ def test_a_tenant_of_node_b_reads_from_node_a_not_the_store(cluster, node_store,
     a.start()
     b.start()
     proxy, admin = node_store["proxy"], node_store["admin"]
-    total = sum(s.bytes for s in Dataset.open(fresh_dataset, storage_options=admin).shards)
+    ds = Dataset.open(fresh_dataset, storage_options=admin)
+    total = sum(s.bytes for s in ds.shards)
+    addrs = [cluster["addrs"]["a"], cluster["addrs"]["b"]]
+    key = dataset_key(ds.url, ds.manifest)
+    # the shards B single-flights for the cluster: A's tenant has B fill them
+    by_b = sum(s.bytes for i, s in enumerate(ds.shards) if _owner(addrs, key, i) == addrs[1])
     expected = _expected_keys(fresh_dataset, admin)
     alice, bob = _tenant(node_store, "ffnodea", a), _tenant(node_store, "ffnodeb", b)
     try:
         assert _epoch(alice, fresh_dataset) == expected
-        assert _store_bytes(proxy, fresh_dataset) == total  # A read each shard once
+        assert _store_bytes(proxy, fresh_dataset) == total  # each shard read once
+        assert _fetched(a, "ffnodea") == total  # A holds all six, charged to its tenant
+        assert _fetched(b, "(peers)") == by_b  # B's fills for A, charged to its peers' account
         assert _epoch(bob, fresh_dataset) == expected
     finally:
         alice.kill_all()
         bob.kill_all()
-    assert _store_bytes(proxy, fresh_dataset) == total  # B's fills came from A
+    assert _store_bytes(proxy, fresh_dataset) == total  # B's other shards came from A
     assert len(b.store_files()) == 6  # B holds its own copies now
-    assert _fetched(b, "ffnodeb") == total  # and charged them to its own tenant
-    assert _fetched(a, "ffnodea") == total
+    assert _fetched(b, "ffnodeb") == total - by_b  # what B's tenant fetched, from A
     served = _admin_status(a)["peers"]
-    assert served["served_bytes"] >= total  # A's peer server sent B the shards
+    assert served["served_bytes"] >= total - by_b  # A's peer server sent B those shards
     b_peers = _admin_status(b)["peers"]
     assert b_peers["address"] == cluster["addrs"]["b"]
     assert b_peers["peers"] == [cluster["addrs"]["a"]]  # its own entry left out
-    assert b_peers["bytes_from_peers"] >= total
+    assert b_peers["bytes_from_peers"] >= total - by_b
+    assert b_peers.get("bytes_from_store", 0) == by_b
     reader = PeerTier(peers=[cluster["addrs"]["a"]], token=b"not-the-cluster-token")
     resp = reader.request(cluster["addrs"]["a"], "GET", "/v1/stats")
     resp.close()
@@ -140,7 +150,56 @@ def test_a_tenant_of_node_b_reads_from_node_a_not_the_store(cluster, node_store,
         assert not c.reload().get("error_in_config")
     assert "the peers section changed: it applies after a restart" in a.log_tail()
     assert _admin_status(a)["peers"]["address"] == cluster["addrs"]["a"]  # still serving
-    assert b_peers.get("bytes_from_store", 0) == 0
+
+
+def _owner(addrs: list[str], key: str, shard: int) -> str:
+    """The node that single-flights the store read of ``shard`` (the rendezvous hash)."""
+    return max(addrs, key=lambda p: xxhash.xxh3_64_intdigest(f"{p}\x00{key}\x00{shard}"))
+
+
+def _cli_status(node: Any) -> str:
+    """``flashfeed cache status`` as the admin (root) sees it on ``node``."""
+    boot = "import sys; from flashfeed.cli import main; sys.exit(main())"
+    env = {**os.environ, "FLASHFEED_NODE_SOCKET": node.socket}
+    got = subprocess.run([sys.executable, "-c", boot, "cache", "status"], env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    return got.stdout
+
+
+def _rows(node: Any) -> list[dict[str, Any]]:
+    return _admin_status(node)["report"]["rows"]
+
+
+def test_misses_on_two_nodes_read_each_shard_from_the_store_once(
+    cluster, node_store, fresh_dataset
+):
+    a, b = cluster["nodes"]["a"], cluster["nodes"]["b"]
+    a.start()
+    b.start()
+    proxy, admin = node_store["proxy"], node_store["admin"]
+    total = sum(s.bytes for s in Dataset.open(fresh_dataset, storage_options=admin).shards)
+    expected = _expected_keys(fresh_dataset, admin)
+    alice, bob = _tenant(node_store, "ffnodea", a), _tenant(node_store, "ffnodeb", b)
+    proxy.delay = 0.3  # each store read takes a while: the other node misses meanwhile
+    try:
+        # both nodes miss every shard at once: each shard is read from the store by one
+        with ThreadPoolExecutor(2) as pool:
+            epochs = list(pool.map(lambda t: _epoch(t, fresh_dataset), (alice, bob)))
+        proxy.delay = 0.0
+        assert epochs == [expected, expected]
+        assert _store_bytes(proxy, fresh_dataset) == total
+        for node in (a, b):  # each node holds one copy, and its accounts say who paid for it
+            assert len(node.store_files()) == 6
+            assert sum(r["fetched_bytes"] for r in _rows(node)) == total
+        seen = bob.run("cli", "cache", "status")  # B's tenant sees its own rows only
+        assert seen["cli_rc"] == 0 and "ffnodeb" in seen["stdout"]
+        assert "(peers)" not in seen["stdout"] and "ffnodea" not in seen["stdout"]
+        assert "ffnodeb" in _cli_status(b)  # the admin sees every account
+    finally:
+        proxy.delay = 0.0
+        alice.kill_all()
+        bob.kill_all()
 
 
 def test_a_peer_that_is_down_leaves_node_b_on_the_store(cluster, node_store, fresh_dataset):
@@ -185,6 +244,9 @@ def test_bad_peers_sections_fail_in_one_line_naming_the_value(tmp_path, monkeypa
     assert cfg.peers.listen == ("127.0.0.2", 7460)
     assert cfg.peers.rate == float(1 << 20) and cfg.peers.token == TOKEN
     assert _parse(tmp_path, None).peers is None
+    assert cfg.peer_fill_quota == (1 << 30) // 4  # fills for peers: a quarter by default
+    assert _parse(tmp_path, {**ok, "fill_quota": "64MiB"}).peer_fill_quota == 64 << 20
+    assert _parse(tmp_path, {**ok, "fill_quota": 0}).peer_fill_quota == 0
 
 
 def _cases(ok: dict, tmp_path: Any, loose: str) -> list[tuple[Any, str]]:
@@ -200,6 +262,7 @@ def _cases(ok: dict, tmp_path: Any, loose: str) -> list[tuple[Any, str]]:
         ({**ok, "token_file": loose}, "readable by group or others"),
         ({"listen": "127.0.0.2:7460"}, "no peer token"),
         ({**ok, "tokenfile": "x"}, "unknown key(s) ['tokenfile']"),
+        ({**ok, "fill_quota": "lots"}, "peers.fill_quota must be a byte count"),
     ]
 
 
