@@ -27,7 +27,9 @@ class FairQueue:
         self._clock = 0.0
         self._closed = False
 
-    def put(self, flow: Hashable, item: Any, *, weight: float = 1.0) -> None:
+    def put(self, flow: Hashable, item: Any, *, weight: float = 1.0, urgent: bool = False) -> None:
+        """Queue ``item`` in ``flow``; ``urgent`` puts it before the flow's other items (a
+        read waiting for its shard goes before the same job's fetches ahead)."""
         if weight <= 0:
             raise ValueError(f"weight must be > 0, got {weight!r}")
         with self._cond:
@@ -37,7 +39,10 @@ class FairQueue:
                 # a flow that was idle starts at the clock: no credit saved up while idle
                 self._passes[flow] = max(self._passes.get(flow, 0.0), self._clock)
             self._weights[flow] = weight
-            q.append(item)
+            if urgent:
+                q.appendleft(item)
+            else:
+                q.append(item)
             self._cond.notify()
 
     def get(self, timeout: float | None = None) -> Any:

@@ -80,8 +80,11 @@ def _run(svc: NodeService, conn: Connection, request: dict[str, Any], table: dic
 
 
 def _queue_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """Queue a slow request in its job's flow; a read waiting for its shard (``get``) goes
+    before the job's fetches ahead and warms, as the embedded cache's read fills at once."""
     weight = svc.config.tenant(conn.tenant).weight(conn.job)
-    svc.fills.put(conn.owner, (conn, request), weight=weight)
+    urgent = request.get("op") == "get"
+    svc.fills.put(conn.owner, (conn, request), weight=weight, urgent=urgent)
 
 
 # -- requests (fast: no store I/O) -----------------------------------------------------------
@@ -395,6 +398,16 @@ def _queued(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None
     _queue_fill(svc, conn, request)
 
 
+def _queued_shards(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """A fetch ahead queued shard by shard: the fill workers run a loader's next shards at
+    once, as the embedded cache's fetch ahead does, each in its job's weighted turn."""
+    shards = request.get("shards")
+    if not isinstance(shards, list):
+        raise RequestError("bad", "prefetch needs a list of shard numbers")
+    for s in shards:
+        _queue_fill(svc, conn, {**request, "shards": [s]})
+
+
 _REQUESTS = {
     "hello": _hello,
     "touch": _touch,
@@ -408,7 +421,7 @@ _REQUESTS = {
     "open": _queued,
     "verify": _queued,
     "warm": _queued,
-    "prefetch": _queued,
+    "prefetch": _queued_shards,
 }
 _FILLS = {
     "get": _get_fill,

@@ -56,6 +56,18 @@ def test_fair_queue_shares_by_weight():
     assert first.count("h") == 150 and first.count("l") == 50
 
 
+def test_an_urgent_item_goes_before_its_own_flow_not_before_another_flows_turn():
+    q = FairQueue()
+    for i in range(5):
+        q.put("job", ("ahead", i))  # a loader's fetches ahead
+    q.put("other", ("other", 0))
+    q.put("job", ("read", 0), urgent=True)  # the same loader waits for this shard now
+    taken = [q.get() for _ in range(7)]
+    assert taken[0] == ("read", 0)  # first of its flow, before the fetches ahead
+    assert taken.index(("other", 0)) == 1  # the other flow keeps its turn
+    assert [t for t in taken if t[0] == "ahead"] == [("ahead", i) for i in range(5)]
+
+
 def test_fair_queue_wakes_a_waiting_worker_and_ends_on_close():
     q = FairQueue()
     got: list[object] = []
