@@ -7,6 +7,8 @@
                vs the embedded ``ShardCache.get`` plus opening the file; p50 and p99
   flood        the same service hits' p99 while another Unix user (``nobody``) floods the
                service with reads, as a ratio of the idle p99 (the goal: within 2x)
+  token hot, cold epoch   ``TokenLoader`` GB/s over a cached token dataset, and a first
+               epoch from an empty cache, service vs embedded (``nodeload.py``)
 
 Prints a table and writes JSON. Not a timed test: run it by hand, as root (the service and
 the flooding user are real).
@@ -30,10 +32,11 @@ import time
 from typing import Any
 
 from benchmarks.benchmath import fmt, ratio
-from benchmarks.harness.datasets import random_dataset
+from benchmarks.harness.datasets import random_dataset, token_dataset
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
 from benchmarks.harness.store import start_store
+from benchmarks.stages.nodeload import loader_rows
 from flashfeed.runtime import lifeline
 from flashfeed.units import parse_size
 
@@ -93,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-size", default="4MiB")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--hits", type=int, default=2000)
+    p.add_argument("--token-rows", type=int, default=4096, help="rows of 2,048 tokens")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if os.geteuid() != 0:
@@ -170,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(0.1)
         idle_again = _hits(node_get, args.shards, args.hits)
+        tokens_url = "s3://flashfeed/nodebench-tokens"
+        token_dataset(tokens_url, rows=args.token_rows, seq_len=2048)
+        loads = loader_rows(sock=sock, client=client, tokens_url=tokens_url, images_url=url,
+                            embedded_dir=embedded_dir, rounds=args.rounds)  # fmt: skip
     finally:
         if cache is not None:
             cache.close()  # its counters flushed now, not at exit into a removed folder
@@ -187,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                    for name, v in (("node idle", idle), ("embedded", local),
                                    ("node flooded", flooded), ("node idle again", idle_again))},
         "flooded_p99_vs_idle_p99": _pct(flooded, 0.99) / idle_p99,
+        **loads,
     }  # fmt: skip
     e = rows["hot_epoch_node_vs_embedded"]
     print(f"hot epoch (samples/s, median of {args.rounds}): node "
@@ -197,6 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, v in rows["hit_us"].items():
         print(f"{name:<18}{fmt(v['p50']):>10}{fmt(v['p99']):>10}")
     print(f"p99 under a flood / idle p99: {rows['flooded_p99_vs_idle_p99']:.2f} (goal <= 2)")
+    for name, key, unit, goal in (
+        ("token hot", "token_hot", "GB/s", 0.98), ("cold epoch", "cold_epoch", "samples/s", 0.95)
+    ):  # fmt: skip
+        r = rows[f"{key}_node_vs_embedded"]
+        med = rows["medians"]["token_gb_per_s" if key == "token_hot" else "cold_samples_per_s"]
+        print(f"{name} ({unit}, median of {args.rounds}): node {fmt(med['node'])}, embedded "
+              f"{fmt(med['embedded'])}, ratio {r['ratio']:.2f} ({r['min']:.2f}-{r['max']:.2f}; "
+              f"goal >= {goal})")  # fmt: skip
     if args.out:
         write_json(args.out, {"args": vars(args), **rows})
     return 0
