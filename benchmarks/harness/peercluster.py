@@ -1,6 +1,7 @@
 """Simulated nodes of the cluster tier on one machine: each a ``peernode.py`` process on
 its own loopback address (127.0.0.N) with its own counting proxy in front of the store, so a
-test (or a benchmark) reads per node which shard bytes the store served it."""
+test (or a benchmark) reads per node which shard bytes the store served it; or ``Cluster``:
+nodes sharing one throttled proxy, the store's bandwidth as the bottleneck."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.slowproxy import SlowProxy
+from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
+from flashfeed.cache.warm.nodeshare import NodeShare
+from flashfeed.dataset import Dataset
 from flashfeed.runtime.lifeline import popen
 
-__all__ = ["SimNode", "start_node"]
+__all__ = ["Cluster", "SimNode", "assign_owners", "start_node"]
 
 WORKER = Path(__file__).with_name("peernode.py")
 
@@ -94,3 +98,45 @@ def start_node(
     node = SimNode(name, proc, proxy, cache_dir, own_proxy=own)
     node.address = node.answer()["address"]
     return node
+
+
+class Cluster:
+    """Simulated nodes sharing one throttled store proxy."""
+
+    def __init__(self, root: Path, store_port: int, proxy: SlowProxy, part_size: str) -> None:
+        self.root, self.store_port, self.proxy, self.part_size = root, store_port, proxy, part_size
+        self.nodes: list[SimNode] = []
+        self._n = 1
+
+    def start(self, name: str | None = None) -> SimNode:
+        """A node on the next 127.0.0.N; its cache is ``root/name`` (default: its host)."""
+        self._n += 1
+        name = name or f"127.0.0.{self._n}"
+        node = start_node(
+            name,
+            f"127.0.0.{self._n}",
+            str(self.root / name),
+            self.store_port,
+            part_size=self.part_size,
+            proxy=self.proxy,
+        )
+        self.nodes.append(node)
+        return node
+
+    def connect(self, nodes: list[SimNode]) -> None:
+        """Each of ``nodes`` learns all of them as its peers."""
+        for node in nodes:
+            node.call({"peers": [n.address for n in nodes]})
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        self.nodes = []
+
+
+def assign_owners(nodes: list[SimNode], ds: Dataset, shares: dict[str, NodeShare]) -> None:
+    """Every node learns the placement's store reader of each shard (``PeerTier.assign``),
+    planned from the nodes' shares (by address)."""
+    owners = store_owners(cluster_placement(ds, shares, max_serving=2))
+    for node in nodes:
+        node.call({"assign": ds.url, "owners": {str(s): a for s, a in owners.items()}})

@@ -32,49 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.datasets import random_dataset
-from benchmarks.harness.peercluster import SimNode, start_node
+from benchmarks.harness.peercluster import Cluster, SimNode, assign_owners
 from benchmarks.harness.results import write_json
 from benchmarks.harness.slowproxy import SlowProxy
 from benchmarks.harness.store import start_store
-from flashfeed.cache.peer.clusterwarm import cluster_placement, store_owners
 from flashfeed.cache.peer.sweep import parse_sweep
 from flashfeed.cache.peer.sweepwarm import warm_sweep
 from flashfeed.cache.warm.nodeshare import NodeShare
 
 TOKEN = "flashfeed-peer-benchmark-token-0123456789"
-
-
-class Cluster:
-    """Simulated nodes sharing one throttled store proxy."""
-
-    def __init__(self, root: Path, store_port: int, proxy: SlowProxy, part_size: str) -> None:
-        self.root, self.store_port, self.proxy, self.part_size = root, store_port, proxy, part_size
-        self.nodes: list[SimNode] = []
-        self._n = 1
-
-    def start(self, name: str | None = None) -> SimNode:
-        """A node on the next 127.0.0.N; its cache is ``root/name`` (default: its host)."""
-        self._n += 1
-        name = name or f"127.0.0.{self._n}"
-        node = start_node(
-            name,
-            f"127.0.0.{self._n}",
-            str(self.root / name),
-            self.store_port,
-            part_size=self.part_size,
-            proxy=self.proxy,
-        )
-        self.nodes.append(node)
-        return node
-
-    def connect(self, nodes: list[SimNode]) -> None:
-        for node in nodes:
-            node.call({"peers": [n.address for n in nodes]})
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.stop()
-        self.nodes = []
 
 
 def warm_all(nodes: list[SimNode], url: str, orders: dict[str, list[int]]) -> float:
@@ -85,12 +51,6 @@ def warm_all(nodes: list[SimNode], url: str, orders: dict[str, list[int]]) -> fl
     for node in nodes:
         node.answer()
     return time.perf_counter() - start
-
-
-def assign(nodes: list[SimNode], ds: Any, shares: dict[str, NodeShare]) -> None:
-    owners = store_owners(cluster_placement(ds, shares, max_serving=2))
-    for node in nodes:
-        node.call({"assign": ds.url, "owners": {str(s): a for s, a in owners.items()}})
 
 
 def sweep_warm(root: Path, store_port: int, proxy: SlowProxy, url: str, size: int) -> dict:
@@ -158,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             by_addr = {n.address: s for n, s in zip(nodes, shares, strict=True)}
             if peers:
                 cluster.connect(nodes)
-                assign(nodes, ds, by_addr)
+                assign_owners(nodes, ds, by_addr)
             orders = {a: s.order(ds) for a, s in by_addr.items()}
             before = proxy.shard_bytes()
             seconds = warm_all(nodes, ds.url, orders)
