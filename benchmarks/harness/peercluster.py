@@ -85,15 +85,19 @@ def start_node(
     part_size: str = "256KiB",
     proxy: SlowProxy | None = None,
     capacity: int | None = None,
+    loader: bool = False,
 ) -> SimNode:
     """A node process listening on ``host`` whose store requests pass a proxy of its own
-    (or ``proxy``, shared: one store bandwidth for every node; ``stop`` leaves it open)."""
+    (or ``proxy``, shared: one store bandwidth for every node; ``stop`` leaves it open);
+    ``loader``: it imports the training reader at start (for ``epoch`` commands)."""
     own = proxy is None
     proxy = proxy or SlowProxy(("127.0.0.1", store_port), rate=store_rate)
     args = [sys.executable, str(WORKER), cache_dir, host, proxy.endpoint]
     args += ["--rate", str(serve_rate), "--part-size", part_size]
     if capacity is not None:
         args += ["--capacity", str(capacity)]
+    if loader:
+        args += ["--loader", "1"]
     proc = popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     node = SimNode(name, proc, proxy, cache_dir, own_proxy=own)
     node.address = node.answer()["address"]
@@ -103,8 +107,11 @@ def start_node(
 class Cluster:
     """Simulated nodes sharing one throttled store proxy."""
 
-    def __init__(self, root: Path, store_port: int, proxy: SlowProxy, part_size: str) -> None:
+    def __init__(
+        self, root: Path, store_port: int, proxy: SlowProxy, part_size: str, *, loader: bool = False
+    ) -> None:
         self.root, self.store_port, self.proxy, self.part_size = root, store_port, proxy, part_size
+        self.loader = loader  # its nodes import the training reader at start
         self.nodes: list[SimNode] = []
         self._n = 1
 
@@ -119,6 +126,7 @@ class Cluster:
             self.store_port,
             part_size=self.part_size,
             proxy=self.proxy,
+            loader=self.loader,
         )
         self.nodes.append(node)
         return node
