@@ -12,10 +12,12 @@ The proxy counts the shard bytes the store served. One run, three scenarios:
                cache) and without it (each node on its own, as today)
   replacement  after the sweep, a node is lost; its replacement warms its share from its
                peers, against a fresh node warming the same share from the throttled store
-  cold-epoch   2 jobs x 2 nodes (every shard read by 2 nodes) start together and read
-               their shares in need order: store bytes and the time of the slowest node
+  cold-epoch   2 jobs x 2 nodes (every shard read by 2 nodes) start together from empty
+               caches, a training reader on each node reading its rank's share of epoch 0:
+               store bytes, each node's epoch time, each job's delivered keys checked
+               (``harness/peercold.py``)
 
-Prints a table and writes JSON. Not a timed test: run it by hand.
+Prints a table and writes JSON. Not a timed test: run it by hand (``--scenarios`` runs some).
 
     python -m benchmarks.stages.peertier --out .bench/peertier.json
 """
@@ -32,7 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.datasets import random_dataset
-from benchmarks.harness.peercluster import Cluster, SimNode, assign_owners
+from benchmarks.harness.peercluster import Cluster, SimNode
+from benchmarks.harness.peercold import (
+    check_layout,
+    cold_epoch,
+    cold_rows,
+    dataset_samples,
+    node_table,
+)
 from benchmarks.harness.results import write_json
 from benchmarks.harness.slowproxy import SlowProxy
 from benchmarks.harness.store import start_store
@@ -95,75 +104,93 @@ def sweep_warm(root: Path, store_port: int, proxy: SlowProxy, url: str, size: in
     return {"result": result, "cluster": cluster, "nodes": nodes, "shares": shares}
 
 
+SCENARIOS = ("sweep", "replacement", "cold-epoch")
+
+
+def sweep_and_replacement(
+    root: Path, store_port: int, proxy: SlowProxy, ds: Any, *, replacement: bool
+) -> dict[str, Any]:
+    """The sweep without the tier and with it, then (``replacement``) a lost node's
+    replacement warming from its peers against a fresh node warming from the store."""
+    size = sum(s.bytes for s in ds.shards)
+    out: dict[str, Any] = {}
+    cluster = Cluster(root / "sweep-today", store_port, proxy, "1MiB")
+    nodes = [cluster.start(f"n{i}") for i in range(4)]
+    orders = {n.address: NodeShare.build(seed=s).order(ds) for s, n in enumerate(nodes)}
+    before = proxy.shard_bytes()
+    seconds = warm_all(nodes, ds.url, orders)
+    cluster.stop()
+    today = {"seconds": seconds, "store_bytes": proxy.shard_bytes() - before}
+    today["store_x"] = today["store_bytes"] / size
+    tier = sweep_warm(root / "sweep-tier", store_port, proxy, ds.url, size)
+    out["sweep"] = {"today": today, "tier": tier["result"]}
+    cluster, nodes = tier["cluster"], tier["nodes"]
+    if not replacement:
+        cluster.stop()
+        return out
+    # the last node is lost, a fresh one takes its place and its share
+    lost = nodes[-1]
+    share = tier["shares"][lost.address]
+    lost.kill()
+    fresh = cluster.start("replacement")
+    cluster.connect([*nodes[:-1], fresh])
+    before = proxy.shard_bytes()
+    peer_s = warm_all([fresh], ds.url, {fresh.address: share.order(ds)})
+    peer_store = proxy.shard_bytes() - before
+    cluster.stop()
+    alone = Cluster(root / "replacement-today", store_port, proxy, "1MiB")
+    solo = alone.start("solo")
+    before = proxy.shard_bytes()
+    store_s = warm_all([solo], ds.url, {solo.address: share.order(ds)})
+    store_bytes = proxy.shard_bytes() - before
+    alone.stop()
+    out["replacement"] = {
+        "from_peers": {"seconds": peer_s, "store_bytes": peer_store},
+        "from_store": {"seconds": store_s, "store_bytes": store_bytes},
+        "speedup": store_s / peer_s,
+    }
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    scenarios = set(args.scenarios)
     root = Path(tempfile.mkdtemp(prefix="ff-peertier-"))
     os.environ["FLASHFEED_PEER_TOKEN"] = TOKEN
     store = start_store(root / "s3", export_env=True)
-    proxy = SlowProxy(("127.0.0.1", store.store.info.s3_port), rate=args.store_mbps * 1e6)
-    out: dict[str, Any] = {"store_mbps": args.store_mbps}
+    port = store.store.info.s3_port
+    proxy = SlowProxy(("127.0.0.1", port), rate=args.store_mbps * 1e6)
+    out: dict[str, Any] = {"store_mbps": args.store_mbps, "scenarios": args.scenarios}
     try:
+        shard_bytes = int(args.shard_mib * (1 << 20))
         ds = random_dataset(
-            f"{store.bucket}/peertier", args.shards, args.shard_mib << 20, per_shard=8
+            f"{store.bucket}/peertier", args.shards, shard_bytes, per_shard=args.samples_per_shard
         )
         size = sum(s.bytes for s in ds.shards)
         out["dataset_bytes"] = size
-        rate = args.store_mbps * 1e6
-        print(
-            f"dataset: {args.shards} shards, {size / 1e6:.0f} MB; store at {args.store_mbps} MB/s"
-        )
-
-        def scenario(name: str, peers: bool, shares: list[NodeShare], tag: str) -> dict[str, Any]:
-            cluster = Cluster(root / f"{name}-{tag}", store.store.info.s3_port, proxy, "1MiB")
-            nodes = [cluster.start(f"n{i}") for i in range(len(shares))]
-            by_addr = {n.address: s for n, s in zip(nodes, shares, strict=True)}
-            if peers:
-                cluster.connect(nodes)
-                assign_owners(nodes, ds, by_addr)
-            orders = {a: s.order(ds) for a, s in by_addr.items()}
-            before = proxy.shard_bytes()
-            seconds = warm_all(nodes, ds.url, orders)
-            result = {"seconds": seconds, "store_bytes": proxy.shard_bytes() - before}
-            result["store_x"] = result["store_bytes"] / size
-            return {"result": result, "cluster": cluster, "nodes": nodes, "shares": by_addr}
-
-        sweep = [NodeShare.build(node_rank=0, num_nodes=1, seed=s) for s in range(4)]
-        today = scenario("sweep", False, sweep, "today")
-        today["cluster"].stop()
-        tier = sweep_warm(root / "sweep-tier", store.store.info.s3_port, proxy, ds.url, size)
-        out["sweep"] = {"today": today["result"], "tier": tier["result"]}
-
-        # replacement: the last node is lost, a fresh one takes its place and its share
-        cluster, nodes = tier["cluster"], tier["nodes"]
-        lost = nodes[-1]
-        share = tier["shares"][lost.address]
-        lost.kill()
-        fresh = cluster.start("replacement")
-        cluster.connect([*nodes[:-1], fresh])
-        before = proxy.shard_bytes()
-        peer_s = warm_all([fresh], ds.url, {fresh.address: share.order(ds)})
-        peer_store = proxy.shard_bytes() - before
-        cluster.stop()
-        alone = Cluster(root / "replacement-today", store.store.info.s3_port, proxy, "1MiB")
-        solo = alone.start("solo")
-        before = proxy.shard_bytes()
-        store_s = warm_all([solo], ds.url, {solo.address: share.order(ds)})
-        store_bytes = proxy.shard_bytes() - before
-        alone.stop()
-        out["replacement"] = {
-            "from_peers": {"seconds": peer_s, "store_bytes": peer_store},
-            "from_store": {"seconds": store_s, "store_bytes": store_bytes},
-            "speedup": store_s / peer_s,
+        out["layout"] = {
+            "shards": args.shards,
+            "shard_mib": args.shard_mib,
+            "samples_per_shard": args.samples_per_shard,
+            "batch_size": args.batch_size,
         }
-
-        cold = [
-            NodeShare.build(node_rank=r, num_nodes=2, seed=job) for job in (0, 1) for r in (0, 1)
-        ]
-        a = scenario("cold", False, cold, "today")
-        a["cluster"].stop()
-        b = scenario("cold", True, cold, "tier")
-        b["cluster"].stop()
-        out["cold_epoch"] = {"today": a["result"], "tier": b["result"]}
-        out["bandwidth_bound_s"] = size / rate
+        out["bandwidth_bound_s"] = size / (args.store_mbps * 1e6)
+        print(
+            f"dataset: {args.shards} shards of {args.samples_per_shard} samples, "
+            f"{size / 1e6:.1f} MB; store at {args.store_mbps} MB/s"
+        )
+        if scenarios & {"sweep", "replacement"}:
+            out.update(
+                sweep_and_replacement(root, port, proxy, ds, replacement="replacement" in scenarios)
+            )
+        if "cold-epoch" in scenarios:
+            samples = dataset_samples(ds)  # from the store itself, not through the proxy
+            cold = {}
+            for tag, peers in (("today", False), ("tier", True)):
+                cold[tag] = cold_epoch(
+                    root / f"cold-{tag}", port, proxy, ds, peers=peers,
+                    batch_size=args.batch_size, samples=samples,
+                )  # fmt: skip
+            out["cold_epoch"] = cold
     finally:
         proxy.close()
         store.stop()
@@ -172,49 +199,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(out: dict[str, Any]) -> str:
-    s, r, c = out["sweep"], out["replacement"], out["cold_epoch"]
-    rows = [
-        (
-            "sweep 4 jobs x 1 node",
-            "store bytes / dataset",
-            s["today"]["store_x"],
-            s["tier"]["store_x"],
-        ),
-        ("sweep 4 jobs x 1 node", "seconds", s["today"]["seconds"], s["tier"]["seconds"]),
-        (
-            "replacement node",
-            "seconds to warm its share",
-            r["from_store"]["seconds"],
-            r["from_peers"]["seconds"],
-        ),
-        (
-            "replacement node",
-            "store bytes / dataset",
-            r["from_store"]["store_bytes"] / out["dataset_bytes"],
-            r["from_peers"]["store_bytes"] / out["dataset_bytes"],
-        ),
-        (
-            "cold start 2 jobs x 2 nodes",
-            "store bytes / dataset",
-            c["today"]["store_x"],
-            c["tier"]["store_x"],
-        ),
-        (
-            "cold start 2 jobs x 2 nodes",
-            "seconds (slowest node)",
-            c["today"]["seconds"],
-            c["tier"]["seconds"],
-        ),
-    ]
+    rows: list[tuple[str, str, float, float]] = []
+    if "sweep" in out:
+        s = out["sweep"]
+        name = "sweep 4 jobs x 1 node"
+        rows += [
+            (name, "store bytes / dataset", s["today"]["store_x"], s["tier"]["store_x"]),
+            (name, "seconds", s["today"]["seconds"], s["tier"]["seconds"]),
+        ]
+    if "replacement" in out:
+        r, size = out["replacement"], out["dataset_bytes"]
+        rows += [
+            (
+                "replacement node",
+                "seconds to warm its share",
+                r["from_store"]["seconds"],
+                r["from_peers"]["seconds"],
+            ),
+            (
+                "replacement node",
+                "store bytes / dataset",
+                r["from_store"]["store_bytes"] / size,
+                r["from_peers"]["store_bytes"] / size,
+            ),
+        ]
+    if "cold_epoch" in out:
+        rows += cold_rows(out["cold_epoch"])
     lines = [
         "| scenario | measure | without the tier | with the tier | ratio |",
         "|---|---|---:|---:|---:|",
     ]
     for name, what, today, tier in rows:
-        ratio = today / tier if tier else float("inf")
-        lines.append(f"| {name} | {what} | {today:.2f} | {tier:.2f} | {ratio:.2f}x |")
-    lines += [
-        "",
+        ratio = f"{today / tier:.2f}x" if tier else ""
+        lines.append(f"| {name} | {what} | {today:.2f} | {tier:.2f} | {ratio} |")
+    if "sweep" in out:
+        lines += ["", *sweep_nodes(out["sweep"])]
+    if "cold_epoch" in out:
+        lines += ["", *node_table(out["cold_epoch"])]
+    return "\n".join(lines)
+
+
+def sweep_nodes(s: dict[str, Any]) -> list[str]:
+    """The sweep with the tier, per node: the plan's share against what happened."""
+    lines = [
         "sweep with the tier, per node (cache warm --sweep --local):",
         "| node | planned store reads | planned copies in | planned copies served | "
         "MB from store: warm + its server | warm MB from peers | MB its server served |",
@@ -229,7 +256,17 @@ def table(out: dict[str, Any]) -> str:
             f"{n['warm_bytes_from_peers'] / 1e6:.1f} | "
             f"{n['served_bytes'] / 1e6:.1f} |"
         )
-    return "\n".join(lines)
+    return lines
+
+
+def _scenarios(text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    bad = sorted(set(names) - set(SCENARIOS))
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"scenarios must be some of {', '.join(SCENARIOS)}, got {text!r}"
+        )
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,10 +274,20 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--shards", type=int, default=24)
-    p.add_argument("--shard-mib", type=int, default=2)
+    p.add_argument("--shard-mib", type=float, default=2.0)
+    p.add_argument("--samples-per-shard", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="the cold epoch's readers' batch")
+    p.add_argument(
+        "--scenarios", type=_scenarios, default=list(SCENARIOS),
+        help=f"comma-separated, of {','.join(SCENARIOS)} (default: all)",
+    )  # fmt: skip
     p.add_argument("--store-mbps", type=float, default=16.0, help="the store's bandwidth, MB/s")
     p.add_argument("--out", default=".bench/peertier.json")
     args = p.parse_args(argv)
+    try:
+        check_layout(args.shards, args.samples_per_shard, args.batch_size)
+    except ValueError as exc:
+        p.error(str(exc))
     out = run(args)
     print(table(out))
     write_json(args.out, out)
