@@ -232,6 +232,8 @@ def table(out: dict[str, Any]) -> str:
     for name, what, today, tier in rows:
         ratio = f"{today / tier:.2f}x" if tier else ""
         lines.append(f"| {name} | {what} | {today:.2f} | {tier:.2f} | {ratio} |")
+    bound = out["bandwidth_bound_s"]
+    lines.append(f"the store's bound: the dataset once at {out['store_mbps']} MB/s, {bound:.2f} s")
     if "sweep" in out:
         lines += ["", *sweep_nodes(out["sweep"])]
     if "cold_epoch" in out:
