@@ -44,7 +44,7 @@ a stage run in interleaved rounds whose order rotates every round):
            from RAM, on the targets stage's shards: the bound on a loader that feeds DALI
            its own order                                           (extsource)
   cluster  the cluster tier on simulated nodes behind a throttled store: a sweep's store
-           bytes, a replacement node's warm from peers, a cold start of 2 jobs x 2 nodes
+           bytes, a replacement node's warm from peers, a cold first epoch of 2 x 2 nodes
            (peertier); and on paper at 1,000 nodes and a 64-run sweep        (peersim)
 
 A result above the limit that bounds it is a measurement error: the run lists it under
