@@ -341,10 +341,16 @@ class PlannedLoader:
         return self.recorder.summary()
 
     def close(self) -> None:
+        """Stop what a pass left running, close the stats log and what the source holds
+        open (the descriptors a node service handed over: the service can then free the
+        bytes of shards it evicted)."""
         if self._primed and self._feeder is not None:
             self._feeder.close()  # fetches started for a pass that never ran
             self._primed = False
         self.recorder.close()
+        closing = getattr(self.source, "close", None)
+        if closing is not None:
+            closing()
 
 
 class Made(Generic[T]):

@@ -239,6 +239,13 @@ class MixtureShardSource:
         _, local, src = self._where(shard)
         return src.partial(local)
 
+    def close(self) -> None:
+        """Close each source that holds something to close (a node service's descriptors)."""
+        for src in self.sources:
+            closing = getattr(src, "close", None)
+            if closing is not None:
+                closing()
+
     def stats(self) -> dict[str, Any]:
         per = {
             n: src.own_stats() if isinstance(src, CacheShardSource) else src.stats()

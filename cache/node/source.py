@@ -66,7 +66,11 @@ class NodeShardSource:
         self._held: OrderedDict[int, int] = OrderedDict()  # shard -> fd
         self._index: dict[int, list[SampleIndex]] = {}
         self._parts: list[int] = []  # part files of fills handed over (``partial``)
+        #: shard -> (live file, part file, its identity, index) of a fill handed over and not
+        #: yet seen ended: asked again (the feeder, then the reader's map), no round trip
+        self._live: dict[int, tuple[int, int, tuple[int, int], list[SampleIndex]]] = {}
         self._hits = self._misses = self._held_reads = 0
+        self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "url": self.url, "max_held": self.max_held,
@@ -79,7 +83,8 @@ class NodeShardSource:
         self._init_local()
 
     def _mine(self) -> None:
-        if self._owner != os.getpid():  # forked: a connection and descriptors of its own
+        if self._owner != os.getpid() or self._closed:
+            # forked, or used again after ``close``: a connection and descriptors of its own
             path, job, options = self._args
             self.client = NodeClient(path, job=job, storage_options=options)
             self._init_local()
@@ -157,6 +162,9 @@ class NodeShardSource:
         self._mine()
         if shard in self._held:
             return None
+        known = self._known_partial(shard)
+        if known is not None:
+            return known
         got = self.client.partial(self.url, shard)
         if got is None:
             return None
@@ -183,6 +191,29 @@ class NodeShardSource:
             self._parts.append(part)
             while len(self._parts) > self.max_held:
                 os.close(self._parts.pop(0))
+            old = self._live.pop(shard, None)
+            self._live[shard] = (os.dup(view.fileno()), part, _identity(part), index)
+        if old is not None:
+            os.close(old[0])
+        return PartialShard(view.part, index, view)
+
+    def _known_partial(self, shard: int) -> PartialShard | None:
+        """The fill of ``shard`` handed over before, while it has not ended (its part file
+        is held open in ``_parts`` meanwhile); None otherwise."""
+        with self._lock:
+            known = self._live.get(shard)
+            if known is None:
+                return None
+            live, part, ident, index = known
+            held = part in self._parts and _identity(part) == ident
+            if not held or os.fstat(live).st_nlink == 0:
+                del self._live[shard]  # ended (in place, or failed): ask the service again
+                os.close(live)
+                return None
+            view = FillView.from_fd(os.dup(live))
+        if view is None:
+            return None
+        view.part, view.index_part = fd_path(part), None
         return PartialShard(view.part, index, view)
 
     def held(self) -> int:
@@ -190,12 +221,15 @@ class NodeShardSource:
         return len(self._held)
 
     def close(self) -> None:
-        """Close the held descriptors and the connection."""
+        """Close the held descriptors and the connection (a loader's ``close`` does): the
+        service may then free what it evicted. Used again, the source connects anew."""
         with self._lock:
-            for fd in [*self._held.values(), *self._parts]:
+            for fd in [*self._held.values(), *self._parts, *(v[0] for v in self._live.values())]:
                 os.close(fd)
             self._held.clear()
             self._parts.clear()
+            self._live.clear()
+            self._closed = True
         self.client.close()
 
     def stats(self) -> dict[str, Any]:
@@ -213,6 +247,11 @@ def _read_fd(fd: int) -> bytes:
             return b"".join(chunks)
         chunks.append(data)
         offset += len(data)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 def _same_file(a: int, b: int) -> bool:

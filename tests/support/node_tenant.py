@@ -110,6 +110,27 @@ def _epoch(url: str, epochs: str = "1") -> dict[str, Any]:
     return {"keys": keys}
 
 
+def _service_fds() -> int:
+    """Descriptors this process holds of files in a node service's cache."""
+    n = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            n += "/store/" in os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass
+    return n
+
+
+def _epoch_close(url: str) -> dict[str, Any]:
+    from flashfeed.loader import ShardDataset
+
+    ds = ShardDataset(url, shuffle=False)
+    keys = [s["__key__"] for s in ds]
+    held = _service_fds()
+    ds.close()
+    return {"keys": keys, "held": held, "after_close": _service_fds()}
+
+
 def _get(url: str, shards: str) -> dict[str, Any]:
     import hashlib
     import mmap
@@ -293,6 +314,7 @@ def main() -> None:
         "train": _train,
         "hold": _hold,
         "epoch": _epoch,
+        "epoch-close": _epoch_close,
         "get": _get,
         "try-read": _try_read,
         "cli": _cli,

@@ -40,6 +40,11 @@ def test_loader_epochs_read_descriptors_from_the_service(node, tenants, datasets
     )  # reads that waited (fetches ahead did the rest)
     assert sum(r["hits"] for r in mine) >= 6  # the second epoch read them as hits
     assert len(node.store_files()) == 6
+    # closing the loader gives the descriptors back: the service's evictions free bytes then
+    closed = alice.run("epoch-close", datasets["alpha"])
+    assert closed["rc"] == 0, closed["stderr"]
+    assert sorted(closed["keys"]) == expected
+    assert closed["held"] >= 1 and closed["after_close"] == 0, closed
 
 
 def test_tenant_without_access_is_refused_in_one_line_and_gets_no_bytes(node, tenants, datasets):
