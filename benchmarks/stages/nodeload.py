@@ -51,11 +51,15 @@ def _token_pass(loader: Any, min_seconds: float = 1.0) -> float:
 
 
 def _cold_epoch(make: Callable[[], Any], reset: Callable[[], None]) -> float:
-    """Samples a second of a first epoch from an empty cache, the loader's set-up counted."""
+    """Samples a second of a first epoch from an empty cache, the loader's set-up counted;
+    the loader is closed after it (the descriptors it holds let go)."""
     reset()
     t0 = time.perf_counter()
-    n = sum(1 for _ in make())
-    return n / (time.perf_counter() - t0)
+    loader = make()
+    n = sum(1 for _ in loader)
+    took = time.perf_counter() - t0
+    loader.close()
+    return n / took
 
 
 def loader_rows(
@@ -85,28 +89,31 @@ def loader_rows(
 
     cold_dir = os.path.join(embedded_dir + "-cold")
 
-    def node_reset() -> None:
+    def reset() -> None:
+        """Both caches emptied before either side's epoch: each side's fills then find the
+        memory the other's copies held freed (on a VM, memory never touched before costs
+        the writer several times the copy: a side that kept its copies would slow the
+        next one)."""
         got = client.evict(images_url)
-        if not got.get("evicted", 1):
-            raise RuntimeError(f"the service evicted nothing of {images_url}: {got}")
-
-    def embedded_reset() -> None:
         shutil.rmtree(cold_dir, ignore_errors=True)
+        if got.get("kept"):
+            raise RuntimeError(f"the service kept shards of {images_url} at evict: {got}")
 
     def node_epoch() -> Any:
         return _through_node(sock, lambda: ShardDataset(images_url, shuffle=False))
 
     cold = run_rounds(
         {
-            "node": lambda: _cold_epoch(node_epoch, node_reset),
+            "node": lambda: _cold_epoch(node_epoch, reset),
             "embedded": lambda: _cold_epoch(
-                lambda: ShardDataset(images_url, shuffle=False, cache_dir=cold_dir),
-                embedded_reset,
+                lambda: ShardDataset(images_url, shuffle=False, cache_dir=cold_dir), reset
             ),
         },
         rounds,
     )
     shutil.rmtree(cold_dir, ignore_errors=True)
+    for loader in (node_tok, cache_tok):
+        loader.close()
     return {
         "token_hot_gb_per_s": tokens,
         "token_hot_node_vs_embedded": ratio(tokens["node"], tokens["embedded"]),
