@@ -27,6 +27,7 @@ from ..shardcache import ShardCache
 from .accounting import Accounts
 from .fairqueue import FairQueue
 from .ledger import Ledger
+from .pace import RequestPace
 from .peering import PeerSide
 from .protocol import ProtocolError, recv_message, send_message
 from .tenants import ConfigWatch
@@ -126,6 +127,7 @@ class NodeService:
         self.embedded_evictions = 0
         self.lock = threading.Lock()
         self.requests = FairQueue()
+        self.pace = RequestPace()
         self.fills = FairQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -235,6 +237,7 @@ class NodeService:
                 for fd in fds:  # clients send none; never keep what one sends anyway
                     os.close(fd)
                 self.admit(conn.tenant).acquire()  # a flood waits here, in its own socket
+                self.pace.take(conn.tenant, self.config.request_rate(conn.tenant))
                 self.requests.put(conn.tenant, (conn, request))
         except (OSError, ProtocolError):
             pass

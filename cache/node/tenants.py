@@ -9,12 +9,15 @@ store credentials, and each tenant's byte quota and job weights.
      "admins": ["root"],
      "default_quota": "0",
      "tenants": {"alice": {"quota": "200GiB", "jobs": {"sweep": {"weight": 2}}}},
+     "requests_per_s": 0,
      "peers": {"listen": "10.0.0.5:7460", "hosts": ["10.0.0.5", "10.0.0.6"],
                "token_file": "/etc/flashfeed/peer.token"}}
 
-A tenant is the Unix user on the other end of the socket. Quotas and weights are read again
-when the file changes (its mtime) or on SIGHUP; ``cache_dir``, ``socket``, ``store`` and
-``peers`` (the service as a peer of the cluster tier: ``peering.py``) are read at start only.
+A tenant is the Unix user on the other end of the socket; the service reads at most
+``requests_per_s`` requests a second from each (a tenant's own entry may set its own).
+Quotas, weights and rates are read again when the file changes (its mtime) or on SIGHUP;
+``cache_dir``, ``socket``, ``store`` and ``peers`` (the service as a peer of the cluster
+tier: ``peering.py``) are read at start only.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from .peering import PeerConfig, parse_peers
 __all__ = ["ConfigError", "ConfigWatch", "NodeConfig", "TenantConfig"]
 
 DEFAULT_SOCKET = "/run/flashfeed/node.sock"
+#: no bound by default: a bound is for a tenant the admin does not trust to be gentle
+DEFAULT_REQUESTS_PER_S = 0.0
 
 log = logging.getLogger("flashfeed.node")
 
@@ -48,6 +53,8 @@ class TenantConfig:
 
     quota: int
     weights: dict[str, float] = field(default_factory=dict)
+    #: requests a second the service reads from this tenant (None: the node's default)
+    requests_per_s: float | None = None
 
     def weight(self, job: str) -> float:
         return self.weights.get(job, 1.0)
@@ -66,6 +73,14 @@ class NodeConfig:
     admins: tuple[str, ...]
     grant_seconds: float
     peers: PeerConfig | None = None
+    #: requests a second the service reads from each tenant (0: unbounded): a tenant that
+    #: floods the service waits in its own socket and leaves the CPU to the others
+    requests_per_s: float = DEFAULT_REQUESTS_PER_S
+
+    def request_rate(self, name: str) -> float:
+        """The requests a second the service reads from tenant ``name`` (0: unbounded)."""
+        own = self.tenant(name).requests_per_s
+        return self.requests_per_s if own is None else own
 
     @property
     def peer_fill_quota(self) -> int:
@@ -84,7 +99,7 @@ class NodeConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: the config must be a JSON object")
         known = {"cache_dir", "capacity", "socket", "store", "tenants", "default_quota",
-                 "admins", "grant_seconds", "peers"}  # fmt: skip
+                 "admins", "grant_seconds", "peers", "requests_per_s"}  # fmt: skip
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"{source}: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -110,6 +125,7 @@ class NodeConfig:
             peers = parse_peers(data.get("peers"))
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
+        rate = data.get("requests_per_s", DEFAULT_REQUESTS_PER_S)
         return cls(
             cache_dir=os.path.abspath(cache_dir),
             capacity=_size(data.get("capacity"), "capacity", source, positive=True),
@@ -120,6 +136,7 @@ class NodeConfig:
             admins=tuple(admins),
             grant_seconds=float(grant),
             peers=peers,
+            requests_per_s=_rate(rate, "requests_per_s", source),
         )
 
     @classmethod
@@ -159,7 +176,15 @@ def _tenant(name: str, t: Any, source: str) -> TenantConfig:
         if isinstance(w, bool) or not isinstance(w, (int, float)) or w <= 0:
             raise ConfigError(f"{source}: weight of job {job!r} of tenant {name!r} must be > 0")
         weights[job] = float(w)
-    return TenantConfig(quota, weights)
+    rate = t.get("requests_per_s")
+    own = None if rate is None else _rate(rate, f"requests_per_s of tenant {name}", source)
+    return TenantConfig(quota, weights, own)
+
+
+def _rate(value: Any, name: str, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"{source}: {name} must be a number >= 0 (0: unbounded), got {value!r}")
+    return float(value)
 
 
 class ConfigWatch:

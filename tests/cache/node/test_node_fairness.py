@@ -1,12 +1,16 @@
 """Fairness of the node service: requests are served round robin per tenant, so a tenant
 flooding the service cannot starve another (the time bound itself is measured in
-``benchmarks/stages/nodebench.py``, not here); fills share workers by job weight."""
+``benchmarks/stages/nodebench.py``, not here); a tenant's ``requests_per_s`` paces its
+requests; fills share workers by job weight."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
+
+import pytest
 
 from flashfeed.cache.node.fairqueue import FairQueue
 
@@ -77,3 +81,40 @@ def test_fair_queue_wakes_a_waiting_worker_and_ends_on_close():
     q.close()
     t.join(5)
     assert got == [1, None]
+
+
+def test_a_tenants_requests_per_s_paces_its_flood_and_not_the_others(node, tenants, datasets):
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"},
+                               "ffnodeb": {"quota": "16MiB", "requests_per_s": 100}})  # fmt: skip
+    node.start()
+    alice, bob = tenants
+    url = datasets["shared"]
+    flood = bob.start("flood", url, "0", "300")
+    started = json.loads(flood.stdout.readline())["start"]
+    got = alice.run("get", url, "0,1,2")  # alice, unbounded, is read at once meanwhile
+    assert got["rc"] == 0 and sorted(got["sha256"]) == ["0", "1", "2"], got
+    out, err = flood.communicate(timeout=120)
+    assert flood.returncode == 0, err.decode()
+    end = json.loads(out.decode().splitlines()[-1])["end"]
+    # bob's 300 reads and one status beyond its burst of 100 are read at 100 a second
+    assert end - started >= 1.9, end - started
+
+
+def test_bad_requests_per_s_fail_in_one_line(tmp_path):
+    from flashfeed.cache.node.tenants import ConfigError, NodeConfig
+
+    base = {"cache_dir": str(tmp_path / "c"), "capacity": "1GiB"}
+    for extra, says in (
+        ({"requests_per_s": -1}, "requests_per_s must be a number >= 0 (0: unbounded), got -1"),
+        ({"requests_per_s": "fast"}, "requests_per_s must be a number >= 0"),
+        ({"tenants": {"a": {"quota": 1, "requests_per_s": True}}},
+         "requests_per_s of tenant a must be a number >= 0"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            NodeConfig.parse({**base, **extra}, source="n.json")
+    cfg = NodeConfig.parse(
+        {**base, "requests_per_s": 2000, "tenants": {"a": {"quota": 1, "requests_per_s": 5}}},
+        source="n.json",
+    )
+    assert (cfg.request_rate("a"), cfg.request_rate("b")) == (5.0, 2000.0)
+    assert NodeConfig.parse(base, source="n.json").request_rate("b") == 0.0  # unbounded
