@@ -9,7 +9,7 @@
                service with reads, as a ratio of the idle p99 (the goal: within 2x); then
                again with that tenant's ``requests_per_s`` set to ``--flood-rate``
   token hot, cold epoch   ``TokenLoader`` GB/s over a cached token dataset, and a first
-               epoch from an empty cache, service vs embedded (``nodeload.py``)
+               epoch from an empty cache, service vs embedded (``harness/nodeload.py``)
 
 Prints a table and writes JSON. Not a timed test: run it by hand, as root (the service and
 the flooding user are real).
@@ -34,10 +34,10 @@ from typing import Any
 
 from benchmarks.benchmath import fmt, ratio
 from benchmarks.harness.datasets import random_dataset, token_dataset
+from benchmarks.harness.nodeload import loader_rows
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
 from benchmarks.harness.store import start_store
-from benchmarks.stages.nodeload import loader_rows
 from flashfeed.runtime import lifeline
 from flashfeed.units import parse_size
 
