@@ -15,38 +15,61 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["MAX_ANNOUNCEMENT", "decode_held", "encode_held", "encoded_size"]
+__all__ = [
+    "MAX_ANNOUNCEMENT",
+    "MAX_SHARDS",
+    "decode_held",
+    "encode_held",
+    "encoded_size",
+    "unpack_held",
+]
 
 #: the most bytes of one announcement a node reads (a larger one is refused)
 MAX_ANNOUNCEMENT = 16 << 20
 
+#: the most shards a dataset may count: shard numbers are 32-bit
+MAX_SHARDS = 1 << 32
+
+#: the longest varint read: 35 bits, beyond any gap between shard numbers
+_MAX_VARINT = 5
+
 
 def _varints(values: np.ndarray) -> bytes:
-    out = bytearray()
-    for v in values.tolist():
-        while v >= 0x80:
-            out.append((v & 0x7F) | 0x80)
-            v >>= 7
-        out.append(v)
-    return bytes(out)
+    """LEB128 of each value (non-negative, under 2**35), vectorized: 7 bits a byte, low first."""
+    v = np.asarray(values, dtype=np.uint64)
+    if not len(v):
+        return b""
+    width = np.ones(len(v), dtype=np.int64)
+    for i in range(1, _MAX_VARINT):
+        width += v >= np.uint64(1 << (7 * i))
+    starts = np.cumsum(width) - width
+    place = np.arange(int(width.sum())) - np.repeat(starts, width)
+    out = (np.repeat(v, width) >> (7 * place).astype(np.uint64)) & np.uint64(0x7F)
+    out = out.astype(np.uint8)
+    out[place < np.repeat(width - 1, width)] |= 0x80
+    return out.tobytes()
 
 
-def _unvarints(data: bytes) -> list[int]:
-    out, value, shift = [], 0, 0
-    for b in data:
-        value |= (b & 0x7F) << shift
-        if b & 0x80:
-            shift += 7
-            continue
-        out.append(value)
-        value, shift = 0, 0
-    if shift:
+def _unvarints(data: bytes) -> np.ndarray:
+    """The values ``_varints`` wrote; ValueError on a cut or over-long varint."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    if not len(b):
+        return np.zeros(0, dtype=np.int64)
+    if b[-1] & 0x80:
         raise ValueError("announcement: a varint is cut short")
-    return out
+    ends = np.flatnonzero(b < 0x80)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    width = ends - starts + 1
+    if int(width.max()) > _MAX_VARINT:
+        raise ValueError(f"announcement: a varint over {_MAX_VARINT} bytes")
+    place = np.arange(len(b)) - np.repeat(starts, width)
+    return np.add.reduceat((b & 0x7F).astype(np.int64) << (7 * place), starts)
 
 
 def encode_held(shards: Iterable[int], count: int) -> bytes:
     """The blob announcing ``shards`` (numbers in ``[0, count)``)."""
+    if not 0 <= count <= MAX_SHARDS:
+        raise ValueError(f"a dataset counts 0 to {MAX_SHARDS} shards, got {count}")
     held = np.unique(np.fromiter((int(s) for s in shards), dtype=np.int64))
     if len(held) and (held[0] < 0 or held[-1] >= count):
         raise ValueError(f"shard numbers must be in [0, {count}), got {held[0]}..{held[-1]}")
@@ -58,10 +81,13 @@ def encode_held(shards: Iterable[int], count: int) -> bytes:
     return dense if len(dense) < len(sparse) else sparse
 
 
-def decode_held(blob: bytes, count: int) -> np.ndarray:
-    """The sorted shard numbers ``blob`` announces; ValueError on anything malformed."""
+def unpack_held(blob: bytes, count: int) -> tuple[bool, np.ndarray]:
+    """What ``blob`` announces as sent: ``(True, packed bitmap)`` (bits past ``count`` clear)
+    or ``(False, sorted shard numbers)``; ValueError on anything malformed."""
     if not blob or blob[:1] not in (b"B", b"D"):
         raise ValueError("announcement: unknown encoding")
+    if not 0 <= count <= MAX_SHARDS:
+        raise ValueError(f"announcement: a dataset of {count} shards")
     d = zlib.decompressobj()
     body = d.decompress(blob[1:], (count // 8 + 1) * 10 + 64)  # bounded: no zip bomb
     if d.unconsumed_tail:
@@ -69,11 +95,20 @@ def decode_held(blob: bytes, count: int) -> np.ndarray:
     if blob[:1] == b"B":
         if len(body) != -(-count // 8):
             raise ValueError(f"announcement: bitmap of {len(body)} bytes for {count} shards")
-        return np.flatnonzero(np.unpackbits(np.frombuffer(body, dtype=np.uint8))[:count])
-    held = np.cumsum(np.asarray(_unvarints(body), dtype=np.int64) + 1) - 1
+        bits = np.frombuffer(body, dtype=np.uint8).copy()
+        if count % 8:
+            bits[-1] &= 0xFF << (8 - count % 8) & 0xFF
+        return True, bits
+    held = np.cumsum(_unvarints(body) + 1) - 1
     if len(held) and held[-1] >= count:
         raise ValueError(f"announcement: shard {held[-1]} beyond the dataset's {count}")
-    return held
+    return False, held
+
+
+def decode_held(blob: bytes, count: int) -> np.ndarray:
+    """The sorted shard numbers ``blob`` announces; ValueError on anything malformed."""
+    bitmap, values = unpack_held(blob, count)
+    return np.flatnonzero(np.unpackbits(values, count=count)) if bitmap else values
 
 
 def encoded_size(shards: Iterable[int], count: int) -> int:
