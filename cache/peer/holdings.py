@@ -7,7 +7,8 @@ numbers in all). A peer that knows version V of this node (``instance.V``: ``ins
 new at each start of the server) asks ``/v1/have?since=instance.V`` and gets only what
 changed since (``delta``), or the full announcement (``full``) when V is older than the
 log, from another instance, or when the delta would be the larger by over 1 KiB. ``apply`` is the
-reader's side: the holdings a body describes, from the ones it knew.
+reader's side: the holdings a body describes, from the ones it knew, each a compact
+``ShardSet`` (``shardset.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .announce import decode_held, encode_held
+from .announce import encode_held
+from .shardset import ShardSet
 
 __all__ = ["Held", "HoldingsLog", "apply", "since_param"]
 
@@ -33,8 +35,8 @@ _SLACK = 1024
 class Held:
     """What a peer announced of one dataset: its complete shards and its fills running."""
 
-    complete: frozenset[int]
-    filling: frozenset[int]
+    complete: ShardSet
+    filling: ShardSet
     count: int = 0
 
 
@@ -42,8 +44,12 @@ def _blob(shards: Iterable[int], count: int) -> str:
     return base64.b64encode(encode_held(shards, count)).decode()
 
 
-def _unblob(text: str, count: int) -> frozenset[int]:
-    return frozenset(decode_held(base64.b64decode(text, validate=True), count).tolist())
+def _unblob(text: str, count: int) -> ShardSet:
+    return ShardSet.from_blob(base64.b64decode(text, validate=True), count)
+
+
+def _filling(entry: Mapping[str, Any], count: int) -> ShardSet:
+    return ShardSet((s for s in map(int, entry["filling"]) if 0 <= s < count), count=count)
 
 
 def since_param(instance: str, version: int) -> str:
@@ -206,22 +212,23 @@ def apply(
         out = {}
         for key, e in data["datasets"].items():
             count = int(e["count"])
-            filling = frozenset(int(s) for s in e["filling"] if 0 <= int(s) < count)
-            out[str(key)] = Held(_unblob(e["held"], count), filling, count)
+            out[str(key)] = Held(_unblob(e["held"], count), _filling(e, count), count)
         return instance, version, out
     if known is None or known[0] != instance or known[1] != int(data["since"]):
         raise ValueError("announcement: a delta from another version than the one asked for")
-    out = {k: Held(h.complete, frozenset(), h.count) for k, h in known[2].items()}
+    out = {k: Held(h.complete, ShardSet(count=h.count), h.count) for k, h in known[2].items()}
     for key in data.get("gone", ()):
         out.pop(str(key), None)
     for key, e in data["datasets"].items():
         count = int(e["count"])
-        filling = frozenset(int(s) for s in e["filling"] if 0 <= int(s) < count)
         if "held" in e:
             complete = _unblob(e["held"], count)
         else:
             before = out.get(str(key))
-            base = before.complete if before is not None and before.count == count else frozenset()
-            complete = (base | _unblob(e["added"], count)) - _unblob(e["removed"], count)
-        out[str(key)] = Held(complete, filling, count)
+            if before is None or before.count != count:
+                base = ShardSet(count=count)  # a new version of the dataset: anew
+            else:
+                base = before.complete
+            complete = base.updated(_unblob(e["added"], count), _unblob(e["removed"], count))
+        out[str(key)] = Held(complete, _filling(e, count), count)
     return instance, version, out
