@@ -10,7 +10,7 @@ applies an announcement's delta, vectorized, into a new one.
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Set
 from typing import Any
 
@@ -124,13 +124,17 @@ class ShardSet(Set[int]):
         return self._data.nbytes
 
     def __contains__(self, shard: object) -> bool:
-        if not isinstance(shard, (int, np.integer)) or not 0 <= shard < self.count:
+        if type(shard) is not int:  # the usual case first: this runs once a peer a lookup
+            if not isinstance(shard, (int, np.integer)):
+                return False
+            shard = int(shard)
+        if not 0 <= shard < self.count:
             return False
-        shard = int(shard)
+        data = self._data
         if self._dense:
-            return bool(self._data[shard >> 3] >> (7 - (shard & 7)) & 1)
-        at = bisect.bisect_left(self._data, shard)
-        return at < self._len and self._data[at] == shard
+            return bool(data[shard >> 3] >> (7 - (shard & 7)) & 1)
+        at = bisect_left(data, shard)
+        return at < self._len and data[at] == shard
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.array().tolist())
