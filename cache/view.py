@@ -25,7 +25,7 @@ from .progress import FillView, live_path
 if TYPE_CHECKING:
     from flashfeed.dataset import Dataset
 
-__all__ = ["DatasetView", "PartialShard"]
+__all__ = ["DatasetView", "PartialShard", "arrow_partial"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class DatasetView:
         if view.index_part is None:
             if self.dataset.manifest.shard_format == "arrow":
                 info = self.dataset.shards[shard]
-                return _arrow_partial(view, info.path, info.samples)
+                return arrow_partial(view, info.path, info.samples)
             view.close()
             return None
         while not view.index_ready():  # the index is one small GET beside the first parts
@@ -110,7 +110,7 @@ class DatasetView:
         return None
 
 
-def _arrow_partial(view: FillView, name: str, rows: int) -> PartialShard | None:
+def arrow_partial(view: FillView, name: str, rows: int) -> PartialShard | None:
     """An Arrow shard's fill, once its schema message (the first bytes) has landed: with
     the layout it records, else with a walk of its messages (a shard of ``rows`` rows);
     None when it is no IPC file (the shard is read whole), or the fill ends (or the shard

@@ -241,18 +241,19 @@ class NodeClient:
             raise NodeError(f"the node service sent no descriptor for shard {shard} of {url}")
         return fds[0], (fds[1] if reply.get("index") and len(fds) > 1 else None), bool(reply["hit"])
 
-    def partial(self, url: str, shard: int) -> tuple[int, int, int] | None:
+    def partial(self, url: str, shard: int) -> tuple[int, int, int | None] | None:
         """Descriptors of the fill of ``shard`` running now: its live progress file, its
-        part file and its index part; None when none runs (or the service is away)."""
+        part file and its index part (None for an Arrow shard); None when none runs (or
+        the service is away)."""
         try:
             reply, fds = self.call({"op": "partial", "shard": int(shard)}, url=url, patient=False)
         except NodeUnavailable:
             return None
-        if not reply.get("partial") or len(fds) != 3:
+        if not reply.get("partial") or len(fds) not in (2, 3):
             for fd in fds:
                 os.close(fd)
             return None
-        return fds[0], fds[1], fds[2]
+        return fds[0], fds[1], fds[2] if len(fds) == 3 else None
 
     def pin(self, url: str, shard: int, *, pinned: bool = True) -> None:
         self.call({"op": "pin", "shard": int(shard), "pinned": pinned}, url=url)

@@ -149,21 +149,23 @@ def _touch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
 
 def _partial(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     """The fill of a shard running now, as descriptors of its live progress file, its part
-    file and its index part (a tar shard's), or ``partial: false``: none runs, or the shard
-    has no index to locate samples by while it arrives."""
+    file and its index part (a tar shard's; an Arrow shard is located by its own layout),
+    or ``partial: false``: none runs, or a tar shard has no index to locate samples by."""
     dataset, i = _resolve(svc, conn, request)
     d = svc.cache.dataset_dir(dataset)
     view = None
     if (d.key, i) in svc.filling:
         view = FillView.open(live_path(d.parts_dir, i))
-    if view is None or view.index_part is None:
+    arrow = dataset.manifest.shard_format == "arrow"  # located by its layout, not an index
+    if view is None or (view.index_part is None and not arrow):
         if view is not None:
             view.close()
         conn.reply(request, {"partial": False})
         return
+    paths = [view.part] if view.index_part is None else [view.part, view.index_part]
     fds: list[int] = []
     try:
-        for path in (view.part, view.index_part):
+        for path in paths:
             fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
         fds.insert(0, os.dup(view.fileno()))
     except FileNotFoundError:  # the fill ended meanwhile: the whole shard is there
@@ -171,7 +173,7 @@ def _partial(svc: NodeService, conn: Connection, request: dict[str, Any]) -> Non
         return
     finally:
         view.close()
-        for fd in fds if len(fds) < 3 else ():
+        for fd in fds if len(fds) <= len(paths) else ():
             os.close(fd)
     try:
         conn.reply(request, {"partial": True}, fds)

@@ -27,7 +27,7 @@ from flashfeed.format.wdsindex import SampleIndex, parse_index
 from flashfeed.runtime.fdpath import fd_path
 
 from ..progress import FillView
-from ..view import PartialShard
+from ..view import PartialShard, arrow_partial
 from .client import NodeClient, NodeUnavailable
 
 __all__ = ["NodeShardSource"]
@@ -68,7 +68,7 @@ class NodeShardSource:
         self._parts: list[int] = []  # part files of fills handed over (``partial``)
         #: shard -> (live file, part file, its identity, index) of a fill handed over and not
         #: yet seen ended: asked again (the feeder, then the reader's map), no round trip
-        self._live: dict[int, tuple[int, int, tuple[int, int], list[SampleIndex]]] = {}
+        self._live: dict[int, tuple[int, int, tuple[int, int], list[SampleIndex] | None]] = {}
         self._hits = self._misses = self._held_reads = 0
         self._closed = False
 
@@ -157,8 +157,9 @@ class NodeShardSource:
 
     def partial(self, shard: int) -> PartialShard | None:
         """The shard's fill running now at the service, read as it lands: descriptors of its
-        part file and its progress, and its index (a tar shard's). None when it is complete
-        here, no fill runs, or the service is away."""
+        part file and its progress, and its index (a tar shard's; an Arrow shard's record
+        batches are located from its own bytes). None when it is complete here, no fill
+        runs, or the service is away."""
         self._mine()
         if shard in self._held:
             return None
@@ -170,22 +171,25 @@ class NodeShardSource:
             return None
         live, part, idx = got
         view = FillView.from_fd(live)
+        index: list[SampleIndex] | None = None
         try:
             if view is None:
                 return None
-            while not view.index_ready():  # one small GET beside the first parts
-                if view.ended():
-                    view.close()
-                    return None
-                time.sleep(0.002)
-            index = parse_index(_read_fd(idx), source=f"{self.url} shard {shard} index")
+            if idx is not None:  # a tar shard: its index, one small GET beside the first parts
+                while not view.index_ready():
+                    if view.ended():
+                        view.close()
+                        return None
+                    time.sleep(0.002)
+                index = parse_index(_read_fd(idx), source=f"{self.url} shard {shard} index")
         except BaseException:
             if view is not None:
                 view.close()
             os.close(part)
             raise
         finally:
-            os.close(idx)
+            if idx is not None:
+                os.close(idx)
         view.part, view.index_part = fd_path(part), None
         with self._lock:  # kept open while a reader may still map it by this path
             self._parts.append(part)
@@ -195,7 +199,17 @@ class NodeShardSource:
             self._live[shard] = (os.dup(view.fileno()), part, _identity(part), index)
         if old is not None:
             os.close(old[0])
-        return PartialShard(view.part, index, view)
+        return self._located(shard, view, index)
+
+    def _located(
+        self, shard: int, view: FillView, index: list[SampleIndex] | None
+    ) -> PartialShard | None:
+        """A tar shard's fill with its index; an Arrow shard's once its schema message has
+        landed, with the record batches it locates (``arrow_partial``)."""
+        if index is not None:
+            return PartialShard(view.part, index, view)
+        info = self.dataset.shards[shard]
+        return arrow_partial(view, info.path, info.samples)
 
     def _known_partial(self, shard: int) -> PartialShard | None:
         """The fill of ``shard`` handed over before, while it has not ended (its part file
@@ -214,7 +228,7 @@ class NodeShardSource:
         if view is None:
             return None
         view.part, view.index_part = fd_path(part), None
-        return PartialShard(view.part, index, view)
+        return self._located(shard, view, index)
 
     def held(self) -> int:
         """Descriptors this process holds now."""

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from flashfeed.cache.progress import FillProgress, FillView, live_path
-from flashfeed.cache.view import _arrow_partial
+from flashfeed.cache.view import arrow_partial
 from flashfeed.loader.tokens.arrowstream import open_arriving_view
 
 ROWS = (40, 40, 40, 40)
@@ -38,7 +38,7 @@ def test_a_view_whose_fill_ended_early_is_stale_and_reads_its_progress_no_more(t
     fill.written(0, size // 2)  # the first half has landed
     view_of_fill = FillView.open(path)
     assert view_of_fill is not None
-    partial = _arrow_partial(view_of_fill, "000000.arrow", sum(ROWS))
+    partial = arrow_partial(view_of_fill, "000000.arrow", sum(ROWS))
     assert partial is not None and partial.walk is not None
     view = open_arriving_view(partial, ("tokens",), name="000000.arrow")
     assert view.arriving is not None and not view.stale

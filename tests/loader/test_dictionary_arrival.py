@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashfeed.cache.progress import FillProgress, FillView, live_path
-from flashfeed.cache.view import _arrow_partial
+from flashfeed.cache.view import arrow_partial
 from flashfeed.errors import FlashfeedError
 from flashfeed.format.arrowlayout import head_size
 from flashfeed.format.ipcwalk import message_header
@@ -68,7 +68,7 @@ def _arrival(tmp_path, data: bytes, block: int = 8):
     fill.written(0, head)  # the schema message has landed
     seen = FillView.open(path)
     assert seen is not None
-    partial = _arrow_partial(seen, "000000.arrow", sum(ROWS))
+    partial = arrow_partial(seen, "000000.arrow", sum(ROWS))
     assert partial is not None and partial.walk is not None
     return fill, partial
 

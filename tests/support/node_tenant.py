@@ -277,6 +277,47 @@ def _partial(url: str, shard: str) -> dict[str, Any]:
             "ended": got.progress.ended(), "streamed": streamed, "final": final}  # fmt: skip
 
 
+def _partial_arrow(url: str, shard: str) -> dict[str, Any]:
+    """Read ``shard`` of an Arrow dataset (a slow fill) and, meanwhile, take its fill in
+    progress: the record batches located then, and whether the fill had ended by then."""
+    import threading
+    import time
+
+    from flashfeed.cache.node import NodeShardSource
+    from flashfeed.dataset import Dataset
+
+    s = int(shard)
+    src = NodeShardSource(Dataset.open(url))
+    whole: list[str] = []
+    reader = threading.Thread(target=lambda: whole.append(src.local_path(s)))
+    reader.start()
+    got = None
+    deadline = time.monotonic() + 20
+    while got is None and reader.is_alive() and time.monotonic() < deadline:
+        got = src.partial(s)
+        time.sleep(0.01)
+    if got is None:
+        reader.join()
+        return {"partial": False}
+    layout = got.located()
+    early = got.progress.done(0, got.progress.size)
+    again = src.partial(s)  # asked again while it runs: no round trip, the same fill
+    reader.join()
+    return {"partial": True, "batches": 0 if layout is None else layout.num_batches,
+            "rows": 0 if layout is None else int(layout.rows[-1]),
+            "complete_at_first": early, "again": again is not None}  # fmt: skip
+
+
+def _token_epoch(url: str) -> dict[str, Any]:
+    """One epoch of ``TokenLoader`` through the service: each row's first token."""
+    from flashfeed.loader import TokenLoader
+
+    loader = TokenLoader(url, batch_size=4, dtype=None, device="cpu", shuffle=False)
+    first = [int(t) for b in loader for t in b["tokens"][:, 0]]
+    loader.close()
+    return {"first": first}
+
+
 def _dali_epoch(url: str) -> dict[str, Any]:
     """One eval epoch of the DALI ``Loader``: the keys its batches carry, with their labels."""
     from flashfeed.loader import Loader
@@ -309,6 +350,8 @@ def main() -> None:
         "probe": _probe,
         "dali-epoch": _dali_epoch,
         "partial": _partial,
+        "partial-arrow": _partial_arrow,
+        "token-epoch": _token_epoch,
         "flood": _flood,
         "hits": _hits,
         "train": _train,

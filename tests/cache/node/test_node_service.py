@@ -8,6 +8,8 @@ import os
 from flashfeed.cache.node import NodeClient
 from flashfeed.dataset import Dataset
 
+SHARED = "ffshared"  # the bucket both tenants read (conftest.py)
+
 
 def _keys(url: str, admin: dict) -> list[str]:
     ds = Dataset.open(url, storage_options=admin)
@@ -130,3 +132,30 @@ def test_the_dali_loader_reads_through_the_service(node, tenants, datasets, node
     assert got["labels"] == [int(k.rsplit("-", 1)[1]) % 10 for k in got["keys"]]
     rows = [r for r in _admin_status(node)["report"]["rows"] if r["tenant"] == "ffnodea"]
     assert sum(r["misses"] + r["hits"] for r in rows) >= 6 and len(node.store_files()) == 6
+
+
+def test_an_arrow_fill_in_progress_is_handed_over_and_located_as_it_lands(
+    node, tenants, node_store
+):
+    from support.loader_helpers import make_token_dataset
+
+    url = f"s3://{SHARED}/tokens-{os.urandom(3).hex()}"
+    rows = [512, 512]  # 512 rows of 64 int32 tokens a shard, record batches of 16 KiB
+    make_token_dataset(url, rows, seq_len=64, storage_options=node_store["admin"],
+                       batch_bytes=16 << 10)  # fmt: skip
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"}})
+    node.start()
+    alice, _ = tenants
+    proxy = node_store["proxy"]
+    proxy.rate = 100_000  # 130 kB a shard at 100 kB/s: the fill stays in flight a while
+    try:
+        got = alice.run("partial-arrow", url, "1")
+    finally:
+        proxy.rate = 0.0
+    assert got["rc"] == 0, got["stderr"]
+    assert got["partial"] is True and got["complete_at_first"] is False, got
+    assert got["batches"] > 1 and got["rows"] == 512, got  # located from its own bytes
+    assert got["again"] is True
+    epoch = alice.run("token-epoch", url)  # and a TokenLoader through the service reads it
+    assert epoch["rc"] == 0, epoch["stderr"]
+    assert epoch["first"] == [n * 7 for n in range(sum(rows))]
