@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from flashfeed.format.arrowlayout import PREFIX, BatchLayout, head_size, read_layout
 from flashfeed.format.ipcwalk import IpcWalk, start_walk
 from flashfeed.format.wdsindex import SampleIndex, parse_index
+from flashfeed.runtime.fdpath import open_binary
 
 from .progress import FillView, live_path
 
@@ -138,8 +139,7 @@ def arrow_partial(view: FillView, name: str, rows: int) -> PartialShard | None:
 
 
 def _pread(path: str, size: int, offset: int = 0) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.pread(fd, size, offset)
-    finally:
-        os.close(fd)
+    """``size`` bytes at ``offset``; a ``/proc/self/fd/N`` path (a descriptor a node service
+    handed over, of a file this user may not open by name) is read through its descriptor."""
+    with open_binary(path) as f:
+        return os.pread(f.fileno(), size, offset)

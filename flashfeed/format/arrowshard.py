@@ -5,12 +5,14 @@ a shard can be read batch by batch while it arrives."""
 from __future__ import annotations
 
 import io
+import mmap
 from typing import Any
 
 import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.arrowlayout import LAYOUT_KEY, head_size, layout_metadata
+from flashfeed.runtime.fdpath import is_fd_path, open_binary
 
 __all__ = ["BATCH_BYTES", "open_arrow", "schema_of", "write_arrow"]
 
@@ -81,12 +83,17 @@ def open_arrow(source: str | bytes | memoryview | pa.Buffer, *, name: str = "arr
     """A table over an Arrow IPC file: memory-mapped for a local path (zero copy),
     or over bytes already in memory."""
     try:
-        if isinstance(source, str):
+        if isinstance(source, str) and is_fd_path(source):
+            # a descriptor (a node service's) of a file this user may not open by name
+            with open_binary(source) as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            reader = pa.ipc.open_file(pa.py_buffer(mapped))
+        elif isinstance(source, str):
             reader = pa.ipc.open_file(pa.memory_map(source, "r"))
         else:
             reader = pa.ipc.open_file(pa.py_buffer(source))
         return reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError) as exc:
         raise CorruptShardError(f"{name}: not a readable Arrow IPC file ({exc})") from None
 
 

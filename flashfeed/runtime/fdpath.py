@@ -12,7 +12,7 @@ import os
 import re
 from typing import BinaryIO
 
-__all__ = ["fd_path", "open_binary"]
+__all__ = ["fd_path", "is_fd_path", "open_binary"]
 
 _FD_PATH = re.compile(r"/proc/self/fd/(\d+)")
 
@@ -20,6 +20,11 @@ _FD_PATH = re.compile(r"/proc/self/fd/(\d+)")
 def fd_path(fd: int) -> str:
     """The path that stands for descriptor ``fd`` of this process."""
     return f"/proc/self/fd/{fd}"
+
+
+def is_fd_path(path: str) -> bool:
+    """True for a path that stands for a descriptor of this process (``fd_path``)."""
+    return _FD_PATH.fullmatch(str(path)) is not None
 
 
 def open_binary(path: str) -> BinaryIO:

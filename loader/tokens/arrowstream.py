@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
+from flashfeed.runtime.fdpath import open_binary
 
 from .arrowcols import (
     ArrowShardView,
@@ -71,7 +72,7 @@ class ArrowArrival:
         self.columns = columns
         self.lists = lists
         self.name = name
-        with open(partial.part, "rb") as f:
+        with open_binary(partial.part) as f:  # a node service's descriptor, too
             self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if len(self._mmap) < int(self.layout.offsets[-1]):
             raise CorruptShardError(f"shard {name}: its part file is shorter than its layout")

@@ -16,9 +16,12 @@ from flashfeed.runtime import lifeline
 
 _HERE = os.path.abspath(__file__)
 _SITE = sysconfig.get_paths()["purelib"]  # this venv's site-packages (its .pth files too)
+#: this venv's packages go first: a system package of another version (``_cffi_backend``
+#: under numba's kernels) must not shadow the venv's own
 _BOOT = (
-    "import site, sys, runpy; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
+    "import site, sys, runpy; before = list(sys.path); site.addsitedir(sys.argv[1]); "
+    "sys.path[:] = [p for p in sys.path if p not in before] + before; "
+    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 
 
