@@ -4,7 +4,9 @@ It parses the HTTP requests passing through (method, path, Range), counts them, 
 each request or the chosen ones (a slow store, ``delay_if``), answer chosen ones 503
 SlowDown (a throttling store) and cut chosen responses midway (a store failing
 mid-transfer), and bound the bytes a second it passes back (``rate``: a store whose
-bandwidth is the bottleneck, shared by all connections). Responses pass through untouched.
+bandwidth is the bottleneck, shared by all connections). Responses pass through untouched;
+their bytes are counted on the request they answer (``Request.sent``, ``sent_bytes``: the
+last request read on their connection, as clients that do not pipeline send them).
 A request that waits for ``100 Continue`` before sending its body (botocore's PUTs) gets it
 from the proxy, and goes upstream without ``Expect``.
 """
@@ -40,6 +42,7 @@ class Request:
     range: tuple[int, int] | None  # [start, end) of a ranged GET
     at: float = 0.0  # time.monotonic() when the proxy read it
     conn: int = -1  # which client connection carried it (numbered as the proxy accepts them)
+    sent: int = 0  # response bytes passed back for it so far
 
 
 def is_shard_get(req: Request) -> bool:
@@ -88,6 +91,13 @@ class SlowProxy:
                 if r.method == "GET" and needle in r.path and r.range is not None
             )
 
+    def sent_bytes(self, needle: str = ".tar") -> int:
+        """Response bytes passed back so far for GETs of objects whose path holds ``needle``
+        (a running count: the bytes of responses still arriving are in it)."""
+        with self._lock:
+            found = [r for r in self.requests if r.method == "GET" and needle in r.path]
+        return sum(r.sent for r in found)
+
     def _listen(self) -> socket.socket:
         return socket.create_server(("127.0.0.1", 0))
 
@@ -119,8 +129,9 @@ class SlowProxy:
             client.close()
             return
         cut: list[int] = []  # set: the response stream is cut after this many more bytes
+        answering: list[Request] = []  # the requests of this connection, the last one answered
         threading.Thread(
-            target=self._pipe, args=(upstream, client, cut, self._pace), daemon=True
+            target=self._pipe, args=(upstream, client, cut, self._pace, answering), daemon=True
         ).start()
         buf = b""
         try:
@@ -144,6 +155,7 @@ class SlowProxy:
                     req.at, req.conn = time.monotonic(), number
                     with self._lock:
                         self.requests.append(req)
+                    answering[:] = [req]
                     if self.throttle(req):  # answered here, as S3 does: 503 SlowDown
                         client.sendall(_SLOW_DOWN)
                         continue
@@ -179,7 +191,11 @@ class SlowProxy:
 
     @staticmethod
     def _pipe(
-        src: socket.socket, dst: socket.socket, cut: list[int], pace: Callable[[int], None]
+        src: socket.socket,
+        dst: socket.socket,
+        cut: list[int],
+        pace: Callable[[int], None],
+        answering: list[Request],
     ) -> None:
         try:
             while True:
@@ -187,6 +203,8 @@ class SlowProxy:
                 pace(len(data))
                 if not data:
                     break
+                if answering:
+                    answering[-1].sent += len(data)
                 if cut:
                     dst.sendall(data[: cut[0]])
                     for sock in (src, dst):

@@ -58,14 +58,16 @@ def start_store(
     bucket: str = "flashfeed",
     export_env: bool = False,
     attempts: int = 4,
+    identities: list[dict[str, Any]] | None = None,
 ) -> BenchStore:
     """A SeaweedFS under ``root`` with ``bucket`` made. ``export_env`` points this process's
-    S3 clients (and its children's) at it until ``stop``."""
+    S3 clients (and its children's) at it until ``stop``; ``identities``: S3 users beside
+    the admin (``EmbeddedStore``'s), e.g. tenants who may read one bucket each."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
     why = ""
     for attempt in range(attempts):  # a port taken between its pick and the bind: try again
-        store = EmbeddedStore(Path(root) / f"store-{attempt}", port=0)
+        store = EmbeddedStore(Path(root) / f"store-{attempt}", port=0, identities=identities)
         try:
             store.start()
         except StoreError as exc:

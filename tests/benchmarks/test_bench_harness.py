@@ -114,3 +114,25 @@ def test_random_noise_and_token_datasets_are_what_they_say(tmp_path: Path) -> No
     assert np.asarray(rows[0]["tokens"][0].as_py()).max() < 50000
     with pytest.raises(ValueError, match="shards must be >= 1, got 0"):
         random_dataset(str(tmp_path / "bad"), 0, 10)
+
+
+def test_the_proxy_counts_each_responses_bytes_on_the_request_it_answers(
+    s3_store, s3_prefix
+) -> None:
+    from benchmarks.harness.slowproxy import SlowProxy
+
+    opts = s3_store.info.storage_options()
+    storage.write_bytes(f"{s3_prefix}/a.tar", b"a" * 300_000, storage_options=opts)
+    storage.write_bytes(f"{s3_prefix}/b.bin", b"b" * 100_000, storage_options=opts)
+    proxy = SlowProxy(("127.0.0.1", s3_store.info.s3_port))
+    try:
+        via = {**opts, "endpoint_url": proxy.endpoint}
+        for _ in range(2):  # the second round over the same kept-alive connections
+            assert len(storage.read_bytes(f"{s3_prefix}/a.tar", storage_options=via)) == 300_000
+            assert len(storage.read_bytes(f"{s3_prefix}/b.bin", storage_options=via)) == 100_000
+        a, b = proxy.sent_bytes("/a.tar"), proxy.sent_bytes("/b.bin")
+        gets = len([r for r in proxy.requests if r.method == "GET"])
+    finally:
+        proxy.close()
+    # each body counted on its own request, with its response's header (under 2 KiB)
+    assert 600_000 <= a < 600_000 + 4096 and 200_000 <= b < 200_000 + 4096, (a, b, gets)
