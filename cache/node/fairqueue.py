@@ -2,7 +2,8 @@
 takes from the flow that has had the least service for its weight (stride scheduling).
 
 A flow that floods the queue gets its share and no more: every other flow with work waiting
-is served at least once per round, whatever the flood's length.
+is served at least once per round, whatever the flood's length. Inside a flow, ``urgent``
+items (a read waiting now) go before the others (fetches ahead), each kind in its order.
 """
 
 from __future__ import annotations
@@ -21,28 +22,23 @@ class FairQueue:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._flows: dict[Hashable, deque[Any]] = {}
+        self._flows: dict[Hashable, tuple[deque[Any], deque[Any]]] = {}  # (urgent, others)
         self._passes: dict[Hashable, float] = {}
         self._weights: dict[Hashable, float] = {}
         self._clock = 0.0
         self._closed = False
 
     def put(self, flow: Hashable, item: Any, *, weight: float = 1.0, urgent: bool = False) -> None:
-        """Queue ``item`` in ``flow``; ``urgent`` puts it before the flow's other items (a
-        read waiting for its shard goes before the same job's fetches ahead)."""
         if weight <= 0:
             raise ValueError(f"weight must be > 0, got {weight!r}")
         with self._cond:
-            q = self._flows.get(flow)
-            if q is None:
-                q = self._flows[flow] = deque()
+            qs = self._flows.get(flow)
+            if qs is None:
+                qs = self._flows[flow] = (deque(), deque())
                 # a flow that was idle starts at the clock: no credit saved up while idle
                 self._passes[flow] = max(self._passes.get(flow, 0.0), self._clock)
             self._weights[flow] = weight
-            if urgent:
-                q.appendleft(item)
-            else:
-                q.append(item)
+            qs[0 if urgent else 1].append(item)
             self._cond.notify()
 
     def get(self, timeout: float | None = None) -> Any:
@@ -53,18 +49,26 @@ class FairQueue:
                 if not self._cond.wait(timeout):
                     return None
             flow = min(self._flows, key=lambda f: self._passes[f])
-            q = self._flows[flow]
-            item = q.popleft()
+            urgent, others = self._flows[flow]
+            item = (urgent or others).popleft()
             self._clock = self._passes[flow]
             self._passes[flow] += 1.0 / self._weights[flow]
-            if not q:
+            if not urgent and not others:
                 del self._flows[flow]
             return item
 
+    def refund(self, flow: Hashable) -> None:
+        """Give back the turn ``get`` charged ``flow`` for an item that needed no service
+        (a fetch ahead of a shard that arrived meanwhile): its next items are not delayed
+        for it."""
+        with self._cond:
+            if flow in self._passes:
+                self._passes[flow] -= 1.0 / self._weights[flow]
+
     def waiting(self, flow: Hashable) -> int:
         with self._cond:
-            q = self._flows.get(flow)
-            return 0 if q is None else len(q)
+            qs = self._flows.get(flow)
+            return 0 if qs is None else len(qs[0]) + len(qs[1])
 
     def close(self) -> None:
         with self._cond:

@@ -19,17 +19,13 @@ from ..errors import CacheError
 from ..progress import FillView, live_path
 from .access import AccessRefused, check_presigned
 from .accounting import prometheus_text
-from .adminops import settle
-from .ledger import Owner
-from .room import QuotaError, make_room, warm_fits
+from .fills import fill_for, needs_fill, queue_fill, wait_for_fill
+from .room import QuotaError, warm_fits
 from .server import Connection, NodeService
 
-__all__ = ["PEERS", "fill_for_peers", "fill_worker", "request_worker"]
+__all__ = ["fill_worker", "request_worker", "serve_fill"]
 
 log = logging.getLogger("flashfeed.node")
-
-#: the account of the fills this node makes for its peers (no Unix user has this name)
-PEERS: Owner = ("(peers)", "cluster")
 
 
 class RequestError(Exception):
@@ -57,8 +53,12 @@ def fill_worker(svc: NodeService) -> None:
         item = svc.fills.get()
         if item is None:
             return
-        conn, request = item
-        _run(svc, conn, request, _FILLS)
+        serve_fill(svc, *item)
+
+
+def serve_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """Run a queued fill request (``get``, ``open``, ``warm``, ``prefetch``, ``verify``)."""
+    _run(svc, conn, request, _FILLS)
 
 
 def _run(svc: NodeService, conn: Connection, request: dict[str, Any], table: dict) -> None:
@@ -77,14 +77,6 @@ def _run(svc: NodeService, conn: Connection, request: dict[str, Any], table: dic
     except Exception as exc:  # one request failing must not stop the service
         log.exception("request %s of tenant %s failed", op, conn.tenant)
         conn.reply(request, {"error": f"{type(exc).__name__}: {exc}", "kind": "failed"})
-
-
-def _queue_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
-    """Queue a slow request in its job's flow; a read waiting for its shard (``get``) goes
-    before the job's fetches ahead and warms, as the embedded cache's read fills at once."""
-    weight = svc.config.tenant(conn.tenant).weight(conn.job)
-    urgent = request.get("op") == "get"
-    svc.fills.put(conn.owner, (conn, request), weight=weight, urgent=urgent)
 
 
 # -- requests (fast: no store I/O) -----------------------------------------------------------
@@ -123,7 +115,8 @@ def _get(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     # a miss, or a copy not yet verified since the service started (a checksum of the whole
     # shard: not in the way of other tenants' hits)
     request["_queued"], request["_present"] = time.monotonic(), present
-    _queue_fill(svc, conn, request)
+    if not wait_for_fill(svc, conn, request, key):
+        queue_fill(svc, conn, request)
 
 
 def _send_shard(conn: Connection, request: dict[str, Any], path: str, *, hit: bool) -> None:
@@ -282,65 +275,7 @@ def _fill(
     """A verified copy of shard ``i``, filled if needed with room made in the tenant's quota:
     ``(path, fetched here)``."""
     quota = svc.config.tenant(conn.tenant).quota
-    return _fill_for(svc, conn.owner, quota, dataset, i, what=what)
-
-
-def fill_for_peers(svc: NodeService, dataset: Any, i: int) -> None:
-    """A fill another node asked for (this node single-flights the shard's store read for
-    the cluster): charged to ``PEERS`` within the config's ``peers.fill_quota``, making room
-    by evicting that account's own shards first. It takes holders, then the store: it never
-    hands the shard on again."""
-    assert svc.peer is not None
-    d = svc.cache.dataset_dir(dataset)
-    with svc.lock:
-        svc.dirs.setdefault(d.key, d)
-    what = f"a peer's fill of shard {i} of {dataset.url}"
-    with svc.peer.tier.owning():
-        _fill_for(svc, PEERS, svc.config.peer_fill_quota, dataset, i, what=what)
-
-
-def _fill_for(
-    svc: NodeService, owner: Owner, quota: int, dataset: Any, i: int, *, what: str
-) -> tuple[str, bool]:
-    d = svc.cache.dataset_dir(dataset)
-    key, size = (d.key, i), dataset.shards[i].bytes
-    fresh = False
-    with svc.ledger.lock:
-        present = key in svc.ledger.charges and os.path.exists(d.shard_path(i))
-        if not present and key not in svc.filling:
-            make_room(ledger=svc.ledger, accounts=svc.accounts, dirs=svc.dirs, owner=owner,
-                      quota=quota, capacity=svc.config.capacity, need=size,
-                      what=what, busy=svc.filling.__contains__)  # fmt: skip
-            svc.ledger.charge(key, owner, size)  # on disk before the fill starts
-            svc.filling.add(key)
-            fresh = True
-    try:
-        path = svc.cache.get(dataset, i)
-    except BaseException:
-        if fresh and not os.path.exists(d.shard_path(i)):
-            svc.ledger.drop(key)
-        raise
-    finally:
-        if fresh:
-            svc.filling.discard(key)
-    if fresh:
-        svc.accounts.add(owner, fetched_bytes=size)
-        svc.ledger.resize(key, _held_bytes(path))  # the index's bytes are known now
-        settle(svc, owner)
-    svc.ledger.touch(key)
-    svc.verified.add(key)
-    return path, fresh
-
-
-def _held_bytes(path: str) -> int:
-    """A cached shard's bytes with its index's, as the embedded cache counts them."""
-    total = 0
-    for p in (path, path + ".idx"):
-        try:
-            total += os.stat(p).st_size
-        except FileNotFoundError:
-            pass
-    return total
+    return fill_for(svc, conn.owner, quota, dataset, i, what=what)
 
 
 def _get_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
@@ -384,30 +319,35 @@ def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
 
 
 def _prefetch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
-    """A fetch ahead (a hint): each shard filled in turn, failures only logged."""
-    request = dict(request)
-    for s in request.get("shards") or []:
-        request["shard"] = s
-        try:
-            dataset, i = _resolve(svc, conn, request)
-            _fill(svc, conn, dataset, i, what=f"fetch ahead of shard {i} of {dataset.url}")
-        except (RequestError, QuotaError) as exc:
-            log.debug("fetch ahead of tenant %s skipped: %s", conn.tenant, exc)
+    """A fetch ahead of one shard (a hint): nothing to do, and no waiting, when it is here
+    or being filled already, or its asker is gone; failures only logged."""
+    try:
+        dataset, i = _resolve(svc, conn, request)
+        if not conn.alive or not needs_fill(svc, dataset, i):  # moot now: no turn taken
+            svc.fills.refund(conn.owner)
             return
+        _fill(svc, conn, dataset, i, what=f"fetch ahead of shard {i} of {dataset.url}")
+    except (RequestError, QuotaError) as exc:
+        log.debug("fetch ahead of tenant %s skipped: %s", conn.tenant, exc)
 
 
 def _queued(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
-    _queue_fill(svc, conn, request)
+    queue_fill(svc, conn, request)
 
 
-def _queued_shards(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
-    """A fetch ahead queued shard by shard: the fill workers run a loader's next shards at
-    once, as the embedded cache's fetch ahead does, each in its job's weighted turn."""
+def _queue_prefetch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """A fetch ahead queues one fill per shard that needs one, behind the job's reads: the
+    job weights share fills, and one list never holds a fill worker for all its shards."""
     shards = request.get("shards")
-    if not isinstance(shards, list):
-        raise RequestError("bad", "prefetch needs a list of shard numbers")
-    for s in shards:
-        _queue_fill(svc, conn, {**request, "shards": [s]})
+    for s in shards if isinstance(shards, list) else []:
+        one = {"op": "prefetch", "key": request.get("key"), "shard": s}
+        try:
+            dataset, i = _resolve(svc, conn, one)
+        except RequestError as exc:
+            log.debug("fetch ahead of tenant %s skipped: %s", conn.tenant, exc)
+            return
+        if needs_fill(svc, dataset, i):
+            queue_fill(svc, conn, one)
 
 
 _REQUESTS = {
@@ -423,7 +363,7 @@ _REQUESTS = {
     "open": _queued,
     "verify": _queued,
     "warm": _queued,
-    "prefetch": _queued_shards,
+    "prefetch": _queue_prefetch,
 }
 _FILLS = {
     "get": _get_fill,

@@ -120,6 +120,8 @@ class NodeService:
         self.datasets: dict[str, Dataset] = {}  # dataset key -> the service's Dataset
         self.grants: dict[tuple[str, str], float] = {}  # (tenant, key) -> until (monotonic)
         self.filling: set[tuple[str, int]] = set()
+        #: reads of shards being filled, answered as their fills end (``handlers._get``)
+        self.waiters: dict[tuple[str, int], list[tuple[Connection, dict[str, Any]]]] = {}
         self._admit: dict[str, threading.Semaphore] = {}
         #: shards verified since this service started (hits of others need one more check)
         self.verified: set[tuple[str, int]] = set()
@@ -259,8 +261,8 @@ class NodeService:
 
     # -- the service as a peer -------------------------------------------------------------
     def _peer_fill(self, dataset: Dataset, shard: int) -> None:
-        """A fill another node asked for (``POST /v1/fill``: ``handlers.fill_for_peers``)."""
-        from .handlers import fill_for_peers
+        """A fill another node asked for (``POST /v1/fill``: ``fills.fill_for_peers``)."""
+        from .fills import fill_for_peers
 
         fill_for_peers(self, dataset, shard)
 

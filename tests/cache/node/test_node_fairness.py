@@ -118,3 +118,31 @@ def test_bad_requests_per_s_fail_in_one_line(tmp_path):
     )
     assert (cfg.request_rate("a"), cfg.request_rate("b")) == (5.0, 2000.0)
     assert NodeConfig.parse(base, source="n.json").request_rate("b") == 0.0  # unbounded
+
+
+def test_fair_queue_serves_a_flows_urgent_items_before_its_others_each_in_order():
+    q = FairQueue()
+    for i in range(3):
+        q.put("job", ("ahead", i))
+    q.put("job", ("read", 0), urgent=True)
+    q.put("job", ("read", 1), urgent=True)
+    assert [q.get() for _ in range(5)] == [
+        ("read", 0), ("read", 1), ("ahead", 0), ("ahead", 1), ("ahead", 2)
+    ]  # fmt: skip
+
+
+def test_fair_queue_gives_back_the_turn_of_an_item_that_needed_no_service():
+    q = FairQueue()
+    for _ in range(100):
+        q.put("heavy", "h", weight=2.0)
+        q.put("light", "l", weight=1.0)
+    taken, moot = [], 0
+    for _ in range(90):
+        taken.append(q.get())
+        if taken[-1] == "l" and taken.count("l") % 2:  # every other light item was moot
+            moot += 1
+            q.refund("light")
+    served = taken.count("l") - moot
+    # the heavy flow is served twice per light item that needed service (without the
+    # refunds: twice per light item taken, 60 heavy and 30 light, 15 of them moot)
+    assert abs(taken.count("h") - 2 * served) <= 2 and moot >= 20, (taken.count("h"), served)

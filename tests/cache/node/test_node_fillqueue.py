@@ -1,0 +1,113 @@
+"""The node service's fill queue, as the store sees it: a read of a shard being filled
+holds no fill worker, a fetch ahead is one fill per shard behind the job's reads, and a
+fetch ahead from a process gone is dropped. The bandwidth shares themselves are measured
+in ``benchmarks/stages/nodequota.py``, not here."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from flashfeed.cache.node import NodeClient
+
+DELAY = 1.5  # seconds every shard GET waits at the proxy: fills stay in flight
+
+
+def _gets(proxy: Any, since: int, url: str) -> list[tuple[int, float]]:
+    """(shard, when) of the store GETs of ``url``'s tar shards after request ``since``."""
+    prefix = "/" + url.split("://", 1)[1] + "/shards/"
+    out = []
+    for r in proxy.requests[since:]:
+        if r.method == "GET" and r.path.startswith(prefix) and r.path.endswith(".tar"):
+            out.append((int(r.path.rsplit("/", 1)[1].split(".")[0]), r.at))
+    return out
+
+
+def _client(node: Any, node_store: dict[str, Any]) -> NodeClient:
+    return NodeClient(node.socket, storage_options=node_store["admin"], reconnect_timeout=5)
+
+
+def _close(got: tuple[int, int | None, bool]) -> None:
+    for fd in got[:2]:
+        if fd is not None:
+            os.close(fd)
+
+
+def test_reads_of_a_shard_being_filled_hold_no_fill_worker(node, node_store, datasets):
+    node.write_config(tenants={"root": {"quota": "16MiB"}})
+    node.start()
+    url, proxy = datasets["shared"], node_store["proxy"]
+    client = _client(node, node_store)
+    client.open(url)
+    since = len(proxy.requests)
+    proxy.delay = DELAY
+    try:
+        # shard 0 is filled once and read by five threads; the service has four fill
+        # workers: waiting in them, the reads would keep shard 1's fill queued meanwhile
+        readers = [threading.Thread(target=lambda: _close(client.get(url, 0))) for _ in range(5)]
+        for t in readers:
+            t.start()
+            time.sleep(0.05)
+        _close(client.get(url, 1))
+        for t in readers:
+            t.join(30)
+    finally:
+        proxy.delay = 0.0
+        client.close()
+    gets = _gets(proxy, since, url)
+    assert sorted(s for s, _ in gets) == [0, 1], gets  # each shard read from the store once
+    at = dict(gets)
+    assert at[1] - at[0] < DELAY / 2, gets  # shard 1 went out while shard 0's fill waited
+
+
+def test_a_fetch_ahead_is_one_fill_per_shard_behind_the_jobs_reads(node, node_store, datasets):
+    node.write_config(tenants={"root": {"quota": "16MiB"}})
+    node.start()
+    url, proxy = datasets["shared"], node_store["proxy"]
+    client = _client(node, node_store)
+    client.open(url)
+    since = len(proxy.requests)
+    proxy.delay = DELAY
+    try:
+        # the four fill workers busy, the first freed 0.4 s before the others
+        client.prefetch(url, [0])
+        time.sleep(0.4)
+        client.prefetch(url, [1, 2])  # one hint, two fills side by side
+        time.sleep(0.2)
+        client.prefetch(url, [3])
+        time.sleep(0.2)
+        client.prefetch(url, [4])  # queued
+        time.sleep(0.1)
+        _close(client.get(url, 5))  # a read asked for later goes before it
+        deadline = time.monotonic() + 30
+        while len(_gets(proxy, since, url)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proxy.delay = 0.0
+        client.close()
+    gets = _gets(proxy, since, url)
+    order = [s for s, _ in sorted(gets, key=lambda g: g[1])]
+    assert sorted(order) == [0, 1, 2, 3, 4, 5], gets
+    assert order[4:] == [5, 4], gets
+    at = dict(gets)
+    assert abs(at[2] - at[1]) < DELAY / 4, gets
+
+
+def test_a_fetch_ahead_of_a_process_gone_is_dropped(node, node_store, datasets):
+    node.write_config(tenants={"root": {"quota": "16MiB"}})
+    node.start()
+    url, proxy = datasets["shared"], node_store["proxy"]
+    client = _client(node, node_store)
+    client.open(url)
+    since = len(proxy.requests)
+    proxy.delay = DELAY
+    try:
+        client.prefetch(url, [0, 1, 2, 3, 4, 5])  # four start, two queue
+        time.sleep(0.3)
+        client.close()  # the process that asked is gone before the two queued start
+        time.sleep(2 * DELAY + 0.5)
+    finally:
+        proxy.delay = 0.0
+    assert sorted(s for s, _ in _gets(proxy, since, url)) == [0, 1, 2, 3]
