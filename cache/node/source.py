@@ -71,6 +71,7 @@ class NodeShardSource:
         self._live: dict[int, tuple[int, int, tuple[int, int], list[SampleIndex] | None]] = {}
         self._hits = self._misses = self._held_reads = 0
         self._closed = False
+        self._quota: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "url": self.url, "max_held": self.max_held,
@@ -88,6 +89,19 @@ class NodeShardSource:
             path, job, options = self._args
             self.client = NodeClient(path, job=job, storage_options=options)
             self._init_local()
+
+    @property
+    def capacity(self) -> int | None:
+        """The bytes this tenant may hold in the node cache: its quota, asked of the service
+        once (None while it is away). A loader sizes its read-ahead by it, as by an embedded
+        cache's capacity: fetched further ahead, its own shards would evict each other."""
+        if self._quota is None:
+            try:
+                reply, _ = self.client.call({"op": "status"}, patient=False)
+            except NodeUnavailable:
+                return None
+            self._quota = int(reply.get("quota", 0))
+        return self._quota
 
     def local_path(self, shard: int) -> str:
         self._mine()
@@ -141,9 +155,15 @@ class NodeShardSource:
         return known
 
     def fetch_ahead(self, shards: Sequence[int]) -> None:
+        """Ask the service to fetch ``shards`` ahead, except those this process holds: it
+        reads them from its descriptors (fetched again, they would evict others for nothing)."""
         self._mine()
+        with self._lock:
+            wanted = [int(s) for s in shards if int(s) not in self._held]
+        if not wanted:
+            return
         try:
-            self.client.prefetch(self.url, list(shards))
+            self.client.prefetch(self.url, wanted)
         except NodeUnavailable:
             pass  # a hint: the reads themselves wait for the service
 

@@ -1,7 +1,8 @@
 """The node service's fill queue, as the store sees it: a read of a shard being filled
-holds no fill worker, a fetch ahead is one fill per shard behind the job's reads, and a
-fetch ahead from a process gone is dropped. The bandwidth shares themselves are measured
-in ``benchmarks/stages/nodequota.py``, not here."""
+holds no fill worker, a fetch ahead is one fill per shard behind the job's reads, a fetch
+ahead from a process gone is dropped, and a loader's read-ahead stays inside its quota and
+skips the shards it holds. The bandwidth shares themselves are measured in
+``benchmarks/stages/nodequota.py``, not here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import threading
 import time
 from typing import Any
 
-from flashfeed.cache.node import NodeClient
+from flashfeed.cache.node import NodeClient, NodeShardSource
+from flashfeed.dataset import Dataset
+from flashfeed.loader.readahead import readahead_budget_bytes
 
 DELAY = 1.5  # seconds every shard GET waits at the proxy: fills stay in flight
 
@@ -111,3 +114,30 @@ def test_a_fetch_ahead_of_a_process_gone_is_dropped(node, node_store, datasets):
     finally:
         proxy.delay = 0.0
     assert sorted(s for s, _ in _gets(proxy, since, url)) == [0, 1, 2, 3]
+
+
+def test_a_loaders_read_ahead_fits_its_quota_and_skips_the_shards_it_holds(
+    node, node_store, datasets
+):
+    node.write_config(tenants={"root": {"quota": "6MiB"}})
+    node.start()
+    url, proxy = datasets["shared"], node_store["proxy"]
+    source = NodeShardSource(
+        Dataset.open(url, storage_options=node_store["admin"]),
+        socket_path=node.socket,
+        storage_options=node_store["admin"],
+    )
+    try:
+        assert source.capacity == 6 << 20  # the tenant's quota: what it may hold here
+        assert readahead_budget_bytes(None, source) == 3 << 20  # half, as of a cache's capacity
+        source.local_path(0)  # held: its descriptor reads on after an eviction
+        assert source.client.evict(url)["evicted"] == 1
+        since = len(proxy.requests)
+        source.fetch_ahead([0, 1])
+        deadline = time.monotonic() + 30
+        while not _gets(proxy, since, url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert [s for s, _ in _gets(proxy, since, url)] == [1]
+    finally:
+        source.close()
