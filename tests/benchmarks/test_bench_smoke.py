@@ -347,3 +347,42 @@ def test_the_layouts_stage_compares_the_loader_and_dali_on_a_gnu_tar_layout(
         assert all(rounds[f"{side}-{k}"][0] > 0 for k in ("first", "hot", "cpu_ms"))
     with pytest.raises(SystemExit):
         stage.main([str(tmp_path / "photos"), "--out", str(out)])  # no manifest: refused
+
+
+def test_the_node_quota_benchmark_runs_tiny_and_each_tenant_keeps_its_quota(
+    tmp_path: Path,
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("the node quota stage makes two Unix users: it runs as root")
+    out = tmp_path / "quota.json"
+    args = ["--shards", "6", "--shard-size", "64KiB", "--per-shard", "2", "--quota-shards", "3",
+            "--rate", "512KiB", "--epochs", "3", "--weights", "2:1", "--sample-every", "0.05",
+            "--users", "ffsmokea,ffsmokeb"]  # fmt: skip
+    cmd = [sys.executable, "-m", "benchmarks.stages.nodequota", *args, "--out", str(out)]
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=repo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "max resident" in proc.stdout and "weight share" in proc.stdout
+    data = json.loads(out.read_text())
+    (run,) = data["runs"]
+    assert run["weights"] == [2.0, 1.0] and run["samples"] > 10 and run["window_s"] > 0
+    assert sorted(run["tenants"]) == ["ffsmokea", "ffsmokeb"]
+    dataset = 6 * 64 * 1024
+    for user, t in run["tenants"].items():
+        # the quota bound, as the service's own status showed it through the run
+        assert t["quota"] == 3 * 64 * 1024 and t["max_resident"] > 0, (user, t)
+        assert t["within_one_shard"] and t["max_resident"] <= t["quota"] + 64 * 1024, (user, t)
+        assert len(t["store_bytes_by_epoch"]) == 3 and len(t["epoch_seconds"]) == 3
+        assert sum(t["store_bytes_by_epoch"]) >= dataset  # its cold epoch read it all
+        assert t["evictions_suffered"] >= 3  # a dataset twice its quota: its own shards went
+        share = t["share"]
+        assert 0 < share["share"] < 1 and share["weight_share"] == (
+            2 / 3 if user == "ffsmokea" else 1 / 3
+        )
+    assert abs(sum(t["share"]["share"] for t in run["tenants"].values()) - 1) < 1e-9
+    for user in ("ffsmokea", "ffsmokeb"):  # the users it made are gone again
+        assert subprocess.run(["id", user], capture_output=True).returncode != 0

@@ -1,0 +1,109 @@
+"""A node service (``flashfeed node serve``) run as a real process of this one, on a config
+written here, for stages that measure it; and what a tenant's process holds of its cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from typing import Any
+
+from flashfeed.runtime import lifeline
+
+__all__ = ["NodeServiceProc", "held_evicted_bytes"]
+
+_BOOT = "import sys; from flashfeed.cli import main; sys.exit(main())"
+
+
+class NodeServiceProc:
+    """``flashfeed node serve`` on ``config`` (written 0600 to ``<base>/node.json``; its
+    ``socket`` defaults to ``<base>/run/node.sock``, reachable by every local user), its
+    log in ``<base>/node.log``. It dies with this process."""
+
+    def __init__(self, base: str, config: dict[str, Any]) -> None:
+        run = os.path.join(base, "run")
+        os.makedirs(run, mode=0o755, exist_ok=True)
+        os.chmod(base, 0o755)  # tenants reach the socket; the cache dir itself stays 0700
+        self.config = {"socket": os.path.join(run, "node.sock"), **config}
+        self.socket = str(self.config["socket"])
+        self.config_path = os.path.join(base, "node.json")
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.config, f)
+        self.log = os.path.join(base, "node.log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start it and wait until it listens (its log's tail in the error otherwise)."""
+        cmd = [
+            sys.executable,
+            "-c",
+            _BOOT,
+            "node",
+            "serve",
+            self.config_path,
+            "--log-level",
+            "warning",
+        ]
+        with open(self.log, "ab") as log:
+            self.proc = lifeline.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the node service exited: {self.log_tail()}")
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(self.socket)
+                return
+            except OSError:
+                time.sleep(0.05)
+            finally:
+                s.close()
+        raise RuntimeError(f"the node service did not listen in {timeout:g} s: {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+
+def held_evicted_bytes(pid: int, under: str) -> int:
+    """Bytes of files under ``under`` that process ``pid`` holds open after they were
+    removed (shards evicted while held: their disk space returns when it lets go); 0 when
+    the process is gone. Each file counts once, however many descriptors it has."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return 0
+    prefix = os.path.join(os.path.realpath(under), "")
+    for name in fds:
+        path = os.path.join(fd_dir, name)
+        try:
+            target = os.readlink(path)
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_nlink or not stat.S_ISREG(st.st_mode) or not target.startswith(prefix):
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
