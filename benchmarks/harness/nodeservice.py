@@ -14,9 +14,41 @@ from typing import Any
 
 from flashfeed.runtime import lifeline
 
-__all__ = ["NodeServiceProc", "held_evicted_bytes"]
+__all__ = ["NodeServiceProc", "held_evicted_bytes", "start_service"]
 
 _BOOT = "import sys; from flashfeed.cli import main; sys.exit(main())"
+
+
+def start_service(
+    config_path: str, sock: str, log: str, *, log_level: str = "warning", timeout: float = 30.0
+) -> subprocess.Popen[bytes]:
+    """``flashfeed node serve config_path`` (its output appended to ``log``), once it
+    listens on ``sock``; it dies with this process. A service that exits or does not listen
+    in ``timeout`` seconds raises, with the tail of its log."""
+    cmd = [sys.executable, "-c", _BOOT, "node", "serve", config_path, "--log-level", log_level]
+    with open(log, "ab") as out:
+        proc = lifeline.popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the node service exited: {_tail(log)}")
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect(sock)
+            return proc
+        except OSError:
+            time.sleep(0.05)
+        finally:
+            s.close()
+    raise RuntimeError(f"the node service did not listen in {timeout:g} s: {_tail(log)}")
+
+
+def _tail(log: str, chars: int = 3000) -> str:
+    try:
+        with open(log, errors="replace") as f:
+            return f.read()[-chars:]
+    except OSError:
+        return ""
 
 
 class NodeServiceProc:
@@ -39,31 +71,7 @@ class NodeServiceProc:
 
     def start(self, timeout: float = 30.0) -> None:
         """Start it and wait until it listens (its log's tail in the error otherwise)."""
-        cmd = [
-            sys.executable,
-            "-c",
-            _BOOT,
-            "node",
-            "serve",
-            self.config_path,
-            "--log-level",
-            "warning",
-        ]
-        with open(self.log, "ab") as log:
-            self.proc = lifeline.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the node service exited: {self.log_tail()}")
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(self.socket)
-                return
-            except OSError:
-                time.sleep(0.05)
-            finally:
-                s.close()
-        raise RuntimeError(f"the node service did not listen in {timeout:g} s: {self.log_tail()}")
+        self.proc = start_service(self.config_path, self.socket, self.log, timeout=timeout)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -75,11 +83,7 @@ class NodeServiceProc:
                 self.proc.wait()
 
     def log_tail(self, chars: int = 3000) -> str:
-        try:
-            with open(self.log, errors="replace") as f:
-                return f.read()[-chars:]
-        except OSError:
-            return ""
+        return _tail(self.log, chars)
 
 
 def held_evicted_bytes(pid: int, under: str) -> int:

@@ -245,20 +245,12 @@ def _hits(url: str, shard: str, k: str, go: str) -> dict[str, Any]:
     return {"start": start, "end": time.time()}
 
 
-def _partial(url: str, shard: str) -> dict[str, Any]:
-    """Start reading ``shard`` (a slow fill) and, meanwhile, take its fill in progress from
-    the service: what it held then, and its bytes once the fill is done."""
-    import hashlib
-    import mmap
+def _fill_in_progress(src: Any, s: int) -> tuple[Any, Any, list[str]]:
+    """Start reading shard ``s`` in a thread and, meanwhile, take its fill in progress
+    (None once the read ended without one): ``(partial, reader thread, [its path])``."""
     import threading
     import time
 
-    from flashfeed.cache.node import NodeShardSource
-    from flashfeed.dataset import Dataset
-    from flashfeed.runtime.fdpath import open_binary
-
-    s = int(shard)
-    src = NodeShardSource(Dataset.open(url))
     whole: list[str] = []
     reader = threading.Thread(target=lambda: whole.append(src.local_path(s)))
     reader.start()
@@ -269,6 +261,23 @@ def _partial(url: str, shard: str) -> dict[str, Any]:
         time.sleep(0.01)
     if got is None:
         reader.join()
+    return got, reader, whole
+
+
+def _partial(url: str, shard: str) -> dict[str, Any]:
+    """Start reading ``shard`` (a slow fill) and, meanwhile, take its fill in progress from
+    the service: what it held then, and its bytes once the fill is done."""
+    import hashlib
+    import mmap
+
+    from flashfeed.cache.node import NodeShardSource
+    from flashfeed.dataset import Dataset
+    from flashfeed.runtime.fdpath import open_binary
+
+    s = int(shard)
+    src = NodeShardSource(Dataset.open(url))
+    got, reader, whole = _fill_in_progress(src, s)
+    if got is None:
         return {"partial": False}
     early = got.progress.done(0, got.progress.size)
     reader.join()
@@ -283,24 +292,14 @@ def _partial(url: str, shard: str) -> dict[str, Any]:
 def _partial_arrow(url: str, shard: str) -> dict[str, Any]:
     """Read ``shard`` of an Arrow dataset (a slow fill) and, meanwhile, take its fill in
     progress: the record batches located then, and whether the fill had ended by then."""
-    import threading
-    import time
 
     from flashfeed.cache.node import NodeShardSource
     from flashfeed.dataset import Dataset
 
     s = int(shard)
     src = NodeShardSource(Dataset.open(url))
-    whole: list[str] = []
-    reader = threading.Thread(target=lambda: whole.append(src.local_path(s)))
-    reader.start()
-    got = None
-    deadline = time.monotonic() + 20
-    while got is None and reader.is_alive() and time.monotonic() < deadline:
-        got = src.partial(s)
-        time.sleep(0.01)
+    got, reader, _ = _fill_in_progress(src, s)
     if got is None:
-        reader.join()
         return {"partial": False}
     layout = got.located()
     early = got.progress.done(0, got.progress.size)

@@ -7,20 +7,17 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.harness.nodeservice import start_service
 from benchmarks.harness.slowproxy import SlowProxy, is_shard_get
 from flashfeed.cli.devstore import EmbeddedStore
-from flashfeed.runtime import lifeline
 
 from support.loader_helpers import make_image_dataset
 from support.node_tenant import Tenant, tenant_python
@@ -125,32 +122,9 @@ class NodeProc:
         os.replace(tmp, self.config_path)
 
     def start(self, timeout: float = 20.0) -> None:
-        boot = "import sys; from flashfeed.cli import main; sys.exit(main())"
-        cmd = [
-            sys.executable,
-            "-c",
-            boot,
-            "node",
-            "serve",
-            self.config_path,
-            "--log-level",
-            "debug",
-        ]
-        with open(self.log, "ab") as log:
-            self.proc = lifeline.popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node service exited: {self.log_tail()}")
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(self.socket)
-                return
-            except OSError:
-                time.sleep(0.05)
-            finally:
-                s.close()
-        raise RuntimeError(f"node service did not listen: {self.log_tail()}")
+        self.proc = start_service(
+            self.config_path, self.socket, self.log, log_level="debug", timeout=timeout
+        )
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
