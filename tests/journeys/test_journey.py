@@ -178,6 +178,9 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     kill_node_run(cluster, runs, 1)
     lap("crash")
     s3_store.start()  # the store is back before the new node, whose cache is cold, joins
+    # its objects read back a moment after it answers again: until then a GET fails and is
+    # retried, which the new node's manifest count below would take for extra reads
+    wait_for(lambda: _readable(f"{ds}/manifest.json"), [], "the store's objects after its restart")
     lap("store back")
 
     # 5. restart on 3 nodes x 2 ranks from the last checkpoint; finish that epoch and one more
@@ -327,3 +330,12 @@ def _journey(cluster: SimCluster, s3_store: EmbeddedStore, s3_prefix: str, tmp_p
     assert not left, f"processes of the cluster outlived it: {left}"
     lap("stop")
     print("journey timings (s):", timings)
+
+
+def _readable(url: str) -> bool:
+    """True once the store serves the object at ``url`` (read here, through no node's proxy)."""
+    try:
+        storage.read_bytes(url)
+    except Exception:
+        return False
+    return True
