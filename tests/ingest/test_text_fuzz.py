@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from flashfeed.ingest.minhash import shingle_hashes
@@ -45,22 +45,24 @@ def _surrogate(text: str) -> bool:
     return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
 
 
-def _line(text: str, mode: str) -> tuple[bytes, str | None]:
-    """One JSONL line for ``text`` written as ``mode``, and the reason the reader must give
-    (None: the document, unchanged)."""
+def _line(text: str, mode: str) -> tuple[bytes, str | None, str]:
+    """One JSONL line for ``text`` written as ``mode``, the reason the reader must give
+    (None: the document) and the document's text: what the line means, which for an escaped
+    high surrogate followed by a low one is the character the pair encodes."""
     if mode == "raw":  # unescaped: a lone surrogate becomes bytes that are not UTF-8
         line = json.dumps({"text": text}, ensure_ascii=False).encode("utf-8", "surrogatepass")
         if _surrogate(text):
-            return line, "invalid_utf8"
+            return line, "invalid_utf8", text
     elif mode == "raw_control":  # a control character unescaped inside the string
         line = json.dumps({"text": "a\x01" + text}).replace("\\u0001", "\x01").encode()
-        return line, "bad_json"
+        return line, "bad_json", text
     else:
         line = json.dumps({"text": text}).encode()
+        text = json.loads(line)["text"]  # "\\ud800\\udfff" escaped is one character
         line = BOM + line if mode == "bom" else line
     if _surrogate(text):
-        return line, "lone_surrogate"
-    return line, None if text.strip() else "empty_text"
+        return line, "lone_surrogate", text
+    return line, None if text.strip() else "empty_text", text
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +88,12 @@ def _downstream(packer: TokenPacker, text: str) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(texts=TEXTS, modes=st.lists(MODES, min_size=12, max_size=12), part_bytes=st.integers(8, 300))
+@example(texts=["\ud800\udfff", "\ud800"], modes=["escaped"] * 12, part_bytes=8)  # a pair, one lone
 def test_jsonl_reader_gives_each_line_a_document_or_its_reason(
     packer: TokenPacker, texts: list[str], modes: list[str], part_bytes: int
 ) -> None:
-    lines, expect = zip(*(_line(t, m) for t, m in zip(texts, modes, strict=False)), strict=True)
+    made = [_line(t, m) for t, m in zip(texts, modes, strict=False)]
+    lines, expect, texts = (list(c) for c in zip(*made, strict=True))
     data = b"\n".join(lines) + b"\n"
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "f.jsonl")
