@@ -14,7 +14,7 @@ from typing import Any
 
 from flashfeed.runtime import lifeline
 
-__all__ = ["NodeServiceProc", "held_evicted_bytes", "start_service"]
+__all__ = ["NodeServiceProc", "held_evicted_bytes", "start_service", "stop_service"]
 
 _BOOT = "import sys; from flashfeed.cli import main; sys.exit(main())"
 
@@ -41,6 +41,17 @@ def start_service(
         finally:
             s.close()
     raise RuntimeError(f"the node service did not listen in {timeout:g} s: {_tail(log)}")
+
+
+def stop_service(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM the service (SIGKILL after 10 s) and wait for it; None or ended: nothing."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _tail(log: str, chars: int = 3000) -> str:
@@ -74,13 +85,7 @@ class NodeServiceProc:
         self.proc = start_service(self.config_path, self.socket, self.log, timeout=timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_service(self.proc)
 
     def log_tail(self, chars: int = 3000) -> str:
         return _tail(self.log, chars)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..peer.client import PeerTier
 from .adminops import settle
 from .ledger import Key, Owner
 from .room import make_room
@@ -50,17 +51,16 @@ def needs_fill(svc: NodeService, dataset: Any, i: int) -> bool:
     return True
 
 
-def fill_for_peers(svc: NodeService, dataset: Any, i: int) -> None:
+def fill_for_peers(svc: NodeService, tier: PeerTier, dataset: Any, i: int) -> None:
     """A fill another node asked for (this node single-flights the shard's store read for
     the cluster): charged to ``PEERS`` within the config's ``peers.fill_quota``, making room
-    by evicting that account's own shards first. It takes holders, then the store: it never
-    hands the shard on again."""
-    assert svc.peer is not None
+    by evicting that account's own shards first. It takes holders, then the store (through
+    ``tier``, the service's view of its peers): it never hands the shard on again."""
     d = svc.cache.dataset_dir(dataset)
     with svc.lock:
         svc.dirs.setdefault(d.key, d)
     what = f"a peer's fill of shard {i} of {dataset.url}"
-    with svc.peer.tier.owning():
+    with tier.owning():
         fill_for(svc, PEERS, svc.config.peer_fill_quota, dataset, i, what=what)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness.nodeservice import start_service
+from benchmarks.harness.nodeservice import start_service, stop_service
 from benchmarks.harness.slowproxy import SlowProxy, is_shard_get
 from flashfeed.cli.devstore import EmbeddedStore
 
@@ -132,12 +132,7 @@ class NodeProc:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_service(self.proc)
 
     def log_tail(self) -> str:
         return (
