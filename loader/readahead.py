@@ -304,7 +304,7 @@ class StreamFeeder:
                 wait((future,), timeout=delay)
             else:
                 got.progress.wait_marked(since, delay)
-            delay = min(delay * 2, 0.01)
+            delay = min(delay * 2, 0.01 if since is not None else 0.001)
         return False
 
     def _partial(self, shard: int) -> PartialShard | None:

@@ -23,7 +23,7 @@ from .fills import fill_for, needs_fill, queue_fill, wait_for_fill
 from .room import QuotaError, warm_fits
 from .server import Connection, NodeService
 
-__all__ = ["fill_worker", "request_worker", "serve_fill"]
+__all__ = ["fill_worker", "serve_fill", "serve_request"]
 
 log = logging.getLogger("flashfeed.node")
 
@@ -36,16 +36,10 @@ class RequestError(Exception):
         self.kind = kind
 
 
-def request_worker(svc: NodeService) -> None:
-    while True:
-        item = svc.requests.get()
-        if item is None:
-            return
-        conn, request = item
-        try:
-            _run(svc, conn, request, _REQUESTS)
-        finally:
-            svc.admit(conn.tenant).release()
+def serve_request(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
+    """Serve one request (the request loop's turn of ``conn``'s tenant): fast ones at once,
+    fills queued for the fill workers."""
+    _run(svc, conn, request, _REQUESTS)
 
 
 def fill_worker(svc: NodeService) -> None:

@@ -1,34 +1,37 @@
-"""Each tenant's request rate at the node service: a token bucket per tenant, taken by the
-thread that reads the tenant's socket before it queues a request. A tenant over its rate
-waits there, its further requests unread in its own socket: it costs the service (and, as
-its sends block, itself) no CPU, which the other tenants' requests then have."""
+"""Each tenant's request rate at the node service: a token bucket per tenant, which the
+request loop asks before it serves the tenant's next request. A tenant over its rate is not
+served (nor read) until it has a token again: its further requests wait unread in its own
+socket, costing the service nothing, and the other tenants' requests have the loop."""
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 
 __all__ = ["RequestPace"]
 
 
 class RequestPace:
-    """Token buckets by tenant; ``take(tenant, rate)`` waits for one request's turn (a
-    second's worth of requests may come at once; ``rate`` 0: no wait)."""
+    """Token buckets by tenant at ``rate(tenant)`` requests a second (0: unbounded); a
+    second's worth of requests may come at once. Used by one thread (the request loop)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, rate: Callable[[str], float]) -> None:
+        self.rate = rate
         self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, at)
 
-    def take(self, tenant: str, rate: float) -> float:
-        """Wait until ``tenant`` may send one more request; the seconds waited."""
-        if rate <= 0:
-            return 0.0
-        with self._lock:
-            now = time.monotonic()
-            tokens, at = self._buckets.get(tenant, (rate, now))
-            tokens = min(rate, tokens + (now - at) * rate) - 1.0
-            self._buckets[tenant] = (tokens, now)
-        wait = -tokens / rate if tokens < 0 else 0.0
-        if wait > 0:
-            time.sleep(wait)
-        return wait
+    def _tokens(self, tenant: str) -> tuple[float, float]:
+        rate = self.rate(tenant)
+        now = time.monotonic()
+        tokens, at = self._buckets.get(tenant, (rate, now))
+        return min(rate, tokens + (now - at) * rate), rate
+
+    def wait(self, tenant: str) -> float:
+        """Seconds until ``tenant`` may be served once more (0: now)."""
+        tokens, rate = self._tokens(tenant)
+        return 0.0 if rate <= 0 or tokens >= 1.0 else (1.0 - tokens) / rate
+
+    def spend(self, tenant: str) -> None:
+        """One request of ``tenant`` served."""
+        tokens, rate = self._tokens(tenant)
+        if rate > 0:
+            self._buckets[tenant] = (tokens - 1.0, time.monotonic())

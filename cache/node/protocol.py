@@ -13,7 +13,14 @@ import socket
 import struct
 from typing import Any
 
-__all__ = ["MAX_FDS", "MAX_MESSAGE", "ProtocolError", "recv_message", "send_message"]
+__all__ = [
+    "MAX_FDS",
+    "MAX_MESSAGE",
+    "ProtocolError",
+    "encode_message",
+    "recv_message",
+    "send_message",
+]
 
 #: the largest message either side accepts (a status report of many datasets fits)
 MAX_MESSAGE = 16 << 20
@@ -26,14 +33,19 @@ class ProtocolError(ConnectionError):
     """The other side sent something that is no message of this protocol."""
 
 
-def send_message(
-    sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None
-) -> None:
-    """Send one message (and ``fds``, which stay open here)."""
+def encode_message(message: dict[str, Any]) -> bytes:
+    """``message`` as its bytes on the wire: its length, then its JSON."""
     body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) > MAX_MESSAGE:
         raise ValueError(f"message of {len(body)} bytes is over the limit of {MAX_MESSAGE}")
-    data = _HEAD.pack(len(body)) + body
+    return _HEAD.pack(len(body)) + body
+
+
+def send_message(
+    sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None
+) -> None:
+    """Send one message (and ``fds``, which stay open here) on a blocking socket."""
+    data = encode_message(message)
     if fds:
         sent = socket.send_fds(sock, [data], fds)
         data = data[sent:]

@@ -2,8 +2,9 @@
 a Unix socket, handing out open descriptors of verified shards (see ``handlers.py`` for what
 each request does, ``room.py`` for quotas, ``access.py`` for proofs of access).
 
-Requests queue per tenant and are served round robin (a tenant flooding the service waits
-behind its own requests); fills queue per job and share the fill workers by job weight.
+One thread serves the requests, round robin by tenant (``loop.py``: a tenant flooding the
+service waits behind its own requests); fills queue per job and share the fill workers by
+job weight.
 """
 
 from __future__ import annotations
@@ -27,33 +28,36 @@ from ..shardcache import ShardCache
 from .accounting import Accounts
 from .fairqueue import FairQueue
 from .ledger import Ledger
-from .pace import RequestPace
+from .loop import Inbox, Outbox, RequestLoop
 from .peering import PeerSide
-from .protocol import ProtocolError, recv_message, send_message
+from .protocol import encode_message
 from .tenants import ConfigWatch
 
 __all__ = ["Connection", "NodeService"]
 
 log = logging.getLogger("flashfeed.node")
 
-#: requests of one tenant queued at once: a flooding tenant's further requests wait unread
-#: in its own sockets, costing the service nothing until their turn
-QUEUED_PER_TENANT = 64
 #: the interpreter's thread switch interval in the service (seconds): a request waits for a
 #: thread that holds the interpreter at most about this long (Python's default is 5 ms)
 SWITCH_INTERVAL = 0.0005
 
 
-@dataclass
+@dataclass(eq=False)
 class Connection:
     """One client: its socket, the Unix user behind it (the tenant) and its job."""
 
     sock: socket.socket
     tenant: str
     uid: int
+    loop: RequestLoop
     job: str = "default"
     alive: bool = True
     send_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the loop's: requests read and not served yet, replies not taken yet, its registration
+    inbox: Inbox = field(default_factory=Inbox)
+    outbox: Outbox = field(default_factory=Outbox)
+    events: int = 0
+    registered: bool = False
 
     @property
     def owner(self) -> tuple[str, str]:
@@ -62,13 +66,10 @@ class Connection:
     def reply(
         self, request: dict[str, Any], body: dict[str, Any], fds: list[int] | None = None
     ) -> None:
-        """Answer ``request`` (its ``id`` echoed); a client gone meanwhile is no error."""
-        body = {"id": request.get("id"), **body}
-        try:
-            with self.send_lock:
-                send_message(self.sock, body, fds)
-        except OSError:
-            self.alive = False
+        """Answer ``request`` (its ``id`` echoed) now, or once the client takes it (the
+        descriptors are duplicated meanwhile: the caller closes its own); a client gone
+        meanwhile is no error."""
+        self.loop.reply(self, encode_message({"id": request.get("id"), **body}), fds)
 
 
 def peer_tenant(sock: socket.socket) -> tuple[str, int]:
@@ -84,9 +85,7 @@ def peer_tenant(sock: socket.socket) -> tuple[str, int]:
 class NodeService:
     """The node service of the config file at ``config_path`` (``tenants.NodeConfig``)."""
 
-    def __init__(
-        self, config_path: str, *, request_workers: int = 1, fill_workers: int = 4
-    ) -> None:
+    def __init__(self, config_path: str, *, fill_workers: int = 4) -> None:
         self.watch = ConfigWatch(config_path)
         cfg = self.watch.config
         make_private_dir(cfg.cache_dir)
@@ -122,18 +121,19 @@ class NodeService:
         self.filling: set[tuple[str, int]] = set()
         #: reads of shards being filled, answered as their fills end (``handlers._get``)
         self.waiters: dict[tuple[str, int], list[tuple[Connection, dict[str, Any]]]] = {}
-        self._admit: dict[str, threading.Semaphore] = {}
         #: shards verified since this service started (hits of others need one more check)
         self.verified: set[tuple[str, int]] = set()
         #: evictions the embedded cache made on its own, as last seen (``adminops.settle``)
         self.embedded_evictions = 0
         self.lock = threading.Lock()
-        self.requests = FairQueue()
-        self.pace = RequestPace()
         self.fills = FairQueue()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._workers = (request_workers, fill_workers)
+        self._fill_workers = fill_workers
+        from .handlers import serve_request
+
+        self.loop = RequestLoop(lambda conn, request: serve_request(self, conn, request),
+                                rate=lambda tenant: self.config.request_rate(tenant))  # fmt: skip
         self.sock: socket.socket | None = None
 
     @property
@@ -163,15 +163,14 @@ class NodeService:
         return path
 
     def start(self) -> None:
-        """Bind and start the threads (accept, request and fill workers, counter flushes)."""
-        from .handlers import fill_worker, request_worker
+        """Bind and start the threads (accept, the request loop, fill workers, counter
+        flushes)."""
+        from .handlers import fill_worker
 
         if self.sock is None:
             self.bind()
-        n_req, n_fill = self._workers
-        targets = [self._accept, self._flusher]
-        targets += [lambda: request_worker(self)] * n_req
-        targets += [lambda: fill_worker(self)] * n_fill
+        targets = [self._accept, self._flusher, self.loop.run]
+        targets += [lambda: fill_worker(self)] * self._fill_workers
         for target in targets:
             t = threading.Thread(target=target, daemon=True, name="flashfeed-node")
             t.start()
@@ -198,7 +197,7 @@ class NodeService:
 
     def close(self) -> None:
         self._stop.set()
-        self.requests.close()
+        self.loop.close()
         self.fills.close()
         if self.sock is not None:
             path = self.config.socket
@@ -225,39 +224,7 @@ class NodeService:
             except OSError:
                 return
             tenant, uid = peer_tenant(sock)
-            conn = Connection(sock, tenant, uid)
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
-
-    def _read(self, conn: Connection) -> None:
-        """Queue each request of ``conn`` in its tenant's flow until it disconnects."""
-        try:
-            while conn.alive:
-                got = recv_message(conn.sock)
-                if got is None:
-                    break
-                request, fds = got
-                for fd in fds:  # clients send none; never keep what one sends anyway
-                    os.close(fd)
-                self.admit(conn.tenant).acquire()  # a flood waits here, in its own socket
-                self.pace.take(conn.tenant, self.config.request_rate(conn.tenant))
-                self.requests.put(conn.tenant, (conn, request))
-        except (OSError, ProtocolError):
-            pass
-        finally:
-            conn.alive = False
-            try:
-                conn.sock.close()
-            except OSError:
-                pass
-
-    def admit(self, tenant: str) -> threading.Semaphore:
-        """The tenant's admission: at most ``QUEUED_PER_TENANT`` requests of it queued at
-        once; further ones stay unread in its sockets (taken back by ``request_worker``)."""
-        with self.lock:
-            sem = self._admit.get(tenant)
-            if sem is None:
-                sem = self._admit[tenant] = threading.Semaphore(QUEUED_PER_TENANT)
-            return sem
+            self.loop.add(Connection(sock, tenant, uid, self.loop))
 
     # -- the service as a peer -------------------------------------------------------------
     def _peer_fill(self, dataset: Dataset, shard: int) -> None:

@@ -146,3 +146,59 @@ def test_fair_queue_gives_back_the_turn_of_an_item_that_needed_no_service():
     # the heavy flow is served twice per light item that needed service (without the
     # refunds: twice per light item taken, 60 heavy and 30 light, 15 of them moot)
     assert abs(taken.count("h") - 2 * served) <= 2 and moot >= 20, (taken.count("h"), served)
+
+
+def test_a_client_that_reads_no_replies_or_stops_mid_message_blocks_no_one(node, tenants):
+    """The request loop never blocks on one client's socket: one that sends requests and
+    reads none of the replies (its socket fills), and one that stops halfway through a
+    message, leave every other client served."""
+    import socket
+    import struct
+    import threading
+
+    from flashfeed.cache.node import NodeClient
+
+    node.start()
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deaf.connect(node.socket)
+    deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = b'{"op":"status","id":1}'
+    status = struct.pack(">I", len(body)) + body
+    deaf.settimeout(5.0)
+    sent = 0
+    try:
+        while sent < 20000:  # until its replies fill both sockets and it can send no more
+            deaf.sendall(status * 100)
+            sent += 100
+    except TimeoutError:
+        pass
+    half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    half.connect(node.socket)
+    half.sendall(struct.pack(">I", 100) + b'{"op":')
+    answered: list[dict] = []
+    client = NodeClient(node.socket, reconnect_timeout=5)
+    t = threading.Thread(
+        target=lambda: answered.extend(client.status() for _ in range(3)), daemon=True
+    )
+    t.start()
+    t.join(60)
+    assert len(answered) == 3 and all(a["admin"] for a in answered), (sent, answered)
+    deaf.close()  # what it left unread is dropped with it; the service serves on
+    half.close()
+    assert client.status()["admin"]
+    client.close()
+
+
+def test_the_request_inbox_takes_whole_messages_and_refuses_others():
+    from flashfeed.cache.node.loop import Inbox
+    from flashfeed.cache.node.protocol import MAX_MESSAGE, encode_message
+
+    box = Inbox()
+    data = encode_message({"op": "a"}) + encode_message({"op": "b"})
+    for i in range(len(data)):  # a byte at a time: each message once it is whole
+        box.feed(data[i : i + 1])
+    assert [m["op"] for m in box.messages] == ["a", "b"] and not box.buffer
+    with pytest.raises(ValueError, match="over the limit"):
+        Inbox().feed((MAX_MESSAGE + 1).to_bytes(4, "big"))
+    with pytest.raises(ValueError, match="not a JSON object"):
+        Inbox().feed(encode_message([1]))  # type: ignore[arg-type]
