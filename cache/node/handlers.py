@@ -127,11 +127,18 @@ def _send_shard(conn: Connection, request: dict[str, Any], path: str, *, hit: bo
 
 
 def _touch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
-    """A read of a shard the client holds already: counted as a hit, its use noted; no
-    answer (the client does not wait for one)."""
-    dataset, i = _resolve(svc, conn, request)
-    svc.ledger.touch((svc.cache.dataset_dir(dataset).key, i))
-    svc.accounts.add(conn.owner, hits=1)
+    """Reads of shards the client holds already (``shards``, or one ``shard``): each
+    counted as a hit, its use noted; answered only when ``ack`` asks (else the client does
+    not wait for an answer)."""
+    shards = request.get("shards", [request.get("shard")])
+    if not isinstance(shards, list) or len(shards) > 4096:
+        raise RequestError("bad", "touch needs a list of at most 4,096 shard numbers")
+    for s in shards:
+        dataset, i = _resolve(svc, conn, {"key": request.get("key"), "shard": s})
+        svc.ledger.touch((svc.cache.dataset_dir(dataset).key, i))
+    svc.accounts.add(conn.owner, hits=len(shards))
+    if request.get("ack"):  # the client waits until they are counted (its last ones)
+        conn.reply(request, {"touched": len(shards)})
 
 
 def _partial(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
@@ -202,7 +209,7 @@ def _status(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None
     body["quota"] = cfg.tenant(conn.tenant).quota
     if admin:
         body.update(capacity=cfg.capacity, used=svc.ledger.used(), disk=svc.cache.used_bytes(),
-                    config_error=svc.watch.error)  # fmt: skip
+                    config_error=svc.watch.error, requests=svc.loop.backlog())  # fmt: skip
         if svc.peer is not None:  # the service as a peer: its address, peers and counters
             body["peers"] = {"address": svc.peer.address, "peers": list(svc.peer.tier.peers),
                              **svc.peer.server.counters()}  # fmt: skip

@@ -141,6 +141,7 @@ class RequestLoop:
         self._lock = threading.Lock()
         self._incoming: deque[Connection] = deque()  # added, or with replies to send
         self._turns: dict[str, deque[Connection]] = {}  # tenant -> its connections waiting
+        self._conns: set[Connection] = set()  # served now
         self._closed = False
 
     # -- from any thread --------------------------------------------------------------------
@@ -219,6 +220,7 @@ class RequestLoop:
                 self._drop(conn)
             elif not conn.registered:
                 conn.registered = True
+                self._conns.add(conn)
                 self._watch(conn)
             else:
                 self._flush(conn)
@@ -307,7 +309,18 @@ class RequestLoop:
             else:
                 self._drop(conn)
 
+    def backlog(self) -> dict[str, dict[str, int]]:
+        """Per tenant: its connections and its requests read and waiting for their turn (of
+        the loop's thread: a request's handler asks)."""
+        out: dict[str, dict[str, int]] = {}
+        for conn in self._conns:
+            row = out.setdefault(conn.tenant, {"connections": 0, "queued": 0})
+            row["connections"] += 1
+            row["queued"] += len(conn.inbox.messages)
+        return out
+
     def _drop(self, conn: Connection) -> None:
+        self._conns.discard(conn)
         with conn.send_lock:
             conn.alive = False
             conn.outbox.drop()

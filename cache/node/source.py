@@ -4,8 +4,8 @@ or ``node=``), behind the same ``ShardSource`` interface as the embedded cache.
 ``local_path`` answers ``/proc/self/fd/N``: a descriptor the service handed over for a
 verified shard, which the reader maps as it maps a cached file (``flashfeed.runtime.fdpath``). The
 source keeps the last ``max_held`` descriptors and reads a shard it holds again without a
-round trip (a dataset version's bytes never change; the service is told of the read
-without waiting, for its LRU and the job's hits). So while the service is away
+round trip (a dataset version's bytes never change; the service is told of such reads
+without waiting, a few at a time, for its LRU and the job's hits). So while the service is away
 (restarting) the shards held are read on; others wait for it to come back. A shard still
 being filled is read as it lands (``partial``): the service hands over descriptors of its
 part file and of the fill's progress, as the embedded cache's ``DatasetView`` opens them.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = ["NodeShardSource"]
 #: descriptors a source keeps by default: well above the shards a reader keeps mapped (16)
 #: plus those its read-ahead has in flight, so a path handed out stays valid while used
 MAX_HELD = 256
+#: seconds between the requests that tell the service of reads of held shards
+TOUCH_EVERY = 0.05
 
 
 class NodeShardSource:
@@ -72,6 +75,10 @@ class NodeShardSource:
         self._hits = self._misses = self._held_reads = 0
         self._closed = False
         self._quota: int | None = None
+        self._touched: list[int] = []  # reads of held shards not yet told (``_touch``)
+        self._touched_at = time.monotonic()
+        # told when this source is collected or the process exits, if not closed before
+        weakref.finalize(self, _tell_touches, self.client, self.url, self._touched)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "url": self.url, "max_held": self.max_held,
@@ -111,11 +118,7 @@ class NodeShardSource:
                 self._held.move_to_end(shard)
                 self._held_reads += 1
         if held is not None:
-            try:  # tell the service (its LRU and this job's hits), without waiting
-                self.client.call({"op": "touch", "shard": int(shard)}, url=self.url,
-                                 wait=False, patient=False)  # fmt: skip
-            except NodeUnavailable:
-                pass  # away: the held copy is read on all the same
+            self._touch(shard)
             return fd_path(held)
         fd, idx, hit = self.client.get(self.url, shard)
         index = None
@@ -144,6 +147,20 @@ class NodeShardSource:
             if old is not None:
                 os.close(old)  # replaced by a new copy (evicted and fetched again)
         return fd_path(fd)
+
+    def _touch(self, shard: int, *, flush: bool = False) -> None:
+        """Tell the service of reads of held shards (its LRU and this job's hits), without
+        waiting: gathered, one request at most every ``TOUCH_EVERY`` seconds (a hot epoch
+        of small shards would otherwise spend the tenant's requests a second on them)."""
+        with self._lock:
+            if shard >= 0:
+                self._touched.append(int(shard))
+            now = time.monotonic()
+            due = now - self._touched_at >= TOUCH_EVERY or len(self._touched) >= 1024
+            if not self._touched or not (flush or due):
+                return
+            self._touched_at = now
+        _tell_touches(self.client, self.url, self._touched, wait=flush)
 
     def index(self, shard: int) -> list[SampleIndex]:
         known = self._index.get(shard)
@@ -257,6 +274,8 @@ class NodeShardSource:
     def close(self) -> None:
         """Close the held descriptors and the connection (a loader's ``close`` does): the
         service may then free what it evicted. Used again, the source connects anew."""
+        if not self._closed and self._owner == os.getpid():
+            self._touch(-1, flush=True)
         with self._lock:
             for fd in [*self._held.values(), *self._parts, *(v[0] for v in self._live.values())]:
                 os.close(fd)
@@ -270,6 +289,20 @@ class NodeShardSource:
         return {"kind": "node", "socket": self.socket_path, "hits": self._hits,
                 "misses": self._misses, "held_reads": self._held_reads,
                 "held": len(self._held), "reconnects": self.client.reconnects}  # fmt: skip
+
+
+def _tell_touches(client: NodeClient, url: str, touched: list[int], *, wait: bool = True) -> None:
+    """Send the reads of held shards gathered in ``touched`` (emptied); ``wait``: until the
+    service has counted them (a closing source's last ones)."""
+    shards = touched[:]
+    touched.clear()
+    if not shards:
+        return
+    try:
+        client.call({"op": "touch", "shards": shards, "ack": wait}, url=url, wait=wait,
+                    patient=False)  # fmt: skip
+    except (NodeUnavailable, OSError):
+        pass  # away: the held copies are read on all the same
 
 
 def _read_fd(fd: int) -> bytes:

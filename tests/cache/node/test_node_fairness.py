@@ -18,7 +18,8 @@ from flashfeed.cache.node.fairqueue import FairQueue
 def test_another_tenants_reads_complete_while_a_flood_is_still_being_served(
     node, tenants, datasets, tmp_path
 ):
-    node.write_config(tenants={"ffnodea": {"quota": "16MiB"}, "ffnodeb": {"quota": "16MiB"}})
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"},
+                               "ffnodeb": {"quota": "16MiB", "requests_per_s": 0}})  # fmt: skip
     node.start()
     alice, bob = tenants
     url = datasets["shared"]
@@ -117,7 +118,10 @@ def test_bad_requests_per_s_fail_in_one_line(tmp_path):
         source="n.json",
     )
     assert (cfg.request_rate("a"), cfg.request_rate("b")) == (5.0, 2000.0)
-    assert NodeConfig.parse(base, source="n.json").request_rate("b") == 0.0  # unbounded
+    per_core = 1000 * (os.cpu_count() or 1)  # the default
+    assert NodeConfig.parse(base, source="n.json").request_rate("b") == per_core
+    unbounded = NodeConfig.parse({**base, "requests_per_s": 0}, source="n.json")
+    assert unbounded.request_rate("b") == 0.0
 
 
 def test_fair_queue_serves_a_flows_urgent_items_before_its_others_each_in_order():
