@@ -83,15 +83,22 @@ def _hello(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
 
 
 def _resolve(svc: NodeService, conn: Connection, request: dict[str, Any]) -> tuple[Any, int]:
-    key = request.get("key")
+    """The request's dataset (``key``, granted to this tenant) and its ``shard``."""
+    dataset = _granted(svc, conn, request.get("key"))
+    return dataset, _shard_of(dataset, request.get("shard"))
+
+
+def _granted(svc: NodeService, conn: Connection, key: Any) -> Any:
     if not isinstance(key, str) or not svc.granted(conn, key):
         raise RequestError("grant", "no grant for this dataset: open it first (again)")
-    dataset = svc.datasets[key]
-    shard = request.get("shard")
+    return svc.datasets[key]
+
+
+def _shard_of(dataset: Any, shard: Any) -> int:
     n = len(dataset.shards)
     if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
         raise RequestError("bad", f"shard must be an int in [0, {n}), got {shard!r}")
-    return dataset, shard
+    return shard
 
 
 def _get(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
@@ -127,15 +134,15 @@ def _send_shard(conn: Connection, request: dict[str, Any], path: str, *, hit: bo
 
 
 def _touch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
-    """Reads of shards the client holds already (``shards``, or one ``shard``): each
-    counted as a hit, its use noted; answered only when ``ack`` asks (else the client does
-    not wait for an answer)."""
-    shards = request.get("shards", [request.get("shard")])
+    """Reads of shards the client holds already (``shards``): each counted as a hit, its
+    use noted; answered only when ``ack`` asks (else the client does not wait)."""
+    shards = request.get("shards")
     if not isinstance(shards, list) or len(shards) > 4096:
         raise RequestError("bad", "touch needs a list of at most 4,096 shard numbers")
+    dataset = _granted(svc, conn, request.get("key"))
+    key = svc.cache.dataset_dir(dataset).key
     for s in shards:
-        dataset, i = _resolve(svc, conn, {"key": request.get("key"), "shard": s})
-        svc.ledger.touch((svc.cache.dataset_dir(dataset).key, i))
+        svc.ledger.touch((key, _shard_of(dataset, s)))
     svc.accounts.add(conn.owner, hits=len(shards))
     if request.get("ack"):  # the client waits until they are counted (its last ones)
         conn.reply(request, {"touched": len(shards)})
@@ -294,12 +301,11 @@ def _get_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> No
 def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     """Fetch (and with ``pin``, pin for this job) the given shards; fails at once, before
     any fetch, when they cannot all fit in the tenant's quota."""
-    request = dict(request)
     shards = request.get("shards")
     if not isinstance(shards, list) or not all(isinstance(s, int) for s in shards):
         raise RequestError("bad", "warm needs a list of shard numbers")
-    request["shard"] = shards[0] if shards else 0
-    dataset, _ = _resolve(svc, conn, request)
+    dataset = _granted(svc, conn, request.get("key"))
+    shards = [_shard_of(dataset, s) for s in shards]
     d = svc.cache.dataset_dir(dataset)
     keys = {(d.key, s): dataset.shards[s].bytes for s in shards}
     quota = svc.config.tenant(conn.tenant).quota
@@ -340,15 +346,14 @@ def _queue_prefetch(svc: NodeService, conn: Connection, request: dict[str, Any])
     """A fetch ahead queues one fill per shard that needs one, behind the job's reads: the
     job weights share fills, and one list never holds a fill worker for all its shards."""
     shards = request.get("shards")
-    for s in shards if isinstance(shards, list) else []:
-        one = {"op": "prefetch", "key": request.get("key"), "shard": s}
-        try:
-            dataset, i = _resolve(svc, conn, one)
-        except RequestError as exc:
-            log.debug("fetch ahead of tenant %s skipped: %s", conn.tenant, exc)
-            return
-        if needs_fill(svc, dataset, i):
-            queue_fill(svc, conn, one)
+    try:
+        dataset = _granted(svc, conn, request.get("key"))
+        for s in shards if isinstance(shards, list) else []:
+            i = _shard_of(dataset, s)
+            if needs_fill(svc, dataset, i):
+                queue_fill(svc, conn, {"op": "prefetch", "key": request.get("key"), "shard": i})
+    except RequestError as exc:
+        log.debug("fetch ahead of tenant %s skipped: %s", conn.tenant, exc)
 
 
 _REQUESTS = {

@@ -17,20 +17,17 @@ What a client may cost the service is bounded:
 
 from __future__ import annotations
 
-import array
-import json
 import logging
 import os
 import selectors
 import socket
-import struct
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .pace import RequestPace
-from .protocol import MAX_FDS, MAX_MESSAGE
+from .protocol import HEAD, MAX_FDS, ProtocolError, decode_message, message_size, received_fds
 
 if TYPE_CHECKING:
     from .server import Connection
@@ -42,7 +39,6 @@ log = logging.getLogger("flashfeed.node")
 #: requests of one connection read ahead of their turn
 QUEUED_PER_CONNECTION = 64
 _READ = 64 << 10
-_HEAD = struct.Struct(">I")
 
 
 class Inbox:
@@ -54,20 +50,15 @@ class Inbox:
         self.messages: deque[dict[str, Any]] = deque()
 
     def feed(self, data: bytes) -> None:
-        """Add ``data``; whole messages move to ``messages`` (``ValueError``: not this
+        """Add ``data``; whole messages move to ``messages`` (``ProtocolError``: not this
         protocol, the connection is then dropped)."""
         self.buffer += data
-        while len(self.buffer) >= _HEAD.size:
-            (size,) = _HEAD.unpack_from(self.buffer)
-            if size > MAX_MESSAGE:
-                raise ValueError(f"message of {size} bytes is over the limit of {MAX_MESSAGE}")
-            end = _HEAD.size + size
+        while len(self.buffer) >= HEAD.size:
+            end = HEAD.size + message_size(self.buffer)
             if len(self.buffer) < end:
                 return
-            message = json.loads(bytes(self.buffer[_HEAD.size : end]))
+            message = decode_message(bytes(self.buffer[HEAD.size : end]))
             del self.buffer[:end]
-            if not isinstance(message, dict):
-                raise ValueError("a message that is not a JSON object")
             self.messages.append(message)
 
 
@@ -185,9 +176,8 @@ class RequestLoop:
                 self._settle()
                 self._poll()
         finally:
-            for key in list(self.sel.get_map().values()):
-                if key.data is not None:
-                    self._drop(key.data)
+            for conn in list(self._conns):
+                self._drop(conn)
             self.sel.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
@@ -218,8 +208,7 @@ class RequestLoop:
         for conn in pending:
             if not conn.alive:
                 self._drop(conn)
-            elif not conn.registered:
-                conn.registered = True
+            elif conn not in self._conns:  # new
                 self._conns.add(conn)
                 self._watch(conn)
             else:
@@ -253,19 +242,15 @@ class RequestLoop:
         except OSError:
             self._drop(conn)
             return
-        for level, kind, payload in ancdata:  # clients send none; never keep what one sends
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds = array.array("i")
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-                for fd in fds:
-                    os.close(fd)
+        for fd in received_fds(ancdata):  # clients send none; never keep what one sends
+            os.close(fd)
         if not data:
             self._drop(conn)
             return
         had = bool(conn.inbox.messages)
         try:
             conn.inbox.feed(data)
-        except ValueError as exc:
+        except ProtocolError as exc:
             log.info("dropped a connection of tenant %s: %s", conn.tenant, exc)
             self._drop(conn)
             return
@@ -292,12 +277,11 @@ class RequestLoop:
     def _serve_round(self) -> None:
         """One request of each tenant with one waiting and its rate allowing it."""
         for tenant in list(self._turns):
-            if self.pace.wait(tenant) > 0:
+            if not self.pace.take(tenant):
                 continue
             conns = self._turns[tenant]
             conn = conns.popleft()
             request = conn.inbox.messages.popleft()
-            self.pace.spend(tenant)
             if conn.alive:
                 self.handle(conn, request)
             if conn.alive and conn.inbox.messages and not conn.outbox.items:

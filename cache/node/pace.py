@@ -30,8 +30,12 @@ class RequestPace:
         tokens, rate = self._tokens(tenant)
         return 0.0 if rate <= 0 or tokens >= 1.0 else (1.0 - tokens) / rate
 
-    def spend(self, tenant: str) -> None:
-        """One request of ``tenant`` served."""
+    def take(self, tenant: str) -> bool:
+        """Serve one request of ``tenant`` now if its rate allows (True), else False."""
         tokens, rate = self._tokens(tenant)
-        if rate > 0:
-            self._buckets[tenant] = (tokens - 1.0, time.monotonic())
+        if rate <= 0:
+            return True
+        if tokens < 1.0:
+            return False
+        self._buckets[tenant] = (tokens - 1.0, time.monotonic())
+        return True

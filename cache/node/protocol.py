@@ -14,10 +14,14 @@ import struct
 from typing import Any
 
 __all__ = [
+    "HEAD",
     "MAX_FDS",
     "MAX_MESSAGE",
     "ProtocolError",
+    "decode_message",
     "encode_message",
+    "message_size",
+    "received_fds",
     "recv_message",
     "send_message",
 ]
@@ -26,7 +30,8 @@ __all__ = [
 MAX_MESSAGE = 16 << 20
 #: the most descriptors one message carries (a shard and its index)
 MAX_FDS = 4
-_HEAD = struct.Struct(">I")
+#: a message's head: the length of its JSON body
+HEAD = struct.Struct(">I")
 
 
 class ProtocolError(ConnectionError):
@@ -38,7 +43,7 @@ def encode_message(message: dict[str, Any]) -> bytes:
     body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) > MAX_MESSAGE:
         raise ValueError(f"message of {len(body)} bytes is over the limit of {MAX_MESSAGE}")
-    return _HEAD.pack(len(body)) + body
+    return HEAD.pack(len(body)) + body
 
 
 def send_message(
@@ -55,28 +60,50 @@ def send_message(
 
 def recv_message(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     """The next message and the fds it carried (now this process's, close them), or None
-    when the other side closed the connection between messages."""
+    when the other side closed the connection between messages (blocking socket)."""
     fds: list[int] = []
-    head = _recv_exact(sock, _HEAD.size, fds, first=True)
+    head = _recv_exact(sock, HEAD.size, fds, first=True)
     if head is None:
         return None
-    (size,) = _HEAD.unpack(head)
+    try:
+        size = message_size(head)
+        body = _recv_exact(sock, size, fds, first=False) if size else b""
+        if body is None:
+            raise ProtocolError("connection closed inside a message")
+        return decode_message(body), fds
+    except ProtocolError:
+        _close(fds)
+        raise
+
+
+def message_size(head: bytes | bytearray) -> int:
+    """The length a message's head (its first ``HEAD.size`` bytes) announces."""
+    (size,) = HEAD.unpack_from(head)
     if size > MAX_MESSAGE:
-        _close(fds)
         raise ProtocolError(f"message of {size} bytes is over the limit of {MAX_MESSAGE}")
-    body = _recv_exact(sock, size, fds, first=False) if size else b""
-    if body is None:
-        _close(fds)
-        raise ProtocolError("connection closed inside a message")
+    return int(size)
+
+
+def decode_message(body: bytes) -> dict[str, Any]:
+    """A message's JSON object from its body."""
     try:
         message = json.loads(body)
     except ValueError:
-        _close(fds)
         raise ProtocolError("a message that is not JSON") from None
     if not isinstance(message, dict):
-        _close(fds)
         raise ProtocolError("a message that is not a JSON object")
-    return message, fds
+    return message
+
+
+def received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors a ``recvmsg`` took (``SCM_RIGHTS``): now this process's."""
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            found = array.array("i")
+            found.frombytes(payload[: len(payload) - len(payload) % found.itemsize])
+            fds.extend(found)
+    return fds
 
 
 def _recv_exact(sock: socket.socket, size: int, fds: list[int], *, first: bool) -> bytes | None:
@@ -86,11 +113,7 @@ def _recv_exact(sock: socket.socket, size: int, fds: list[int], *, first: bool) 
         data, ancdata, _, _ = sock.recvmsg(
             size - got, socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC
         )
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                found = array.array("i")
-                found.frombytes(payload[: len(payload) - len(payload) % found.itemsize])
-                fds.extend(found)
+        fds.extend(received_fds(ancdata))
         if not data:
             if first and got == 0:
                 _close(fds)

@@ -57,7 +57,6 @@ class Connection:
     inbox: Inbox = field(default_factory=Inbox)
     outbox: Outbox = field(default_factory=Outbox)
     events: int = 0
-    registered: bool = False
 
     @property
     def owner(self) -> tuple[str, str]:

@@ -148,19 +148,19 @@ class NodeShardSource:
                 os.close(old)  # replaced by a new copy (evicted and fetched again)
         return fd_path(fd)
 
-    def _touch(self, shard: int, *, flush: bool = False) -> None:
-        """Tell the service of reads of held shards (its LRU and this job's hits), without
+    def _touch(self, shard: int) -> None:
+        """Tell the service of a read of a held shard (its LRU and this job's hits), without
         waiting: gathered, one request at most every ``TOUCH_EVERY`` seconds (a hot epoch
         of small shards would otherwise spend the tenant's requests a second on them)."""
         with self._lock:
-            if shard >= 0:
-                self._touched.append(int(shard))
+            self._touched.append(int(shard))
             now = time.monotonic()
-            due = now - self._touched_at >= TOUCH_EVERY or len(self._touched) >= 1024
-            if not self._touched or not (flush or due):
+            if now - self._touched_at < TOUCH_EVERY and len(self._touched) < 1024:
                 return
             self._touched_at = now
-        _tell_touches(self.client, self.url, self._touched, wait=flush)
+            batch = self._touched[:]
+            self._touched.clear()
+        _tell_touches(self.client, self.url, batch, wait=False)
 
     def index(self, shard: int) -> list[SampleIndex]:
         known = self._index.get(shard)
@@ -275,7 +275,7 @@ class NodeShardSource:
         """Close the held descriptors and the connection (a loader's ``close`` does): the
         service may then free what it evicted. Used again, the source connects anew."""
         if not self._closed and self._owner == os.getpid():
-            self._touch(-1, flush=True)
+            _tell_touches(self.client, self.url, self._touched)  # the last ones, counted
         with self._lock:
             for fd in [*self._held.values(), *self._parts, *(v[0] for v in self._live.values())]:
                 os.close(fd)

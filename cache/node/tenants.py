@@ -40,7 +40,6 @@ from .peering import PeerConfig, parse_peers
 __all__ = ["ConfigError", "ConfigWatch", "NodeConfig", "TenantConfig"]
 
 DEFAULT_SOCKET = "/run/flashfeed/node.sock"
-#: no bound by default: a bound is for a tenant the admin does not trust to be gentle
 #: a tenant's requests a second by default, per core of the node: on 2 cores, another
 #: tenant's hit p99 under a flood at this rate stays within 2x of idle (``nodebench``)
 REQUESTS_PER_CORE = 1000

@@ -195,14 +195,14 @@ def test_a_client_that_reads_no_replies_or_stops_mid_message_blocks_no_one(node,
 
 def test_the_request_inbox_takes_whole_messages_and_refuses_others():
     from flashfeed.cache.node.loop import Inbox
-    from flashfeed.cache.node.protocol import MAX_MESSAGE, encode_message
+    from flashfeed.cache.node.protocol import MAX_MESSAGE, ProtocolError, encode_message
 
     box = Inbox()
     data = encode_message({"op": "a"}) + encode_message({"op": "b"})
     for i in range(len(data)):  # a byte at a time: each message once it is whole
         box.feed(data[i : i + 1])
     assert [m["op"] for m in box.messages] == ["a", "b"] and not box.buffer
-    with pytest.raises(ValueError, match="over the limit"):
+    with pytest.raises(ProtocolError, match="over the limit"):
         Inbox().feed((MAX_MESSAGE + 1).to_bytes(4, "big"))
-    with pytest.raises(ValueError, match="not a JSON object"):
+    with pytest.raises(ProtocolError, match="not a JSON object"):
         Inbox().feed(encode_message([1]))  # type: ignore[arg-type]
