@@ -27,6 +27,10 @@ __all__ = ["fill_worker", "serve_fill", "serve_request"]
 
 log = logging.getLogger("flashfeed.node")
 
+#: fills of one read, each evicted by another fill before it was handed over, before the
+#: read fails (a cache far too small for its readers)
+FILL_ATTEMPTS = 3
+
 
 class RequestError(Exception):
     """A refused request: ``kind`` for the client, the message one line."""
@@ -107,12 +111,14 @@ def _get(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     key = (d.key, i)
     present = key in svc.ledger.charges and key not in svc.filling
     present = present and os.path.exists(d.shard_path(i))
-    if present and key in svc.verified:
-        path = svc.cache.get(dataset, i)  # a stat: verified since this service started
-        svc.ledger.touch(key)
-        svc.accounts.add(conn.owner, hits=1)
-        _send_shard(conn, request, path, hit=True)
-        return
+    if present and key in svc.verified:  # verified since this service started
+        fds = _open_shard(d.shard_path(i))
+        if fds is not None:
+            svc.ledger.touch(key)
+            svc.accounts.add(conn.owner, hits=1)
+            _send_shard(conn, request, fds, hit=True)
+            return
+        present = False  # evicted since the look (another tenant's fill): a miss
     # a miss, or a copy not yet verified since the service started (a checksum of the whole
     # shard: not in the way of other tenants' hits)
     request["_queued"], request["_present"] = time.monotonic(), present
@@ -120,13 +126,23 @@ def _get(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
         queue_fill(svc, conn, request)
 
 
-def _send_shard(conn: Connection, request: dict[str, Any], path: str, *, hit: bool) -> None:
-    fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC)]
+def _open_shard(path: str) -> list[int] | None:
+    """Descriptors of a cached shard and of its index (when it has one); None when the
+    shard was evicted meanwhile. Open, they keep its bytes whatever is evicted next."""
     try:
-        try:
-            fds.append(os.open(path + ".idx", os.O_RDONLY | os.O_CLOEXEC))
-        except FileNotFoundError:
-            pass
+        fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC)]
+    except FileNotFoundError:
+        return None
+    try:
+        fds.append(os.open(path + ".idx", os.O_RDONLY | os.O_CLOEXEC))
+    except FileNotFoundError:
+        pass
+    return fds
+
+
+def _send_shard(conn: Connection, request: dict[str, Any], fds: list[int], *, hit: bool) -> None:
+    """Hand ``fds`` (``_open_shard``) over, and close them here."""
+    try:
         conn.reply(request, {"hit": hit, "index": len(fds) > 1}, fds)
     finally:
         for fd in fds:
@@ -288,14 +304,23 @@ def _fill(
 
 def _get_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     dataset, i = _resolve(svc, conn, request)
-    path, fresh = _fill(svc, conn, dataset, i, what=f"shard {i} of {dataset.url}")
+    what = f"shard {i} of {dataset.url}"
+    for _ in range(FILL_ATTEMPTS):  # another fill may evict it before it is opened here
+        path, fresh = _fill(svc, conn, dataset, i, what=what)
+        fds = _open_shard(path)
+        if fds is not None:
+            break
+    else:
+        raise RequestError("cache", f"{what} was evicted before it could be handed over, "
+                           f"{FILL_ATTEMPTS} times: the node cache is too small for its "
+                           "readers")  # fmt: skip
     if request.get("_present") and not fresh:  # there all along: only its first check
         svc.accounts.add(conn.owner, hits=1)
-        _send_shard(conn, request, path, hit=True)
+        _send_shard(conn, request, fds, hit=True)
         return
     waited = time.monotonic() - request.get("_queued", time.monotonic())
     svc.accounts.add(conn.owner, misses=1, fill_wait_seconds=waited)
-    _send_shard(conn, request, path, hit=False)
+    _send_shard(conn, request, fds, hit=False)
 
 
 def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
