@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from flashfeed.cache.node import NodeClient, NodeShardSource
@@ -28,8 +30,25 @@ def _gets(proxy: Any, since: int, url: str) -> list[tuple[int, float]]:
     return out
 
 
-def _client(node: Any, node_store: dict[str, Any]) -> NodeClient:
-    return NodeClient(node.socket, storage_options=node_store["admin"], reconnect_timeout=5)
+@contextmanager
+def _slow_store(
+    node: Any, node_store: dict[str, Any], url: str
+) -> Iterator[tuple[NodeClient, Any]]:
+    """A started service (root's quota 16 MiB), a client that opened ``url``, and a store
+    whose shard GETs take ``DELAY`` from now: ``(client, gets)``, ``gets()`` the store GETs
+    of ``url`` since. Closed, and the store fast again, at the end."""
+    node.write_config(tenants={"root": {"quota": "16MiB"}})
+    node.start()
+    proxy = node_store["proxy"]
+    client = NodeClient(node.socket, storage_options=node_store["admin"], reconnect_timeout=5)
+    client.open(url)
+    since = len(proxy.requests)
+    proxy.delay = DELAY
+    try:
+        yield client, lambda: _gets(proxy, since, url)
+    finally:
+        proxy.delay = 0.0
+        client.close()
 
 
 def _close(got: tuple[int, int | None, bool]) -> None:
@@ -39,14 +58,8 @@ def _close(got: tuple[int, int | None, bool]) -> None:
 
 
 def test_reads_of_a_shard_being_filled_hold_no_fill_worker(node, node_store, datasets):
-    node.write_config(tenants={"root": {"quota": "16MiB"}})
-    node.start()
-    url, proxy = datasets["shared"], node_store["proxy"]
-    client = _client(node, node_store)
-    client.open(url)
-    since = len(proxy.requests)
-    proxy.delay = DELAY
-    try:
+    url = datasets["shared"]
+    with _slow_store(node, node_store, url) as (client, store_gets):
         # shard 0 is filled once and read by five threads; the service has four fill
         # workers: waiting in them, the reads would keep shard 1's fill queued meanwhile
         readers = [threading.Thread(target=lambda: _close(client.get(url, 0))) for _ in range(5)]
@@ -56,24 +69,15 @@ def test_reads_of_a_shard_being_filled_hold_no_fill_worker(node, node_store, dat
         _close(client.get(url, 1))
         for t in readers:
             t.join(30)
-    finally:
-        proxy.delay = 0.0
-        client.close()
-    gets = _gets(proxy, since, url)
+    gets = store_gets()
     assert sorted(s for s, _ in gets) == [0, 1], gets  # each shard read from the store once
     at = dict(gets)
     assert at[1] - at[0] < DELAY / 2, gets  # shard 1 went out while shard 0's fill waited
 
 
 def test_a_fetch_ahead_is_one_fill_per_shard_behind_the_jobs_reads(node, node_store, datasets):
-    node.write_config(tenants={"root": {"quota": "16MiB"}})
-    node.start()
-    url, proxy = datasets["shared"], node_store["proxy"]
-    client = _client(node, node_store)
-    client.open(url)
-    since = len(proxy.requests)
-    proxy.delay = DELAY
-    try:
+    url = datasets["shared"]
+    with _slow_store(node, node_store, url) as (client, store_gets):
         # the four fill workers busy, the first freed 0.4 s before the others
         client.prefetch(url, [0])
         time.sleep(0.4)
@@ -85,12 +89,9 @@ def test_a_fetch_ahead_is_one_fill_per_shard_behind_the_jobs_reads(node, node_st
         time.sleep(0.1)
         _close(client.get(url, 5))  # a read asked for later goes before it
         deadline = time.monotonic() + 30
-        while len(_gets(proxy, since, url)) < 6 and time.monotonic() < deadline:
+        while len(store_gets()) < 6 and time.monotonic() < deadline:
             time.sleep(0.05)
-    finally:
-        proxy.delay = 0.0
-        client.close()
-    gets = _gets(proxy, since, url)
+    gets = store_gets()
     order = [s for s, _ in sorted(gets, key=lambda g: g[1])]
     assert sorted(order) == [0, 1, 2, 3, 4, 5], gets
     assert order[4:] == [5, 4], gets
@@ -99,21 +100,13 @@ def test_a_fetch_ahead_is_one_fill_per_shard_behind_the_jobs_reads(node, node_st
 
 
 def test_a_fetch_ahead_of_a_process_gone_is_dropped(node, node_store, datasets):
-    node.write_config(tenants={"root": {"quota": "16MiB"}})
-    node.start()
-    url, proxy = datasets["shared"], node_store["proxy"]
-    client = _client(node, node_store)
-    client.open(url)
-    since = len(proxy.requests)
-    proxy.delay = DELAY
-    try:
+    url = datasets["shared"]
+    with _slow_store(node, node_store, url) as (client, store_gets):
         client.prefetch(url, [0, 1, 2, 3, 4, 5])  # four start, two queue
         time.sleep(0.3)
         client.close()  # the process that asked is gone before the two queued start
         time.sleep(2 * DELAY + 0.5)
-    finally:
-        proxy.delay = 0.0
-    assert sorted(s for s, _ in _gets(proxy, since, url)) == [0, 1, 2, 3]
+    assert sorted(s for s, _ in store_gets()) == [0, 1, 2, 3]
 
 
 def test_a_loaders_read_ahead_fits_its_quota_and_skips_the_shards_it_holds(
