@@ -22,10 +22,10 @@ from typing import Any
 from benchmarks.benchmath import ratio
 from benchmarks.harness.rounds import run_rounds
 
-__all__ = ["loader_rows"]
+__all__ = ["loader_rows", "through_node_service"]
 
 
-def _through_node(sock: str, make: Callable[[], Any]) -> Any:
+def through_node_service(sock: str, make: Callable[[], Any]) -> Any:
     """``make()`` with ``FLASHFEED_NODE_SOCKET`` set: a loader whose shards come from the
     service (the variable is read when the loader opens its source)."""
     before = os.environ.get("FLASHFEED_NODE_SOCKET")
@@ -80,14 +80,14 @@ def loader_rows(
             tokens_url, batch_size=batch, dtype=None, device="cpu", shuffle=False, **kw
         )
 
-    node_tok = _through_node(sock, token_loader)
+    node_tok = through_node_service(sock, token_loader)
     cache_tok = token_loader(cache_dir=embedded_dir)
     for loader in (node_tok, cache_tok):  # hot: every shard cached and mapped once
         _token_pass(loader, 0.0)
     tokens = run_rounds({"node": lambda: _token_pass(node_tok),
                          "embedded": lambda: _token_pass(cache_tok)}, rounds)  # fmt: skip
 
-    cold_dir = os.path.join(embedded_dir + "-cold")
+    cold_dir = embedded_dir + "-cold"
 
     def reset() -> None:
         """Both caches emptied before either side's epoch: each side's fills then find the
@@ -100,7 +100,7 @@ def loader_rows(
             raise RuntimeError(f"the service kept shards of {images_url} at evict: {got}")
 
     def node_epoch() -> Any:
-        return _through_node(sock, lambda: ShardDataset(images_url, shuffle=False))
+        return through_node_service(sock, lambda: ShardDataset(images_url, shuffle=False))
 
     cold = run_rounds(
         {

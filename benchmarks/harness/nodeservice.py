@@ -67,22 +67,40 @@ class NodeServiceProc:
     ``socket`` defaults to ``<base>/run/node.sock``, reachable by every local user), its
     log in ``<base>/node.log``. It dies with this process."""
 
-    def __init__(self, base: str, config: dict[str, Any]) -> None:
+    def __init__(self, base: str, config: dict[str, Any], *, log_level: str = "warning") -> None:
         run = os.path.join(base, "run")
         os.makedirs(run, mode=0o755, exist_ok=True)
         os.chmod(base, 0o755)  # tenants reach the socket; the cache dir itself stays 0700
+        self.base = base
         self.config = {"socket": os.path.join(run, "node.sock"), **config}
         self.socket = str(self.config["socket"])
         self.config_path = os.path.join(base, "node.json")
-        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.log = os.path.join(base, "node.log")
+        self.log_level = log_level
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.write_config()
+
+    def write_config(self, **changes: Any) -> None:
+        """The config with ``changes``, replaced in one step (a running service reads it
+        again on its next look, or at ``reload``)."""
+        self.config.update(changes)
+        tmp = self.config_path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(self.config, f)
-        self.log = os.path.join(base, "node.log")
-        self.proc: subprocess.Popen[bytes] | None = None
+        os.replace(tmp, self.config_path)
 
     def start(self, timeout: float = 30.0) -> None:
         """Start it and wait until it listens (its log's tail in the error otherwise)."""
-        self.proc = start_service(self.config_path, self.socket, self.log, timeout=timeout)
+        self.proc = start_service(
+            self.config_path, self.socket, self.log, log_level=self.log_level, timeout=timeout
+        )
+
+    def kill(self) -> None:
+        """SIGKILL it and wait (a crash, for the fault tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         stop_service(self.proc)

@@ -16,16 +16,21 @@ from typing import Any
 
 from flashfeed.runtime import lifeline
 
-__all__ = ["UserProgram", "unix_users", "user_python"]
+__all__ = ["BOOT", "SITE", "UserProgram", "unix_users", "user_python"]
 
 #: this venv's site-packages (its .pth files too): what a user's process imports from
 SITE = sysconfig.get_paths()["purelib"]
-#: ``python -c BOOT SITE SCRIPT ARGS...``: this venv's packages, then SCRIPT as __main__
-BOOT = (
-    "import site, sys, runpy; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
-    "runpy.run_path(sys.argv[0], run_name='__main__')"
+#: this venv's packages (``sys.argv[1]``) go first: a system package of another version
+#: (``_cffi_backend`` under numba's kernels) must not shadow the venv's own
+_VENV_FIRST = (
+    "import site, sys; before = list(sys.path); site.addsitedir(sys.argv[1]); "
+    "sys.path[:] = [p for p in sys.path if p not in before] + before; "
 )
-_PROBE = "import site, sys; site.addsitedir(sys.argv[1]); import flashfeed.loader.shard_dataset"
+#: ``python -c BOOT SITE SCRIPT ARGS...``: this venv's packages, then SCRIPT as __main__
+BOOT = _VENV_FIRST + (
+    "import runpy; sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+_PROBE = _VENV_FIRST + "import flashfeed.cache.node, flashfeed.loader.shard_dataset"
 
 
 @contextmanager

@@ -22,23 +22,23 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from typing import Any
 
 from benchmarks.benchmath import fmt, ratio
 from benchmarks.harness.datasets import random_dataset, token_dataset
-from benchmarks.harness.nodeload import loader_rows
+from benchmarks.harness.nodeload import loader_rows, through_node_service
+from benchmarks.harness.nodeservice import NodeServiceProc
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
 from benchmarks.harness.store import start_store
+from benchmarks.harness.unixusers import SITE, user_python
 from flashfeed.runtime import lifeline
 from flashfeed.units import parse_size
 
@@ -80,18 +80,6 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _flooder_python() -> str:
-    minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    for candidate in (sys.executable, f"/usr/bin/{minor}", f"/usr/local/bin/{minor}"):
-        try:
-            r = subprocess.run([candidate, "-c", "pass"], user="nobody", capture_output=True)
-        except OSError:
-            continue
-        if r.returncode == 0:
-            return candidate
-    raise SystemExit("no Python that user nobody may run for the flood")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--shards", type=int, default=16)
@@ -113,18 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     # removed again last at exit: the loaders' caches flush their counters at exit too
     atexit.register(shutil.rmtree, root, True)
     bench = start_store(os.path.join(root, "s3"), bucket="flashfeed", export_env=True)
-    proc = cache = None
+    node = cache = None
+    flooder = user_python("nobody")
+    if flooder is None:
+        raise SystemExit("no Python that user nobody may run flashfeed with, for the flood")
     try:
         url = "s3://flashfeed/nodebench"
         random_dataset(url, args.shards, parse_size(args.shard_size))
-        sock = os.path.join(root, "node.sock")
-        config = {"cache_dir": os.path.join(root, "node"), "capacity": "8GiB", "socket": sock,
-                  "store": bench.store.info.storage_options(), "default_quota": "8GiB"}  # fmt: skip
-        with open(os.path.join(root, "node.json"), "w") as f:
-            json.dump(config, f)
-        boot = "import sys; from flashfeed.cli import main; sys.exit(main())"
-        serve = ["node", "serve", os.path.join(root, "node.json"), "--log-level", "warning"]
-        proc = lifeline.popen([sys.executable, "-c", boot, *serve])
+        node = NodeServiceProc(os.path.join(root, "service"), {
+            "cache_dir": os.path.join(root, "node"), "capacity": "8GiB",
+            "store": bench.store.info.storage_options(), "default_quota": "8GiB"})  # fmt: skip
+        node.start()
+        sock = node.socket
         client = NodeClient(sock, reconnect_timeout=30)
         embedded_dir = os.path.join(root, "embedded")
         cache = ShardCache(embedded_dir, capacity="8GiB")
@@ -137,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from flashfeed.loader import ShardDataset
 
-        os.environ["FLASHFEED_NODE_SOCKET"] = sock
-        through_node = ShardDataset(url, shuffle=False)
-        del os.environ["FLASHFEED_NODE_SOCKET"]
+        through_node = through_node_service(sock, lambda: ShardDataset(url, shuffle=False))
         through_cache = ShardDataset(url, shuffle=False, cache_dir=embedded_dir)
         for d in (through_node, through_cache):
             for _ in d:  # hot: every shard handed to this process's reader once
@@ -162,18 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         idle = _hits(node_get, args.shards, args.hits)
         local = _hits(embedded_get, args.shards, args.hits)
 
-        def flooded_hits(rate: float) -> list[float]:
+        def flooded_hits(rate: float | None) -> list[float]:
             """Hits while ``nobody`` floods the service, read at ``rate`` requests a second
             (the config's ``requests_per_s`` for that tenant; 0: unbounded; None: the
             service's default)."""
             paced = {} if rate is None else {"requests_per_s": rate}
-            config["tenants"] = {"nobody": {"quota": "8GiB", **paced}}
-            with open(os.path.join(root, "node.json"), "w") as f:
-                json.dump(config, f)
+            node.write_config(tenants={"nobody": {"quota": "8GiB", **paced}})
             if client.reload().get("error_in_config"):
                 raise SystemExit("the node config was refused")
-            flood = lifeline.popen([_flooder_python(), "-c", _FLOOD,
-                                    sysconfig.get_paths()["purelib"], url, "60"], user="nobody",
+            flood = lifeline.popen([flooder, "-c", _FLOOD, SITE, url, "60"], user="nobody",
                                    cwd="/", stdout=subprocess.PIPE,
                                    env={**os.environ, "FLASHFEED_NODE_SOCKET": sock, "HOME": "/tmp",
                                         "PYTHONDONTWRITEBYTECODE": "1"})  # fmt: skip
@@ -199,9 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if cache is not None:
             cache.close()  # its counters flushed now, not at exit into a removed folder
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
+        if node is not None:
+            node.stop()
         bench.stop()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -231,11 +213,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{rows['default_flood_p99_vs_idle_p99']:.2f}; unbounded "
           f"{rows['flooded_p99_vs_idle_p99']:.2f}; at requests_per_s {args.flood_rate:g}: "
           f"{rows['paced_flood_p99_vs_idle_p99']:.2f}")  # fmt: skip
-    for name, key, unit, goal in (
-        ("token hot", "token_hot", "GB/s", 0.98), ("cold epoch", "cold_epoch", "samples/s", 0.95)
-    ):  # fmt: skip
+    for name, key, medians, unit, goal in (
+        ("token hot", "token_hot", "token_gb_per_s", "GB/s", 0.98),
+        ("cold epoch", "cold_epoch", "cold_samples_per_s", "samples/s", 0.95),
+    ):
         r = rows[f"{key}_node_vs_embedded"]
-        med = rows["medians"]["token_gb_per_s" if key == "token_hot" else "cold_samples_per_s"]
+        med = rows["medians"][medians]
         print(f"{name} ({unit}, median of {args.rounds}): node {fmt(med['node'])}, embedded "
               f"{fmt(med['embedded'])}, ratio {r['ratio']:.2f} ({r['min']:.2f}-{r['max']:.2f}; "
               f"goal >= {goal})")  # fmt: skip

@@ -14,19 +14,13 @@ import time
 from typing import Any
 
 from support import node_tenant
-from support.node_tenant import _BOOT, _SITE, Tenant, tenant_python
-
-_HERE = os.path.abspath(__file__)
+from support.node_tenant import Tenant
 
 
 class JourneyTenant(Tenant):
     """A ``Tenant`` whose processes run this file's actions (and ``node_tenant``'s)."""
 
-    def command(self, *args: str) -> list[str]:
-        python = tenant_python(self.user)
-        if python is None:
-            raise RuntimeError(f"no Python that {self.user} may run")
-        return [python, "-c", _BOOT, _SITE, _HERE, *args]
+    script = os.path.abspath(__file__)
 
 
 def _train(url: str, work: str, hold_at: str) -> dict[str, Any]:

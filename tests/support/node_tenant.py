@@ -1,51 +1,26 @@
 """Tenant processes of the node service tests: run as another Unix user, with that user's
-own S3 keys, on this test's venv (``tenant_python``), doing one thing and printing JSON."""
+own S3 keys, on this test's venv (``benchmarks.harness.unixusers``), doing one thing and
+printing JSON."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import pwd
 import subprocess
 import sys
-import sysconfig
 from typing import Any
 
 from flashfeed.runtime import lifeline
 
 _HERE = os.path.abspath(__file__)
-_SITE = sysconfig.get_paths()["purelib"]  # this venv's site-packages (its .pth files too)
-#: this venv's packages go first: a system package of another version (``_cffi_backend``
-#: under numba's kernels) must not shadow the venv's own
-_BOOT = (
-    "import site, sys, runpy; before = list(sys.path); site.addsitedir(sys.argv[1]); "
-    "sys.path[:] = [p for p in sys.path if p not in before] + before; "
-    "sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
-
-
-@functools.cache
-def tenant_python(user: str) -> str | None:
-    """A Python of this minor version that ``user`` may run: this one, else the system's."""
-    minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    for candidate in (sys.executable, f"/usr/bin/{minor}", f"/usr/local/bin/{minor}"):
-        if not os.path.exists(candidate):
-            continue
-        try:
-            r = subprocess.run(
-                [candidate, "-c", _BOOT, _SITE, _HERE, "probe"],
-                user=user, group=pwd.getpwnam(user).pw_gid, capture_output=True, cwd="/",
-            )  # fmt: skip
-        except OSError:  # not executable by that user (a Python under /root, say)
-            continue
-        if r.returncode == 0:
-            return candidate
-    return None
 
 
 class Tenant:
     """A Unix user with S3 keys of its own, talking to the node service at ``socket``."""
+
+    #: the file whose actions its processes run (``main``)
+    script = _HERE
 
     def __init__(self, user: str, keys: tuple[str, str], endpoint: str, socket: str) -> None:
         self.user = user
@@ -73,10 +48,13 @@ class Tenant:
         }
 
     def command(self, *args: str) -> list[str]:
-        python = tenant_python(self.user)
+        # of the test's process only: this module runs as the tenant too, without benchmarks
+        from benchmarks.harness.unixusers import BOOT, SITE, user_python
+
+        python = user_python(self.user)
         if python is None:
             raise RuntimeError(f"no Python that {self.user} may run")
-        return [python, "-c", _BOOT, _SITE, _HERE, *args]
+        return [python, "-c", BOOT, SITE, self.script, *args]
 
     def start(self, *args: str, job: str = "default") -> subprocess.Popen[bytes]:
         """Start ``args`` (see ``main``) as this user; it dies with the test."""
@@ -333,13 +311,6 @@ def _dali_epoch(url: str) -> dict[str, Any]:
     return {"keys": keys, "labels": labels}
 
 
-def _probe() -> dict[str, Any]:
-    import flashfeed.cache.node
-    import flashfeed.loader.shard_dataset  # noqa: F401
-
-    return {"ok": True}
-
-
 def _cli(*args: str) -> dict[str, Any]:
     from flashfeed.cli.app import main
 
@@ -349,7 +320,6 @@ def _cli(*args: str) -> dict[str, Any]:
 def main() -> None:
     what, *args = sys.argv[1:]
     table = {
-        "probe": _probe,
         "dali-epoch": _dali_epoch,
         "partial": _partial,
         "partial-arrow": _partial_arrow,

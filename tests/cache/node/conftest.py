@@ -3,11 +3,8 @@ identities give them different access, datasets, and a service run as a real pro
 
 from __future__ import annotations
 
-import json
 import os
-import pwd
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,37 +12,27 @@ from typing import Any
 
 import pytest
 
-from benchmarks.harness.nodeservice import start_service, stop_service
+from benchmarks.harness.nodeservice import NodeServiceProc
 from benchmarks.harness.slowproxy import SlowProxy, is_shard_get
+from benchmarks.harness.unixusers import unix_users, user_python
 from flashfeed.cli.devstore import EmbeddedStore
 
 from support.loader_helpers import make_image_dataset
-from support.node_tenant import Tenant, tenant_python
+from support.node_tenant import Tenant
 
 USERS = ("ffnodea", "ffnodeb")
 ALPHA, SHARED = "ffalpha", "ffshared"  # alice reads both buckets, bob only the shared one
 
 
 @pytest.fixture(scope="session")
-def tenant_users() -> Iterator[tuple[str, str]]:
+def tenant_users() -> Iterator[tuple[str, ...]]:
     """Two real Unix users, created for the session (tests run as root)."""
     if os.geteuid() != 0:
         pytest.skip("the node service tests create Unix users: they must run as root")
-    made = []
-    for name in USERS:
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(["useradd", "-m", "-s", "/bin/false", name], check=True)
-            made.append(name)
-    python = tenant_python(USERS[0])
-    if python is None:
-        pytest.skip("no Python this test's venv runs on is executable by another user")
-    try:
-        yield USERS
-    finally:
-        for name in made:
-            subprocess.run(["userdel", "-r", name], check=False, capture_output=True)
+    with unix_users(USERS) as users:
+        if user_python(USERS[0]) is None:
+            pytest.skip("no Python this test's venv runs on is executable by another user")
+        yield users
 
 
 @pytest.fixture(scope="session")
@@ -89,55 +76,17 @@ def datasets(node_store: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-class NodeProc:
+class NodeProc(NodeServiceProc):
     """A node service run as a real process (root), with its config file."""
 
     def __init__(self, base: str, store: dict[str, Any], **config: Any) -> None:
-        self.base = base
         self.cache_dir = os.path.join(base, "cache")
-        run = os.path.join(base, "run")
-        os.makedirs(run, mode=0o755, exist_ok=True)
-        os.chmod(base, 0o755)  # tenants reach the socket; the cache dir itself stays 0700
-        self.socket = os.path.join(run, "node.sock")
-        self.config_path = os.path.join(base, "node.json")
-        self.config = {
-            "cache_dir": self.cache_dir,
-            "capacity": "64MiB",
-            "socket": self.socket,
-            "store": store["admin"],
-            "default_quota": "0",
-            "tenants": {},
-            **config,
-        }
-        self.write_config()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = os.path.join(base, "node.log")
-
-    def write_config(self, **changes: Any) -> None:
-        self.config.update(changes)
-        tmp = self.config_path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.config, f)
-        os.replace(tmp, self.config_path)
+        defaults = {"cache_dir": self.cache_dir, "capacity": "64MiB", "store": store["admin"],
+                    "default_quota": "0", "tenants": {}}  # fmt: skip
+        super().__init__(base, {**defaults, **config}, log_level="debug")
 
     def start(self, timeout: float = 20.0) -> None:
-        self.proc = start_service(
-            self.config_path, self.socket, self.log, log_level="debug", timeout=timeout
-        )
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self) -> None:
-        stop_service(self.proc)
-
-    def log_tail(self) -> str:
-        return (
-            Path(self.log).read_text(errors="replace")[-3000:] if os.path.exists(self.log) else ""
-        )
+        super().start(timeout)
 
     def disk_bytes(self) -> int:
         """Bytes of the complete shards in the service's cache, their indexes included."""
