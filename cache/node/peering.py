@@ -90,8 +90,13 @@ def parse_peers(data: Any) -> PeerConfig | None:
         token = load_token(token_file=token_file)
     except ValueError as exc:
         raise ValueError(f"peers: {exc}") from None
-    cfg = PeerConfig(listen, tuple(nodes), token, data.get("max_streams", 8),
-                     _rate(data.get("rate", 0)), _fill_quota(data.get("fill_quota")))  # fmt: skip
+    rate = _bytes(data.get("rate", 0), "peers.rate", "bytes a second; 0: unbounded")
+    quota = data.get("fill_quota")
+    if quota is not None:
+        quota = _bytes(
+            quota, "peers.fill_quota", "bytes of fills this node makes for its peers; 0: none"
+        )
+    cfg = PeerConfig(listen, tuple(nodes), token, data.get("max_streams", 8), float(rate), quota)
     try:
         PeerServer.check(max_streams=cfg.max_streams, rate=cfg.rate)
     except ValueError as exc:
@@ -99,28 +104,16 @@ def parse_peers(data: Any) -> PeerConfig | None:
     return cfg
 
 
-def _rate(value: Any) -> float:
+def _bytes(value: Any, name: str, means: str) -> int:
+    """A byte count of the section (0 or "0": zero); the error says what it counts."""
     from flashfeed.units import parse_size
 
-    if value in (0, "0"):
-        return 0.0
-    try:
-        return float(parse_size(value, name="peers.rate"))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{exc} (bytes a second; 0: unbounded)") from None
-
-
-def _fill_quota(value: Any) -> int | None:
-    from flashfeed.units import parse_size
-
-    if value is None:
-        return None
     if value in (0, "0"):
         return 0
     try:
-        return parse_size(value, name="peers.fill_quota")
+        return parse_size(value, name=name)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{exc} (bytes of fills this node makes for its peers; 0: none)") from None
+        raise ValueError(f"{exc} ({means})") from None
 
 
 class PeerSide:
