@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..peer.client import PeerTier
 from .adminops import settle
 from .ledger import Key, Owner
 from .room import make_room
@@ -51,11 +50,14 @@ def needs_fill(svc: NodeService, dataset: Any, i: int) -> bool:
     return True
 
 
-def fill_for_peers(svc: NodeService, tier: PeerTier, dataset: Any, i: int) -> None:
+def fill_for_peers(svc: NodeService, dataset: Any, i: int) -> None:
     """A fill another node asked for (this node single-flights the shard's store read for
     the cluster): charged to ``PEERS`` within the config's ``peers.fill_quota``, making room
     by evicting that account's own shards first. It takes holders, then the store (through
-    ``tier``, the service's view of its peers): it never hands the shard on again."""
+    the service's peer tier): it never hands the shard on again."""
+    if svc.peer is None:  # wired only as a peer server's fill: cannot happen otherwise
+        raise RuntimeError("this node service has no peers section: it fills for no node")
+    tier = svc.peer.tier
     d = svc.cache.dataset_dir(dataset)
     with svc.lock:
         svc.dirs.setdefault(d.key, d)

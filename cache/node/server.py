@@ -230,9 +230,7 @@ class NodeService:
         """A fill another node asked for (``POST /v1/fill``: ``fills.fill_for_peers``)."""
         from .fills import fill_for_peers
 
-        if self.peer is None:  # wired only as a peer server's fill: cannot happen otherwise
-            raise RuntimeError("this node service has no peers section: it fills for no node")
-        fill_for_peers(self, self.peer.tier, dataset, shard)
+        fill_for_peers(self, dataset, shard)
 
     def _peer_open(self, url: str) -> Dataset:
         return self.cache.open_dataset(url)
