@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -37,9 +37,17 @@ from .attempt import PeerAttempt, PeerError
 from .auth import sign
 from .holdings import Held, apply, since_param
 
-__all__ = ["PeerTier"]
+__all__ = ["PeerTier", "rendezvous_owner"]
 
 log = logging.getLogger("flashfeed.cache.peer")
+
+
+def rendezvous_owner(nodes: Collection[str], key: str, shard: int) -> str:
+    """The node of ``nodes`` with the highest rendezvous hash for shard ``shard`` of the
+    dataset ``key``: where the cluster single-flights its store read, placement aside."""
+    if not nodes:
+        raise ValueError(f"no node to own shard {shard} of {key}")
+    return max(nodes, key=lambda p: xxhash.xxh3_64_intdigest(f"{p}\x00{key}\x00{shard}"))
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -224,7 +232,7 @@ class PeerTier:
             return placed
         if not live:
             return None
-        return max(live, key=lambda p: xxhash.xxh3_64_intdigest(f"{p}\x00{key}\x00{shard}"))
+        return rendezvous_owner(live, key, shard)
 
     def distrusted(self, key: str, shard: int) -> set[str]:
         with self._lock:

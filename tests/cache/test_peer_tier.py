@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import pytest
-import xxhash
 
 from benchmarks.harness.peercluster import SimNode, start_node
 from benchmarks.harness.slowproxy import SlowProxy
@@ -24,7 +23,7 @@ from flashfeed.cache import ShardCache
 from flashfeed.cache.layout import DatasetDir, dataset_key
 from flashfeed.cache.peer.announce import decode_held, encode_held, encoded_size
 from flashfeed.cache.peer.auth import load_token, sign, verify
-from flashfeed.cache.peer.client import PeerTier
+from flashfeed.cache.peer.client import PeerTier, rendezvous_owner
 from flashfeed.cache.peer.clusterwarm import cluster_placement, plan_store_reads, store_owners
 from flashfeed.cache.peer.discovery import peers_from, peers_from_ray
 from flashfeed.cache.peer.server import PeerServer
@@ -217,10 +216,6 @@ def test_concurrent_misses_single_flight_at_one_node(s3_prefix, nodes):
             assert storage.file_checksum(d.shard_path(i)) == info.checksum
 
 
-def _owner(addresses: list[str], key: str, shard: int) -> str:
-    return max(addresses, key=lambda p: xxhash.xxh3_64_intdigest(f"{p}\x00{key}\x00{shard}"))
-
-
 def test_when_the_node_that_single_flights_a_shard_dies_another_takes_over(s3_prefix, nodes):
     ds = make_dataset(s3_prefix, shards=8, shard_bytes=600_000)
     a = nodes("a", 2, store_rate=300_000)  # a slow store link: a's fill is still running
@@ -228,7 +223,9 @@ def test_when_the_node_that_single_flights_a_shard_dies_another_takes_over(s3_pr
     for node in (a, b):
         node.call({"peers": [a.address, b.address]})
     key = dataset_key(ds.url, ds.manifest)
-    shard = next(i for i in range(8) if _owner([a.address, b.address], key, i) == a.address)
+    shard = next(
+        i for i in range(8) if rendezvous_owner([a.address, b.address], key, i) == a.address
+    )
     b.send({"fetch": ds.url, "shards": [shard]})
     deadline = time.monotonic() + 20
     while a.proxy.shard_bytes() == 0 and time.monotonic() < deadline:

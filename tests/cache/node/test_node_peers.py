@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-import xxhash
 
 from flashfeed.cache.layout import dataset_key
 from flashfeed.cache.node import NodeClient
 from flashfeed.cache.node.tenants import ConfigError, NodeConfig
 from flashfeed.cache.peer import PeerTier
+from flashfeed.cache.peer.client import rendezvous_owner
 from flashfeed.dataset import Dataset
 
 from support.loader_helpers import make_image_dataset
@@ -119,7 +119,9 @@ def test_a_tenant_of_node_b_reads_from_node_a_not_the_store(cluster, node_store,
     addrs = [cluster["addrs"]["a"], cluster["addrs"]["b"]]
     key = dataset_key(ds.url, ds.manifest)
     # the shards B single-flights for the cluster: A's tenant has B fill them
-    by_b = sum(s.bytes for i, s in enumerate(ds.shards) if _owner(addrs, key, i) == addrs[1])
+    by_b = sum(
+        s.bytes for i, s in enumerate(ds.shards) if rendezvous_owner(addrs, key, i) == addrs[1]
+    )
     expected = _expected_keys(fresh_dataset, admin)
     alice, bob = _tenant(node_store, "ffnodea", a), _tenant(node_store, "ffnodeb", b)
     try:
@@ -150,11 +152,6 @@ def test_a_tenant_of_node_b_reads_from_node_a_not_the_store(cluster, node_store,
         assert not c.reload().get("error_in_config")
     assert "the peers section changed: it applies after a restart" in a.log_tail()
     assert _admin_status(a)["peers"]["address"] == cluster["addrs"]["a"]  # still serving
-
-
-def _owner(addrs: list[str], key: str, shard: int) -> str:
-    """The node that single-flights the store read of ``shard`` (the rendezvous hash)."""
-    return max(addrs, key=lambda p: xxhash.xxh3_64_intdigest(f"{p}\x00{key}\x00{shard}"))
 
 
 def _cli_status(node: Any) -> str:
