@@ -7,7 +7,6 @@ that uses it.
 
 from __future__ import annotations
 
-import mmap
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -17,7 +16,7 @@ import numpy as np
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.wdsindex import SampleIndex
-from flashfeed.runtime.fdpath import open_binary
+from flashfeed.runtime.fdpath import map_readonly
 
 from .image.fields import FieldSpec
 from .image.labels import parse_label
@@ -33,8 +32,7 @@ class _OpenShard:
     def __init__(
         self, path: str, index: list[SampleIndex], name: str, view: FillView | None = None
     ) -> None:
-        with open_binary(path) as f:  # a path, or a descriptor the node service handed over
-            self.mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.mmap = map_readonly(path)  # a path, or a descriptor the node service handed over
         self.index = index
         self.name = name
         self.view = view  # set while the shard is still arriving: which bytes are there

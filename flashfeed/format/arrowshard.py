@@ -5,14 +5,13 @@ a shard can be read batch by batch while it arrives."""
 from __future__ import annotations
 
 import io
-import mmap
 from typing import Any
 
 import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.arrowlayout import LAYOUT_KEY, head_size, layout_metadata
-from flashfeed.runtime.fdpath import is_fd_path, open_binary
+from flashfeed.runtime.fdpath import is_fd_path, map_readonly
 
 __all__ = ["BATCH_BYTES", "open_arrow", "schema_of", "write_arrow"]
 
@@ -85,9 +84,7 @@ def open_arrow(source: str | bytes | memoryview | pa.Buffer, *, name: str = "arr
     try:
         if isinstance(source, str) and is_fd_path(source):
             # a descriptor (a node service's) of a file this user may not open by name
-            with open_binary(source) as f:
-                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            reader = pa.ipc.open_file(pa.py_buffer(mapped))
+            reader = pa.ipc.open_file(pa.py_buffer(map_readonly(source)))
         elif isinstance(source, str):
             reader = pa.ipc.open_file(pa.memory_map(source, "r"))
         else:

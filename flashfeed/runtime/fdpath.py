@@ -3,16 +3,18 @@
 The node service hands a process open descriptors of shards it may read but could not open
 by name (the files belong to the service, mode 0600). Opening ``/proc/self/fd/N`` by name
 would check the file's mode again and fail, so ``open_binary`` duplicates the descriptor
-instead: the map made from it is the very page cache the file has, as with a path.
+instead: the map made from it (``map_readonly``) is the very page cache the file has, as with
+a path.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from typing import BinaryIO
 
-__all__ = ["fd_path", "is_fd_path", "open_binary"]
+__all__ = ["fd_path", "is_fd_path", "map_readonly", "open_binary"]
 
 _FD_PATH = re.compile(r"/proc/self/fd/(\d+)")
 
@@ -40,3 +42,10 @@ def open_binary(path: str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def map_readonly(path: str) -> mmap.mmap:
+    """A read-only map of the whole file at ``path``, or of the file a ``/proc/self/fd/N``
+    path stands for (through its descriptor, as ``open_binary`` reads it)."""
+    with open_binary(path) as f:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -14,14 +14,13 @@ loader gathers rows only after ``StreamFeeder`` has waited for their batches (``
 
 from __future__ import annotations
 
-import mmap
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from flashfeed.errors import CorruptShardError
-from flashfeed.runtime.fdpath import open_binary
+from flashfeed.runtime.fdpath import map_readonly
 
 from .arrowcols import (
     ArrowShardView,
@@ -72,8 +71,7 @@ class ArrowArrival:
         self.columns = columns
         self.lists = lists
         self.name = name
-        with open_binary(partial.part) as f:  # a node service's descriptor, too
-            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._mmap = map_readonly(partial.part)  # a node service's descriptor, too
         if len(self._mmap) < int(self.layout.offsets[-1]):
             raise CorruptShardError(f"shard {name}: its part file is shorter than its layout")
         self._buf = pa.py_buffer(self._mmap)

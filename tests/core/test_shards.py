@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from flashfeed import (
 from flashfeed.format.arrowshard import open_arrow, schema_of
 from flashfeed.format.tarshard import FIXED_MTIME, TarShardWriter, iter_samples, validate_key
 from flashfeed.format.wdsindex import parse_index
+from flashfeed.runtime.fdpath import fd_path, map_readonly
 from flashfeed.shardio import shard_name, tar_shard_bytes, write_arrow_shard, write_tar_shard
 from flashfeed.verify import verify_dataset
 
@@ -160,6 +162,24 @@ def test_arrow_shard_memory_maps_locally(tmp_path: Path) -> None:
     # zero copy: reading the 800 kB column allocates nothing, its buffers are the mapped file
     assert pa.total_allocated_bytes() - before < 10_000
     assert mapped.equals(table)
+
+
+def test_arrow_shard_opens_through_a_descriptor_path(tmp_path: Path) -> None:
+    """A ``/proc/self/fd/N`` path (a node service's descriptor) maps that descriptor's whole
+    file, read-only, from its start whatever the descriptor's offset."""
+    table = pa.table({"x": list(range(10_000))})
+    info = write_arrow_shard(str(tmp_path), "a.arrow", table)
+    path = tmp_path / info.path
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.lseek(fd, 100, os.SEEK_SET)
+        with map_readonly(fd_path(fd)) as m:
+            assert m[:] == path.read_bytes()
+            with pytest.raises(TypeError):
+                m[0] = 0
+        assert open_arrow(fd_path(fd)).equals(table)
+    finally:
+        os.close(fd)
 
 
 def test_commit_is_refused_over_a_committed_dataset(any_prefix: str) -> None:

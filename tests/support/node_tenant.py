@@ -147,12 +147,11 @@ def _train(url: str, seconds: str, last: str) -> dict[str, Any]:
     """Read shards 0 and 1 over and over for ``seconds`` (through ``NodeShardSource``, as the
     loader does), then shard ``last``: how many reads, and whether each one's bytes held."""
     import hashlib
-    import mmap
     import time
 
     from flashfeed.cache.node import NodeShardSource
     from flashfeed.dataset import Dataset
-    from flashfeed.runtime.fdpath import open_binary
+    from flashfeed.runtime.fdpath import map_readonly
 
     src = NodeShardSource(Dataset.open(url))
     seen: dict[int, str] = {}
@@ -160,10 +159,7 @@ def _train(url: str, seconds: str, last: str) -> dict[str, Any]:
     end = time.monotonic() + float(seconds)
     while time.monotonic() < end:
         for s in (0, 1):
-            with (
-                open_binary(src.local_path(s)) as f,
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
-            ):
+            with map_readonly(src.local_path(s)) as m:
                 digest = hashlib.sha256(m).hexdigest()
             bad += seen.setdefault(s, digest) != digest
             reads += 1
@@ -246,11 +242,10 @@ def _partial(url: str, shard: str) -> dict[str, Any]:
     """Start reading ``shard`` (a slow fill) and, meanwhile, take its fill in progress from
     the service: what it held then, and its bytes once the fill is done."""
     import hashlib
-    import mmap
 
     from flashfeed.cache.node import NodeShardSource
     from flashfeed.dataset import Dataset
-    from flashfeed.runtime.fdpath import open_binary
+    from flashfeed.runtime.fdpath import map_readonly
 
     s = int(shard)
     src = NodeShardSource(Dataset.open(url))
@@ -259,9 +254,9 @@ def _partial(url: str, shard: str) -> dict[str, Any]:
         return {"partial": False}
     early = got.progress.done(0, got.progress.size)
     reader.join()
-    with open_binary(got.part) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    with map_readonly(got.part) as m:
         streamed = hashlib.sha256(m).hexdigest()
-    with open_binary(whole[0]) as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    with map_readonly(whole[0]) as m:
         final = hashlib.sha256(m).hexdigest()
     return {"partial": True, "samples": len(got.index), "complete_at_first": early,
             "ended": got.progress.ended(), "streamed": streamed, "final": final}  # fmt: skip
