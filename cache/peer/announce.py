@@ -18,7 +18,6 @@ import numpy as np
 __all__ = [
     "MAX_ANNOUNCEMENT",
     "MAX_SHARDS",
-    "decode_held",
     "encode_held",
     "encoded_size",
     "unpack_held",
@@ -103,12 +102,6 @@ def unpack_held(blob: bytes, count: int) -> tuple[bool, np.ndarray]:
     if len(held) and held[-1] >= count:
         raise ValueError(f"announcement: shard {held[-1]} beyond the dataset's {count}")
     return False, held
-
-
-def decode_held(blob: bytes, count: int) -> np.ndarray:
-    """The sorted shard numbers ``blob`` announces; ValueError on anything malformed."""
-    bitmap, values = unpack_held(blob, count)
-    return np.flatnonzero(np.unpackbits(values, count=count)) if bitmap else values
 
 
 def encoded_size(shards: Iterable[int], count: int) -> int:

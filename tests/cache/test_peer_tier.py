@@ -21,12 +21,13 @@ from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.layout import DatasetDir, dataset_key
-from flashfeed.cache.peer.announce import decode_held, encode_held, encoded_size
+from flashfeed.cache.peer.announce import encode_held, encoded_size
 from flashfeed.cache.peer.auth import load_token, sign, verify
 from flashfeed.cache.peer.client import PeerTier, rendezvous_owner
 from flashfeed.cache.peer.clusterwarm import cluster_placement, plan_store_reads, store_owners
 from flashfeed.cache.peer.discovery import peers_from, peers_from_ray
 from flashfeed.cache.peer.server import PeerServer
+from flashfeed.cache.peer.shardset import ShardSet
 from flashfeed.cache.warm.cluster import warm_node
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.runtime.lifeline import popen
@@ -72,13 +73,14 @@ def test_announcements_round_trip_and_stay_small():
     rng = np.random.default_rng(1)
     for count, k in [(1_000_000, 1_000), (1_000_000, 600_000), (7, 0), (7, 7), (1, 1)]:
         held = rng.choice(count, k, replace=False)
-        assert decode_held(encode_held(held, count), count).tolist() == sorted(held.tolist())
+        blob = encode_held(held, count)
+        assert ShardSet.from_blob(blob, count).array().tolist() == sorted(held.tolist())
     # a node's share of a 1,000-node job over a million shards: about 2 KiB, not a bitmap's 122
     assert encoded_size(rng.choice(1_000_000, 1_000, replace=False), 1_000_000) < 2500
     with pytest.raises(ValueError, match=r"shard numbers must be in \[0, 5\)"):
         encode_held([5], 5)
     with pytest.raises(ValueError, match="beyond the dataset"):
-        decode_held(encode_held([9], 10), 5)
+        ShardSet.from_blob(encode_held([9], 10), 5)
 
 
 def test_requests_are_signed_with_the_cluster_token(tmp_path, monkeypatch):
