@@ -37,7 +37,11 @@ class Held:
 
     complete: ShardSet
     filling: ShardSet
-    count: int = 0
+
+    @property
+    def count(self) -> int:
+        """The dataset's shard count, as announced (the sets' own)."""
+        return self.complete.count
 
 
 def _blob(shards: Iterable[int], count: int) -> str:
@@ -212,11 +216,11 @@ def apply(
         out = {}
         for key, e in data["datasets"].items():
             count = int(e["count"])
-            out[str(key)] = Held(_unblob(e["held"], count), _filling(e, count), count)
+            out[str(key)] = Held(_unblob(e["held"], count), _filling(e, count))
         return instance, version, out
     if known is None or known[0] != instance or known[1] != int(data["since"]):
         raise ValueError("announcement: a delta from another version than the one asked for")
-    out = {k: Held(h.complete, ShardSet(count=h.count), h.count) for k, h in known[2].items()}
+    out = {k: Held(h.complete, ShardSet(count=h.count)) for k, h in known[2].items()}
     for key in data.get("gone", ()):
         out.pop(str(key), None)
     for key, e in data["datasets"].items():
@@ -230,5 +234,5 @@ def apply(
             else:
                 base = before.complete
             complete = base.updated(_unblob(e["added"], count), _unblob(e["removed"], count))
-        out[str(key)] = Held(complete, _filling(e, count), count)
+        out[str(key)] = Held(complete, _filling(e, count))
     return instance, version, out
