@@ -20,6 +20,7 @@ __all__ = [
     "MAX_SHARDS",
     "encode_held",
     "encoded_size",
+    "unique_shards",
     "unpack_held",
 ]
 
@@ -65,13 +66,19 @@ def _unvarints(data: bytes) -> np.ndarray:
     return np.add.reduceat((b & 0x7F).astype(np.int64) << (7 * place), starts)
 
 
+def unique_shards(shards: Iterable[int], count: int) -> np.ndarray:
+    """``shards`` sorted, each once (int64); ValueError when one is outside ``[0, count)``."""
+    held = np.unique(np.fromiter((int(s) for s in shards), dtype=np.int64))
+    if len(held) and (held[0] < 0 or held[-1] >= count):
+        raise ValueError(f"shard numbers must be in [0, {count}), got {held[0]}..{held[-1]}")
+    return held
+
+
 def encode_held(shards: Iterable[int], count: int) -> bytes:
     """The blob announcing ``shards`` (numbers in ``[0, count)``)."""
     if not 0 <= count <= MAX_SHARDS:
         raise ValueError(f"a dataset counts 0 to {MAX_SHARDS} shards, got {count}")
-    held = np.unique(np.fromiter((int(s) for s in shards), dtype=np.int64))
-    if len(held) and (held[0] < 0 or held[-1] >= count):
-        raise ValueError(f"shard numbers must be in [0, {count}), got {held[0]}..{held[-1]}")
+    held = unique_shards(shards, count)
     bits = np.zeros(count, dtype=np.uint8)
     bits[held] = 1
     dense = b"B" + zlib.compress(np.packbits(bits).tobytes(), 9)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .announce import MAX_SHARDS, unpack_held
+from .announce import MAX_SHARDS, unique_shards, unpack_held
 
 __all__ = ["ShardSet"]
 
@@ -32,10 +32,7 @@ class ShardSet(Set[int]):
     def __init__(self, shards: Iterable[int] = (), *, count: int) -> None:
         if not 0 <= count <= MAX_SHARDS:
             raise ValueError(f"count must be in [0, {MAX_SHARDS}], got {count}")
-        held = np.unique(np.fromiter((int(s) for s in shards), dtype=np.int64))
-        if len(held) and (held[0] < 0 or held[-1] >= count):
-            raise ValueError(f"shard numbers must be in [0, {count}), got {held[0]}..{held[-1]}")
-        self._keep(count, held, bitmap=False)
+        self._keep(count, unique_shards(shards, count), bitmap=False)
 
     # -- building ------------------------------------------------------------------------------
     def _keep(self, count: int, values: np.ndarray, *, bitmap: bool) -> None:
