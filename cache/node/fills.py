@@ -83,15 +83,13 @@ def fill_for(
             svc.ledger.charge(key, owner, size)  # on disk before the fill starts
             svc.filling.add(key)
             fresh = True
+    failed = True
     try:
         path = svc.cache.get(dataset, i)
-    except BaseException:
-        if fresh and not os.path.exists(d.shard_path(i)):
-            svc.ledger.drop(key)
-        raise
+        failed = False
     finally:
         if fresh:
-            _fill_ended(svc, key, os.path.exists(d.shard_path(i)))
+            _fill_ended(svc, key, d.shard_path(i), failed=failed)
     if fresh:
         svc.accounts.add(owner, fetched_bytes=size)
         svc.ledger.resize(key, _held_bytes(path))  # the index's bytes are known now
@@ -101,19 +99,25 @@ def fill_for(
     return path, fresh
 
 
-def _fill_ended(svc: NodeService, key: Key, arrived: bool) -> None:
-    """The fill of ``key`` ended: the reads that waited for it are answered now, or, when it
-    failed, queued as fills of their own (each then fails with its own reason)."""
+def _fill_ended(svc: NodeService, key: Key, path: str, *, failed: bool) -> None:
+    """The fill of ``key`` ended: a failed one that left nothing at ``path`` is charged no
+    more; the reads that waited for it are answered now, or, when nothing arrived, queued as
+    fills of their own (each then fails with its own reason)."""
     from .handlers import serve_fill
 
-    with svc.ledger.lock:
-        svc.filling.discard(key)
-        waiting = svc.waiters.pop(key, [])
-    for conn, request in waiting:
-        if arrived:
-            serve_fill(svc, conn, request)
-        else:
-            queue_fill(svc, conn, request)
+    arrived = os.path.exists(path)  # looked at once: the charge and the waiters agree
+    try:
+        if failed and not arrived:
+            svc.ledger.drop(key)
+    finally:
+        with svc.ledger.lock:
+            svc.filling.discard(key)
+            waiting = svc.waiters.pop(key, [])
+        for conn, request in waiting:
+            if arrived:
+                serve_fill(svc, conn, request)
+            else:
+                queue_fill(svc, conn, request)
 
 
 def _held_bytes(path: str) -> int:
