@@ -79,7 +79,14 @@ def main() -> None:
         },
     ).start()
     print(json.dumps({"address": node.address}), flush=True)
-    datasets = {}
+    datasets: dict[str, Any] = {}
+
+    def opened(url: str) -> Any:
+        """The dataset at ``url``, opened once."""
+        if url not in datasets:
+            datasets[url] = node.cache.open_dataset(url)
+        return datasets[url]
+
     for line in sys.stdin:
         cmd = json.loads(line)
         try:
@@ -88,20 +95,20 @@ def main() -> None:
                 out: dict = {"ok": True}
             elif "assign" in cmd:
                 url = cmd["assign"]
-                ds = datasets.get(url) or datasets.setdefault(url, node.cache.open_dataset(url))
+                ds = opened(url)
                 key = dataset_key(ds.url, ds.manifest)
                 node.tier.assign(key, {int(s): a for s, a in cmd["owners"].items()})
                 out = {"ok": True}
             elif "fetch" in cmd:
                 url = cmd["fetch"]
-                ds = datasets.get(url) or datasets.setdefault(url, node.cache.open_dataset(url))
+                ds = opened(url)
                 start = time.monotonic()
                 for i in cmd["shards"]:
                     node.cache.fetch(ds, i)
                 out = {"ok": True, "seconds": time.monotonic() - start}
             elif "epoch" in cmd:
                 url = cmd["epoch"]
-                ds = datasets.get(url) or datasets.setdefault(url, node.cache.open_dataset(url))
+                ds = opened(url)
                 out = {"ok": True, **read_epoch(node.cache, ds, cmd)}
             else:
                 out = {}

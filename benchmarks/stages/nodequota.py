@@ -44,6 +44,7 @@ from benchmarks.harness.results import write_json
 from benchmarks.harness.slowproxy import SlowProxy
 from benchmarks.harness.store import start_store
 from benchmarks.harness.unixusers import UserProgram, unix_users
+from flashfeed.cache.node import NodeClient
 from flashfeed.units import parse_size
 
 TENANT = str(Path(__file__).resolve().parents[1] / "harness" / "quotatenant.py")
@@ -137,8 +138,6 @@ def _sampler(
 ) -> tuple[list[dict[str, Any]], threading.Event]:
     """Samples, every ``every`` seconds until the event is set: each tenant's resident bytes
     (the admin's view of the service), its store bytes so far, the evicted bytes it holds."""
-    from flashfeed.cache.node import NodeClient
-
     samples: list[dict[str, Any]] = []
     stop = threading.Event()
     client = NodeClient(svc.socket, reconnect_timeout=5)
@@ -246,8 +245,6 @@ def _run(
         time.sleep(2 * args.sample_every)
         stop.set()
         time.sleep(2 * args.sample_every)
-        from flashfeed.cache.node import NodeClient
-
         with NodeClient(svc.socket, reconnect_timeout=5) as client:
             final = client.status()["report"]["rows"]
     finally:
