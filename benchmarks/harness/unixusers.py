@@ -16,21 +16,28 @@ from typing import Any
 
 from flashfeed.runtime import lifeline
 
-__all__ = ["BOOT", "SITE", "UserProgram", "unix_users", "user_python"]
+__all__ = ["BOOT", "SITE", "UserProgram", "unix_users", "user_env", "user_python"]
 
 #: this venv's site-packages (its .pth files too): what a user's process imports from
 SITE = sysconfig.get_paths()["purelib"]
-#: this venv's packages (``sys.argv[1]``) go first: a system package of another version
-#: (``_cffi_backend`` under numba's kernels) must not shadow the venv's own
-_VENV_FIRST = (
-    "import site, sys; before = list(sys.path); site.addsitedir(sys.argv[1]); "
-    "sys.path[:] = [p for p in sys.path if p not in before] + before; "
+#: ``python -c BOOT SITE SCRIPT ARGS...``: this venv's packages (their .pth files read), then
+#: SCRIPT as __main__. Run it with ``PYTHONPATH`` starting at SITE (``user_env``): the venv's
+#: packages then go before the system's (a system ``_cffi_backend`` of another version, under
+#: numba's kernels, must not shadow the venv's own)
+BOOT = (
+    "import site, sys, runpy; site.addsitedir(sys.argv[1]); sys.argv = sys.argv[2:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
 )
-#: ``python -c BOOT SITE SCRIPT ARGS...``: this venv's packages, then SCRIPT as __main__
-BOOT = _VENV_FIRST + (
-    "import runpy; sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+_PROBE = (
+    "import site, sys; site.addsitedir(sys.argv[1]); "
+    "import flashfeed.cache.node, flashfeed.loader.shard_dataset"
 )
-_PROBE = _VENV_FIRST + "import flashfeed.cache.node, flashfeed.loader.shard_dataset"
+
+
+def user_env(*first: str) -> dict[str, str]:
+    """The environment entries a user's process of this venv needs: ``PYTHONPATH`` of the
+    folders ``first``, then SITE."""
+    return {"PYTHONPATH": os.pathsep.join([*first, SITE])}
 
 
 @contextmanager
@@ -66,6 +73,7 @@ def user_python(user: str) -> str | None:
         try:
             r = subprocess.run(
                 [candidate, "-c", _PROBE, SITE],
+                env={**os.environ, **user_env()},
                 user=user,
                 capture_output=True,
                 group=pwd.getpwnam(user).pw_gid,
@@ -92,6 +100,7 @@ class UserProgram:
             "PATH": "/usr/bin:/bin",
             "HOME": pw.pw_dir,
             "PYTHONDONTWRITEBYTECODE": "1",
+            **user_env(),
             **env,
         }
 

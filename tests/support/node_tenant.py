@@ -32,6 +32,8 @@ class Tenant:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def env(self, job: str = "default") -> dict[str, str]:
+        from benchmarks.harness.unixusers import user_env  # of the test's process only
+
         return {
             "PATH": "/usr/bin:/bin",
             "HOME": self.home,
@@ -44,7 +46,7 @@ class Tenant:
             "FLASHFEED_CACHE_DIR": os.path.join(self.home, ".cache", "flashfeed"),
             "FLASHFEED_VERIFIED_DIR": os.path.join(self.home, ".cache", "ffverified"),
             "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONPATH": os.path.dirname(os.path.dirname(_HERE)),
+            **user_env(os.path.dirname(os.path.dirname(_HERE))),
         }
 
     def command(self, *args: str) -> list[str]:
