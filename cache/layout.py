@@ -222,6 +222,20 @@ class DatasetDir:
                 out.append((int(head), os.path.join(self.parts_dir, name)))
         return out
 
+    def orphan_indexes(self) -> list[tuple[int, str]]:
+        """``(shard, path)`` of every index whose shard file is absent: what a process killed
+        between the two renames of a fill (index first) or the two unlinks of an eviction
+        (shard first) leaves. Never visible as an entry, but it takes room."""
+        by_path = self._shard_numbers()
+        names = {rel: full for rel, full, _ in self._files()}
+        return [
+            (i, full)
+            for rel, full in names.items()
+            if rel.endswith(".idx")
+            and (i := by_path.get(rel[: -len(".idx")])) is not None
+            and rel[: -len(".idx")] not in names
+        ]
+
     def _files(self) -> Iterator[tuple[str, str, int]]:
         """``(path under the data folder, "/"-separated; full path; inode)`` of every file."""
         stack = [(self.data_dir, "")]

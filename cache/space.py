@@ -181,13 +181,18 @@ def remove_entry(d: DatasetDir, shard: int) -> int | None:
 
 
 def sweep_dead_parts(d: DatasetDir) -> int:
-    """Remove part files left by fills whose process died; returns how many."""
+    """Remove part files left by fills whose process died, and indexes left without their
+    shard by a fill or an eviction killed halfway; returns how many. Each under the shard's
+    fill lock, which a live fill holds from its first byte to its last rename."""
     removed = 0
-    for shard, path in d.parts():
+    orphans = d.orphan_indexes()
+    for shard, path in d.parts() + orphans:
         lock = FileLock(d.fill_lock(shard))
         if not lock.acquire(blocking=False):
             continue  # a live fill of this shard: its part files are in use
         try:
+            if (shard, path) in orphans and os.path.exists(path.removesuffix(".idx")):
+                continue  # its fill ended between the listing and the lock
             os.unlink(path)
             removed += 1
         except FileNotFoundError:

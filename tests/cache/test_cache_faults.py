@@ -75,3 +75,23 @@ def test_truncated_cache_files_are_detected_and_refetched(s3_prefix: str, tmp_pa
         for i in range(2):
             assert Path(cache.get(ds, i)).read_bytes() == ds.read_shard(i)
         assert cache.stats()["corrupt_refetches"] == 2
+
+
+def test_an_index_left_without_its_shard_is_swept_and_refilled(
+    s3_prefix: str, tmp_path: Path
+) -> None:
+    """A kill between a fill's two renames (index, then shard) or an eviction's two unlinks
+    (shard, then index) leaves an index alone: a reopen removes it, so the bytes the cache
+    counts are the bytes on disk, and the shard is fetched again with its index."""
+    ds = make_dataset(s3_prefix, shards=3, shard_bytes=50_000)
+    root = tmp_path / "c"
+    with ShardCache(root, capacity="1MiB") as cache:
+        paths = [cache.get(ds, i) for i in range(3)]
+    os.unlink(paths[1])  # the state a kill between the two leaves
+    assert Path(paths[1] + ".idx").exists()
+    assert _cache_is_consistent(root, ds) == 2
+    assert not Path(paths[1] + ".idx").exists()
+    with ShardCache(root, capacity="1MiB") as cache:
+        assert Path(cache.get(ds, 1)).read_bytes() == ds.read_shard(1)
+    assert Path(paths[1] + ".idx").read_bytes() == storage.read_bytes(ds.index_url(1))
+    assert Path(paths[0] + ".idx").exists() and Path(paths[2] + ".idx").exists()
