@@ -2,13 +2,16 @@
 or ``node=``), behind the same ``ShardSource`` interface as the embedded cache.
 
 ``local_path`` answers ``/proc/self/fd/N``: a descriptor the service handed over for a
-verified shard, which the reader maps as it maps a cached file (``flashfeed.runtime.fdpath``). The
-source keeps the last ``max_held`` descriptors and reads a shard it holds again without a
-round trip (a dataset version's bytes never change; the service is told of such reads
-without waiting, a few at a time, for its LRU and the job's hits). So while the service is away
-(restarting) the shards held are read on; others wait for it to come back. A shard still
-being filled is read as it lands (``partial``): the service hands over descriptors of its
-part file and of the fill's progress, as the embedded cache's ``DatasetView`` opens them.
+verified shard, which the reader maps as it maps a cached file (``flashfeed.runtime.fdpath``).
+The source keeps the last ``max_held`` descriptors and reads a shard it holds again without
+a round trip (a dataset version's bytes never change; the service is told of such reads
+without waiting, a few at a time, for its LRU and the job's hits). So while the service is
+away (restarting) the shards held are read on; others wait for it to come back. A
+descriptor whose file the service has evicted is closed ``GRACE`` seconds after its path
+was last handed out: what a tenant holds on the disk beyond its quota is what its readers
+use now, not all it once read. A shard still being filled is read as it lands
+(``partial``): the service hands over descriptors of its part file and of the fill's
+progress, as the embedded cache's ``DatasetView`` opens them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,13 @@ __all__ = ["NodeShardSource"]
 MAX_HELD = 256
 #: seconds between the requests that tell the service of reads of held shards
 TOUCH_EVERY = 0.05
+#: seconds a descriptor stays open after its path was last handed out, whatever happens to
+#: its file: a reader opens or maps a path as soon as it has it, and from then on needs
+#: no descriptor. After that a descriptor of a file the service evicted is closed, at
+#: most every ``SWEEP_EVERY`` seconds: kept, it would hold the evicted bytes on the
+#: node's disk beyond the tenant's quota until the process ends
+GRACE = 5.0
+SWEEP_EVERY = 1.0
 
 
 class NodeShardSource:
@@ -77,6 +87,8 @@ class NodeShardSource:
         self._quota: int | None = None
         self._touched: list[int] = []  # reads of held shards not yet told (``_touch``)
         self._touched_at = time.monotonic()
+        self._handed: dict[int, float] = {}  # descriptor -> when its path was last handed out
+        self._swept_at = time.monotonic()
         # told when this source is collected or the process exits, if not closed before
         weakref.finalize(self, _tell_touches, self.client, self.url, self._touched)
 
@@ -117,8 +129,10 @@ class NodeShardSource:
             if held is not None:  # verified bytes of this dataset version, whatever since
                 self._held.move_to_end(shard)
                 self._held_reads += 1
+                self._handed[held] = time.monotonic()
         if held is not None:
             self._touch(shard)
+            self._sweep()
             return fd_path(held)
         fd, idx, hit = self.client.get(self.url, shard)
         index = None
@@ -138,15 +152,42 @@ class NodeShardSource:
             if old is not None and _same_file(old, fd):
                 os.close(fd)  # the copy this process holds already: its path stays valid
                 self._held.move_to_end(shard)
+                self._handed[old] = time.monotonic()
                 return fd_path(old)
             self._held[shard] = fd
             self._held.move_to_end(shard)
+            self._handed[fd] = time.monotonic()
             while len(self._held) > self.max_held:
                 _, oldest = self._held.popitem(last=False)
-                os.close(oldest)
+                self._close(oldest)
             if old is not None:
-                os.close(old)  # replaced by a new copy (evicted and fetched again)
+                self._close(old)  # replaced by a new copy (evicted and fetched again)
+        self._sweep()
         return fd_path(fd)
+
+    def _close(self, fd: int) -> None:
+        """Close a held descriptor (the lock held)."""
+        self._handed.pop(fd, None)
+        os.close(fd)
+
+    def _sweep(self) -> None:
+        """Close the descriptors of evicted files (no link left) whose paths were last
+        handed out over ``GRACE`` seconds ago: shards held, and part files of fills handed
+        over. At most once every ``SWEEP_EVERY`` seconds (an ``fstat`` per descriptor)."""
+        now = time.monotonic()
+        if now - self._swept_at < SWEEP_EVERY:
+            return
+        with self._lock:
+            self._swept_at = now
+            stale = {fd for fd, t in self._handed.items() if now - t > GRACE}
+            if not stale:
+                return
+            gone = {fd for fd in stale if os.fstat(fd).st_nlink == 0}
+            for shard in [s for s, fd in self._held.items() if fd in gone]:
+                del self._held[shard]
+            self._parts = [fd for fd in self._parts if fd not in gone]
+            for fd in gone:
+                self._close(fd)
 
     def _touch(self, shard: int) -> None:
         """Tell the service of a read of a held shard (its LRU and this job's hits), without
@@ -230,8 +271,9 @@ class NodeShardSource:
         view.part, view.index_part = fd_path(part), None
         with self._lock:  # kept open while a reader may still map it by this path
             self._parts.append(part)
+            self._handed[part] = time.monotonic()
             while len(self._parts) > self.max_held:
-                os.close(self._parts.pop(0))
+                self._close(self._parts.pop(0))
             old = self._live.pop(shard, None)
             self._live[shard] = (os.dup(view.fileno()), part, _identity(part), index)
         if old is not None:
@@ -262,6 +304,7 @@ class NodeShardSource:
                 os.close(live)
                 return None
             view = FillView.from_fd(os.dup(live))
+            self._handed[part] = time.monotonic()
         if view is None:
             return None
         view.part, view.index_part = fd_path(part), None
@@ -279,6 +322,7 @@ class NodeShardSource:
         with self._lock:
             for fd in [*self._held.values(), *self._parts, *(v[0] for v in self._live.values())]:
                 os.close(fd)
+            self._handed.clear()
             self._held.clear()
             self._parts.clear()
             self._live.clear()

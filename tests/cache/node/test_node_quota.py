@@ -7,8 +7,13 @@ import os
 import signal
 import time
 
-from flashfeed.cache.node import NodeClient
+import pytest
+
+from benchmarks.harness.nodeservice import held_evicted_bytes
+from flashfeed.cache.node import NodeClient, NodeShardSource
+from flashfeed.cache.node import source as node_source
 from flashfeed.dataset import Dataset
+from flashfeed.runtime.fdpath import map_readonly
 
 
 def _rows(node) -> dict[str, dict]:
@@ -125,3 +130,37 @@ def test_sighup_reads_the_config_again_even_when_its_file_looks_unchanged(node, 
     time.sleep(0.3)
     again = alice.run("cli", "node", "warm", datasets["alpha"], "--shards", "0")
     assert again["cli_rc"] == 0, again["stderr"]
+
+
+def test_a_loader_lets_go_of_evicted_shards_once_its_readers_have_them(
+    node, node_store, datasets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard the service evicts while a loader holds its descriptor stays on the disk,
+    beyond the quota, until the loader lets go: it does so ``GRACE`` seconds after it last
+    handed out the path (its readers map a path at once), not at its ``max_held``-th shard."""
+    monkeypatch.setattr(node_source, "GRACE", 0.5)
+    monkeypatch.setattr(node_source, "SWEEP_EVERY", 0.1)
+    node.write_config(tenants={"root": {"quota": "16MiB"}})
+    node.start()
+    url = datasets["shared"]
+    ds = Dataset.open(url, storage_options=node_store["admin"])
+    source = NodeShardSource(ds, socket_path=node.socket, storage_options=node_store["admin"])
+    try:
+        for i in range(6):
+            with map_readonly(source.local_path(i)) as m:
+                assert m[:] == ds.read_shard(i)
+        assert source.client.evict(url)["evicted"] == 6
+        held = held_evicted_bytes(os.getpid(), node.base)
+        assert held == sum(ds.shards[i].bytes for i in range(6))  # read on within the grace
+        with map_readonly(source.local_path(5)) as m:  # a held read: its path is valid
+            assert m[:] == ds.read_shard(5)
+        time.sleep(0.7)
+        with map_readonly(source.local_path(0)) as m:  # read on as held; the rest let go
+            assert m[:] == ds.read_shard(0)
+        assert held_evicted_bytes(os.getpid(), node.base) == ds.shards[0].bytes
+        assert source.held() == 1
+        with map_readonly(source.local_path(3)) as m:  # no longer held: fetched again
+            assert m[:] == ds.read_shard(3)
+        assert source.held() == 2 and source.stats()["misses"] == 7
+    finally:
+        source.close()
