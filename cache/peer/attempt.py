@@ -3,8 +3,11 @@
 ``PeerTier.attempt`` makes one per fill. Its ranges come from a peer holding the shard
 complete, else from the node that single-flights the shard's store read (asked to fill it,
 then streamed from its fill in progress), else from the store; a peer that fails mid-range
-is dropped and the range goes on from the next source at the byte where it stopped. The
-peers whose bytes went into the fill are ``used``: the fill's checksum judges them.
+is dropped and the range goes on from the next source at the byte where it stopped. A peer
+serving all the copies it may at once (503) is not dropped: the read takes another holder
+that is free, or waits for one (``BUSY_LIMIT`` at most), and never goes to the store for
+it: a shard leaves the store once, and no node serves more copies at once than it allows.
+The peers whose bytes went into the fill are ``used``: the fill's checksum judges them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import http.client
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -24,15 +28,23 @@ from flashfeed.s3.directget import RangedReader
 if TYPE_CHECKING:
     from .client import PeerTier
 
-__all__ = ["PeerAttempt", "PeerError"]
+__all__ = ["PeerAttempt", "PeerBusy", "PeerError"]
 
 log = logging.getLogger("flashfeed.cache.peer")
 
 _MAX_INDEX = 64 << 20
+#: seconds a read waits, in all, for peers that are busy before it drops them
+BUSY_LIMIT = 60.0
+#: the first and the longest pause before a busy peer is asked again
+_BUSY_FIRST, _BUSY_MOST = 0.01, 0.25
 
 
 class PeerError(ConnectionError):
     """A peer refused, failed or cut a transfer short: the read goes on elsewhere."""
+
+
+class PeerBusy(PeerError):
+    """A peer serves as many copies at once as it may (503): asked again soon."""
 
 
 class PeerAttempt:
@@ -58,6 +70,8 @@ class PeerAttempt:
         self.delegate = tier.delegate
         self._dead = tier.distrusted(key, shard)
         self._asked: set[str] = set()
+        self._busy: dict[str, tuple[float, float]] = {}  # peer -> (free again at, its pause)
+        self._busy_waited = 0.0
         self._lock = threading.Lock()
 
     def size(self) -> int:
@@ -77,6 +91,27 @@ class PeerAttempt:
             "peer %s dropped from shard %d of %s: %s", peer, self.shard, self.dataset.url, why
         )
 
+    def _busy_now(self, peer: str) -> None:
+        """``peer`` answered 503: leave it out for a pause that doubles while it stays
+        busy; past ``BUSY_LIMIT`` seconds of such pauses, drop it."""
+        with self._lock:
+            _, pause = self._busy.get(peer, (0.0, _BUSY_FIRST / 2))
+            pause = min(_BUSY_MOST, pause * 2)
+            self._busy[peer] = (time.monotonic() + pause, pause)
+            self._busy_waited += pause
+            over = self._busy_waited > BUSY_LIMIT
+        self.tier.count(peers_busy=1)
+        if over:
+            self._drop(peer, f"busy (503) for over {BUSY_LIMIT:.0f} s")
+
+    def _wait_free(self, peers: list[str]) -> str:
+        """The first of ``peers`` free now, after sleeping until one is."""
+        with self._lock:
+            until = {p: self._busy.get(p, (0.0, 0.0))[0] for p in peers}
+        first = min(peers, key=lambda p: until[p])
+        time.sleep(max(0.0, until[first] - time.monotonic()))
+        return first
+
     def next_peer(self) -> str | None:
         """The peer to read from now, or None for the store."""
         while True:
@@ -89,13 +124,18 @@ class PeerAttempt:
                 for p, sets in held.items()
                 if p not in dead and self.shard in getattr(sets.get(self.key), "complete", ())
             ]
+            now = time.monotonic()
+            with self._lock:
+                free = [p for p in found if self._busy.get(p, (0.0, 0.0))[0] <= now]
             # the plan's source first, then its store reader: copies follow the placement,
             # so no node serves far more than the plan gave it
             for planned in self.tier.planned(self.key, self.shard):
-                if planned in found:
+                if planned in free:
                     return planned
-            if found:
-                return min(found, key=spread)
+            if free:
+                return min(free, key=spread)
+            if found:  # every holder is busy: wait for the first to be free
+                return self._wait_free(found)
             if not self.delegate:
                 return None
             owner = self.tier.owner(self.key, self.shard, dead)
@@ -105,7 +145,7 @@ class PeerAttempt:
                 asked = owner in self._asked
                 self._asked.add(owner)
             if asked:
-                return owner
+                return self._wait_free([owner])
             if self._ask_fill(owner):
                 return owner
             self._drop(owner, "it did not take the fill")
@@ -145,6 +185,8 @@ class PeerAttempt:
                     self.tier.count(bytes_from_peers=len(chunk))
                     at += len(chunk)
                     yield chunk
+            except PeerBusy:
+                self._busy_now(peer)
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(peer, f"{type(exc).__name__}: {exc}")
 
@@ -158,6 +200,8 @@ class PeerAttempt:
         path = f"/v1/shard/{self.key}/{self.shard}"
         resp = self.tier.request(peer, "GET", path, headers={"Range": f"bytes={start}-{end - 1}"})
         try:
+            if resp.status == 503:
+                raise PeerBusy(f"answered 503 {resp.reason}")
             if resp.status != 206:
                 raise PeerError(f"answered {resp.status} {resp.reason}")
             if resp.length != end - start:

@@ -416,9 +416,10 @@ def test_a_cluster_warm_task_reads_peers_copies_and_its_planned_store_reads(
         plan_store_reads(ds.url, {"peers": [a.address]}, shares, None)
 
 
-def test_a_node_serves_at_most_max_streams_copies_at_once(s3_prefix, tmp_path):
-    """Beyond ``max_streams`` responses at once a node answers 503 and the reader goes on
-    elsewhere (here: the store); ``rate`` paces what it serves."""
+def test_a_node_serves_at_most_max_streams_copies_at_once(s3_prefix, proxy, tmp_path):
+    """Beyond ``max_streams`` responses at once a node answers 503, and ``rate`` paces what
+    it serves. A fill that meets the busy node waits for it, and never goes to the store
+    for it: the shard still leaves the store once."""
     ds = make_dataset(s3_prefix, shards=2, shard_bytes=400_000)
     with ShardCache(tmp_path / "a") as held:
         _good(held, ds, [0, 1])
@@ -433,13 +434,18 @@ def test_a_node_serves_at_most_max_streams_copies_at_once(s3_prefix, tmp_path):
         busy = tier.request(server.address, "GET", f"/v1/shard/{key}/1")
         assert busy.status == 503
         busy.close()
-        assert len(slow.read()) == ds.shards[0].bytes
-        assert time.monotonic() - start > 0.2  # 400 kB at 1 MB/s
-        slow.close()
-        deadline = time.monotonic() + 10  # the stream is free once its handler returns
-        while (again := tier.request(server.address, "GET", f"/v1/shard/{key}/1")).status == 503:
-            again.close()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        assert again.status == 206 and len(again.read()) == ds.shards[1].bytes
-        again.close()
+        with ShardCache(
+            tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier
+        ) as cache:
+            filled: list[str] = []
+            fill = threading.Thread(target=lambda: filled.append(cache.get(ds, 1)))
+            fill.start()
+            time.sleep(0.1)
+            assert not filled and tier.stats()["peers_busy"] >= 1  # waiting for the node
+            assert len(slow.read()) == ds.shards[0].bytes
+            assert time.monotonic() - start > 0.2  # 400 kB at 1 MB/s
+            slow.close()
+            fill.join(30)
+            assert storage.file_checksum(filled[0]) == ds.shards[1].checksum
+        assert proxy.shard_bytes() == 0 and tier.stats().get("peers_dropped", 0) == 0
+        assert tier.stats()["bytes_from_peers"] == ds.shards[1].bytes
