@@ -28,6 +28,7 @@ from .sources import (
     CacheShardSource,
     ShardSource,
     node_cache_dir,
+    node_service,
     open_dataset,
     open_source,
     reads_in_place,
@@ -291,6 +292,10 @@ def open_mixture(
             ) from None
     mix = MixtureDataset(mixture, datasets)
     given = cache is not None or cache_dir is not None
+    if not given and node_service() is not None:  # each remote source through the service
+        return mix, MixtureShardSource(
+            mix, [open_source(d, storage_options=storage_options) for d in datasets]
+        )
     if cache is None:  # one node cache for every source that needs one
         roots = {node_cache_dir(cache_dir, d.url) for d in datasets} - {None}
         if roots:

@@ -75,7 +75,7 @@ def reads_in_place(source: ShardSource) -> bool:
     return isinstance(source, LocalShardSource) or bool(getattr(source, "in_place", False))
 
 
-def _node_service() -> str | None:
+def node_service() -> str | None:
     """The node service's socket when ``$FLASHFEED_NODE_SOCKET`` selects one (see
     ``flashfeed.cache.node``); None: the embedded cache, as without a service."""
     return os.environ.get("FLASHFEED_NODE_SOCKET") or None
@@ -117,7 +117,7 @@ def open_dataset(
     if not isinstance(dataset, str):
         raise ValueError(f"dataset must be a URL or a Dataset, got {type(dataset).__name__}")
     root = cache.root if cache is not None else node_cache_dir(cache_dir, dataset)
-    if cache is None and cache_dir is None and _node_service() is not None:
+    if cache is None and cache_dir is None and node_service() is not None:
         root = None  # the node service's cache is not this user's: read the manifest itself
     if root is None or storage.is_local(dataset):
         opened = Dataset.open(dataset, storage_options=storage_options)
@@ -355,7 +355,7 @@ def open_source(
         from .unitread import LocalUnitSource
 
         return LocalUnitSource(dataset)  # type: ignore[return-value]
-    if cache_dir is None and not storage.is_local(dataset.url) and _node_service() is not None:
+    if cache_dir is None and not storage.is_local(dataset.url) and node_service() is not None:
         from flashfeed.cache import NodeShardSource
 
         return NodeShardSource(dataset, storage_options=storage_options)

@@ -93,6 +93,26 @@ def _epoch(url: str, epochs: str = "1") -> dict[str, Any]:
     return {"keys": keys}
 
 
+def _mix_epoch(first: str, second: str) -> dict[str, Any]:
+    """An epoch of a mixture of two datasets: its keys, what each source read through, and
+    whether an embedded cache was made beside the service."""
+    from flashfeed.loader import ShardDataset
+    from flashfeed.plan.mixture import Mixture, Source
+
+    ds = ShardDataset(Mixture((Source(first, 1, "a"), Source(second, 1, "b"))), shuffle=False)
+    keys = [s["__key__"] for s in ds]
+    sources = ds.source.stats()["sources"]
+    held = _service_fds()
+    ds.close()
+    return {
+        "keys": keys,
+        "kinds": {name: st["kind"] for name, st in sources.items()},
+        "misses": {name: st["misses"] for name, st in sources.items()},
+        "held": held,
+        "embedded_cache": os.path.exists(os.environ["FLASHFEED_CACHE_DIR"]),
+    }
+
+
 def _service_fds() -> int:
     """Descriptors this process holds of files in a node service's cache."""
     n = 0
@@ -327,6 +347,7 @@ def main() -> None:
         "hold": _hold,
         "epoch": _epoch,
         "epoch-close": _epoch_close,
+        "mix-epoch": _mix_epoch,
         "get": _get,
         "try-read": _try_read,
         "cli": _cli,

@@ -8,6 +8,8 @@ import os
 from flashfeed.cache.node import NodeClient
 from flashfeed.dataset import Dataset
 
+from support.loader_helpers import make_image_dataset
+
 SHARED = "ffshared"  # the bucket both tenants read (conftest.py)
 
 
@@ -47,6 +49,25 @@ def test_loader_epochs_read_descriptors_from_the_service(node, tenants, datasets
     assert closed["rc"] == 0, closed["stderr"]
     assert sorted(closed["keys"]) == expected
     assert closed["held"] >= 1 and closed["after_close"] == 0, closed
+
+
+def test_a_mixture_reads_every_source_through_the_service(node, tenants, datasets, node_store):
+    node.write_config(tenants={"ffnodea": {"quota": "16MiB"}})
+    node.start()
+    alice, _ = tenants
+    other = f"s3://{SHARED}/other-{os.urandom(3).hex()}"  # not a copy of alpha's samples
+    make_image_dataset(other, [5, 7, 6], storage_options=node_store["admin"])
+    got = alice.run("mix-epoch", datasets["alpha"], other)
+    assert got["rc"] == 0, got["stderr"]
+    assert got["kinds"] == {"a": "node", "b": "node"} and not got["embedded_cache"]
+    by = {n: [k for k in got["keys"] if k.startswith(n + ":")] for n in "ab"}
+    assert abs(len(by["a"]) - len(by["b"])) <= 1  # weights 1:1
+    assert len(set(by["a"])) == len(by["a"])  # the larger source: each sample once
+    assert len(set(by["b"])) == 18  # the smaller one: every sample, then again (cycled)
+    assert got["held"] >= 2  # descriptors the service handed over, of both datasets
+    rows = [r for r in _admin_status(node)["report"]["rows"] if r["tenant"] == "ffnodea"]
+    assert sum(r["misses"] + r["hits"] for r in rows) >= sum(got["misses"].values()) > 0
+    assert sum(r["fetched_bytes"] for r in rows) > 0
 
 
 def test_tenant_without_access_is_refused_in_one_line_and_gets_no_bytes(node, tenants, datasets):
