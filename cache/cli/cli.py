@@ -208,7 +208,9 @@ def _warm(args: argparse.Namespace) -> int:
         kwargs["peers"] = spec
     if args.ray_address is None and (args.hosts or args.hostfile):
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
-    if node_cli.via_service(args.cache_dir) and not is_mixture_file(args.dataset):
+    if node_cli.via_service(args.cache_dir):
+        if is_mixture_file(args.dataset):
+            return node_cli.cache_warm_mixture(args, share)
         return node_cli.cache_warm(args, share)
     if is_mixture_file(args.dataset):
         if spec is not None:

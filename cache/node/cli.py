@@ -121,6 +121,32 @@ def cache_warm(args: argparse.Namespace, share: Any) -> int:
     return 0
 
 
+def cache_warm_mixture(args: argparse.Namespace, share: Any) -> int:
+    """``cache warm MIXTURE.json``: every source's shards this node reads (the mixture
+    plan's order), fetched and pinned by the service in one warm: it fails at once when
+    they cannot all fit in this tenant's quota."""
+    from flashfeed.plan.mixture import load_mixture
+
+    from ..warm.warmmix import mixture_order, open_sources
+
+    if args.ray_address is not None:
+        raise ValueError(
+            "--ray-address warms every node's own cache: unset FLASHFEED_NODE_SOCKET, "
+            "or warm each node through its service"
+        )
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    mixture = load_mixture(args.dataset)
+    datasets = open_sources(mixture)  # with this user's own credentials
+    order = mixture_order(mixture, datasets, share, batch=args.batch_size)
+    with _service_client() as client:
+        reply = client.warm_sources([d.url for d in datasets], order)
+    print(f"warmed {reply['shards']} shards of the {len(datasets)} sources of {args.dataset} "
+          f"({reply['bytes']}, {reply['fetched']} fetched) through the node service for job "
+          f"{client.job}")  # fmt: skip
+    return 0
+
+
 def cache_status(args: argparse.Namespace) -> int:
     with _service_client() as client:
         body = client.status()

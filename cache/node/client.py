@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -197,23 +198,28 @@ class NodeClient:
         request: dict[str, Any],
         *,
         url: str | None = None,
+        urls: Sequence[str] = (),
         wait: bool = True,
         patient: bool = True,
     ) -> tuple[dict[str, Any], list[int]]:
-        """``request`` (with ``key`` filled in for ``url``), retried across a restart of
-        the service (reconnect, open the dataset again) until ``reconnect_timeout``; not
-        ``patient``: ``NodeUnavailable`` at once while the service is away."""
+        """``request`` (with ``key`` filled in for ``url``, ``keys`` for ``urls``), retried
+        across a restart of the service (reconnect, open the datasets again) until
+        ``reconnect_timeout``; not ``patient``: ``NodeUnavailable`` at once while the
+        service is away."""
         deadline = time.monotonic() + (self.reconnect_timeout if patient else 0.0)
         while True:
             try:
                 if url is not None:
                     request = {**request, "key": self.open(url, patient=patient)}
+                if urls:
+                    request = {**request, "keys": [self.open(u, patient=patient) for u in urls]}
                 return self._call(request, wait=wait, patient=patient)
             except _Regrant:
-                if url is None:
+                if url is None and not urls:
                     raise NodeError("the node service asked for a dataset to be opened") from None
                 with self._lock:
-                    self._keys.pop(url, None)
+                    for u in (url, *urls):
+                        self._keys.pop(str(u).rstrip("/"), None)
             except NodeUnavailable:
                 if time.monotonic() >= deadline:
                     raise
@@ -264,6 +270,16 @@ class NodeClient:
         reply, _ = self.call(
             {"op": "warm", "shards": [int(s) for s in shards], "pin": pin}, url=url
         )
+        return reply
+
+    def warm_sources(
+        self, urls: Sequence[str], items: Sequence[tuple[int, int]], *, pin: bool = True
+    ) -> dict[str, Any]:
+        """Fetch (and pin for this job) the shards of several datasets, a mixture's sources:
+        ``items`` are ``(place in urls, shard)`` in the order to fetch them;
+        ``NodeQuotaError`` at once, before any fetch, when they cannot all fit."""
+        request = {"op": "warm", "items": [[int(j), int(s)] for j, s in items], "pin": pin}
+        reply, _ = self.call(request, urls=[u.rstrip("/") for u in urls])
         return reply
 
     def prefetch(self, url: str, shards: list[int]) -> None:

@@ -325,20 +325,20 @@ def _get_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> No
 
 def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     """Fetch (and with ``pin``, pin for this job) the given shards; fails at once, before
-    any fetch, when they cannot all fit in the tenant's quota."""
-    shards = request.get("shards")
-    if not isinstance(shards, list) or not all(isinstance(s, int) for s in shards):
-        raise RequestError("bad", "warm needs a list of shard numbers")
-    dataset = _granted(svc, conn, request.get("key"))
-    shards = [_shard_of(dataset, s) for s in shards]
-    d = svc.cache.dataset_dir(dataset)
-    keys = {(d.key, s): dataset.shards[s].bytes for s in shards}
+    any fetch, when they cannot all fit in the tenant's quota. One dataset (``key``,
+    ``shards``) or several at once, a mixture's sources (``keys``, and ``items``: pairs of
+    a key's place in ``keys`` and a shard, in the order to fetch them)."""
+    items = _warm_items(svc, conn, request)
+    keys: dict[tuple[str, int], int] = {}
+    for dataset, d, s in items:
+        keys[(d.key, s)] = dataset.shards[s].bytes
+    urls = ", ".join(dict.fromkeys(dataset.url for dataset, _, _ in items))
+    what = f"warm of {len(keys)} shards of {urls}"
     quota = svc.config.tenant(conn.tenant).quota
-    what = f"warm of {len(keys)} shards of {dataset.url}"
     warm_fits(svc.ledger, conn.tenant, quota, keys, what)
     pin = bool(request.get("pin", True))
     fetched = 0
-    for s in shards:
+    for dataset, d, s in items:
         if pin:  # pinned first: the next shard's room is never made by evicting this one
             svc.ledger.set_pin((d.key, s), conn.owner, True)
         _, fresh = _fill(svc, conn, dataset, s, what=what)
@@ -346,8 +346,39 @@ def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
             svc.ledger.set_pin((d.key, s), conn.owner, True)  # the charge follows the pin
             svc.cache.pin(dataset, s)
         fetched += fresh
-    conn.reply(request, {"shards": len(shards), "fetched": fetched,
+    conn.reply(request, {"shards": len(keys), "fetched": fetched,
                          "bytes": format_size(sum(keys.values()))})  # fmt: skip
+
+
+def _warm_items(
+    svc: NodeService, conn: Connection, request: dict[str, Any]
+) -> list[tuple[Any, Any, int]]:
+    """``(dataset, its cache folder, shard)`` of a warm request, in its order, each shard
+    once; every dataset granted to this connection."""
+    if "keys" in request:
+        granted = [_granted(svc, conn, k) for k in request.get("keys") or []]
+        pairs = request.get("items")
+        if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) for p in pairs
+        ):
+            raise RequestError("bad", "a warm of several datasets needs items: [source, shard]")
+        if any(not 0 <= j < len(granted) for j, _ in pairs):
+            raise RequestError("bad", f"item sources must be in [0, {len(granted)})")
+        wanted = [(granted[j], s) for j, s in pairs]
+    else:
+        shards = request.get("shards")
+        if not isinstance(shards, list) or not all(isinstance(s, int) for s in shards):
+            raise RequestError("bad", "warm needs a list of shard numbers")
+        dataset = _granted(svc, conn, request.get("key"))
+        wanted = [(dataset, s) for s in shards]
+    out, seen = [], set()
+    for dataset, s in wanted:
+        s = _shard_of(dataset, s)
+        d = svc.cache.dataset_dir(dataset)
+        if (d.key, s) not in seen:
+            seen.add((d.key, s))
+            out.append((dataset, d, s))
+    return out
 
 
 def _prefetch(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
