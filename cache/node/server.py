@@ -104,6 +104,7 @@ class NodeService:
             storage_options=cfg.store or None,
             peers=None if self.peer is None else self.peer.tier,
         )
+        self.cache.copies.durable_misses = False  # the ledger and accounts are the record
         self.ledger = Ledger(self.state_dir)
         self.dirs: dict[str, DatasetDir] = {d.key: d for d in list_dataset_dirs(self.cache.root)}
         resident = {}
@@ -213,6 +214,7 @@ class NodeService:
     def _flusher(self) -> None:
         while not self._stop.wait(2.0):
             self.accounts.flush()
+            self.cache.counters.flush()  # its misses are not flushed one by one here
 
     # -- connections ------------------------------------------------------------------------
     def _accept(self) -> None:
