@@ -208,7 +208,7 @@ def _warm(args: argparse.Namespace) -> int:
         kwargs["peers"] = spec
     if args.ray_address is None and (args.hosts or args.hostfile):
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
-    if node_cli.via_service(args.cache_dir):
+    if node_cli.via_service(args.cache_dir) and args.ray_address is None:
         if is_mixture_file(args.dataset):
             return node_cli.cache_warm_mixture(args, share)
         return node_cli.cache_warm(args, share)
@@ -284,6 +284,7 @@ def _warm_cluster(
     elif args.hostfile:
         hosts = parse_hostfile(args.hostfile)
     given = args.num_nodes if args.world_size is None else share.num_nodes
+    service = node_cli.cluster_service(args)
     return warm_cluster(
         args.dataset if mixture is None else mixture,
         args.cache_dir,  # None: each node's own FLASHFEED_CACHE_DIR
@@ -296,6 +297,7 @@ def _warm_cluster(
         cache_kwargs=kwargs,
         warn=_say,
         batch=args.batch_size,
+        service=service,
     )
 
 

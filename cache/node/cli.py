@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -102,16 +103,29 @@ def _service_client() -> Any:
     return NodeClient(reconnect_timeout=5.0)
 
 
+def cluster_service(args: argparse.Namespace) -> Any:
+    """``cache warm --ray-address`` with ``$FLASHFEED_NODE_SOCKET`` set and no directory:
+    each node warms through its own service (``ServiceWarm``); None otherwise."""
+    from .client import JOB_ENV, node_socket
+
+    sock = node_socket()
+    if args.cache_dir is not None or sock is None:
+        return None
+    if getattr(args, "peers", None):
+        raise ValueError(
+            "--peers configures a warm's own cluster tier; through the node services, "
+            "their peers section does: drop --peers"
+        )
+    from ..warm.cluster import ServiceWarm
+
+    return ServiceWarm(socket=sock, job=os.environ.get(JOB_ENV) or "default")
+
+
 def cache_warm(args: argparse.Namespace, share: Any) -> int:
     """``cache warm URL``: this node's share (the plan's order), fetched and pinned by the
     service inside this tenant's quota (job ``$FLASHFEED_JOB``)."""
     from flashfeed.dataset import Dataset
 
-    if args.ray_address is not None:
-        raise ValueError(
-            "--ray-address warms every node's own cache: unset FLASHFEED_NODE_SOCKET, "
-            "or warm each node through its service"
-        )
     dataset = Dataset.open(args.dataset)  # with this user's own credentials
     shards = list(dict.fromkeys(share.order(dataset)))
     with _service_client() as client:
@@ -129,11 +143,6 @@ def cache_warm_mixture(args: argparse.Namespace, share: Any) -> int:
 
     from ..warm.warmmix import mixture_order, open_sources
 
-    if args.ray_address is not None:
-        raise ValueError(
-            "--ray-address warms every node's own cache: unset FLASHFEED_NODE_SOCKET, "
-            "or warm each node through its service"
-        )
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     mixture = load_mixture(args.dataset)

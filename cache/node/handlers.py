@@ -337,7 +337,7 @@ def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     quota = svc.config.tenant(conn.tenant).quota
     warm_fits(svc.ledger, conn.tenant, quota, keys, what)
     pin = bool(request.get("pin", True))
-    fetched = 0
+    fetched = fetched_bytes = 0
     for dataset, d, s in items:
         if pin:  # pinned first: the next shard's room is never made by evicting this one
             svc.ledger.set_pin((d.key, s), conn.owner, True)
@@ -346,7 +346,8 @@ def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
             svc.ledger.set_pin((d.key, s), conn.owner, True)  # the charge follows the pin
             svc.cache.pin(dataset, s)
         fetched += fresh
-    conn.reply(request, {"shards": len(keys), "fetched": fetched,
+        fetched_bytes += dataset.shards[s].bytes if fresh else 0
+    conn.reply(request, {"shards": len(keys), "fetched": fetched, "fetched_bytes": fetched_bytes,
                          "bytes": format_size(sum(keys.values()))})  # fmt: skip
 
 

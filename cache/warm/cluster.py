@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flashfeed import storage
+from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
 from flashfeed.plan.mixture import Mixture
 from flashfeed.plan.plan import PlanOptions, Topology
@@ -28,6 +30,7 @@ from .warm import WarmResult, warm_share
 
 __all__ = [
     "RayNode",
+    "ServiceWarm",
     "alive_nodes",
     "map_hosts",
     "parse_hostfile",
@@ -168,10 +171,14 @@ def warm_node(
     share: NodeShare,
     cache_kwargs: dict[str, Any],
     batch: int = 1,
+    service: ServiceWarm | None = None,
 ) -> dict[str, Any]:
     """Warm this machine's cache with ``share`` of the dataset at ``url`` or of every source
-    of a mixture; ``cache_dir`` None: this node's default (``default_cache_dir``). A setup
-    failure comes back as ``"error"``, one line."""
+    of a mixture; ``cache_dir`` None: this node's default (``default_cache_dir``); with
+    ``service``, through this node's service instead. A setup failure comes back as
+    ``"error"``, one line."""
+    if service is not None:
+        return _warm_through_service(url, share, cache_kwargs, batch, service)
     root = cache_dir or default_cache_dir()
     try:
         spec = cache_kwargs.get("peers")
@@ -199,6 +206,51 @@ def warm_node(
     return out
 
 
+@dataclass(frozen=True)
+class ServiceWarm:
+    """A cluster warm through each node's service: the socket a node's own environment
+    names (``FLASHFEED_NODE_SOCKET`` where its Ray workers run), else the driver's
+    ``socket``; the warm's pins belong to job ``job`` of the Unix user Ray runs as."""
+
+    socket: str
+    job: str
+
+
+def _warm_through_service(
+    url: str | Mixture,
+    share: NodeShare,
+    cache_kwargs: dict[str, Any],
+    batch: int,
+    service: ServiceWarm,
+) -> dict[str, Any]:
+    """``warm_node`` through this node's service: the share's shards fetched and pinned
+    there, inside the quota of the Unix user this task runs as (all or none: over the
+    quota, one line and no fetch)."""
+    from ..node.client import NodeClient, node_socket
+    from .warmmix import mixture_order, open_sources
+
+    sock = node_socket() or service.socket
+    out = WarmResult(node_rank=share.node_rank, shards=0).to_dict()
+    start = time.monotonic()
+    try:
+        opts = cache_kwargs.get("storage_options")
+        with NodeClient(sock, job=service.job, storage_options=opts) as client:
+            if isinstance(url, Mixture):
+                datasets = open_sources(url, opts)
+                order = mixture_order(url, datasets, share, batch=batch)
+                reply = client.warm_sources([d.url for d in datasets], order)
+            else:
+                dataset = Dataset.open(url, storage_options=opts)
+                reply = client.warm(url, list(dict.fromkeys(share.order(dataset))))
+        out.update(shards=reply["shards"], pinned=reply["shards"], fetched=reply["fetched"],
+                   already=reply["shards"] - reply["fetched"],
+                   bytes_fetched=reply["fetched_bytes"])  # fmt: skip
+    except (FlashfeedError, ValueError, OSError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    out.update(seconds=time.monotonic() - start, host=socket.gethostname(), service=sock)
+    return out
+
+
 def warm_cluster(
     url: str | Mixture,
     cache_dir: str | None,
@@ -212,6 +264,7 @@ def warm_cluster(
     cache_kwargs: dict[str, Any],
     warn: Callable[[str], None] = log.warning,
     batch: int = 1,
+    service: ServiceWarm | None = None,
 ) -> list[dict[str, Any]]:
     """One Ray task per node of the run (hard node affinity), each warming its share (of
     every source, for a ``Mixture``: the nodes' shares of the mixture's plan).
@@ -219,7 +272,8 @@ def warm_cluster(
     A node's rank is its position in ``hosts``, or without ``hosts`` its place among the
     alive Ray nodes sorted by id. ``num_nodes``, when given, must be that number of nodes.
     ``cache_dir`` None: each node uses its own ``FLASHFEED_CACHE_DIR``. ``batch``: the
-    loader's batch size, for a mixture's plan.
+    loader's batch size, for a mixture's plan. ``service``: each node warms through its
+    node service instead of a cache directory.
     """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -258,7 +312,7 @@ def warm_cluster(
     refs = [
         task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-        ).remote(url, cache_dir, share, cache_kwargs, batch)
+        ).remote(url, cache_dir, share, cache_kwargs, batch, service)
         for node, share in zip(ranked, shares, strict=True)
     ]
     results = ray.get(refs)

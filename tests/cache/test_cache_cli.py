@@ -239,3 +239,14 @@ def test_warm_on_a_ray_cluster_runs_one_task_per_node(
     assert cached(root) == {Path(s.path).name for s in ds.shards}
     fits, _ = fitting_prefix(ds, NodeShare().order(ds), 4 << 20)
     assert len(fits) == 4
+
+
+def test_a_cluster_warm_through_the_services_refuses_peers_before_any_io(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.setenv("FLASHFEED_NODE_SOCKET", "/nonexistent/node.sock")
+    argv = ["cache", "warm", "s3://nowhere/d", "--ray-address", "127.0.0.1:1", "--hosts",
+            "n1", "--peers", "n1,n2"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "through the node services, their peers section does: drop --peers" in err, err
