@@ -22,6 +22,7 @@ from flashfeed.shardio import shard_name, write_arrow_shard, write_tar_shard
 
 __all__ = [
     "gnutar_dataset",
+    "grain_jpegs",
     "image_dataset",
     "noise_jpeg_dataset",
     "random_dataset",
@@ -135,6 +136,30 @@ def noise_jpeg_dataset(
     )  # fmt: skip
     commit_manifest(base, m)
     return base
+
+
+def grain_jpegs(folder: Path, count: int, *, seed: int = 0) -> list[tuple[Path, int]]:
+    """``count`` high-entropy JPEG files of about 200 KB (gaussian grain over one tint per
+    image, a photo's 4:3 at 896-1152 px wide, quality 50) with labels ``n % 10``, written
+    once under ``folder`` (kept when already there)."""
+    from PIL import Image
+
+    _check(count=count)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for n in range(count):
+        path = folder / f"grain{n:06d}.jpg"
+        if not path.exists():
+            rng = np.random.default_rng([seed, n])  # each file its own: the same bytes again
+            width = int(rng.integers(896, 1153))
+            height = width * 3 // 4
+            tint = rng.integers(0, 255, (1, 1, 3))
+            pixels = (tint + rng.normal(0, 40, (height, width, 3))).clip(0, 255)
+            tmp = path.with_suffix(".tmp")
+            Image.fromarray(pixels.astype("uint8")).save(tmp, format="JPEG", quality=50)
+            os.replace(tmp, path)
+        out.append((path, n % 10))
+    return out
 
 
 def token_dataset(prefix: Prefix, *, rows: int, seq_len: int, shards: int = 8) -> str:

@@ -16,9 +16,12 @@ pass through undecoded in both). Per layout, in rounds whose order rotates (batc
 Both first epochs start from a warm page cache (every file of the folder read once,
 untimed, just before). ``--gnutar DIR`` first writes such a layout from the benchmark
 corpus (benchmarks/harness/corpus.py): each photo with a caption ``.txt`` and a ``.json``,
-in shards of ``--shard-mb`` MB written by GNU ``tar``, then indexed.
+in shards of ``--shard-mb`` MB written by GNU ``tar``, then indexed. ``--grain DIR`` writes
+1,600 high-entropy JPEGs of about 200 KB (grain over a tint, 4:3, about 1 MP) in webdataset ``ShardWriter``
+shards of ``--shard-mb`` MB (three of 100 MB), a layout whose decode is bound by entropy.
 
     .bench-venv/bin/python -m benchmarks.stages.layouts --gnutar .bench/layouts/gnutar-100MB
+    .bench-venv/bin/python -m benchmarks.stages.layouts --grain .bench/layouts/grain-100MB
     .bench-venv/bin/python -m benchmarks.stages.layouts /data/laion-shards --fields image=jpg
 """
 
@@ -32,7 +35,7 @@ from typing import Any
 
 from benchmarks.benchmath import ratio
 from benchmarks.harness.corpus import pick_images
-from benchmarks.harness.datasets import gnutar_dataset
+from benchmarks.harness.datasets import gnutar_dataset, grain_jpegs, shardwriter_dataset
 from benchmarks.harness.peerloaders import DaliReaderEpochs
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
@@ -68,7 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         "--gnutar", type=Path,
         help="write a GNU tar layout (jpg, txt, json per photo) here first, and measure it",
     )  # fmt: skip
-    p.add_argument("--shard-mb", type=int, default=100, help="--gnutar's shard size in MB")
+    p.add_argument(
+        "--grain", type=Path,
+        help="write a webdataset ShardWriter layout of --grain-images high-entropy JPEGs "
+             "(about 200 KB each, harness.datasets.grain_jpegs) in shards of --shard-mb MB "
+             "here first, and measure it",
+    )  # fmt: skip
+    p.add_argument("--grain-images", type=int, default=1600, help="--grain's image count")
+    p.add_argument("--shard-mb", type=int, default=100,
+                   help="--gnutar's and --grain's shard size in MB")  # fmt: skip
     p.add_argument("--corpus", default=".bench/corpus", help="--gnutar's photos")
     p.add_argument("--mb", type=int, default=DEFAULT_MB, help="--gnutar's dataset size, MiB")
     p.add_argument("--rounds", type=int, default=3, help="rounds (default: %(default)s)")
@@ -81,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     for name, v in (("--rounds", args.rounds), ("--threads", args.threads),
-                    ("--shard-mb", args.shard_mb), ("--mb", args.mb)):  # fmt: skip
+                    ("--shard-mb", args.shard_mb), ("--mb", args.mb),
+                    ("--grain-images", args.grain_images)):  # fmt: skip
         if v < 1:
             p.error(f"{name} must be >= 1, got {v}")
     layouts: list[Path] = list(args.layouts)
@@ -89,8 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         ensure_corpus(Path(args.corpus), args.mb << 20, sys.executable)
         gnutar_dataset(pick_images(Path(args.corpus), args.mb << 20), args.gnutar, args.shard_mb)
         layouts.append(args.gnutar)
+    if args.grain is not None:
+        files = grain_jpegs(args.grain.with_name(args.grain.name + ".jpgs"), args.grain_images)
+        shardwriter_dataset(files, args.grain, args.shard_mb * 1_000_000 >> 20)
+        layouts.append(args.grain)
     if not layouts:
-        p.error("name at least one layout folder, or --gnutar DIR")
+        p.error("name at least one layout folder, or --gnutar DIR, or --grain DIR")
     for d in layouts:
         if not (d / "manifest.json").exists():
             p.error(f"{d} has no manifest.json: adopt its shards first with `flashfeed index {d}`")
