@@ -17,8 +17,9 @@ Both first epochs start from a warm page cache (every file of the folder read on
 untimed, just before). ``--gnutar DIR`` first writes such a layout from the benchmark
 corpus (benchmarks/harness/corpus.py): each photo with a caption ``.txt`` and a ``.json``,
 in shards of ``--shard-mb`` MB written by GNU ``tar``, then indexed. ``--grain DIR`` writes
-1,600 high-entropy JPEGs of about 200 KB (grain over a tint, 4:3, about 1 MP) in webdataset ``ShardWriter``
-shards of ``--shard-mb`` MB (three of 100 MB), a layout whose decode is bound by entropy.
+1,600 high-entropy JPEGs of about 200 KB (grain over a tint, 4:3, about 1 MP) in
+webdataset ``ShardWriter`` shards of ``--shard-mb`` MB (three of 100 MB), a layout whose
+decode is bound by entropy.
 
     .bench-venv/bin/python -m benchmarks.stages.layouts --gnutar .bench/layouts/gnutar-100MB
     .bench-venv/bin/python -m benchmarks.stages.layouts --grain .bench/layouts/grain-100MB
