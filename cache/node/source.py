@@ -182,7 +182,7 @@ class NodeShardSource:
             stale = {fd for fd, t in self._handed.items() if now - t > GRACE}
             if not stale:
                 return
-            gone = {fd for fd in stale if os.fstat(fd).st_nlink == 0}
+            gone = {fd for fd in stale if _evicted(fd)}
             for shard in [s for s, fd in self._held.items() if fd in gone]:
                 del self._held[shard]
             self._parts = [fd for fd in self._parts if fd not in gone]
@@ -358,6 +358,14 @@ def _read_fd(fd: int) -> bytes:
             return b"".join(chunks)
         chunks.append(data)
         offset += len(data)
+
+
+def _evicted(fd: int) -> bool:
+    """The file of ``fd`` has no name left (the service evicted it)."""
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:
+        return False  # not ours to judge: left as it is
 
 
 def _identity(fd: int) -> tuple[int, int]:
