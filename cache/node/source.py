@@ -3,7 +3,7 @@ or ``node=``), behind the same ``ShardSource`` interface as the embedded cache.
 
 ``local_path`` answers ``/proc/self/fd/N``: a descriptor the service handed over for a
 verified shard, which the reader maps as it maps a cached file (``flashfeed.runtime.fdpath``).
-The source keeps the last ``max_held`` descriptors and reads a shard it holds again without
+The source keeps up to ``max_held`` descriptors and reads a shard it holds again without
 a round trip (a dataset version's bytes never change; the service is told of such reads
 without waiting, a few at a time, for its LRU and the job's hits). So while the service is
 away (restarting) the shards held are read on; others wait for it to come back. A
@@ -17,6 +17,7 @@ progress, as the embedded cache's ``DatasetView`` opens them.
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 import weakref
@@ -34,11 +35,12 @@ from ..progress import FillView
 from ..view import PartialShard, arrow_partial
 from .client import NodeClient, NodeUnavailable
 
-__all__ = ["NodeShardSource"]
+__all__ = ["NodeShardSource", "default_max_held"]
 
-#: descriptors a source keeps by default: well above the shards a reader keeps mapped (16)
-#: plus those its read-ahead has in flight, so a path handed out stays valid while used
-MAX_HELD = 256
+#: descriptors a source keeps at least and at most by default (``default_max_held``): well
+#: above the shards a reader keeps mapped (16) plus those its read-ahead has in flight, so a
+#: path handed out stays valid while used
+MIN_HELD, MAX_HELD = 256, 16384
 #: seconds between the requests that tell the service of reads of held shards
 TOUCH_EVERY = 0.05
 #: seconds a descriptor stays open after its path was last handed out, whatever happens to
@@ -61,8 +63,10 @@ class NodeShardSource:
         socket_path: str | None = None,
         job: str | None = None,
         storage_options: dict[str, Any] | None = None,
-        max_held: int = MAX_HELD,
+        max_held: int | None = None,
     ) -> None:
+        if max_held is None:
+            max_held = default_max_held()
         if max_held < 1:
             raise ValueError(f"max_held must be >= 1, got {max_held!r}")
         self.dataset = dataset
@@ -158,12 +162,21 @@ class NodeShardSource:
             self._held.move_to_end(shard)
             self._handed[fd] = time.monotonic()
             while len(self._held) > self.max_held:
-                _, oldest = self._held.popitem(last=False)
-                self._close(oldest)
+                self._close(self._held.pop(self._victim()))
             if old is not None:
                 self._close(old)  # replaced by a new copy (evicted and fetched again)
         self._sweep()
         return fd_path(fd)
+
+    def _victim(self) -> int:
+        """The held shard to let go of for the new one: the one held most recently before
+        it. An epoch reads each shard once, in a new order each epoch: with more shards than
+        ``max_held``, LRU lets go of the oldest, which is the next one needed in a cyclic
+        order (none read again without asking), where this keeps ``max_held - 1`` shards
+        to the next epoch whatever the order."""
+        newest_first = reversed(self._held)
+        next(newest_first)
+        return next(newest_first)
 
     def _close(self, fd: int) -> None:
         """Close a held descriptor (the lock held)."""
@@ -333,6 +346,16 @@ class NodeShardSource:
         return {"kind": "node", "socket": self.socket_path, "hits": self._hits,
                 "misses": self._misses, "held_reads": self._held_reads,
                 "held": len(self._held), "reconnects": self.client.reconnects}  # fmt: skip
+
+
+def default_max_held() -> int:
+    """Descriptors a source keeps by default: a quarter of this process's limit on open
+    files (``ulimit -n``), within ``MIN_HELD`` (or half the limit) and ``MAX_HELD``. A held
+    shard is read again without a round trip; one not held costs a request to the service."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 4 * MAX_HELD
+    return max(min(MIN_HELD, soft // 2), min(MAX_HELD, soft // 4))
 
 
 def _tell_touches(client: NodeClient, url: str, touched: list[int], *, wait: bool = True) -> None:

@@ -134,3 +134,38 @@ def test_a_loaders_read_ahead_fits_its_quota_and_skips_the_shards_it_holds(
         assert [s for s, _ in _gets(proxy, since, url)] == [1]
     finally:
         source.close()
+
+
+def test_a_source_holding_fewer_descriptors_than_shards_still_reads_most_without_asking(
+    node, node_store, datasets
+):
+    """An epoch reads every shard once: with the oldest let go first, a source that may
+    hold 4 of 6 shards let go of each just before its read, and asked the service for every
+    one. Letting go of the one held last before the new one keeps most for the next pass."""
+    node.write_config(tenants={"root": {"quota": "16MiB"}})
+    node.start()
+    url = datasets["shared"]
+    source = NodeShardSource(
+        Dataset.open(url, storage_options=node_store["admin"]),
+        socket_path=node.socket,
+        storage_options=node_store["admin"],
+        max_held=4,
+    )
+    try:
+        for _ in range(4):
+            for s in range(6):
+                source.local_path(s)
+        stats = source.stats()
+        assert stats["held"] == 4
+        assert stats["held_reads"] == 12, stats  # 4 of 6 a pass after the first; LRU: none
+        assert stats["held_reads"] + stats["hits"] + stats["misses"] == 24
+    finally:
+        source.close()
+
+
+def test_the_descriptors_a_source_keeps_follow_the_open_file_limit(monkeypatch):
+    from flashfeed.cache.node import source as node_source
+
+    for soft, held in ((1024, 256), (20_000, 5_000), (100, 50), (1 << 30, 16_384)):
+        monkeypatch.setattr(node_source.resource, "getrlimit", lambda _, s=soft: (s, s))
+        assert node_source.default_max_held() == held
