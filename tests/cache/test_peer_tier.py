@@ -425,7 +425,7 @@ def test_a_node_serves_at_most_max_streams_copies_at_once(s3_prefix, proxy, tmp_
         _good(held, ds, [0, 1])
     key = dataset_key(ds.url, ds.manifest)
     with PeerServer(
-        cache_dir=str(tmp_path / "a"), token=TOKEN, max_streams=1, rate=1_000_000
+        cache_dir=str(tmp_path / "a"), token=TOKEN, max_streams=1, rate=100_000
     ) as server:
         tier = PeerTier(peers=[server.address], token=TOKEN)
         slow = tier.request(server.address, "GET", f"/v1/shard/{key}/0")
@@ -440,10 +440,12 @@ def test_a_node_serves_at_most_max_streams_copies_at_once(s3_prefix, proxy, tmp_
             filled: list[str] = []
             fill = threading.Thread(target=lambda: filled.append(cache.get(ds, 1)))
             fill.start()
-            time.sleep(0.1)
+            deadline = time.monotonic() + 3  # the one stream is held 4 s (400 kB at 100 kB/s)
+            while not tier.stats().get("peers_busy") and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert not filled and tier.stats()["peers_busy"] >= 1  # waiting for the node
             assert len(slow.read()) == ds.shards[0].bytes
-            assert time.monotonic() - start > 0.2  # 400 kB at 1 MB/s
+            assert time.monotonic() - start > 2
             slow.close()
             fill.join(30)
             assert storage.file_checksum(filled[0]) == ds.shards[1].checksum

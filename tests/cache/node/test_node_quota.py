@@ -138,7 +138,7 @@ def test_a_loader_lets_go_of_evicted_shards_once_its_readers_have_them(
     """A shard the service evicts while a loader holds its descriptor stays on the disk,
     beyond the quota, until the loader lets go: it does so ``GRACE`` seconds after it last
     handed out the path (its readers map a path at once), not at its ``max_held``-th shard."""
-    monkeypatch.setattr(node_source, "GRACE", 0.5)
+    monkeypatch.setattr(node_source, "GRACE", 60.0)  # nothing let go of while reading
     monkeypatch.setattr(node_source, "SWEEP_EVERY", 0.1)
     node.write_config(tenants={"root": {"quota": "16MiB"}})
     node.start()
@@ -154,6 +154,7 @@ def test_a_loader_lets_go_of_evicted_shards_once_its_readers_have_them(
         assert held == sum(ds.shards[i].bytes for i in range(6))  # read on within the grace
         with map_readonly(source.local_path(5)) as m:  # a held read: its path is valid
             assert m[:] == ds.read_shard(5)
+        monkeypatch.setattr(node_source, "GRACE", 0.5)
         time.sleep(0.7)
         with map_readonly(source.local_path(0)) as m:  # read on as held; the rest let go
             assert m[:] == ds.read_shard(0)
