@@ -85,3 +85,24 @@ def test_ingest_to_s3_drops_work_by_name_without_s3fs_on_the_driver(
     assert got["samples"] == 12 and got["shards"] >= 2
     assert not [f for f in got["files"] if "/_work/" in f]  # the stale record went too
     assert any(f.endswith("manifest.json") for f in got["files"])
+
+
+def test_a_shard_jobs_fingerprint_follows_its_items_content_only():
+    """The fingerprint a resumed run compares: equal items give equal bytes however their
+    objects were made or shared; a changed text, size or line gives others; a value pickle
+    refuses falls back to JSON."""
+    from flashfeed.ingest.runner import _content_bytes
+
+    text = 'a document with "quotes" and a lone \ud800 surrogate'
+    shared = {"values": {"text": text}, "media": {}}
+    one = [[0, "c.jsonl:1", 10, shared], [1, "c.jsonl:2", 10, shared]]
+    two = json.loads(json.dumps(one))  # equal content, no object shared
+    assert _content_bytes(one) == _content_bytes(two)
+    for changed in (
+        [[0, "c.jsonl:1", 11, shared], one[1]],
+        [[0, "c.jsonl:9", 10, shared], one[1]],
+        [[0, "c.jsonl:1", 10, {"values": {"text": text + "!"}, "media": {}}], one[1]],
+    ):
+        assert _content_bytes(changed) != _content_bytes(one)
+    odd = [[0, "c.jsonl:1", 1, {"values": {"f": lambda: 0}}]]
+    assert _content_bytes(odd).startswith(b"json:")
