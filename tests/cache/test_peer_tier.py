@@ -16,7 +16,6 @@ import time
 import numpy as np
 import pytest
 
-from benchmarks.harness.peercluster import SimNode, start_node
 from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.cache import ShardCache
@@ -32,36 +31,9 @@ from flashfeed.cache.warm.cluster import warm_node
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.runtime.lifeline import popen
 
-from support.cache_data import make_dataset
+from support.cache_data import PEER_TOKEN, make_dataset
 
-TOKEN = b"cluster-token-of-this-test-0123456789"
-
-
-@pytest.fixture
-def token(monkeypatch):
-    monkeypatch.setenv("FLASHFEED_PEER_TOKEN", TOKEN.decode())
-    return TOKEN
-
-
-@pytest.fixture
-def nodes(tmp_path, s3_store, token):
-    started: list[SimNode] = []
-
-    def start(name: str, n: int, **kw) -> SimNode:
-        node = start_node(name, f"127.0.0.{n}", str(tmp_path / name), s3_store.info.s3_port, **kw)
-        started.append(node)
-        return node
-
-    yield start
-    for node in started:
-        node.stop()
-
-
-@pytest.fixture
-def proxy(s3_store):
-    p = SlowProxy(("127.0.0.1", s3_store.info.s3_port))
-    yield p
-    p.close()
+TOKEN = PEER_TOKEN
 
 
 def _good(cache: ShardCache, ds, shards) -> None:

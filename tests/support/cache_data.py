@@ -10,6 +10,10 @@ from flashfeed import Dataset
 from flashfeed.cli.devstore import EmbeddedStore, StoreError
 
 
+#: the cluster token of the cluster tier's tests (``tests/cache/conftest.py``)
+PEER_TOKEN = b"cluster-token-of-this-test-0123456789"
+
+
 def make_dataset(
     prefix: str, *, shards: int = 4, shard_bytes: int = 64 << 10, per_shard: int = 4, seed: int = 0
 ) -> Dataset:
