@@ -9,7 +9,6 @@ from benchmarks.harness.datasets import random_dataset
 from flashfeed import Dataset
 from flashfeed.cli.devstore import EmbeddedStore, StoreError
 
-
 #: the cluster token of the cluster tier's tests (``tests/cache/conftest.py``)
 PEER_TOKEN = b"cluster-token-of-this-test-0123456789"
 
