@@ -41,6 +41,9 @@ __all__ = ["NodeShardSource", "default_max_held"]
 #: above the shards a reader keeps mapped (16) plus those its read-ahead has in flight, so a
 #: path handed out stays valid while used
 MIN_HELD, MAX_HELD = 256, 16384
+#: the descriptors handed out last that a new one never replaces: their paths may not have
+#: been opened yet (a reader maps a path at once; 16 stay mapped, a few more in flight)
+RECENT = 64
 #: seconds between the requests that tell the service of reads of held shards
 TOUCH_EVERY = 0.05
 #: seconds a descriptor stays open after its path was last handed out, whatever happens to
@@ -169,13 +172,18 @@ class NodeShardSource:
         return fd_path(fd)
 
     def _victim(self) -> int:
-        """The held shard to let go of for the new one: the one held most recently before
-        it. An epoch reads each shard once, in a new order each epoch: with more shards than
-        ``max_held``, LRU lets go of the oldest, which is the next one needed in a cyclic
-        order (none read again without asking), where this keeps ``max_held - 1`` shards
-        to the next epoch whatever the order."""
+        """The held shard to let go of for the new one: the one handed out most recently
+        before the last ``RECENT`` (at most a quarter of ``max_held``), whose paths a reader
+        may not have opened yet. An epoch reads each shard once: with more shards than
+        ``max_held``, letting go of the oldest lets go of the next one needed in a cyclic
+        order (none read again without asking), where this keeps the older ones to the next
+        epoch whatever the order."""
+        recent = min(RECENT, self.max_held // 4)
+        if len(self._held) <= recent + 2:
+            return next(iter(self._held))  # the oldest
         newest_first = reversed(self._held)
-        next(newest_first)
+        for _ in range(recent + 1):  # the new one and the ``recent`` handed out before it
+            next(newest_first)
         return next(newest_first)
 
     def _close(self, fd: int) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from flashfeed.cache.node import NodeClient, NodeShardSource
 from flashfeed.dataset import Dataset
 from flashfeed.loader.readahead import readahead_budget_bytes
+from flashfeed.runtime.fdpath import map_readonly
 
 DELAY = 1.5  # seconds every shard GET waits at the proxy: fills stay in flight
 
@@ -157,8 +158,30 @@ def test_a_source_holding_fewer_descriptors_than_shards_still_reads_most_without
                 source.local_path(s)
         stats = source.stats()
         assert stats["held"] == 4
-        assert stats["held_reads"] == 12, stats  # 4 of 6 a pass after the first; LRU: none
+        assert stats["held_reads"] == 10, stats  # 4, 2, 4 after the first pass; LRU: none
         assert stats["held_reads"] + stats["hits"] + stats["misses"] == 24
+    finally:
+        source.close()
+
+
+def test_the_paths_handed_out_last_stay_valid_while_more_are_handed_out(
+    node, node_store, datasets
+):
+    """A reader may open a path a moment after it got it: the source never lets go of the
+    descriptors it handed out last (a quarter of ``max_held``) for a new one."""
+    node.write_config(tenants={"root": {"quota": "16MiB"}})
+    node.start()
+    ds = Dataset.open(datasets["shared"], storage_options=node_store["admin"])
+    source = NodeShardSource(
+        ds, socket_path=node.socket, storage_options=node_store["admin"], max_held=4
+    )
+    try:
+        for s in range(4):
+            source.local_path(s)
+        path = source.local_path(4)  # not opened before the next one is handed out
+        source.local_path(5)
+        with map_readonly(path) as m:
+            assert m[:] == ds.read_shard(4)
     finally:
         source.close()
 
