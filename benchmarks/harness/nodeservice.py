@@ -14,7 +14,13 @@ from typing import Any
 
 from flashfeed.runtime import lifeline
 
-__all__ = ["NodeServiceProc", "held_evicted_bytes", "start_service", "stop_service"]
+__all__ = [
+    "NodeServiceProc",
+    "held_evicted_bytes",
+    "start_service",
+    "stop_service",
+    "wait_listening",
+]
 
 _BOOT = "import sys; from flashfeed.cli import main; sys.exit(main())"
 
@@ -28,6 +34,14 @@ def start_service(
     cmd = [sys.executable, "-c", _BOOT, "node", "serve", config_path, "--log-level", log_level]
     with open(log, "ab") as out:
         proc = lifeline.popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    return wait_listening(proc, sock, log, timeout=timeout)
+
+
+def wait_listening(
+    proc: subprocess.Popen[bytes], sock: str, log: str, *, timeout: float = 30.0
+) -> subprocess.Popen[bytes]:
+    """``proc``, a node service started elsewhere, once it listens on ``sock``; one that
+    exits or does not listen in ``timeout`` seconds raises, with the tail of ``log``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

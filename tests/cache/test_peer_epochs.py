@@ -10,8 +10,6 @@ import hashlib
 import io
 import os
 import tarfile
-import threading
-import time
 
 from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed.cache import ShardCache
@@ -20,7 +18,7 @@ from flashfeed.cache.peer.client import PeerTier, rendezvous_owner
 from flashfeed.dataset import Dataset
 from flashfeed.loader import ShardDataset
 
-from support.cache_data import PEER_TOKEN, make_dataset
+from support.cache_data import PEER_TOKEN, kill_when, make_dataset
 
 
 def _expected(ds: Dataset) -> dict[str, str]:
@@ -91,14 +89,7 @@ def test_an_epoch_through_a_peer_killed_mid_transfer(s3_prefix, nodes, proxy, tm
     a.call({"fetch": ds.url, "shards": [0, 1, 2]})
     tier = PeerTier(peers=[a.address], token=PEER_TOKEN)
 
-    def kill_once_bytes_flow() -> None:
-        deadline = time.monotonic() + 20
-        while tier.stats().get("bytes_from_peers", 0) == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        a.kill()
-
-    killer = threading.Thread(target=kill_once_bytes_flow)
-    killer.start()
+    killer = kill_when(a, lambda: tier.stats().get("bytes_from_peers", 0) > 0)
     try:
         with ShardCache(
             tmp_path / "b",
@@ -147,14 +138,7 @@ def test_an_epoch_while_the_node_that_single_flights_a_shard_dies(
     assert rendezvous_owner([a.address], key, 0) == a.address  # the one peer owns every shard
     tier = PeerTier(peers=[a.address], token=PEER_TOKEN)
 
-    def kill_once_a_fills() -> None:
-        deadline = time.monotonic() + 20
-        while a.proxy.shard_bytes() == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        a.kill()
-
-    killer = threading.Thread(target=kill_once_a_fills)
-    killer.start()
+    killer = kill_when(a, lambda: a.proxy.shard_bytes() > 0)  # a single-flights: kill it
     try:
         with ShardCache(
             tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier

@@ -31,7 +31,7 @@ from flashfeed.cache.warm.cluster import warm_node
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.runtime.lifeline import popen
 
-from support.cache_data import PEER_TOKEN, make_dataset
+from support.cache_data import PEER_TOKEN, kill_when, make_dataset
 
 TOKEN = PEER_TOKEN
 
@@ -148,14 +148,7 @@ def test_a_peer_killed_mid_transfer_is_dropped_and_the_fill_goes_on(
     a.call({"fetch": ds.url, "shards": [0]})
     tier = PeerTier(peers=[a.address], token=TOKEN)
 
-    def kill_once_bytes_flow() -> None:
-        deadline = time.monotonic() + 20
-        while tier.stats().get("bytes_from_peers", 0) == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        a.kill()
-
-    killer = threading.Thread(target=kill_once_bytes_flow)
-    killer.start()
+    killer = kill_when(a, lambda: tier.stats().get("bytes_from_peers", 0) > 0)
     with ShardCache(
         tmp_path / "b",
         storage_options={"endpoint_url": proxy.endpoint},

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.nodeservice import wait_listening
 from flashfeed.cache.node import NodeClient
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.dataset import Dataset
@@ -40,18 +39,8 @@ def _start_service(cluster: SimCluster, node: Node) -> str:
     log = os.path.join(cluster.root, f"service{node.index}.log")
     proc = cluster.popen(node, [sys.executable, "-m", "flashfeed.cli", "node", "serve", config],
                          log=log)  # fmt: skip
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, Path(log).read_text()[-2000:]
-        probe = socket.socket(socket.AF_UNIX)
-        try:
-            probe.connect(sock)
-            return sock
-        except OSError:
-            time.sleep(0.05)
-        finally:
-            probe.close()
-    raise AssertionError(f"service on node {node.index} did not listen: {Path(log).read_text()}")
+    wait_listening(proc, sock, log)
+    return sock
 
 
 @pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT))

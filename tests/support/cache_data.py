@@ -1,9 +1,14 @@
-"""Datasets for the cache tests: tar shards of seeded random bytes, with indexes."""
+"""Datasets for the cache tests: tar shards of seeded random bytes, with indexes; and a
+fault that lands mid-work (``kill_when``)."""
 
 from __future__ import annotations
 
 import os
 import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks.harness.datasets import random_dataset
 from flashfeed import Dataset
@@ -38,3 +43,18 @@ def start_own_store(parent: str) -> EmbeddedStore:
             store.stop()
             last = exc
     raise RuntimeError(f"could not start a private SeaweedFS server: {last}")
+
+
+def kill_when(node: Any, ready: Callable[[], bool], *, timeout: float = 20.0) -> threading.Thread:
+    """A started thread that SIGKILLs ``node`` (a simulated node) as soon as ``ready()``
+    says so (or after ``timeout`` seconds): a fault that lands in the middle of some work."""
+
+    def run() -> None:
+        deadline = time.monotonic() + timeout
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        node.kill()
+
+    killer = threading.Thread(target=run)
+    killer.start()
+    return killer

@@ -164,9 +164,7 @@ def test_a_source_holding_fewer_descriptors_than_shards_still_reads_most_without
         source.close()
 
 
-def test_the_paths_handed_out_last_stay_valid_while_more_are_handed_out(
-    node, node_store, datasets
-):
+def test_the_paths_handed_out_last_stay_valid_while_more_are_handed_out(node, node_store, datasets):
     """A reader may open a path a moment after it got it: the source never lets go of the
     descriptors it handed out last (a quarter of ``max_held``) for a new one."""
     node.write_config(tenants={"root": {"quota": "16MiB"}})
