@@ -60,6 +60,24 @@ def _epoch(ds: Dataset, cache: ShardCache) -> dict[str, str]:
     return out
 
 
+def _epoch_through(
+    tier: PeerTier, ds: Dataset, store: str, root, killer=None, **cache_kw
+) -> dict[str, int]:
+    """An epoch over a cache in ``root`` whose misses go to ``tier``'s peers, then the
+    store at ``store``, while ``killer`` (``kill_when``) strikes: checked to deliver each
+    sample once with its bytes; the tier's counters after it."""
+    try:
+        with ShardCache(
+            root, storage_options={"endpoint_url": store}, peers=tier, **cache_kw
+        ) as cache:
+            got = _epoch(ds, cache)
+    finally:
+        if killer is not None:
+            killer.join()
+    assert got == _expected(ds)
+    return tier.stats()
+
+
 def _flip(node, ds: Dataset, shard: int) -> None:
     path = DatasetDir(node.cache_dir, dataset_key(ds.url, ds.manifest)).shard_path(shard)
     with open(path, "r+b") as f:
@@ -75,11 +93,7 @@ def test_an_epoch_through_a_peer_that_serves_flipped_bytes(s3_prefix, nodes, pro
     a.call({"fetch": ds.url, "shards": [0, 1, 2, 3]})
     _flip(a, ds, 2)
     tier = PeerTier(peers=[a.address], token=PEER_TOKEN)
-    with ShardCache(
-        tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier
-    ) as cache:
-        assert _epoch(ds, cache) == _expected(ds)
-    assert tier.stats()["corrupt_copies"] == 1
+    assert _epoch_through(tier, ds, proxy.endpoint, tmp_path / "b")["corrupt_copies"] == 1
     assert proxy.shard_bytes() == ds.shards[2].bytes  # only the flipped one, again, from the store
 
 
@@ -90,18 +104,7 @@ def test_an_epoch_through_a_peer_killed_mid_transfer(s3_prefix, nodes, proxy, tm
     tier = PeerTier(peers=[a.address], token=PEER_TOKEN)
 
     killer = kill_when(a, lambda: tier.stats().get("bytes_from_peers", 0) > 0)
-    try:
-        with ShardCache(
-            tmp_path / "b",
-            storage_options={"endpoint_url": proxy.endpoint},
-            peers=tier,
-            part_size="256KiB",
-        ) as cache:
-            got = _epoch(ds, cache)
-    finally:
-        killer.join()
-    assert got == _expected(ds)
-    stats = tier.stats()
+    stats = _epoch_through(tier, ds, proxy.endpoint, tmp_path / "b", killer, part_size="256KiB")
     assert a.proc.returncode == -9 and stats["peers_dropped"] >= 1
     assert 0 < stats["bytes_from_peers"] < sum(s.bytes for s in ds.shards)
     assert proxy.shard_bytes() == stats["bytes_from_store"]
@@ -119,13 +122,10 @@ def test_an_epoch_across_a_partition(s3_prefix, nodes, proxy, tmp_path):
         )
         assert tier.holdings()  # A's announcement, learnt before the link goes down
         link.delay = 60.0  # the partition: nothing crosses the link any more
-        with ShardCache(
-            tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier
-        ) as cache:
-            assert _epoch(ds, cache) == _expected(ds)
+        stats = _epoch_through(tier, ds, proxy.endpoint, tmp_path / "b")
     finally:
         link.close()
-    assert tier.stats()["peers_dropped"] >= 1
+    assert stats["peers_dropped"] >= 1
     assert proxy.shard_bytes() == sum(s.bytes for s in ds.shards)  # all of it from the store
 
 
@@ -139,15 +139,7 @@ def test_an_epoch_while_the_node_that_single_flights_a_shard_dies(
     tier = PeerTier(peers=[a.address], token=PEER_TOKEN)
 
     killer = kill_when(a, lambda: a.proxy.shard_bytes() > 0)  # a single-flights: kill it
-    try:
-        with ShardCache(
-            tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier
-        ) as cache:
-            got = _epoch(ds, cache)
-    finally:
-        killer.join()
-    assert got == _expected(ds)
-    stats = tier.stats()
+    stats = _epoch_through(tier, ds, proxy.endpoint, tmp_path / "b", killer)
     assert a.proc.returncode == -9
     assert stats["fills_asked"] >= 1 and stats["peers_dropped"] >= 1
     assert proxy.shard_bytes() == stats.get("bytes_from_store", 0)  # b took the store over
