@@ -186,12 +186,13 @@ def sweep_dead_parts(d: DatasetDir) -> int:
     fill lock, which a live fill holds from its first byte to its last rename."""
     removed = 0
     orphans = d.orphan_indexes()
+    orphan_paths = {path for _, path in orphans}
     for shard, path in d.parts() + orphans:
         lock = FileLock(d.fill_lock(shard))
         if not lock.acquire(blocking=False):
             continue  # a live fill of this shard: its part files are in use
         try:
-            if (shard, path) in orphans and os.path.exists(path.removesuffix(".idx")):
+            if path in orphan_paths and os.path.exists(path.removesuffix(".idx")):
                 continue  # its fill ended between the listing and the lock
             os.unlink(path)
             removed += 1

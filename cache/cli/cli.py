@@ -209,8 +209,6 @@ def _warm(args: argparse.Namespace) -> int:
     if args.ray_address is None and (args.hosts or args.hostfile):
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
     if node_cli.via_service(args.cache_dir) and args.ray_address is None:
-        if is_mixture_file(args.dataset):
-            return node_cli.cache_warm_mixture(args, share)
         return node_cli.cache_warm(args, share)
     if is_mixture_file(args.dataset):
         if spec is not None:

@@ -116,43 +116,31 @@ def cluster_service(args: argparse.Namespace) -> Any:
             "--peers configures a warm's own cluster tier; through the node services, "
             "their peers section does: drop --peers"
         )
-    from ..warm.cluster import ServiceWarm
+    from ..warm.service import ServiceWarm
 
     return ServiceWarm(socket=sock, job=os.environ.get(JOB_ENV) or "default")
 
 
 def cache_warm(args: argparse.Namespace, share: Any) -> int:
-    """``cache warm URL``: this node's share (the plan's order), fetched and pinned by the
-    service inside this tenant's quota (job ``$FLASHFEED_JOB``)."""
-    from flashfeed.dataset import Dataset
+    """``cache warm URL|MIXTURE.json``: this node's share (the plan's order; of a mixture,
+    every source's shards), fetched and pinned by the service in one warm inside this
+    tenant's quota (job ``$FLASHFEED_JOB``): over it, one line and no fetch."""
+    from flashfeed.plan.mixture import is_mixture_file, load_mixture
 
-    dataset = Dataset.open(args.dataset)  # with this user's own credentials
-    shards = list(dict.fromkeys(share.order(dataset)))
-    with _service_client() as client:
-        reply = client.warm(args.dataset, shards)
-    print(f"warmed {reply['shards']} shards of {args.dataset} ({reply['bytes']}, "
-          f"{reply['fetched']} fetched) through the node service for job {client.job}")  # fmt: skip
-    return 0
+    from ..warm.service import warm_through_service
 
-
-def cache_warm_mixture(args: argparse.Namespace, share: Any) -> int:
-    """``cache warm MIXTURE.json``: every source's shards this node reads (the mixture
-    plan's order), fetched and pinned by the service in one warm: it fails at once when
-    they cannot all fit in this tenant's quota."""
-    from flashfeed.plan.mixture import load_mixture
-
-    from ..warm.warmmix import mixture_order, open_sources
-
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    mixture = load_mixture(args.dataset)
-    datasets = open_sources(mixture)  # with this user's own credentials
-    order = mixture_order(mixture, datasets, share, batch=args.batch_size)
-    with _service_client() as client:
-        reply = client.warm_sources([d.url for d in datasets], order)
-    print(f"warmed {reply['shards']} shards of the {len(datasets)} sources of {args.dataset} "
-          f"({reply['bytes']}, {reply['fetched']} fetched) through the node service for job "
-          f"{client.job}")  # fmt: skip
+    target = args.dataset
+    if is_mixture_file(args.dataset):
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        target = load_mixture(args.dataset)
+    with _service_client() as client:  # with this user's own credentials
+        reply = warm_through_service(client, target, share, batch=args.batch_size)
+    what = args.dataset
+    if not isinstance(target, str):
+        what = f"the {len(target.sources)} sources of {args.dataset}"
+    print(f"warmed {reply['shards']} shards of {what} ({reply['bytes']}, {reply['fetched']} "
+          f"fetched) through the node service for job {client.job}")  # fmt: skip
     return 0
 
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flashfeed import storage
-from flashfeed.dataset import Dataset
 from flashfeed.errors import FlashfeedError
 from flashfeed.plan.mixture import Mixture
 from flashfeed.plan.plan import PlanOptions, Topology
@@ -26,6 +24,7 @@ from flashfeed.telemetry import default_cache_dir
 
 from ..shardcache import ShardCache
 from .nodeshare import NodeShare
+from .service import ServiceWarm, warm_node_service
 from .warm import WarmResult, warm_share
 
 __all__ = [
@@ -178,7 +177,7 @@ def warm_node(
     ``service``, through this node's service instead. A setup failure comes back as
     ``"error"``, one line."""
     if service is not None:
-        return _warm_through_service(url, share, cache_kwargs, batch, service)
+        return warm_node_service(url, share, cache_kwargs.get("storage_options"), batch, service)
     root = cache_dir or default_cache_dir()
     try:
         spec = cache_kwargs.get("peers")
@@ -203,51 +202,6 @@ def warm_node(
         out["error"] = f"{type(exc).__name__}: {exc}"
     out["host"] = socket.gethostname()
     out["cache_dir"] = root
-    return out
-
-
-@dataclass(frozen=True)
-class ServiceWarm:
-    """A cluster warm through each node's service: the socket a node's own environment
-    names (``FLASHFEED_NODE_SOCKET`` where its Ray workers run), else the driver's
-    ``socket``; the warm's pins belong to job ``job`` of the Unix user Ray runs as."""
-
-    socket: str
-    job: str
-
-
-def _warm_through_service(
-    url: str | Mixture,
-    share: NodeShare,
-    cache_kwargs: dict[str, Any],
-    batch: int,
-    service: ServiceWarm,
-) -> dict[str, Any]:
-    """``warm_node`` through this node's service: the share's shards fetched and pinned
-    there, inside the quota of the Unix user this task runs as (all or none: over the
-    quota, one line and no fetch)."""
-    from ..node.client import NodeClient, node_socket
-    from .warmmix import mixture_order, open_sources
-
-    sock = node_socket() or service.socket
-    out = WarmResult(node_rank=share.node_rank, shards=0).to_dict()
-    start = time.monotonic()
-    try:
-        opts = cache_kwargs.get("storage_options")
-        with NodeClient(sock, job=service.job, storage_options=opts) as client:
-            if isinstance(url, Mixture):
-                datasets = open_sources(url, opts)
-                order = mixture_order(url, datasets, share, batch=batch)
-                reply = client.warm_sources([d.url for d in datasets], order)
-            else:
-                dataset = Dataset.open(url, storage_options=opts)
-                reply = client.warm(url, list(dict.fromkeys(share.order(dataset))))
-        out.update(shards=reply["shards"], pinned=reply["shards"], fetched=reply["fetched"],
-                   already=reply["shards"] - reply["fetched"],
-                   bytes_fetched=reply["fetched_bytes"])  # fmt: skip
-    except (FlashfeedError, ValueError, OSError) as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    out.update(seconds=time.monotonic() - start, host=socket.gethostname(), service=sock)
     return out
 
 
