@@ -11,14 +11,13 @@ import io
 import os
 import tarfile
 
-from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed.cache import ShardCache
 from flashfeed.cache.layout import DatasetDir, dataset_key
 from flashfeed.cache.peer.client import PeerTier, rendezvous_owner
 from flashfeed.dataset import Dataset
 from flashfeed.loader import ShardDataset
 
-from support.cache_data import PEER_TOKEN, kill_when, make_dataset
+from support.cache_data import PEER_TOKEN, behind_a_link, kill_when, make_dataset
 
 
 def _expected(ds: Dataset) -> dict[str, str]:
@@ -114,17 +113,10 @@ def test_an_epoch_across_a_partition(s3_prefix, nodes, proxy, tmp_path):
     ds = make_dataset(s3_prefix, shards=3, shard_bytes=200_000)
     a = nodes("a", 2)
     a.call({"fetch": ds.url, "shards": [0, 1, 2]})
-    host, port = a.address.rsplit(":", 1)
-    link = SlowProxy((host, int(port)))
-    try:
-        tier = PeerTier(
-            peers=[f"127.0.0.1:{link.port}"], token=PEER_TOKEN, timeout=1.0, announce_ttl=30.0
-        )
+    with behind_a_link(a) as (link, tier):
         assert tier.holdings()  # A's announcement, learnt before the link goes down
         link.delay = 60.0  # the partition: nothing crosses the link any more
         stats = _epoch_through(tier, ds, proxy.endpoint, tmp_path / "b")
-    finally:
-        link.close()
     assert stats["peers_dropped"] >= 1
     assert proxy.shard_bytes() == sum(s.bytes for s in ds.shards)  # all of it from the store
 

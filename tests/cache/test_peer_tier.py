@@ -16,7 +16,6 @@ import time
 import numpy as np
 import pytest
 
-from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import storage
 from flashfeed.cache import ShardCache
 from flashfeed.cache.layout import DatasetDir, dataset_key
@@ -31,7 +30,7 @@ from flashfeed.cache.warm.cluster import warm_node
 from flashfeed.cache.warm.nodeshare import NodeShare
 from flashfeed.runtime.lifeline import popen
 
-from support.cache_data import PEER_TOKEN, kill_when, make_dataset
+from support.cache_data import PEER_TOKEN, behind_a_link, kill_when, make_dataset
 
 TOKEN = PEER_TOKEN
 
@@ -237,12 +236,7 @@ def test_a_partition_between_two_nodes_falls_back_to_the_store(s3_prefix, nodes,
     ds = make_dataset(s3_prefix, shards=3, shard_bytes=200_000)
     a = nodes("a", 2)
     a.call({"fetch": ds.url, "shards": [0, 1, 2]})
-    host, port = a.address.rsplit(":", 1)
-    link = SlowProxy((host, int(port)))
-    try:
-        tier = PeerTier(
-            peers=[f"127.0.0.1:{link.port}"], token=TOKEN, timeout=1.0, announce_ttl=30.0
-        )
+    with behind_a_link(a) as (link, tier):
         with ShardCache(
             tmp_path / "b", storage_options={"endpoint_url": proxy.endpoint}, peers=tier
         ) as cache:
@@ -257,8 +251,6 @@ def test_a_partition_between_two_nodes_falls_back_to_the_store(s3_prefix, nodes,
             assert time.monotonic() - start < 15
         assert tier.stats()["peers_down"] >= 1
         assert proxy.shard_bytes() == ds.shards[1].bytes + ds.shards[2].bytes
-    finally:
-        link.close()
 
 
 def test_a_standalone_node_serves_its_cache_and_refuses_a_bad_token_file(tmp_path, monkeypatch):

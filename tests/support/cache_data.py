@@ -7,11 +7,14 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from benchmarks.harness.datasets import random_dataset
+from benchmarks.harness.slowproxy import SlowProxy
 from flashfeed import Dataset
+from flashfeed.cache.peer.client import PeerTier
 from flashfeed.cli.devstore import EmbeddedStore, StoreError
 
 #: the cluster token of the cluster tier's tests (``tests/cache/conftest.py``)
@@ -58,3 +61,19 @@ def kill_when(node: Any, ready: Callable[[], bool], *, timeout: float = 20.0) ->
     killer = threading.Thread(target=run)
     killer.start()
     return killer
+
+
+@contextmanager
+def behind_a_link(node: Any) -> Iterator[tuple[SlowProxy, PeerTier]]:
+    """``(link, tier)``: a tier whose one peer, ``node`` (a simulated node), it reaches only
+    through a proxy of its own, the link (its ``delay`` makes a partition); requests time
+    out after 1 s, announcements are trusted 30 s."""
+    host, port = node.address.rsplit(":", 1)
+    link = SlowProxy((host, int(port)))
+    try:
+        tier = PeerTier(
+            peers=[f"127.0.0.1:{link.port}"], token=PEER_TOKEN, timeout=1.0, announce_ttl=30.0
+        )
+        yield link, tier
+    finally:
+        link.close()
