@@ -210,12 +210,13 @@ def _warm(args: argparse.Namespace) -> int:
         raise ValueError("--hosts and --hostfile name the nodes of a cluster: add --ray-address")
     if node_cli.via_service(args.cache_dir) and args.ray_address is None:
         return node_cli.cache_warm(args, share)
-    if is_mixture_file(args.dataset):
-        if spec is not None:
-            raise ValueError("--peers warms one dataset; a mixture's sources: one at a time")
-        return _warm_mixture(args, share, kwargs)
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    mixture = load_mixture(args.dataset) if is_mixture_file(args.dataset) else None
+    if mixture is not None and spec is not None:
+        raise ValueError("--peers warms one dataset; a mixture's sources: one at a time")
     if args.ray_address is not None:
-        results = _warm_cluster(args, share, kwargs)
+        results = _warm_cluster(args, share, kwargs, mixture)
     else:
         root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
         if spec is not None:
@@ -223,37 +224,16 @@ def _warm(args: argparse.Namespace) -> int:
 
             kwargs = with_peer_tier(kwargs)
         with ShardCache(root, **kwargs) as cache:
-            dataset = cache.open_dataset(args.dataset)  # the manifest is kept for offline runs
-            result = warm_share(cache, dataset, share, progress=not args.no_progress)
+            # the manifest is kept in the cache for offline runs (a mixture's sources' too)
+            target = mixture if mixture is not None else cache.open_dataset(args.dataset)
+            result = warm_share(
+                cache, target, share, progress=not args.no_progress, batch=args.batch_size
+            )
         results = [{**result.to_dict(), "cache_dir": root}]
         if spec is not None:
             results[0]["peers"] = kwargs["peers"].stats()
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        _print(warm_summary(results))
-    errors = warm_errors(results)
-    _print(errors, file=sys.stderr)
-    return 1 if errors else 0
-
-
-def _warm_mixture(args: argparse.Namespace, share: NodeShare, kwargs: dict[str, Any]) -> int:
-    """``cache warm MIXTURE.json``: every source's shards this node reads first."""
-    from ..warm.warmmix import warm_mixture
-
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    mixture = load_mixture(args.dataset)
-    if args.ray_address is not None:
-        results = _warm_cluster(args, share, kwargs, mixture)
-    else:
-        root = _cache_dir(args.cache_dir, "--cache-dir", existing=False)
-        with ShardCache(root, **kwargs) as cache:
-            result = warm_mixture(
-                cache, mixture, share, progress=not args.no_progress, batch=args.batch_size
-            )
-        results = [{**result.to_dict(), "cache_dir": root}]
-    results = [{**r, "mixture": args.dataset} for r in results]
+    if mixture is not None:
+        results = [{**r, "mixture": args.dataset} for r in results]
     if args.json:
         print(json.dumps(results, indent=2))
     else:

@@ -265,18 +265,14 @@ class NodeClient:
         self.call({"op": "pin", "shard": int(shard), "pinned": pinned}, url=url)
 
     def warm(self, url: str, shards: list[int], *, pin: bool = True) -> dict[str, Any]:
-        """Fetch (and pin for this job) ``shards``; ``NodeQuotaError`` at once, before any
-        fetch, when they cannot fit in this tenant's quota."""
-        reply, _ = self.call(
-            {"op": "warm", "shards": [int(s) for s in shards], "pin": pin}, url=url
-        )
-        return reply
+        """``warm_sources`` of one dataset."""
+        return self.warm_sources([url], [(0, int(s)) for s in shards], pin=pin)
 
     def warm_sources(
         self, urls: Sequence[str], items: Sequence[tuple[int, int]], *, pin: bool = True
     ) -> dict[str, Any]:
-        """Fetch (and pin for this job) the shards of several datasets, a mixture's sources:
-        ``items`` are ``(place in urls, shard)`` in the order to fetch them;
+        """Fetch (and pin for this job) the shards of one dataset or several (a mixture's
+        sources): ``items`` are ``(place in urls, shard)`` in the order to fetch them;
         ``NodeQuotaError`` at once, before any fetch, when they cannot all fit."""
         request = {"op": "warm", "items": [[int(j), int(s)] for j, s in items], "pin": pin}
         reply, _ = self.call(request, urls=[u.rstrip("/") for u in urls])

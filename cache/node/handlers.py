@@ -325,9 +325,9 @@ def _get_fill(svc: NodeService, conn: Connection, request: dict[str, Any]) -> No
 
 def _warm(svc: NodeService, conn: Connection, request: dict[str, Any]) -> None:
     """Fetch (and with ``pin``, pin for this job) the given shards; fails at once, before
-    any fetch, when they cannot all fit in the tenant's quota. One dataset (``key``,
-    ``shards``) or several at once, a mixture's sources (``keys``, and ``items``: pairs of
-    a key's place in ``keys`` and a shard, in the order to fetch them)."""
+    any fetch, when they cannot all fit in the tenant's quota: of one dataset or several at
+    once, a mixture's sources (``keys``, and ``items``: pairs of a key's place in ``keys``
+    and a shard, in the order to fetch them)."""
     items = _warm_items(svc, conn, request)
     keys: dict[tuple[str, int], int] = {}
     for dataset, d, s in items:
@@ -356,22 +356,15 @@ def _warm_items(
 ) -> list[tuple[Any, Any, int]]:
     """``(dataset, its cache folder, shard)`` of a warm request, in its order, each shard
     once; every dataset granted to this connection."""
-    if "keys" in request:
-        granted = [_granted(svc, conn, k) for k in request.get("keys") or []]
-        pairs = request.get("items")
-        if not isinstance(pairs, list) or not all(
-            isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) for p in pairs
-        ):
-            raise RequestError("bad", "a warm of several datasets needs items: [source, shard]")
-        if any(not 0 <= j < len(granted) for j, _ in pairs):
-            raise RequestError("bad", f"item sources must be in [0, {len(granted)})")
-        wanted = [(granted[j], s) for j, s in pairs]
-    else:
-        shards = request.get("shards")
-        if not isinstance(shards, list) or not all(isinstance(s, int) for s in shards):
-            raise RequestError("bad", "warm needs a list of shard numbers")
-        dataset = _granted(svc, conn, request.get("key"))
-        wanted = [(dataset, s) for s in shards]
+    granted = [_granted(svc, conn, k) for k in request.get("keys") or []]
+    pairs = request.get("items")
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) for p in pairs
+    ):
+        raise RequestError("bad", "a warm needs items: [dataset, shard] pairs")
+    if any(not 0 <= j < len(granted) for j, _ in pairs):
+        raise RequestError("bad", f"item datasets must be in [0, {len(granted)})")
+    wanted = [(granted[j], s) for j, s in pairs]
     out, seen = [], set()
     for dataset, s in wanted:
         s = _shard_of(dataset, s)

@@ -1,4 +1,5 @@
-"""Warming a node's cache before a run: one node's share, a mixture's, a whole cluster's."""
+"""Warming a node's cache before a run: one node's share of a dataset or of a mixture (a
+dataset is a mixture of one: ``units.share_units``), a whole cluster's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from .warm import (
     fitting_prefix,
     warm,
     warm_mismatch,
+    warm_pairs,
     warm_share,
 )
 
@@ -23,5 +25,6 @@ __all__ = [
     "fitting_prefix",
     "warm",
     "warm_mismatch",
+    "warm_pairs",
     "warm_share",
 ]

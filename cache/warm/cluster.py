@@ -186,17 +186,13 @@ def warm_node(
 
             cache_kwargs = with_peer_tier(cache_kwargs, node_rank=share.node_rank)
         with ShardCache(root, **cache_kwargs) as cache:
-            if isinstance(url, Mixture):
-                from .warmmix import warm_mixture
-
-                out = warm_mixture(cache, url, share, progress=False, batch=batch).to_dict()
-            else:
-                dataset = cache.open_dataset(url)  # the manifest is kept for offline runs
-                if spec is not None:
-                    assign_owners(cache_kwargs["peers"], dataset, spec)
-                out = warm_share(cache, dataset, share, progress=False).to_dict()
-                if spec is not None:
-                    out["peers"] = cache_kwargs["peers"].stats()
+            # a dataset's manifest is kept in the cache for offline runs (a mixture's too)
+            target = url if isinstance(url, Mixture) else cache.open_dataset(url)
+            if spec is not None and not isinstance(target, Mixture):  # refused: warm_cluster
+                assign_owners(cache_kwargs["peers"], target, spec)
+            out = warm_share(cache, target, share, progress=False, batch=batch).to_dict()
+            if spec is not None:
+                out["peers"] = cache_kwargs["peers"].stats()
     except (FlashfeedError, ValueError, OSError) as exc:
         out = WarmResult(node_rank=share.node_rank, shards=0).to_dict()
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -256,7 +252,9 @@ def warm_cluster(
         "storage_options": _driver_storage_options(cache_kwargs.get("storage_options")),
     }
     shares = [NodeShare(options, topology, rank, epochs) for rank in range(len(ranked))]
-    if cache_kwargs.get("peers") is not None and not isinstance(url, Mixture):
+    if cache_kwargs.get("peers") is not None:
+        if isinstance(url, Mixture):
+            raise ValueError("--peers warms one dataset; a mixture's sources: one at a time")
         from ..peer.clusterwarm import plan_store_reads
 
         cache_kwargs["peers"] = plan_store_reads(

@@ -15,8 +15,8 @@ from flashfeed.errors import FlashfeedError
 from flashfeed.plan.mixture import Mixture
 
 from .nodeshare import NodeShare
+from .units import share_units
 from .warm import WarmResult
-from .warmmix import mixture_order, open_sources
 
 __all__ = ["ServiceWarm", "warm_node_service", "warm_through_service"]
 
@@ -43,12 +43,13 @@ def warm_through_service(
     by the service ``client`` (a ``NodeClient``) talks to, in the plan's order; its reply
     (``shards``, ``fetched``, ``fetched_bytes``, ``bytes``). ``batch``: the loader's batch
     size, for a mixture's plan."""
-    if isinstance(target, Mixture):
-        datasets = open_sources(target, storage_options)
-        order = mixture_order(target, datasets, share, batch=batch)
-        return dict(client.warm_sources([d.url for d in datasets], order))
-    dataset = Dataset.open(target, storage_options=storage_options)
-    return dict(client.warm(target, list(dict.fromkeys(share.order(dataset)))))
+    what = (
+        target
+        if isinstance(target, Mixture)
+        else Dataset.open(target, storage_options=storage_options)
+    )
+    units = share_units(what, share, batch=batch, storage_options=storage_options)
+    return dict(client.warm_sources([d.url for d in units.datasets], units.first_needs()))
 
 
 def warm_node_service(

@@ -15,7 +15,8 @@ import pytest
 from flashfeed.cache import ShardCache
 from flashfeed.cache.policy import FutureOrder, MixtureFuture
 from flashfeed.cache.warm.nodeshare import NodeShare
-from flashfeed.cache.warm.warmmix import mixture_order, open_sources, warm_mixture
+from flashfeed.cache.warm.units import mixture_order, open_sources
+from flashfeed.cache.warm.warm import warm_share
 from flashfeed.loader import TokenLoader
 from flashfeed.loader.mixsource import MixtureShardSource, open_mixture
 from flashfeed.loader.telemetry.mixledger import check_mixture
@@ -104,7 +105,7 @@ def test_eviction_removes_the_shard_the_merged_order_reads_last(sources: Mixture
 def test_a_mixture_warm_gives_eviction_the_merged_order(sources: Mixture, tmp_path: Path):
     share = NodeShare.build(num_nodes=1, ranks_per_node=1, seed=SEED)
     with ShardCache(tmp_path / "cache", capacity="1GiB") as cache:
-        result = warm_mixture(cache, sources, share, progress=False)
+        result = warm_share(cache, sources, share, progress=False)
         datasets = open_sources(sources, cache=cache)
         order = mixture_order(sources, datasets, share)
         assert result.fetched == len(order) and len({s for s, _ in order}) == 3

@@ -10,7 +10,7 @@ import pytest
 
 from flashfeed.cache import ShardCache
 from flashfeed.cache.warm.nodeshare import NodeShare
-from flashfeed.cache.warm.warmmix import mixture_order, open_sources
+from flashfeed.cache.warm.units import mixture_order, open_sources
 from flashfeed.cli import main
 from flashfeed.loader import TokenLoader
 from flashfeed.plan.mixture import Mixture, Source

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flashfeed.cache.warm.nodeshare import NodeShare
-from flashfeed.cache.warm.warmmix import mixture_order, open_sources
+from flashfeed.cache.warm.units import mixture_order, open_sources
 from flashfeed.plan.mixture import Mixture, Source
 
 from support.cluster import SimCluster, bytes_read, namespaces_available
