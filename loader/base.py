@@ -14,7 +14,7 @@ from .mixposition import MixPosition
 from .mixsource import MixtureDataset, status_root
 from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
-from .position import Position
+from .position import PlanPosition, Position
 from .readahead import StreamFeeder
 from .sources import reads_in_place
 from .telemetry.ledger import Ledger
@@ -49,7 +49,7 @@ class PlannedLoader:
         self.batch_size = batch_size
         self.drop_last = parts.options.drop_last
         self.source = parts.source
-        self.position: Position | MixPosition = (
+        self.position: PlanPosition = (
             MixPosition(dataset, ctx, parts.options, batch=batch_size if self.drop_last else 1)
             if isinstance(dataset, MixtureDataset)
             else Position(
@@ -321,14 +321,12 @@ class PlannedLoader:
             if keys is None:
                 raise ValueError(f"{self._describe()} keeps a ledger: deliver() needs the keys")
             self.ledger.record(epoch, keys)
-        per_source: tuple[tuple[str, int], ...] = ()
-        if isinstance(self.position, MixPosition):
-            per_source = self.position.source_counts(samples)
+        per_source = self.position.source_counts(samples)
+        if self.ledger is not None:  # a mixture's cycles this batch completes: what they left
             taken = self.position.consumed
-            if self.ledger is not None:  # cycles this batch completes: what they left unread
-                gone = self.position.dropped_between(taken, taken + samples)
-                if len(gone):
-                    self.ledger.record_dropped(epoch, gone.tolist())
+            gone = self.position.dropped_between(taken, taken + samples)
+            if len(gone):
+                self.ledger.record_dropped(epoch, gone.tolist())
         self.position.advance(samples)
         # the values, not a ``StatsRecord``: the recorder builds one only for a reader of it
         self.recorder.add(

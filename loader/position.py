@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -20,9 +20,34 @@ from flashfeed.plan.types import ARRIVAL_SPACINGS, ARRIVAL_WINDOWS
 
 from .distributed import DistContext
 
-__all__ = ["STATE_VERSION", "PlanOptions", "Position"]
+__all__ = ["STATE_VERSION", "PlanOptions", "PlanPosition", "Position"]
 
 STATE_VERSION = 2
+_NONE = np.zeros(0, np.int64)
+
+
+class PlanPosition(Protocol):
+    """What a loader asks of its place in the plan, one dataset's (``Position``) or a
+    mixture's (``flashfeed.loader.mixposition.MixPosition``) alike."""
+
+    ctx: DistContext
+    options: PlanOptions
+    shard_sizes: np.ndarray
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def consumed(self) -> int: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def next_epoch(self) -> None: ...
+    def following(self) -> Any: ...
+    def rank_plan(self) -> RankPlan: ...
+    def remaining(self) -> np.ndarray: ...
+    def advance(self, n: int) -> None: ...
+    def source_counts(self, samples: int) -> tuple[tuple[str, int], ...]: ...
+    def dropped_between(self, lo: int, hi: int) -> np.ndarray: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> PlanOptions: ...
 
 
 @dataclass
@@ -104,6 +129,15 @@ class Position:
 
     def advance(self, n: int) -> None:
         self.consumed += n
+
+    def source_counts(self, samples: int) -> tuple[tuple[str, int], ...]:
+        """Samples per source of the next ``samples``: none named, one dataset."""
+        return ()
+
+    def dropped_between(self, lo: int, hi: int) -> np.ndarray:
+        """What samples ``lo`` to ``hi`` complete leaves unread: nothing; one dataset's
+        losses are the epoch's, named when its pass ends."""
+        return _NONE
 
     def state_dict(self) -> dict[str, Any]:
         t = self.topology

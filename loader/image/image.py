@@ -17,10 +17,9 @@ from flashfeed.format.manifest import Manifest
 from flashfeed.plan.mixture import Mixture
 
 from ..base import Made, PlannedLoader
-from ..mixposition import MixPosition
 from ..parts import SharedKeywords, loader_parts
 from ..passorder import PassOrder
-from ..position import Position
+from ..position import PlanPosition, Position
 from ..reader import BatchSource
 from ..weakcall import weakly
 from .bucketplan import BucketPlanner, bucket_options
@@ -272,7 +271,7 @@ class Loader(PlannedLoader):
         ids = np.asarray(order.ids, np.int64)
         return replace(order, draws=clip_draws(p.options.seed, p.epoch, ids // per, ids % per))
 
-    def _next_position(self) -> Position | MixPosition:
+    def _next_position(self) -> PlanPosition:
         """The position the next pass starts from (the next epoch's, once this one ended)."""
         return self.position.following() if self._finished else self.position
 
@@ -440,7 +439,7 @@ class Loader(PlannedLoader):
         super().close()
 
 
-def _single(position: Position | MixPosition) -> Position:
+def _single(position: PlanPosition) -> Position:
     """The position of a loader that reads one dataset (a bucketed one: see ``__init__``)."""
     if not isinstance(position, Position):
         raise TypeError("a bucketed Loader reads one dataset, not a mixture")
