@@ -153,12 +153,6 @@ class PlannedLoader:
         if self._active:
             raise RuntimeError("load_state_dict() during a pass: finish or close the loop first")
         if not isinstance(self.dataset, MixtureDataset):  # a mixture checks its sources
-            if isinstance(state, dict) and state.get("kind") == "mixture":
-                raise ValueError(
-                    f"the state belongs to the mixture of sources "
-                    f"{[s[0] for s in state.get('sources') or []]}; this loader reads one "
-                    f"dataset, {self.dataset.url}"
-                )
             check_version(state, self.dataset)
         self.position.load_state_dict(state)
         self._finished = bool(state.get("finished", False))

@@ -50,6 +50,8 @@ def dataset_id(dataset: Dataset) -> str:
 def check_version(state: Any, dataset: Dataset) -> None:
     """A state saved on another version of this dataset (its ``"dataset"``: the version it
     was saved on) is refused naming both, with the way to continue on the recorded one."""
+    if isinstance(state, dict) and state.get("kind") == "mixture":
+        return  # the position refuses it, naming the mixture's sources
     saved = state.get("dataset") if isinstance(state, dict) else None
     current = dataset_id(dataset)
     if not (isinstance(saved, str) and saved and saved != current):

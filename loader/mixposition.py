@@ -27,11 +27,11 @@ from .distributed import DistContext
 from .mixsource import MixtureDataset
 from .position import (
     STATE_VERSION,
-    _arrival_slices,
-    _arrival_spacing,
-    _arrival_windows,
     _field,
     _segments,
+    check_state,
+    options_fields,
+    read_options,
 )
 
 __all__ = ["COUNT_AHEAD", "MixPosition"]
@@ -200,13 +200,7 @@ class MixPosition:
                 [n, d.manifest.digest]
                 for n, d in zip(self.mix.names, self.mix.datasets, strict=True)
             ],
-            "seed": self.options.seed,
-            "shuffle": self.options.shuffle,
-            "drop_last": self.options.drop_last,
-            "window": self.options.window,
-            "arrival_slices": self.options.arrival_slices,
-            "arrival_spacing": self.options.arrival_spacing,
-            "arrival_windows": self.options.arrival_windows,
+            **options_fields(self.options),
             "epoch": p.epoch,
             "world_size": t.world_size,
             "ranks_per_node": t.rpn,
@@ -235,27 +229,14 @@ class MixPosition:
     def load_state_dict(self, state: dict[str, Any]) -> PlanOptions:
         """Restore a position saved by any rank of any world size, under this mixture or one
         that differs only in weights, schedule, length or added sources."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            found = state.get("version") if isinstance(state, dict) else None
-            raise ValueError(
-                f"not a flashfeed loader state of version {STATE_VERSION} (found version "
-                f"{found!r}): {str(state)[:80]!r}"
-            )
+        check_state(state)
         if state.get("kind") != "mixture":
             raise ValueError(
                 f"the state belongs to one dataset ({state.get('dataset')}), this loader reads "
                 f"the mixture {list(self.mix.names)}"
             )
         self._check_sources(state.get("sources"))
-        options = PlanOptions(
-            seed=_field(state, "seed", int),
-            shuffle=_field(state, "shuffle", bool),
-            drop_last=_field(state, "drop_last", bool),
-            window=_field(state, "window", int),
-            arrival_slices=_arrival_slices(state),
-            arrival_spacing=_arrival_spacing(state),
-            arrival_windows=_arrival_windows(state),
-        )
+        options = read_options(state)
         if options != self.options:
             self._plan(options)
         progress, counts = _progress(state)

@@ -146,13 +146,7 @@ class Position:
             "dataset": self.dataset_id,
             "num_samples": self.num_samples,
             "num_shards": len(self.shard_sizes),
-            "seed": self.options.seed,
-            "shuffle": self.options.shuffle,
-            "drop_last": self.options.drop_last,
-            "window": self.options.window,
-            "arrival_slices": self.options.arrival_slices,
-            "arrival_spacing": self.options.arrival_spacing,
-            "arrival_windows": self.options.arrival_windows,
+            **options_fields(self.options),
             "epoch": self.epoch,
             "world_size": t.world_size,
             "ranks_per_node": t.rpn,
@@ -165,11 +159,12 @@ class Position:
     def load_state_dict(self, state: dict[str, Any]) -> PlanOptions:
         """Restore a position saved by any rank of any world size; returns the plan options
         it was saved with (seed, shuffle, window, drop_last), which replace the current ones."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            found = state.get("version") if isinstance(state, dict) else None
+        check_state(state)
+        if state.get("kind") == "mixture":
             raise ValueError(
-                f"not a flashfeed loader state of version {STATE_VERSION} (found version "
-                f"{found!r}): {str(state)[:80]!r}"
+                f"the state belongs to the mixture of sources "
+                f"{[s[0] for s in state.get('sources') or []]}; this loader reads one "
+                f"dataset ({self.dataset_id})"
             )
         saved_id = state.get("dataset")
         if saved_id and self.dataset_id and saved_id != self.dataset_id:
@@ -183,15 +178,7 @@ class Position:
                 f"in {state['num_shards']} shards, this one {self.num_samples} in "
                 f"{len(self.shard_sizes)}"
             )
-        options = PlanOptions(
-            seed=_field(state, "seed", int),
-            shuffle=_field(state, "shuffle", bool),
-            drop_last=_field(state, "drop_last", bool),
-            window=_field(state, "window", int),
-            arrival_slices=_arrival_slices(state),
-            arrival_spacing=_arrival_spacing(state),
-            arrival_windows=_arrival_windows(state),
-        )
+        options = read_options(state)
         epoch = _field(state, "epoch", int)
         if epoch < 0:
             raise ValueError(f"state field 'epoch' must be >= 0, got {epoch}")
@@ -203,6 +190,43 @@ class Position:
             self.prior, self.consumed = segs, 0
         self.rank_plan()  # refuses a state that does not fit this dataset
         return self.options
+
+
+def check_state(state: Any) -> None:
+    """Refuse what is not a loader state of this version, saying what it is."""
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        found = state.get("version") if isinstance(state, dict) else None
+        raise ValueError(
+            f"not a flashfeed loader state of version {STATE_VERSION} (found version "
+            f"{found!r}): {str(state)[:80]!r}"
+        )
+
+
+def options_fields(options: PlanOptions) -> dict[str, Any]:
+    """The plan options as a state saves them."""
+    return {
+        "seed": options.seed,
+        "shuffle": options.shuffle,
+        "drop_last": options.drop_last,
+        "window": options.window,
+        "arrival_slices": options.arrival_slices,
+        "arrival_spacing": options.arrival_spacing,
+        "arrival_windows": options.arrival_windows,
+    }
+
+
+def read_options(state: dict[str, Any]) -> PlanOptions:
+    """The plan options a state was saved with; each field checked, the ones added since
+    given the value the code before them had."""
+    return PlanOptions(
+        seed=_field(state, "seed", int),
+        shuffle=_field(state, "shuffle", bool),
+        drop_last=_field(state, "drop_last", bool),
+        window=_field(state, "window", int),
+        arrival_slices=_arrival_slices(state),
+        arrival_spacing=_arrival_spacing(state),
+        arrival_windows=_arrival_windows(state),
+    )
 
 
 def _field(state: dict[str, Any], name: str, kind: type) -> Any:

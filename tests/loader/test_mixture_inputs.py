@@ -109,3 +109,18 @@ def test_dataset_commands_on_a_mixture_file(corpora, tmp_path, capsys):
     assert [d["shards"] for d in report["datasets"]] == [3, 3]
     assert main(["cache", "status", str(cache), "--dataset", str(path)]) == 0
     assert "small" in capsys.readouterr().out
+
+
+def test_states_of_one_kind_are_refused_by_a_loader_of_the_other_naming_both(corpora):
+    mix = TokenLoader(_form(corpora, length=40), batch_size=4, seed=1)
+    one = TokenLoader(corpora["small"], batch_size=4, seed=1)
+    try:
+        next(iter(mix))
+        next(iter(one))
+        with pytest.raises(ValueError, match=r"mixture of sources \['small', 'big'\].*one dataset"):
+            one.load_state_dict(mix.state_dict())
+        with pytest.raises(ValueError, match=r"belongs to one dataset.*mixture \['small', 'big'\]"):
+            mix.load_state_dict(one.state_dict())
+    finally:
+        mix.close()
+        one.close()
