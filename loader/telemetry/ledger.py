@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,8 @@ __all__ = [
     "EpochCheck",
     "Ledger",
     "check_exactly_once",
+    "coverage",
+    "epoch_records",
     "key_hash",
     "read_dropped",
     "read_ledger",
@@ -133,15 +135,11 @@ def check_exactly_once(
     delivered is a duplicate. Dropped samples are global ids, so ``keys`` must then be in
     dataset order (shard by shard, sample by sample).
     """
-    recorded = read_ledger(ledger) if isinstance(ledger, str) else ledger
-    if dropped is None:
-        dropped = read_dropped(ledger) if isinstance(ledger, str) else {}
     ordered = list(keys)
     by_hash = {key_hash(k): k for k in ordered}
     out = {}
-    for epoch in sorted(set(recorded) | set(epochs) | set(dropped)):
-        hashes = recorded.get(epoch, [])
-        gone = [key_hash(ordered[i]) for i in dropped.get(epoch, [])]
+    for epoch, hashes, ids in epoch_records(ledger, epochs=epochs, dropped=dropped):
+        gone = [key_hash(ordered[i]) for i in ids]
         counts = Counter(hashes) + Counter(gone)
         out[epoch] = EpochCheck(
             epoch=epoch,
@@ -150,12 +148,29 @@ def check_exactly_once(
             missing=sorted(k for h, k in by_hash.items() if h not in counts),
             unknown=sum(n for h, n in counts.items() if h not in by_hash),
             dropped=len(gone),
-            coverage=_coverage(hashes, documents),
+            coverage=coverage(hashes, documents),
         )
     return out
 
 
-def _coverage(hashes: list[str], documents: TokenDocuments | None) -> DocumentCoverage | None:
+def epoch_records(
+    ledger: str | dict[int, list[str]],
+    *,
+    epochs: Iterable[int] = (),
+    dropped: dict[int, list[int]] | None = None,
+) -> Iterator[tuple[int, list[str], list[int]]]:
+    """``(epoch, hashes delivered, ids dropped)`` of every epoch a ledger (a directory or
+    ``read_ledger``'s result) or ``dropped`` names, and of ``epochs``, in order; the dropped
+    ids are read from a ledger directory unless given."""
+    recorded = read_ledger(ledger) if isinstance(ledger, str) else ledger
+    if dropped is None:
+        dropped = read_dropped(ledger) if isinstance(ledger, str) else {}
+    for epoch in sorted(set(recorded) | set(epochs) | set(dropped)):
+        yield epoch, recorded.get(epoch, []), dropped.get(epoch, [])
+
+
+def coverage(hashes: Iterable[str], documents: TokenDocuments | None) -> DocumentCoverage | None:
+    """Per-document coverage of delivered ``hashes`` (``documents`` given), else None."""
     if documents is None:
         return None
     from .doccoverage import document_coverage

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .ledger import key_hash, read_dropped, read_ledger
+from .ledger import coverage, epoch_records, key_hash
 
 if TYPE_CHECKING:
     from .doccoverage import DocumentCoverage, TokenDocuments
@@ -83,9 +83,6 @@ def check_mixture(
     epoch -> ids) are offsets into the keys laid end to end: ``keys`` in the mixture's
     source order, each source's in dataset order. ``documents``: source -> its rows'
     segments (``token_documents(url, prefix="<source>:")``) to report per-document coverage."""
-    recorded = read_ledger(ledger) if isinstance(ledger, str) else ledger
-    if dropped is None:
-        dropped = read_dropped(ledger) if isinstance(ledger, str) else {}
     owner: dict[str, str] = {}
     named: dict[str, str] = {}
     sizes: dict[str, int] = {}
@@ -100,9 +97,9 @@ def check_mixture(
     ends = list(np.cumsum([sizes[n] for n in names])) if names else []
     total_w = sum(weights.values()) or 1.0
     out: dict[int, dict[str, SourceCheck | int]] = {}
-    for epoch in sorted(set(recorded) | set(epochs) | set(dropped)):
-        counts = Counter(recorded.get(epoch, []))
-        gone = Counter(names[bisect.bisect_right(ends, int(i))] for i in dropped.get(epoch, []))
+    for epoch, hashes, ids in epoch_records(ledger, epochs=epochs, dropped=dropped):
+        counts = Counter(hashes)
+        gone = Counter(names[bisect.bisect_right(ends, int(i))] for i in ids)
         per: dict[str, Counter[str]] = {name: Counter() for name in keys}
         unknown = 0
         for h, n in counts.items():
@@ -128,16 +125,8 @@ def check_mixture(
                 share=delivered / delivered_all,
                 weight=weights.get(name, 0.0) / total_w,
                 dropped=gone[name],
-                coverage=_coverage(got, (documents or {}).get(name)),
+                coverage=coverage(got, (documents or {}).get(name)),
             )
         checks["unknown"] = unknown
         out[epoch] = checks
     return out
-
-
-def _coverage(got: Counter[str], documents: TokenDocuments | None) -> DocumentCoverage | None:
-    if documents is None:
-        return None
-    from .doccoverage import document_coverage
-
-    return document_coverage(got, documents)
