@@ -154,3 +154,21 @@ def test_sources_it_cannot_read_refused_in_one_line(
         PackedLoader(_mix(root), **_kw(corpora, column={"web": "text"}))
     with pytest.raises(ValueError, match="differ in shard format"):  # other loaders: as before
         TokenLoader(_mix(root), batch_size=2)
+
+
+def test_the_readme_example_runs(tmp_path: Path) -> None:
+    """The README's in-place mixture example, as printed, in its own process."""
+    import re
+    import subprocess
+    import sys
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.S)
+    block = [b for b in blocks if "PackedLoader(mix" in b]
+    assert len(block) == 1
+    script = tmp_path / "packed_mix_example.py"
+    script.write_text(block[0])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ["200", "100"]
