@@ -123,7 +123,7 @@ def _build(
     dataset: str | Dataset | Mixture | Mapping[str, Any],
     *,
     shard_format: str | tuple[str, ...],
-    mixture_check: SourceCheck | None = None,
+    mixture_check: SourceCheck | None,
     cache_dir: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,

@@ -44,7 +44,7 @@ from ..position import Position
 from ..telemetry.ledger import Ledger
 from ..unitread import DocTokens, UnitReader
 from .mixdocs import MixDocReader, document_check, source_columns
-from .packedmix import as_mixture_state, merge_mix_states
+from .packedmix import merge_mix_states, plan_state
 from .packedrows import batch_outputs, tokenizer_eos
 from .packedstate import merge_states
 from .packplan import pack_run
@@ -240,22 +240,10 @@ class PackedLoader:
         self._finished = all(bool(s.get("finished", False)) for s in states)
 
     def _plan_state(self, state: dict[str, Any]) -> dict[str, Any]:
-        """The plan's part of a packed state: a mixture's resumes under the mixture it was
-        saved with (each rank packs its own documents: no rank can start a new deal alone)."""
-        if not isinstance(self.position, MixPosition):
-            return state
-        deal = state.get("deal")
-        if state.get("plan") != "mixture" or not isinstance(deal, dict):
-            raise ValueError(
-                f"the state belongs to one dataset ({state.get('url')}); this PackedLoader "
-                f"reads the mixture {list(self.position.mix.names)}"
-            )
-        if deal.get("mixture") != self.position.mix.mixture.digest:
-            raise ValueError(
-                "a PackedLoader over a mixture resumes under the mixture its state was saved "
-                "with: weights, schedule, length and sources unchanged"
-            )
-        return as_mixture_state(state)
+        """The plan's part of a packed state (a mixture's: ``packedmix.plan_state``)."""
+        if isinstance(self.position, MixPosition):
+            return plan_state(state, self.position)
+        return state
 
     # --- reading ----------------------------------------------------------------------------
 

@@ -19,12 +19,29 @@ from ..distributed import DistContext
 from ..mixposition import MixPosition
 from .packedstate import check_job
 
-__all__ = ["as_mixture_state", "merge_mix_states"]
+__all__ = ["as_mixture_state", "merge_mix_states", "plan_state"]
 
 
 def as_mixture_state(state: dict[str, Any]) -> dict[str, Any]:
     """A packed state of a mixture as its ``MixPosition`` state."""
     return dict(state, kind="mixture")
+
+
+def plan_state(state: dict[str, Any], position: MixPosition) -> dict[str, Any]:
+    """A packed state's plan as ``position``'s state: only under the mixture it was saved
+    with (each rank packs its own documents: no rank can start a new deal alone)."""
+    deal = state.get("deal")
+    if state.get("plan") != "mixture" or not isinstance(deal, dict):
+        raise ValueError(
+            f"the state belongs to one dataset ({state.get('url')}); this PackedLoader "
+            f"reads the mixture {list(position.mix.names)}"
+        )
+    if deal.get("mixture") != position.mix.mixture.digest:
+        raise ValueError(
+            "a PackedLoader over a mixture resumes under the mixture its state was saved "
+            "with: weights, schedule, length and sources unchanged"
+        )
+    return as_mixture_state(state)
 
 
 def merge_mix_states(
