@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -87,16 +87,24 @@ class MixtureManifest:
         return f"{self._mix.names[s]}:{self._mix.datasets[s].manifest.shard_path(local)}"
 
 
-class MixtureDataset:
-    """A mixture's sources opened, checked to be readable by one loader, laid end to end."""
+#: a check that a loader can read a mixture's sources: (names, datasets), raises ValueError
+SourceCheck = Callable[[Sequence[str], Sequence[Dataset]], None]
 
-    def __init__(self, mixture: Mixture, datasets: Sequence[Dataset]) -> None:
+
+class MixtureDataset:
+    """A mixture's sources opened, checked to be readable by one loader, laid end to end.
+    ``check``: what the loader needs of its sources (default: one shard format and schema)."""
+
+    def __init__(
+        self, mixture: Mixture, datasets: Sequence[Dataset], *, check: SourceCheck | None = None
+    ) -> None:
         self.mixture = mixture
         self.datasets = tuple(datasets)
         self.names = mixture.names
         self.url = mixture.origin or "mixture(" + ",".join(self.names) + ")"
         self.encrypted = False
-        _check_alike(self.names, self.datasets)
+        _check_distinct(self.names, self.datasets)
+        (check or _check_alike)(self.names, self.datasets)
         self.shard_offsets = np.concatenate(
             [[0], np.cumsum([d.manifest.num_shards for d in self.datasets])]
         ).astype(np.int64)
@@ -124,9 +132,8 @@ class MixtureDataset:
         return f"MixtureDataset({self.url!r}, sources={list(self.names)})"
 
 
-def _check_alike(names: Sequence[str], datasets: Sequence[Dataset]) -> None:
-    """Sources one loader reads alike: one shard format, the same fields; no dataset twice."""
-    first, base = names[0], datasets[0].manifest
+def _check_distinct(names: Sequence[str], datasets: Sequence[Dataset]) -> None:
+    """No dataset twice in one mixture."""
     seen: dict[str, str] = {}
     for name, ds in zip(names, datasets, strict=True):
         m = ds.manifest
@@ -136,6 +143,13 @@ def _check_alike(names: Sequence[str], datasets: Sequence[Dataset]) -> None:
                 f"({ds.url}): a mixture names each dataset once"
             )
         seen[m.digest] = name
+
+
+def _check_alike(names: Sequence[str], datasets: Sequence[Dataset]) -> None:
+    """Sources one loader reads alike: one shard format, the same fields."""
+    first, base = names[0], datasets[0].manifest
+    for name, ds in zip(names, datasets, strict=True):
+        m = ds.manifest
         if m.shard_format != base.shard_format:
             raise ValueError(
                 f"sources {first!r} and {name!r} differ in shard format "
@@ -279,9 +293,11 @@ def open_mixture(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | None = None,
     cache: Any = None,
+    check: SourceCheck | None = None,
 ) -> tuple[MixtureDataset, MixtureShardSource]:
     """Open every source of ``mixture`` (an error names the source that fails), check they
-    can be read by one loader, and route shard requests to each (one node cache for all)."""
+    can be read by one loader (``check``: ``MixtureDataset``'s), and route shard requests
+    to each (one node cache for all)."""
     datasets = []
     for s in mixture.sources:
         try:
@@ -290,7 +306,7 @@ def open_mixture(
             raise ValueError(
                 f"mixture source {s.key!r} ({s.url}) cannot be opened: {exc}"
             ) from None
-    mix = MixtureDataset(mixture, datasets)
+    mix = MixtureDataset(mixture, datasets, check=check)
     given = cache is not None or cache_dir is not None
     if not given and node_service() is not None:  # each remote source through the service
         return mix, MixtureShardSource(

@@ -17,7 +17,7 @@ from flashfeed.plan.mixture import Mixture, is_mixture_file, load_mixture
 from flashfeed.plan.plan import PlanOptions
 
 from .distributed import DistContext, resolve_context
-from .mixsource import MixtureDataset, open_mixture
+from .mixsource import MixtureDataset, SourceCheck, open_mixture
 from .readahead import readahead_budget_bytes
 from .sources import CacheShardSource, ShardSource, open_dataset, open_source
 
@@ -102,15 +102,20 @@ def loader_parts(
     *,
     shard_format: str | tuple[str, ...],
     keywords: Mapping[str, Any],
+    mixture_check: SourceCheck | None = None,
 ) -> LoaderParts:
     """The parts of loader ``loader`` (its class name, for messages) reading ``dataset``,
-    whose shards must be ``shard_format``, from the user's ``SharedKeywords``."""
+    whose shards must be ``shard_format``, from the user's ``SharedKeywords``.
+    ``mixture_check``: what the loader needs of a mixture's sources, in place of one shard
+    format and schema (``shard_format`` then applies to one dataset only)."""
     unknown = sorted(set(keywords) - SharedKeywords.__optional_keys__)
     if unknown:
         raise TypeError(
             f"{loader}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}"
         )
-    return _build(loader, dataset, shard_format=shard_format, **keywords)
+    return _build(
+        loader, dataset, shard_format=shard_format, mixture_check=mixture_check, **keywords
+    )
 
 
 def _build(
@@ -118,6 +123,7 @@ def _build(
     dataset: str | Dataset | Mixture | Mapping[str, Any],
     *,
     shard_format: str | tuple[str, ...],
+    mixture_check: SourceCheck | None,
     cache_dir: str | None = None,
     rank: int | None = None,
     world_size: int | None = None,
@@ -150,9 +156,11 @@ def _build(
     if isinstance(dataset, Mixture | Mapping) or is_mixture_file(dataset):
         mixture = load_mixture(dataset)  # type: ignore[arg-type]
         mix, routed = open_mixture(
-            mixture, storage_options=storage_options, cache_dir=cache_dir, cache=cache
-        )
-        _check_format(loader, mix.url, mix.manifest.shard_format, shard_format)
+            mixture, storage_options=storage_options, cache_dir=cache_dir, cache=cache,
+            check=mixture_check,
+        )  # fmt: skip
+        if mixture_check is None:
+            _check_format(loader, mix.url, mix.manifest.shard_format, shard_format)
         if source is not None:
             raise ValueError(f"{loader}: source= reads one dataset; a mixture routes its own")
         if dataset_version is not None:

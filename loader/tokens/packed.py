@@ -15,12 +15,17 @@ The state says where a run stopped: documents of this rank consumed, and how man
 the next one were already delivered. Each rank packs its own documents: its own state
 resumes it on the same world size; the states of every rank resume the job on any other
 (``packedstate.py``).
+
+A mixture (of in-place sources and ingested Arrow datasets of documents, ``mixdocs.py``) is
+planned as every loader plans one (``MixPosition``): its documents have virtual ids (the
+sources' rows end to end), its keys name their source, and the states of every rank merge
+as one dataset's do (``packedmix.py``).
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -28,13 +33,18 @@ import numpy as np
 import torch
 
 from flashfeed.dataset import Dataset
+from flashfeed.plan.mixture import Mixture
 
 from ..datasetinfo import check_version, dataset_id, shard_samples
+from ..mixposition import MixPosition
+from ..mixsource import MixtureDataset
 from ..parts import loader_parts
 from ..passorder import first_uses
 from ..position import Position
 from ..telemetry.ledger import Ledger
 from ..unitread import DocTokens, UnitReader
+from .mixdocs import MixDocReader, document_check, source_columns
+from .packedmix import merge_mix_states, plan_state
 from .packedrows import batch_outputs, tokenizer_eos
 from .packedstate import merge_states
 from .packplan import pack_run
@@ -46,10 +56,12 @@ __all__ = ["PackedLoader"]
 
 class PackedLoader:
     """Batches ``{"tokens": (batch_size, seq_len) int64, "__key__": [[<unit>/<row>, ...] per
-    row], **outputs}`` from a Parquet or JSONL dataset indexed in place.
+    row], **outputs}`` from a Parquet or JSONL dataset indexed in place, or from a mixture of
+    such datasets and ingested Arrow datasets of documents (``mixdocs.py``).
 
     ``column``: a column of token ids (lists of ints) or of text; text needs ``tokenizer``
-    (a ``tokenizer.json`` path). ``outputs``: any of ``DOC_OUTPUTS``. ``columns``: other
+    (a ``tokenizer.json`` path). A mixture's sources may name it apart: ``{source: column}``.
+    ``outputs``: any of ``DOC_OUTPUTS``. ``columns``: other
     columns carried as ``batch[name]``, a list per row of each piece's document's value,
     aligned with ``__key__``. ``pad_id``: fills the
     last row of an epoch when ``drop_last=False``. ``max_open``: units kept decoded;
@@ -60,11 +72,11 @@ class PackedLoader:
 
     def __init__(
         self,
-        dataset: str | Dataset,
+        dataset: str | Dataset | Mixture | Mapping[str, Any],
         *,
         batch_size: int,
         seq_len: int,
-        column: str = "text",
+        column: str | Mapping[str, str] = "text",
         tokenizer: str | None = None,
         eos_token: str | None = None,
         pad_id: int = 0,
@@ -81,44 +93,52 @@ class PackedLoader:
             raise ValueError(f"decode_ahead must be an integer >= 0, got {decode_ahead!r}")
         if isinstance(outputs, str) or any(o not in DOC_OUTPUTS for o in outputs):
             raise ValueError(f"outputs must be names from {list(DOC_OUTPUTS)}, got {outputs!r}")
-        parts = loader_parts(
-            "PackedLoader", dataset, shard_format=("parquet", "jsonl"), keywords=shared
-        )
-        ds = parts.dataset
-        if not isinstance(ds, Dataset):
-            raise ValueError("PackedLoader reads one dataset indexed in place, not a mixture")
-        if column not in ds.manifest.schema:
-            raise ValueError(
-                f"{ds.url} has no column {column!r}; its columns: {sorted(ds.manifest.schema)}"
-            )
         if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
             raise ValueError(f"columns must be a sequence of column names, got {columns!r}")
         for c in columns:
             if c in ("tokens", "__key__", *DOC_OUTPUTS):
                 raise ValueError(f"columns: {c!r} is a name of the batch's own outputs")
-            if c not in ds.manifest.schema:
-                raise ValueError(
-                    f"{ds.url} has no column {c!r}; its columns: {sorted(ds.manifest.schema)}"
-                )
         self.columns = tuple(dict.fromkeys(columns))
+        parts = loader_parts(
+            "PackedLoader", dataset, shard_format=("parquet", "jsonl"), keywords=shared,
+            mixture_check=document_check(column, self.columns),
+        )  # fmt: skip
+        ds = parts.dataset
+        if isinstance(ds, Dataset):
+            if not isinstance(column, str):
+                raise ValueError(f"column must be a column name for one dataset, got {column!r}")
+            for c in (column, *self.columns):
+                if c not in ds.manifest.schema:
+                    raise ValueError(
+                        f"{ds.url} has no column {c!r}; its columns: {sorted(ds.manifest.schema)}"
+                    )
         self.dataset = ds
         self.parts = parts
         self.ctx = parts.ctx
         self.source = parts.source
         self.batch_size = batch_size
         self.seq_len = seq_len
-        self.column = column
+        self.column: str | dict[str, str] = column if isinstance(column, str) else dict(column)
         self.pad_id = pad_id
         self.outputs = tuple(o for o in DOC_OUTPUTS if o in outputs)
         self.max_open = max_open
         tokenizer_json, eos_id = tokenizer_eos(tokenizer, eos_token)
-        self.reader = UnitReader(
-            ds, column=column, tokenizer_json=tokenizer_json, eos_id=eos_id, extra=self.columns
-        )
-        self.position = Position(
-            shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
-        )
-        self._starts = np.concatenate([[0], np.cumsum(shard_samples(ds))]).astype(np.int64)
+        self.position: Position | MixPosition
+        self.reader: UnitReader | MixDocReader
+        self.mixed = isinstance(ds, MixtureDataset)
+        if isinstance(ds, MixtureDataset):  # documents have virtual ids: sources end to end
+            self.column = source_columns(ds.names, column)
+            self.reader = MixDocReader(ds, self.column, tokenizer_json=tokenizer_json,
+                                       eos_id=eos_id, extra=self.columns)  # fmt: skip
+            self.position = MixPosition(ds, parts.ctx, parts.options)
+        else:
+            self.reader = UnitReader(ds, column=column, tokenizer_json=tokenizer_json,
+                                     eos_id=eos_id, extra=self.columns)  # fmt: skip
+            self.position = Position(
+                shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
+            )
+        sizes = np.asarray(ds.manifest.shard_samples, np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.doc_offset = 0  # tokens of the next document already delivered
         #: after a resume on another world size: documents delivered before, and the token
         #: a document stopped inside continues from (``packedstate.py``)
@@ -166,11 +186,12 @@ class PackedLoader:
         world size left to skip or continue (``packedstate.py``)."""
         state = self.position.state_dict()
         state.update(
-            kind="packed", url=self.dataset.url, rank=self.ctx.rank, seq_len=self.seq_len,
+            kind="packed", plan="mixture" if self.mixed else "dataset",
+            url=self.dataset.url, rank=self.ctx.rank, seq_len=self.seq_len,
             column=self.column, doc_offset=self.doc_offset, finished=self._finished,
             consumed=self.position.consumed,
             prior=[[g.world_size, g.ranks_per_node, g.samples_per_rank]
-                   for g in self.position.prior],
+                   for g in getattr(self.position, "prior", ())],
             skip=sorted(self.skip), resume_at=sorted([d, o] for d, o in self.resume_at.items()),
         )  # fmt: skip
         return state
@@ -183,7 +204,8 @@ class PackedLoader:
         for s in states:
             if not isinstance(s, dict) or s.get("kind") != "packed":
                 raise ValueError("not a PackedLoader state (no kind='packed')")
-            check_version(s, self.dataset)
+            if isinstance(self.position, Position):  # a mixture's position checks its sources
+                check_version(s, self.dataset)
             if s.get("seq_len") != self.seq_len or s.get("column") != self.column:
                 raise ValueError(
                     f"the state packed column {s.get('column')!r} into rows of "
@@ -192,7 +214,7 @@ class PackedLoader:
         mine = [s for s in states if s.get("rank") == self.ctx.rank]
         same = states[0].get("world_size") == self.ctx.world_size
         if same and len(states) == 1 and mine:
-            self.position.load_state_dict(states[0])
+            self.position.load_state_dict(self._plan_state(states[0]))
             self.doc_offset = int(states[0].get("doc_offset") or 0)
             self.skip = {int(d) for d in states[0].get("skip", [])}
             self.resume_at = {int(d): int(o) for d, o in states[0].get("resume_at", [])}
@@ -203,6 +225,12 @@ class PackedLoader:
                 f"rank {self.ctx.rank} of {self.ctx.world_size}): each rank packs its own "
                 "documents; on another world size give the states of every rank"
             )
+        elif isinstance(self.position, MixPosition):
+            for s in states:
+                self._plan_state(s)
+            position, self.skip, self.resume_at = merge_mix_states(states, self.position)
+            self.position.load_state_dict(position)
+            self.doc_offset = 0
         else:
             position, self.skip, self.resume_at = merge_states(
                 states, self.position.shard_sizes, self.position.options
@@ -210,6 +238,12 @@ class PackedLoader:
             self.position.load_state_dict(position)
             self.doc_offset = 0
         self._finished = all(bool(s.get("finished", False)) for s in states)
+
+    def _plan_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The plan's part of a packed state (a mixture's: ``packedmix.plan_state``)."""
+        if isinstance(self.position, MixPosition):
+            return plan_state(state, self.position)
+        return state
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -323,7 +357,9 @@ class PackedLoader:
                     per_row[row].append(units[s].extra[c][r])
                 extra[c] = per_row
             if at == 0 or (at < B * L and self.parts.options.drop_last):
-                self._end([self._id_of(k) for k in started])
+                w_ids = ids[base:upto].tolist()
+                pieces = (w_ids[run.doc[k]] for k in run.piece)
+                self._end([d for d, o in zip(pieces, run.doc_off, strict=True) if o == 0])
                 return
             self.position.advance(run.consumed)
             p, off = p + run.consumed, run.offset
@@ -342,16 +378,13 @@ class PackedLoader:
                 self._end([])
                 return
 
-    def _id_of(self, key: str) -> int:
-        path, _, row = key.rpartition("/")
-        return int(self._starts[self.dataset.manifest.find_shard(path)]) + int(row)
-
     def _end(self, unfinished: list[int]) -> None:
         """The epoch's end on this rank: what the plan drops (``drop_last``) and the
         documents begun only in a last partial batch go to the ledger as dropped."""
         self._finished = True
         if self.ledger is not None:
-            gone = [*self._dropped.tolist(), *unfinished]
+            # what a resume on another world size skips was delivered before: not dropped
+            gone = [d for d in self._dropped.tolist() if d not in self.skip] + unfinished
             if gone:
                 self.ledger.record_dropped(self.position.epoch, gone)
 

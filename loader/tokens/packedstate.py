@@ -18,7 +18,7 @@ import numpy as np
 
 from flashfeed.plan.plan import PlanOptions, Segment, Topology, rank_plan
 
-__all__ = ["merge_states"]
+__all__ = ["check_job", "merge_states"]
 
 
 def _int(state: dict[str, Any], name: str) -> int:
@@ -28,13 +28,11 @@ def _int(state: dict[str, Any], name: str) -> int:
     return v
 
 
-def merge_states(
-    states: Sequence[dict[str, Any]], shard_sizes: np.ndarray, options: PlanOptions
-) -> tuple[dict[str, Any], set[int], dict[int, int]]:
-    """``(position state, documents to skip, document -> token to continue at)`` from the
-    states of every rank of one job (rank 0 to world_size - 1, saved after the same step)."""
+def check_job(states: Sequence[dict[str, Any]], agree: Sequence[str]) -> tuple[int, int]:
+    """``(world size, ranks per node)`` of the job that saved ``states``: one of each of its
+    ranks, agreeing on every field of ``agree`` (saved after the same step)."""
     if not states:
-        raise ValueError("merge_states needs the state of every rank, got none")
+        raise ValueError("resuming on another world size needs the state of every rank, got none")
     first = states[0]
     world = _int(first, "world_size")
     ranks = sorted(_int(s, "rank") for s in states)
@@ -44,13 +42,24 @@ def merge_states(
             f"ranks that saved it, got ranks {ranks}"
         )
     for s in states[1:]:
-        for k in ("epoch", "world_size", "ranks_per_node", "dataset", "prior", "seed"):
+        for k in agree:
             if s.get(k) != first.get(k):
                 raise ValueError(
                     f"the states disagree on {k!r} ({first.get(k)!r} and {s.get(k)!r}): "
                     "they were not saved after the same step of one job"
                 )
-    rpn = _int(first, "ranks_per_node")
+    return world, _int(first, "ranks_per_node")
+
+
+def merge_states(
+    states: Sequence[dict[str, Any]], shard_sizes: np.ndarray, options: PlanOptions
+) -> tuple[dict[str, Any], set[int], dict[int, int]]:
+    """``(position state, documents to skip, document -> token to continue at)`` from the
+    states of every rank of one job (rank 0 to world_size - 1, saved after the same step)."""
+    world, rpn = check_job(
+        states, ("epoch", "world_size", "ranks_per_node", "dataset", "prior", "seed")
+    )
+    first = states[0]
     prior = [Segment(int(a), int(b), int(c)) for a, b, c in first["prior"]]
     m = min(_int(s, "consumed") for s in states)
     skip: set[int] = set()
