@@ -107,6 +107,7 @@ class PackedLoader:
         if isinstance(ds, Dataset):
             if not isinstance(column, str):
                 raise ValueError(f"column must be a column name for one dataset, got {column!r}")
+            own_column = column
             for c in (column, *self.columns):
                 if c not in ds.manifest.schema:
                     raise ValueError(
@@ -132,7 +133,7 @@ class PackedLoader:
                                        eos_id=eos_id, extra=self.columns)  # fmt: skip
             self.position = MixPosition(ds, parts.ctx, parts.options)
         else:
-            self.reader = UnitReader(ds, column=column, tokenizer_json=tokenizer_json,
+            self.reader = UnitReader(ds, column=own_column, tokenizer_json=tokenizer_json,
                                      eos_id=eos_id, extra=self.columns)  # fmt: skip
             self.position = Position(
                 shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
@@ -204,7 +205,7 @@ class PackedLoader:
         for s in states:
             if not isinstance(s, dict) or s.get("kind") != "packed":
                 raise ValueError("not a PackedLoader state (no kind='packed')")
-            if isinstance(self.position, Position):  # a mixture's position checks its sources
+            if isinstance(self.dataset, Dataset):  # a mixture's position checks its sources
                 check_version(s, self.dataset)
             if s.get("seq_len") != self.seq_len or s.get("column") != self.column:
                 raise ValueError(
