@@ -16,6 +16,7 @@ import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -129,6 +130,29 @@ class UnitReader:
         self.eos_id = eos_id
         self._tokenizer: Any = None
         self._metadata: dict[str, Any] = {}
+        #: units kept decoded on flash (``loader/tokens/decoded.py``), set by the loader
+        self.kept: Any = None
+
+    @cached_property
+    def digest(self) -> str:
+        """What this reader makes of a unit (``decoded.reader_digest``)."""
+        from .tokens.decoded import reader_digest
+
+        return reader_digest(column=self.column, tokenizer_json=self.tokenizer_json,
+                             eos_id=self.eos_id, extra=self.extra)  # fmt: skip
+
+    def kept_unit(self, shard: int) -> DocTokens | None:
+        """Unit ``shard`` as kept decoded, when it is (its bytes' checksum names it)."""
+        checksum = self.dataset.shards[shard].checksum
+        if self.kept is None or not checksum:
+            return None
+        return self.kept.get(self.digest, checksum)  # type: ignore[no-any-return]
+
+    def keep(self, shard: int, docs: DocTokens) -> DocTokens:
+        checksum = self.dataset.shards[shard].checksum
+        if self.kept is not None and checksum:
+            self.kept.put(self.digest, checksum, docs)
+        return docs
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -136,8 +160,13 @@ class UnitReader:
         return state
 
     def read(self, source: Any, shard: int) -> DocTokens:
-        info = self.dataset.shards[shard]
+        """Unit ``shard``'s documents: its bytes read and checked (a file changed since it
+        was indexed is refused), then decoded, or mapped as kept decoded before."""
         data = unit_bytes(source, shard)
+        return self.kept_unit(shard) or self.keep(shard, self.decode(data, shard))
+
+    def decode(self, data: bytes | memoryview, shard: int) -> DocTokens:
+        info = self.dataset.shards[shard]
         files = self.dataset.in_place
         if files is None:
             raise ValueError(f"{self.dataset.url} is not indexed in place")

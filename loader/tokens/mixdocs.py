@@ -76,8 +76,11 @@ class ArrowDocReader(UnitReader):
     ``column`` (text, tokenized here, or a list of token ids)."""
 
     def read(self, source: Any, shard: int) -> DocTokens:
+        path = source.local_path(shard)  # the shard here and checked (cache or in place)
+        return self.kept_unit(shard) or self.keep(shard, self._decode_file(path, shard))
+
+    def _decode_file(self, path: str, shard: int) -> DocTokens:
         info = self.dataset.shards[shard]
-        path = source.local_path(shard)
         name = f"{self.dataset.url}/{info.path}"
         try:
             with pa.memory_map(path) as f:

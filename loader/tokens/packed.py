@@ -43,6 +43,7 @@ from ..passorder import first_uses
 from ..position import Position
 from ..telemetry.ledger import Ledger
 from ..unitread import DocTokens, UnitReader
+from .decoded import keep_units
 from .mixdocs import MixDocReader, document_check, source_columns
 from .packedmix import merge_mix_states, plan_state
 from .packedrows import batch_outputs, tokenizer_eos
@@ -66,7 +67,10 @@ class PackedLoader:
     aligned with ``__key__``. ``pad_id``: fills the
     last row of an epoch when ``drop_last=False``. ``max_open``: units kept decoded;
     ``decode_ahead``: units read and tokenized ahead of need, in background threads (0:
-    when needed, in the caller's thread). Every loader's keywords
+    when needed, in the caller's thread). ``keep_decoded``: a folder on local flash that
+    keeps units decoded (tokens per document, at most ``keep_decoded_bytes``), so that a
+    later epoch, or another rank of the node, maps them instead of decoding or tokenizing
+    them again (``decoded.py``). Every loader's keywords
     (``cache_dir``, ``rank``, ``seed``, ``ledger_dir``...): ``SharedKeywords``.
     """
 
@@ -84,6 +88,8 @@ class PackedLoader:
         columns: Sequence[str] = (),
         max_open: int = 16,
         decode_ahead: int = 2,
+        keep_decoded: str | None = None,
+        keep_decoded_bytes: int | str = "16GiB",
         **shared: Any,  # ``SharedKeywords``, checked by ``loader_parts``
     ) -> None:
         for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("max_open", max_open)):
@@ -138,6 +144,7 @@ class PackedLoader:
             self.position = Position(
                 shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
             )
+        self.kept = keep_units(self.reader, keep_decoded, keep_decoded_bytes)
         sizes = np.asarray(ds.manifest.shard_samples, np.int64)
         self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.doc_offset = 0  # tokens of the next document already delivered
@@ -394,6 +401,7 @@ class PackedLoader:
             "tokens": self.tokens_delivered,
             "skipped": dict(self.skipped),
             "source": self.source.stats(),
+            **({"kept": self.kept.stats()} if self.kept is not None else {}),
         }
 
     def close(self) -> None:
