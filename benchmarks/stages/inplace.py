@@ -6,10 +6,13 @@
            flashfeed ``PackedLoader`` (packing into ``--seq-len`` rows, document outputs
            off) beside Hugging Face ``datasets`` streaming ``load_dataset("parquet",
            streaming=True).map(tokenize, batched=True)`` and LitData's ``ParquetLoader``
-           when installed; local files, and cold from S3 (a fresh node cache each round)
+           (its ``StreamingDataLoader``, batches of 1,000 texts tokenized) when installed;
+           local files, and cold from S3 (a fresh node cache each round); and later epochs
+           with ``keep_decoded`` (units tokenized once, then mapped from flash)
   tokens   a column of token ids (lists of int32; zstd, snappy) packed by ``PackedLoader``
            beside ``TokenLoader`` over an ingested Arrow dataset of the same tokens packed
-           the same way (the tokenized corpus repeated ``--token-copies`` times)
+           the same way (the tokenized corpus repeated ``--token-copies`` times); and later
+           epochs with ``keep_decoded`` (each unit decoded once, then mapped)
   images   images/s of the DALI ``Loader`` over JPEGs and captions as a Hugging Face
            ``Image`` column in Parquet (indexed in place) beside the same in tar shards
   ceilings the bare work each of those cannot avoid, measured in the same rounds: the
@@ -129,12 +132,37 @@ def run_decode(prefix: str, column: str) -> int:
     return n
 
 
-def run_litdata(files: list[str], tok: str) -> int | None:
+def litdata_dir(files: list[str], work: Path) -> str | None:
+    """The files linked into a folder of their own, indexed by LitData (its ``index.json``
+    beside them, outside the timed rounds, as flashfeed's index is); None when LitData is
+    not installed."""
     try:
-        from litdata.streaming.item_loader import ParquetLoader  # noqa: F401
+        from litdata import index_parquet_dataset
     except ImportError:
         return None
-    return None  # installed: its ParquetLoader needs litdata's own index of the files
+    folder = work / "litdata"
+    folder.mkdir(exist_ok=True)
+    for f in files:
+        os.link(f, folder / Path(f).name)
+    index_parquet_dataset(str(folder))
+    return str(folder)
+
+
+def run_litdata(folder: str | None, tok: str, batch: int = 1000) -> int | None:
+    """LitData's ``ParquetLoader`` through its ``StreamingDataLoader``, each batch of texts
+    tokenized with the same call (+ EOS, as flashfeed's documents carry one)."""
+    if folder is None:
+        return None
+    from litdata import StreamingDataLoader, StreamingDataset
+    from litdata.streaming.item_loader import ParquetLoader
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(tok)
+    ds = StreamingDataset(input_dir=folder, item_loader=ParquetLoader())
+    n = 0
+    for b in StreamingDataLoader(ds, batch_size=batch, num_workers=0):
+        n += sum(len(e.ids) + 1 for e in t.encode_batch_fast(b["text"], add_special_tokens=False))
+    return n
 
 
 def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
@@ -147,10 +175,14 @@ def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
     index_in_place(local)
     files = [str(Path(local) / f) for f in sorted(os.listdir(Path(local) / "data"))]
     files = [str(Path(local) / "data" / Path(f).name) for f in files]
+    lit = litdata_dir(files, work)
+    kept = str(work / "kept-text")
+    run_packed(local, tok, args, keep_decoded=kept)  # an epoch before: every unit kept
     sides: dict[str, Callable[[], Measure | None]] = {
         "flashfeed local": lambda: _timed(lambda: run_packed(local, tok, args)),
+        KEPT_TEXT: lambda: _timed(lambda: run_packed(local, tok, args, keep_decoded=kept)),
         "datasets streaming local": lambda: _maybe(run_hf_streaming, files, tok, None),
-        "litdata ParquetLoader local": lambda: _maybe(run_litdata, files, tok),
+        "litdata ParquetLoader local": lambda: _maybe(run_litdata, lit, tok),
         CEILING_TEXT: lambda: _timed(lambda: run_tokenizer(docs, tok)),
     }
     if store is not None:
@@ -176,11 +208,15 @@ def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
     rows = _table(
         "text column tokenized in the loader",
         got,
-        ("flashfeed local", "flashfeed S3 cold", CEILING_TEXT),
+        ("flashfeed local", KEPT_TEXT, "flashfeed S3 cold", CEILING_TEXT),
     )
     _of_ceiling(rows, got, CEILING_TEXT, ("flashfeed local", "flashfeed S3 cold"))
     return rows
 
+
+#: later epochs (and a node's other ranks) with ``keep_decoded``: units mapped, not decoded
+KEPT_TEXT = "flashfeed epoch 2+, keep_decoded, local"
+KEPT_IDS = "PackedLoader epoch 2+, keep_decoded, zstd"
 
 #: the bare work each side cannot avoid, measured beside them
 CEILING_TEXT = "ceiling: bare tokenizer, same texts"
@@ -233,14 +269,20 @@ def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace
     def packed(codec: str) -> Callable[[], Measure]:
         return lambda: _timed(lambda: run_packed(local[codec], None, args, column="input_ids"))
 
+    kept = str(work / "kept-ids")
+    run_packed(local["zstd"], None, args, column="input_ids", keep_decoded=kept)  # kept once
     sides = {
         "PackedLoader, Parquet ids zstd": packed("zstd"),
+        KEPT_IDS: lambda: _timed(
+            lambda: run_packed(local["zstd"], None, args, column="input_ids", keep_decoded=kept)
+        ),
         "PackedLoader, Parquet ids snappy": packed("snappy"),
         "TokenLoader, ingested Arrow": lambda: _timed(token_loader),
         CEILING_IDS: lambda: _timed(lambda: run_decode(local["zstd"], "input_ids")),
     }
     got = run_rounds(sides, args.rounds, after_each=_progress)
-    ours = ("PackedLoader, Parquet ids zstd", "PackedLoader, Parquet ids snappy", CEILING_IDS)
+    ours = ("PackedLoader, Parquet ids zstd", "PackedLoader, Parquet ids snappy", KEPT_IDS,
+            CEILING_IDS)  # fmt: skip
     rows = _table("pre-tokenized column vs ingested Arrow", got, ours)
     _of_ceiling(rows, got, CEILING_IDS, ours[:1])
     return rows
