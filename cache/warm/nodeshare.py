@@ -23,6 +23,7 @@ __all__ = [
     "NodeShare",
     "dataset_digest",
     "describe_warm_record",
+    "fitting_pairs",
     "fitting_prefix",
     "warm_mismatch",
 ]
@@ -145,20 +146,24 @@ def fitting_prefix(
     dataset: Dataset, order: Sequence[int], capacity: int
 ) -> tuple[list[int], list[int]]:
     """Distinct shards in first-use order: those that fit in ``capacity``, and the rest."""
-    seen: set[int] = set()
-    fits: list[int] = []
-    rest: list[int] = []
+    fits, rest = fitting_pairs([dataset], [(0, i) for i in order], capacity)
+    return [i for _, i in fits], [i for _, i in rest]
+
+
+def fitting_pairs(
+    datasets: Sequence[Dataset], order: Sequence[tuple[int, int]], capacity: int
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """``fitting_prefix`` of ``(dataset number, shard)`` pairs: a dataset's or a mixture's."""
+    fits: list[tuple[int, int]] = []
+    rest: list[tuple[int, int]] = []
     used = 0
-    for i in order:
-        if i in seen:
-            continue
-        seen.add(i)
-        size = dataset.shards[i].bytes
+    for s, i in dict.fromkeys(order):
+        size = datasets[s].shards[i].bytes
         if not rest and used + size <= capacity:
-            fits.append(i)
+            fits.append((s, i))
             used += size
         else:
-            rest.append(i)
+            rest.append((s, i))
     return fits, rest
 
 

@@ -33,6 +33,7 @@ from .nodeshare import (
     NodeShare,
     dataset_digest,
     describe_warm_record,
+    fitting_pairs,
     fitting_prefix,
     warm_mismatch,
 )
@@ -135,14 +136,8 @@ def warm_pairs(
         cache.set_future(datasets[0], [i for _, i in units.order])
     else:  # eviction compares the sources' shards on one clock
         cache.set_mixture_future(datasets, units.first_needs())
-    wanted, room = [], cache.capacity
-    for s, i in units.first_needs():
-        room -= datasets[s].shards[i].bytes
-        if room < 0:
-            break
-        wanted.append((s, i))
-    result = WarmResult(node_rank=node_rank, shards=len(wanted),
-                        over_capacity=len(units.first_needs()) - len(wanted))  # fmt: skip
+    wanted, rest = fitting_pairs(datasets, units.order, cache.capacity)
+    result = WarmResult(node_rank=node_rank, shards=len(wanted), over_capacity=len(rest))
     result.pinned_per = [0] * len(datasets)
     present = {(s, i) for s, i in wanted if cache.contains(datasets[s], i)}
     before = cache.stats()
