@@ -21,6 +21,7 @@ from flashfeed.format.arrowshard import write_arrow
 from flashfeed.format.manifest import ShardInfo
 from flashfeed.format.media import LOADER_IMAGE_EXTS, image_size
 from flashfeed.format.video import VIDEO_EXTS, member_videos
+from flashfeed.runtime.gcpause import gc_paused
 from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
@@ -411,7 +412,8 @@ def run_shards(spec: TaskSpec, jobs: tuple[ShardJob, ...]) -> list[ShardResult]:
     with ThreadPoolExecutor(1, thread_name_prefix="ff-upload") as uploads, closing(reader):
         pending: Future[ShardResult] | None = None
         for job in jobs:
-            built = _build(spec, job, check=retried or job.recorded, reader=reader)
+            with gc_paused():  # a shard's documents: many small objects, no cycles
+                built = _build(spec, job, check=retried or job.recorded, reader=reader)
             retried = retried and built.result.reused
             if pending is not None:
                 results.append(pending.result())
