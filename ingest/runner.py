@@ -19,6 +19,7 @@ import xxhash
 from flashfeed import storage
 from flashfeed.errors import DatasetExistsError
 from flashfeed.format.manifest import delete_manifest, is_committed, manifest_url
+from flashfeed.runtime.gcpause import gc_paused
 from flashfeed.s3.putobject import list_keys
 
 from .assign import assign_shards, shard_groups
@@ -83,7 +84,8 @@ def run(config: IngestConfig) -> IngestResult:
     t0 = _lap(phases, "prepare", start)
     with ray_session(address=config.ray_address, num_cpus=config.num_cpus):
         t0 = _lap(phases, "ray_start", t0)
-        scan = _scan(config, ctx)
+        with gc_paused():  # a corpus's items: many small objects, no cycles
+            scan = _scan(config, ctx)
         t0 = _lap(phases, "scan", t0)
         items, rejects = scan.items, list(scan.rejects)
         if config.dedup:
@@ -97,7 +99,8 @@ def run(config: IngestConfig) -> IngestResult:
             )
             t0 = _lap(phases, "neardup", t0)
         recorded = _recorded(config.dest, ctx)
-        shards = _assign_shards(config, scan, items, ctx, recorded)
+        with gc_paused():
+            shards = _assign_shards(config, scan, items, ctx, recorded)
         t0 = _lap(phases, "assign", t0)
         results = _dispatch(shards.spec, shards.jobs, config.progress)
         _lap(phases, "shards", t0)

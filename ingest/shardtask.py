@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import asdict, dataclass, field, fields
-from operator import attrgetter
+from dataclasses import asdict, dataclass, field
+from functools import cache
 from typing import Any
 
 import pyarrow as pa
@@ -21,10 +21,13 @@ from flashfeed.format.arrowshard import write_arrow
 from flashfeed.format.manifest import ShardInfo
 from flashfeed.format.media import LOADER_IMAGE_EXTS, image_size
 from flashfeed.format.video import VIDEO_EXTS, member_videos
+from flashfeed.runtime.gcpause import gc_paused
 from flashfeed.s3.putobject import put_object
 from flashfeed.shardio import shard_name, tar_shard_bytes
 
 from .sources import Item, Reject, SourceReader, StorageContext, open_reader
+from .sources.base import ItemRows, item_rows
+from .sources.tables import TABLE_EXTS, empty_field, table_texts
 from .taskerrors import in_stage
 from .tokenize import shared_packer, tokenizer_threads
 from .transforms import TransformOptions, transform_record
@@ -93,24 +96,12 @@ class ShardJob:
         """Pickled as plain tuples: a dataclass per item would cost the pickler (Ray's
         cloudpickle) a Python call per item, a tenth of the tokenizer's time on short
         documents."""
-        return _job, (self.number, list(map(_item_fields, self.items)), self.fingerprint,
+        return _job, (self.number, item_rows(self.items), self.fingerprint,
                       self.recorded)  # fmt: skip
 
 
 def _job(number: int, items: list[tuple[Any, ...]], fingerprint: str, recorded: bool) -> ShardJob:
-    return ShardJob(number, tuple(map(_item, items)), fingerprint, recorded)
-
-
-def _item(values: tuple[Any, ...]) -> Item:
-    """An ``Item`` made as pickle makes one, its fields set without the frozen class's
-    ``__init__`` (four ``object.__setattr__`` calls an item)."""
-    item = object.__new__(Item)
-    item.__dict__.update(zip(_ITEM_FIELDS, values, strict=True))
-    return item
-
-
-_ITEM_FIELDS = tuple(f.name for f in fields(Item))
-_item_fields = attrgetter(*_ITEM_FIELDS)
+    return ShardJob(number, ItemRows(items), fingerprint, recorded)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -172,7 +163,7 @@ def _samples(
     if reader is None:
         reader = open_reader(spec.source_format, spec.shared)
     t_read = t_transform = 0.0
-    items = job.items
+    items = tuple(job.items)
     by_source = sorted(range(len(items)), key=lambda i: items[i].index)
     records: list[tuple[dict, dict[str, tuple[int, int]]] | None] = [None] * len(items)
     read, ctx, clock = reader.read, spec.ctx, time.perf_counter
@@ -248,6 +239,38 @@ def _member(kind: str, value: Any) -> bytes:
 def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardResult) -> pa.Table:
     """The shard's documents as packed token rows; an empty document, or one the tokenizer
     refuses, is a counted reject."""
+    field_name = spec.text_field or "txt"
+    docs, ids = [], []
+    for it, rec in samples:
+        text = rec.get(field_name)
+        if not text:
+            result.rejects.append(empty_field(it.index, it.source, field_name))
+            continue
+        docs.append(str(text))
+        ids.append(it.index)
+    return _pack(spec, docs, ids, cache(lambda: {it.index: it.source for it, _ in samples}), result)
+
+
+def _tokenize_rows(spec: TaskSpec, job: ShardJob, result: ShardResult) -> pa.Table:
+    """``_tokenize`` of a table whose one field is the text: the documents straight from
+    the items' rows (``table_texts``), the same texts and rejects, no record per item."""
+    rows = item_rows(job.items)
+    t0 = time.perf_counter()
+    docs, ids, rejects, result.bytes_in = table_texts(rows, spec.text_field or "", spec.transform)
+    result.rejects += rejects
+    result.timings.update(read=time.perf_counter() - t0, transform=0.0)
+    return _pack(spec, docs, ids, cache(lambda: {r[0]: r[1] for r in rows}), result)
+
+
+def _pack(
+    spec: TaskSpec,
+    docs: list[str],
+    ids: list[int],
+    sources: Callable[[], dict[int, str]],
+    result: ShardResult,
+) -> pa.Table:
+    """``docs`` (named by ``ids``) as packed token rows; one the tokenizer refuses is a
+    counted ``unencodable_text`` reject (``sources()``: the source of every id)."""
     packer = shared_packer(
         spec.tokenizer or "",
         seq_len=spec.seq_len or 0,
@@ -256,23 +279,10 @@ def _tokenize(spec: TaskSpec, samples: list[tuple[Item, dict]], result: ShardRes
         window=spec.pack_window,
         special_tokens=spec.special_tokens,
     )
-    field_name = spec.text_field or "txt"
-    docs, ids = [], []
-    for it, rec in samples:
-        text = rec.get(field_name)
-        if not text:
-            result.rejects.append(
-                {"index": it.index, "source": it.source, "reason": "empty_text",
-                 "detail": f"field {field_name!r} is empty"}
-            )  # fmt: skip
-            continue
-        docs.append(str(text))
-        ids.append(it.index)
-    source = {it.index: it.source for it, _ in samples}
 
     def refused(index: int, why: str) -> None:
         result.rejects.append(
-            {"index": index, "source": source[index], "reason": "unencodable_text",
+            {"index": index, "source": sources()[index], "reason": "unencodable_text",
              "detail": why}
         )  # fmt: skip
 
@@ -330,11 +340,16 @@ def _build(
     if reused is not None:
         return _Built(reused)
     result = ShardResult(number=job.number, info=None)
-    found = list(_samples(spec, job, result, reader))
+    # a table whose one field is the text to tokenize: no media to read, no other value
+    rows_only = spec.tokenizer is not None and spec.source_format in TABLE_EXTS
+    rows_only = rows_only and spec.kinds == {spec.text_field: "text"}
+    found = [] if rows_only else list(_samples(spec, job, result, reader))
     samples = [(it, rec) for it, rec, _ in found]
     t0 = time.perf_counter()
     table: pa.Table | None = None
-    if spec.tokenizer is not None:
+    if rows_only:
+        table = _tokenize_rows(spec, job, result)
+    elif spec.tokenizer is not None:
         table = _tokenize(spec, samples, result)
     elif samples and spec.out_format == "arrow":
         table = _arrow_table(spec, samples)
@@ -411,7 +426,8 @@ def run_shards(spec: TaskSpec, jobs: tuple[ShardJob, ...]) -> list[ShardResult]:
     with ThreadPoolExecutor(1, thread_name_prefix="ff-upload") as uploads, closing(reader):
         pending: Future[ShardResult] | None = None
         for job in jobs:
-            built = _build(spec, job, check=retried or job.recorded, reader=reader)
+            with gc_paused():  # a shard's documents: many small objects, no cycles
+                built = _build(spec, job, check=retried or job.recorded, reader=reader)
             retried = retried and built.result.reused
             if pending is not None:
                 results.append(pending.result())

@@ -21,6 +21,7 @@ from .sources.textcheck import LONE_SURROGATE, lone_surrogate
 
 __all__ = [
     "TransformOptions",
+    "clean_text",
     "content_hash",
     "output_fields",
     "reencoded_name",
@@ -173,6 +174,22 @@ def transform_record(
     if has_text and not has_content and not any(kinds.get(n) == "text" for n in out):
         raise Reject("empty_text", "every text field is empty after normalisation")
     return out
+
+
+def clean_text(name: str, value: Any, opts: TransformOptions) -> str | None:
+    """What ``transform_record`` makes of a record whose one field ``name`` is text: the
+    text, None for no value (nothing out), or the same ``Reject``; one call per document
+    where a shard's documents are taken straight from their rows."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    if (bad := lone_surrogate(text)) is not None:
+        raise Reject(LONE_SURROGATE, f"{name}: {bad}")
+    if opts.normalize_text:
+        text = unicodedata.normalize("NFC", text).strip()
+    if not text:
+        raise Reject("empty_text", "every text field is empty after normalisation")
+    return text
 
 
 def _video(name: str, value: Any) -> dict[str, Any]:

@@ -9,8 +9,9 @@ back: field -> value.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any
 
 from flashfeed import storage
@@ -20,12 +21,14 @@ from flashfeed.format.video import VIDEO_EXTS
 __all__ = [
     "IMAGE_EXTS",
     "Item",
+    "ItemRows",
     "Mapper",
     "Record",
     "Reject",
     "RejectInfo",
     "SourceScan",
     "StorageContext",
+    "item_rows",
     "kind_of_ext",
     "serial_map",
 ]
@@ -62,6 +65,50 @@ class Item:
     source: str
     size: int
     ref: dict[str, Any] = field(default_factory=dict)
+
+
+def item_from_row(values: tuple[Any, ...]) -> Item:
+    """An ``Item`` from its row ``(index, source, size, ref)``, made as pickle makes one:
+    its fields set without the frozen class's ``__init__`` (four ``object.__setattr__``)."""
+    item = object.__new__(Item)
+    item.__dict__.update(zip(_ITEM_FIELDS, values, strict=True))
+    return item
+
+
+_ITEM_FIELDS = tuple(f.name for f in fields(Item))
+_item_fields = attrgetter(*_ITEM_FIELDS)
+
+
+class ItemRows(Sequence[Item]):
+    """Items as plain rows ``(index, source, size, ref)`` (how a shard job ships them), each
+    made an ``Item`` only when asked for: a reader that takes the rows needs none."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(map(item_from_row, self.rows[i]))
+        return item_from_row(self.rows[i])
+
+    def __iter__(self) -> Iterator[Item]:
+        return map(item_from_row, self.rows)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+
+def item_rows(items: Sequence[Item]) -> list[tuple[Any, ...]]:
+    """The rows of ``items``: an ``ItemRows``'s own, else one tuple per item."""
+    return items.rows if isinstance(items, ItemRows) else list(map(_item_fields, items))
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ import io
 import json
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from ..transforms import TransformOptions, clean_text
 from .base import (
     Item,
     Mapper,
@@ -32,7 +33,17 @@ from .base import (
 )
 from .format import FunctionReader, Listing, SourceOption, SourceReader
 
-__all__ = ["CSV", "JSONL", "PARQUET", "TABLE_EXTS", "TableFormat", "read_table_item", "scan_table"]
+__all__ = [
+    "CSV",
+    "JSONL",
+    "PARQUET",
+    "TABLE_EXTS",
+    "TableFormat",
+    "empty_field",
+    "read_table_item",
+    "scan_table",
+    "table_texts",
+]
 
 TABLE_EXTS = {"jsonl": (".jsonl", ".ndjson"), "csv": (".csv",), "parquet": (".parquet",)}
 DEFAULT_NAMES = {
@@ -55,17 +66,34 @@ def _text(url: str, data: bytes) -> str:
         raise ValueError(f"{url}: not UTF-8 text ({exc}); convert it to UTF-8") from None
 
 
+#: one JSON value at a position of a string, as ``json.loads`` parses it; JSON's whitespace
+_SCAN = json.JSONDecoder().scan_once
+_JSON_SPACE = " \t\n\r"
+
+
+def _loads(url: str, n: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"{url}:{n}: not a JSON object ({exc})") from None
+
+
 def _rows(url: str, fmt: str, data: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line_or_row_number, row)`` of one table file; malformed rows are errors that name
     the file and line: a table is data a person wrote, a silent skip would hide a bug."""
     if fmt == "jsonl":
-        for n, line in enumerate(io.StringIO(_text(url, data)), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise ValueError(f"{url}:{n}: not a JSON object ({exc})") from None
+        lines = _text(url, data).split("\n")
+        last = len(lines)
+        for n, line in enumerate(lines, 1):
+            try:  # the decoder's scanner on the line as it is: json.loads less its checks
+                row, end = _SCAN(line, 0)
+                if end != len(line) and line[end:].strip(_JSON_SPACE):
+                    raise ValueError("extra data after the value")
+            except (StopIteration, ValueError):
+                if not line.strip():
+                    continue
+                # the line with its newline, as json.loads saw it: the same error, word for word
+                row = _loads(url, n, line if n == last else line + "\n")
             if not isinstance(row, dict):
                 raise ValueError(f"{url}:{n}: a JSONL row must be an object, got {row!r:.60}")
             yield n, row
@@ -126,9 +154,13 @@ def scan_table(url: str, fmt: str, ctx: StorageContext, fields: dict[str, str]) 
         rows.extend((t, n, row) for n, row in _rows(t, fmt, read(t, ctx)))
     if not rows:
         raise ValueError(f"{url}: the {fmt} source has no rows")
-    columns: list[str] = []
+    seen: dict[str, None] = {}
+    keys: Any = None
     for _, _, row in rows:
-        columns.extend(c for c in row if c not in columns)
+        if keys is None or row.keys() != keys:  # most rows have the columns of the last
+            keys = row.keys()
+            seen.update(dict.fromkeys(keys))
+    columns = list(seen)
     mapping = _mapping(columns, fields)
     missing = [c for c in mapping.values() if c not in columns]
     if missing:
@@ -220,6 +252,40 @@ def read_table_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> R
         except FileNotFoundError:
             raise Reject("missing_media", f"{name} refers to {url}, which does not exist") from None
     return record
+
+
+def empty_field(index: int, source: str, name: str) -> dict[str, Any]:
+    """The reject of a sample whose field ``name`` is left empty."""
+    return {"index": index, "source": source, "reason": "empty_text",
+            "detail": f"field {name!r} is empty"}  # fmt: skip
+
+
+def table_texts(
+    rows: Sequence[tuple[Any, ...]], name: str, opts: TransformOptions
+) -> tuple[list[str], list[int], list[dict[str, Any]], int]:
+    """``(texts, ids, rejects, bytes read)`` of items ``rows`` (``item_rows``) of a table whose
+    one field ``name`` is text: what ``read_table_item`` then ``transform_record`` make of
+    each, and the same rejects, without a record per item."""
+    texts: list[str] = []
+    ids: list[int] = []
+    rejects: list[dict[str, Any]] = []
+    nbytes = 0
+    for index, source, _, ref in rows:
+        value = ref["values"].get(name)
+        if value is not None:
+            nbytes += len(value if isinstance(value, str) else str(value))
+        try:
+            text = clean_text(name, value, opts)
+        except Reject as r:
+            rejects.append({"index": index, "source": source, "reason": r.reason,
+                            "detail": r.detail})  # fmt: skip
+            continue
+        if text is None:
+            rejects.append(empty_field(index, source, name))
+            continue
+        texts.append(text)
+        ids.append(index)
+    return texts, ids, rejects, nbytes
 
 
 class TableFormat:
