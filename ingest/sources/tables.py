@@ -67,7 +67,7 @@ def _text(url: str, data: bytes) -> str:
 
 
 #: one JSON value at a position of a string, as ``json.loads`` parses it; JSON's whitespace
-_SCAN = json.JSONDecoder().scan_once
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # set by its __init__
 _JSON_SPACE = " \t\n\r"
 
 
