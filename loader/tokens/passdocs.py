@@ -8,8 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from .packplan import PackedRun
-
 __all__ = ["PassDocs"]
 
 
@@ -40,27 +38,21 @@ class PassDocs:
         self.starts[where] = got.offsets[r]
         self.lens[where] = got.offsets[r + 1] - got.offsets[r]
 
-    def left(self, p: int, end: int, off: int) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens each of documents ``p`` to ``end`` still gives, and the token each starts
-        at (``off`` for document ``p`` when > 0: it was begun); 0 for one to skip."""
+    def fill(self, p: int, end: int, off: int) -> None:
+        """The lengths of documents ``p`` to ``end`` known: their units read, but for the
+        documents to skip (document ``p`` is not skipped when ``off`` > 0: it was begun)."""
         need = (self.lens[p:end] < 0) & ~self.skipped[p:end]
         if off > 0:
             need[0] = self.lens[p] < 0
         for unit in np.unique(self.shards[p:end][need]).tolist():
             self._fill(unit)
-        first = self.first[p:end].copy()
-        skipped = self.skipped[p:end].copy()
-        if off > 0:
-            first[0], skipped[0] = off, False
-        left = np.maximum(self.lens[p:end] - first, 0)
-        left[skipped] = 0
-        return left, first
 
-    def begun(self, p: int, run: PackedRun, *, started_inside: bool) -> None:
-        """What the resume left to continue is used up for the documents this batch began."""
+    def begun(self, p: int, consumed: int, offset: int, *, started_inside: bool) -> None:
+        """What the resume left to continue is used up for the documents this batch began
+        (``consumed`` from ``p``, and one more when it stops ``offset`` tokens inside it)."""
         resume = self.loader.resume_at
         if not resume:
             return
-        lo, hi = p + (1 if started_inside else 0), p + run.consumed + (1 if run.offset else 0)
+        lo, hi = p + (1 if started_inside else 0), p + consumed + (1 if offset else 0)
         for d in self.ids[lo:hi][~self.skipped[lo:hi]].tolist():
             resume.pop(d, None)
