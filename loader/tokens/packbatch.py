@@ -104,8 +104,9 @@ def packed_batches(
         for u in units[:used].tolist():
             if u not in names:
                 names[u] = loader.dataset.manifest.shard_path(u) + "/"
-        where = seg[:nseg].tolist()
-        seg_keys = [f"{names[s]}{r}" for s, r in where]
+        # flat lists of ints (no container per segment: those would wake the collector)
+        where = (seg[:nseg, 0].tolist(), seg[:nseg, 1].tolist())
+        seg_keys = [f"{names[s]}{r}" for s, r in zip(*where, strict=True)]
         cut = bounds.tolist()
         keys = [seg_keys[cut[r] : cut[r + 1]] for r in range(B)]
         batch: dict[str, Any] = {"tokens": torch.from_numpy(tokens), "__key__": keys}
@@ -113,7 +114,7 @@ def packed_batches(
             values = [got_units[u].extra for u in range(used)]
             slot = dict(zip(units[:used].tolist(), range(used), strict=True))
             for c in columns:
-                got_c = [values[slot[s]][c][r] for s, r in where]
+                got_c = [values[slot[s]][c][r] for s, r in zip(*where, strict=True)]
                 batch[c] = [got_c[cut[r] : cut[r + 1]] for r in range(B)]
         loader.position.advance(consumed)
         p, off = p + consumed, offset
