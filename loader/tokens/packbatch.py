@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..image.convert import HostPool
 from ..passorder import first_uses
 from .packkernel import (
     DOCUMENTS,
@@ -49,6 +50,8 @@ def packed_batches(
     B, L = loader.batch_size, loader.seq_len
     need, pad, outputs, columns = B * L, loader.pad_id, loader.outputs, loader.columns
     want = sum(_BITS.get(o, 0) for o in outputs)
+    wanted = [o for o in outputs if o in _BITS]
+    pool = HostPool(per_shape=4)
     p, off = 0, loader.doc_offset
     pass_ = PassDocs(loader, ids, shards, rows)
     loader._firsts = first_uses(shards)
@@ -89,14 +92,17 @@ def packed_batches(
             loader._end(ids[begun].tolist())
             return
         got_units = [loader._unit(u) for u in units[:used].tolist()]
-        tokens = np.empty((B, L), np.int64)
+        # the tokens and the (B, L) outputs: planes of one pooled block, reused once
+        # nothing refers to its batch (``HostPool``): no new pages to fault in per batch
+        planes = iter(pool.array((len(wanted) + 1, B, L), np.dtype(np.int64)))
+        tokens = next(planes)
         like, addrs = _addresses(got_units, units[:used].tolist(), seen)
         if like is None:  # units of several types: copied here
             flat = tokens.reshape(-1)
             for d, f, k, a, u in piece[:pieces].tolist():
                 lo = int(starts[p + d]) + f
                 flat[a : a + k] = got_units[u].values[lo : lo + k]
-        outs = [np.empty((B, L), np.int64) if want & bit else _NONE2 for bit in _BITS.values()]
+        outs = [next(planes) if want & bit else _NONE2 for bit in _BITS.values()]
         cu, longest, nseg = fill_jit(
             like if like is not None else _NONE1, addrs, piece, pieces, p, starts, ids,
             shards, rows, like is not None, pad, want, tokens, *outs, seg, bounds,
