@@ -139,7 +139,11 @@ def _fill(  # pragma: no cover - compiled; run through packbatch
         a, n = piece[j, 3], piece[j, 2]
         if copy:
             src = carray(_at_like(addrs[piece[j, 4]] + (starts[d] + piece[j, 1]) * item, like), n)
-            _widen(src, flat[a : a + n], False)
+            if n < 128:  # a short piece: no slice made
+                for t in range(n):
+                    flat[a + t] = src[t]
+            else:
+                _widen(src, flat[a : a + n], False)
         b = a + n
         filled = b
         while a < b:
@@ -147,15 +151,16 @@ def _fill(  # pragma: no cover - compiled; run through packbatch
             t = min(L - (a - r * L), b - a)
             e = a + t
             first = piece[j, 1] + a - piece[j, 3]
-            if want & POSITIONS:
-                _ramp(fpos[a:e], 0, False)
-            if want & DOCUMENTS:
-                _const(fdoc[a:e], ids[d], False)
-            if want & LABELS:
-                flab[a] = IGNORE_INDEX
-                _widen(flat[a + 1 : e], flab[a + 1 : e], False)
-            if want & OFFSETS:
-                _ramp(foff[a:e], first, False)
+            if want:
+                if want & POSITIONS:
+                    _ramp(fpos[a:e], 0, False)
+                if want & DOCUMENTS:
+                    _const(fdoc[a:e], ids[d], False)
+                if want & LABELS:
+                    flab[a] = IGNORE_INDEX
+                    _widen(flat[a + 1 : e], flab[a + 1 : e], False)
+                if want & OFFSETS:
+                    _ramp(foff[a:e], first, False)
             seg[s, 0] = shards[d]
             seg[s, 1] = rows[d]
             bounds[r + 1] += 1
