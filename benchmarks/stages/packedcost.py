@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.benchmath import ratio
+from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
 from benchmarks.stages.inplace import _table, _timed, run_packed, write_corpus
 from benchmarks.stages.tokenize_bench import machine_documents, train_tokenizer
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--docs", choices=("long", "short"), default="long")
     p.add_argument("--outputs", action="store_true", help="every document output")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default=None, help="JSON file to write")
     args = p.parse_args(argv)
 
     import pyarrow as pa
@@ -92,10 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     token_loader()
     sides = {PACKED: lambda: _timed(packed), TOKENS: lambda: _timed(token_loader)}
     got = run_rounds(sides, args.rounds)
-    _table("PackedLoader (kept) vs TokenLoader", got, (PACKED,))  # type: ignore[arg-type]
+    rows = _table("PackedLoader (kept) vs TokenLoader", got, (PACKED,))  # type: ignore[arg-type]
     for key in ("tokens_per_s", "tokens_per_cpu_s"):
         r = ratio([m[key] for m in got[PACKED]], [m[key] for m in got[TOKENS]])
         print(f"{key}: PackedLoader / TokenLoader {r['ratio']:.2f}x")
+    if args.out:
+        write_json(args.out, {"args": vars(args), "rows": rows})
     return 0
 
 
