@@ -30,7 +30,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import torch
 
 from flashfeed.dataset import Dataset
 from flashfeed.plan.mixture import Mixture
@@ -39,17 +38,16 @@ from ..datasetinfo import check_version, dataset_id, shard_samples
 from ..mixposition import MixPosition
 from ..mixsource import MixtureDataset
 from ..parts import loader_parts
-from ..passorder import first_uses
 from ..position import Position
 from ..telemetry.ledger import Ledger
 from ..unitread import DocTokens, UnitReader
 from .decoded import keep_units
 from .mixdocs import MixDocReader, document_check, source_columns
+from .packbatch import packed_batches
 from .packedmix import merge_mix_states, plan_state
-from .packedrows import batch_outputs, tokenizer_eos
+from .packedrows import tokenizer_eos
 from .packedstate import merge_states
-from .packplan import pack_run
-from .passdocs import PassDocs
+from .packkernel import warm_packing
 from .segments import DOC_OUTPUTS
 
 __all__ = ["PackedLoader"]
@@ -145,6 +143,7 @@ class PackedLoader:
                 shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
             )
         self.kept = keep_units(self.reader, keep_decoded, keep_decoded_bytes)
+        warm_packing()  # the batch passes compiled meanwhile (``packbatch.py``)
         sizes = np.asarray(ds.manifest.shard_samples, np.int64)
         self._starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.doc_offset = 0  # tokens of the next document already delivered
@@ -155,6 +154,7 @@ class PackedLoader:
         self._finished = False
         #: units read (or being read) in plan order, the least recently used dropped first
         self._units: OrderedDict[int, Future[DocTokens]] = OrderedDict()
+        self._got: dict[int, DocTokens] = {}  # the units of ``_units`` already read
         self._counted: set[int] = set()  # units whose skips are counted
         self.decode_ahead = decode_ahead
         self._pool: ThreadPoolExecutor | None = None
@@ -270,12 +270,17 @@ class PackedLoader:
             fut = self._pool.submit(self.reader.read, self.source, shard)
         self._units[shard] = fut
         while len(self._units) > self.max_open:
-            self._units.popitem(last=False)
+            self._got.pop(self._units.popitem(last=False)[0], None)
         return fut
 
     def _unit(self, shard: int) -> DocTokens:
         if shard == self._last[0]:  # the same unit as the document before: no look-up
             return self._last[1]
+        got = self._got.get(shard)
+        if got is not None:  # read before and still open: no wait on its future
+            self._units.move_to_end(shard)
+            self._last = (shard, got)
+            return got
         fut = self._units.get(shard)
         if fut is None:
             fut = self._submit(shard)
@@ -285,6 +290,7 @@ class PackedLoader:
         if shard not in self._counted:
             self._counted.add(shard)
             self.skipped.update(got.skipped)
+        self._got[shard] = got
         self._last = (shard, got)
         return got
 
@@ -307,7 +313,7 @@ class PackedLoader:
         self._dropped = plan.dropped
         shards = np.searchsorted(self._starts, ids, side="right") - 1
         rows = ids - self._starts[shards]
-        return self._run(ids, shards, rows)
+        return packed_batches(self, ids, shards, rows)
 
     def _ahead(self, pos: int) -> int:
         """Hint the source at the next units this rank reads from pass position ``pos`` on
@@ -321,70 +327,6 @@ class PackedLoader:
             if s not in self._units:
                 self._submit(s)
         return int(first[k]) if k < len(first) else 1 << 62
-
-    def _run(
-        self, ids: np.ndarray, shards: np.ndarray, rows: np.ndarray
-    ) -> Iterator[dict[str, Any]]:
-        B, L = self.batch_size, self.seq_len
-        p, off, n = 0, self.doc_offset, len(ids)
-        pass_ = PassDocs(self, ids, shards, rows)
-        self._firsts = first_uses(shards)
-        next_hint, span = 0, 64  # where the next unit is first needed; documents looked at
-        while True:
-            while True:  # a run of documents holding a batch's tokens (or the pass's rest)
-                end = min(n, p + span)
-                while next_hint < end:
-                    next_hint = self._ahead(max(p, next_hint))
-                left, first = pass_.left(p, end, off)
-                if end == n or int(left.sum()) >= B * L:
-                    break
-                span *= 2
-            run = pack_run(left, first, need=B * L, seq_len=L)
-            span = max(64, 2 * run.consumed + 8)
-            pass_.begun(p, run, started_inside=off > 0)
-            at = run.filled
-            tokens = np.full((B, L), self.pad_id, np.int64)
-            base, upto = p, p + min(len(left), run.consumed + 1)  # the documents it touches
-            w_shards, w_rows = shards[base:upto].tolist(), rows[base:upto].tolist()
-            w_starts = pass_.starts[base:upto].tolist()
-            units = {u: self._unit(u) for u in dict.fromkeys(w_shards[d] for d in run.doc)}
-            flat = tokens.reshape(-1)
-            for d, a, k, src in zip(run.doc, run.at, run.size, run.start, strict=True):
-                lo = w_starts[d] + src
-                flat[a : a + k] = units[w_shards[d]].values[lo : lo + k]
-            where = [(w_shards[run.doc[k]], w_rows[run.doc[k]]) for k in run.piece]
-            keys: list[list[str]] = [[] for _ in range(B)]
-            seg_keys = [self.key(s, r) for s, r in where]
-            for row, key in zip(run.row, seg_keys, strict=True):
-                keys[row].append(key)
-            started = [key for key, o in zip(seg_keys, run.doc_off, strict=True) if o == 0]
-            extra: dict[str, list[list[Any]]] = {}
-            for c in self.columns:
-                per_row: list[list[Any]] = [[] for _ in range(B)]
-                for row, (s, r) in zip(run.row, where, strict=True):
-                    per_row[row].append(units[s].extra[c][r])
-                extra[c] = per_row
-            if at == 0 or (at < B * L and self.parts.options.drop_last):
-                w_ids = ids[base:upto].tolist()
-                pieces = (w_ids[run.doc[k]] for k in run.piece)
-                self._end([d for d, o in zip(pieces, run.doc_off, strict=True) if o == 0])
-                return
-            self.position.advance(run.consumed)
-            p, off = p + run.consumed, run.offset
-            self.doc_offset = off
-            if self.ledger is not None and started:
-                self.ledger.record(self.position.epoch, started)
-            self.tokens_delivered += at
-            batch: dict[str, Any] = {"tokens": torch.from_numpy(tokens), "__key__": keys}
-            batch.update(extra)
-            if self.outputs:
-                w_ids = ids[base:upto].tolist()
-                docs = [w_ids[run.doc[k]] for k in run.piece]
-                batch.update(batch_outputs(tokens, run.length, docs, run.doc_off, self.outputs))
-            yield batch
-            if at < B * L:
-                self._end([])
-                return
 
     def _end(self, unfinished: list[int]) -> None:
         """The epoch's end on this rank: what the plan drops (``drop_last``) and the
@@ -411,3 +353,4 @@ class PackedLoader:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._units.clear()
+        self._got.clear()

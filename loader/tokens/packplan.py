@@ -6,6 +6,9 @@ many documents the batch consumes, where the one it stops inside continues, and 
 (one per document: place in the flattened batch, length) and segments (one per row a piece
 touches: its row, column, length and token of the document). A run of many documents is
 laid out by numpy steps per batch; a few (long) ones by a short loop, which costs less.
+
+``PackedLoader`` lays its batches out with the compiled pass of ``packkernel.py`` (the same
+layout, with no Python step per batch or piece); this one is that layout's plain form.
 """
 
 from __future__ import annotations
