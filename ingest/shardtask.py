@@ -27,10 +27,10 @@ from flashfeed.shardio import shard_name, tar_shard_bytes
 
 from .sources import Item, Reject, SourceReader, StorageContext, open_reader
 from .sources.base import ItemRows, item_rows
-from .sources.tables import TABLE_EXTS, empty_field, table_texts
+from .sources.tables import TABLE_EXTS
 from .taskerrors import in_stage
 from .tokenize import shared_packer, tokenizer_threads
-from .transforms import TransformOptions, transform_record
+from .transforms import TransformOptions, empty_field, table_texts, transform_record
 
 __all__ = [
     "ShardJob",

@@ -8,6 +8,7 @@ import io
 import json
 import unicodedata
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +24,10 @@ __all__ = [
     "TransformOptions",
     "clean_text",
     "content_hash",
+    "empty_field",
     "output_fields",
     "reencoded_name",
+    "table_texts",
     "transform_record",
 ]
 
@@ -225,3 +228,37 @@ def _image(
     if opts.keep_original_size:
         out["orig_size"] = f"{size[0]}x{size[1]}"
     return out
+
+
+def empty_field(index: int, source: str, name: str) -> dict[str, Any]:
+    """The reject of a sample whose field ``name`` is left empty."""
+    return {"index": index, "source": source, "reason": "empty_text",
+            "detail": f"field {name!r} is empty"}  # fmt: skip
+
+
+def table_texts(
+    rows: Sequence[tuple[Any, ...]], name: str, opts: TransformOptions
+) -> tuple[list[str], list[int], list[dict[str, Any]], int]:
+    """``(texts, ids, rejects, bytes read)`` of items ``rows`` (``item_rows``) of a table whose
+    one field ``name`` is text: what ``read_table_item`` then ``transform_record`` make of
+    each, and the same rejects, without a record per item."""
+    texts: list[str] = []
+    ids: list[int] = []
+    rejects: list[dict[str, Any]] = []
+    nbytes = 0
+    for index, source, _, ref in rows:
+        value = ref["values"].get(name)
+        if value is not None:
+            nbytes += len(value if isinstance(value, str) else str(value))
+        try:
+            text = clean_text(name, value, opts)
+        except Reject as r:
+            rejects.append({"index": index, "source": source, "reason": r.reason,
+                            "detail": r.detail})  # fmt: skip
+            continue
+        if text is None:
+            rejects.append(empty_field(index, source, name))
+            continue
+        texts.append(text)
+        ids.append(index)
+    return texts, ids, rejects, nbytes

@@ -51,8 +51,8 @@ def stage_profile(
     from flashfeed.ingest.shardtask import ShardResult
     from flashfeed.ingest.sources import StorageContext, scan_source
     from flashfeed.ingest.sources.base import item_rows
-    from flashfeed.ingest.sources.tables import table_texts
     from flashfeed.ingest.tokenize import shared_packer, tokenizer_threads
+    from flashfeed.ingest.transforms import table_texts
     from flashfeed.s3.putobject import put_object
 
     config = IngestConfig(

@@ -13,12 +13,11 @@ import io
 import json
 import posixpath
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 
-from ..transforms import TransformOptions, clean_text
 from .base import (
     Item,
     Mapper,
@@ -39,10 +38,8 @@ __all__ = [
     "PARQUET",
     "TABLE_EXTS",
     "TableFormat",
-    "empty_field",
     "read_table_item",
     "scan_table",
-    "table_texts",
 ]
 
 TABLE_EXTS = {"jsonl": (".jsonl", ".ndjson"), "csv": (".csv",), "parquet": (".parquet",)}
@@ -252,40 +249,6 @@ def read_table_item(item: Item, ctx: StorageContext, cache: dict[str, Any]) -> R
         except FileNotFoundError:
             raise Reject("missing_media", f"{name} refers to {url}, which does not exist") from None
     return record
-
-
-def empty_field(index: int, source: str, name: str) -> dict[str, Any]:
-    """The reject of a sample whose field ``name`` is left empty."""
-    return {"index": index, "source": source, "reason": "empty_text",
-            "detail": f"field {name!r} is empty"}  # fmt: skip
-
-
-def table_texts(
-    rows: Sequence[tuple[Any, ...]], name: str, opts: TransformOptions
-) -> tuple[list[str], list[int], list[dict[str, Any]], int]:
-    """``(texts, ids, rejects, bytes read)`` of items ``rows`` (``item_rows``) of a table whose
-    one field ``name`` is text: what ``read_table_item`` then ``transform_record`` make of
-    each, and the same rejects, without a record per item."""
-    texts: list[str] = []
-    ids: list[int] = []
-    rejects: list[dict[str, Any]] = []
-    nbytes = 0
-    for index, source, _, ref in rows:
-        value = ref["values"].get(name)
-        if value is not None:
-            nbytes += len(value if isinstance(value, str) else str(value))
-        try:
-            text = clean_text(name, value, opts)
-        except Reject as r:
-            rejects.append({"index": index, "source": source, "reason": r.reason,
-                            "detail": r.detail})  # fmt: skip
-            continue
-        if text is None:
-            rejects.append(empty_field(index, source, name))
-            continue
-        texts.append(text)
-        ids.append(index)
-    return texts, ids, rejects, nbytes
 
 
 class TableFormat:

@@ -1,5 +1,7 @@
 """flashfeed's own modules need neither webdataset (a test and benchmark peer) nor filelock
-(the cache has its own fcntl locks): every module imports with both made unimportable."""
+(the cache has its own fcntl locks): every module imports with both made unimportable. And
+every module imports first, into an interpreter that holds no flashfeed module yet: an
+import circle shows as a module that cannot be the first one imported."""
 
 from __future__ import annotations
 
@@ -34,6 +36,34 @@ def test_every_flashfeed_module_imports_without_webdataset_or_filelock() -> None
     )
     count, failed = out.stdout.strip().split(" ", 1)
     assert int(count) > 50  # the walk found the product's modules
+    assert failed == "{}"
+
+
+_FIRST = """
+import importlib, pkgutil, sys
+names = set()
+for pkg in ("flashfeed", "flashfeed.ingest", "flashfeed.cache", "flashfeed.loader",
+            "flashfeed.monitor"):
+    mod = importlib.import_module(pkg)
+    names.update(i.name for i in pkgutil.walk_packages(mod.__path__, pkg + "."))
+failed = {}
+for name in sorted(names):
+    for loaded in [m for m in sys.modules if m == "flashfeed" or m.startswith("flashfeed.")]:
+        del sys.modules[loaded]  # this module is the first of flashfeed's to be imported
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        failed[name] = str(e)
+print(len(names), failed)
+"""
+
+
+def test_every_module_imports_first_so_no_import_circles() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST], capture_output=True, text=True, timeout=600, check=True
+    )
+    count, failed = out.stdout.strip().split(" ", 1)
+    assert int(count) > 200  # the walk found the product's modules
     assert failed == "{}"
 
 
