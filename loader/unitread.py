@@ -34,7 +34,7 @@ from flashfeed.format.inplace import (
     split_unit_path,
 )
 
-__all__ = ["DocTokens", "LocalUnitSource", "UnitReader", "unit_bytes"]
+__all__ = ["DocTokens", "LocalUnitSource", "UnitReader", "list_tokens", "unit_bytes"]
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ class UnitReader:
                 raise CorruptShardError(
                     f"{name}: column {self.column!r} is {col.type}, not lists of token ids"
                 )
-            return _list_tokens(col)
+            return list_tokens(col)
         return [("text", v) for v in col.to_pylist()]
 
     def _jsonl(self, data: Any, codec: str, name: str, extra: dict[str, list[Any]]) -> list[Any]:
@@ -289,7 +289,7 @@ class UnitReader:
         return DocTokens(offsets, np.array(flat, np.int64), skipped)
 
 
-def _list_tokens(col: pa.ChunkedArray) -> DocTokens:
+def list_tokens(col: pa.ChunkedArray) -> DocTokens:
     """A list-of-ints column as one flat array and offsets, no Python step per row (a
     null row is no tokens, counted)."""
     chunk = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)

@@ -20,7 +20,7 @@ from typing import Any
 
 from flashfeed.dataset import Dataset
 
-from ..warm.cluster import _driver_storage_options, map_hosts, warm_node
+from ..warm.cluster import driver_storage_options, map_hosts, warm_node
 from .auth import load_token
 from .client import PeerTier
 from .sweep import Sweep, SweepNode, plan_sweep
@@ -121,7 +121,7 @@ def warm_sweep(
     dirs = _local_dirs(cache_dir, nodes) if local else []
     # no token: one line now, not one per node
     tier = PeerTier(peers=[n.peer for n in nodes], token=load_token(token_file=token_file))
-    options = _driver_storage_options(cache_kwargs.get("storage_options"))
+    options = driver_storage_options(cache_kwargs.get("storage_options"))
     dataset = Dataset.open(sweep.dataset, storage_options=options)
     placement, specs = plan_sweep(dataset, nodes, max_serving=sweep.max_serving, seed=sweep.seed)
     reads = placement.store_reads()

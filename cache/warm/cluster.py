@@ -31,6 +31,7 @@ __all__ = [
     "RayNode",
     "ServiceWarm",
     "alive_nodes",
+    "driver_storage_options",
     "map_hosts",
     "parse_hostfile",
     "parse_hosts",
@@ -156,7 +157,7 @@ def parse_hostfile(path: str) -> list[str]:
     return hosts
 
 
-def _driver_storage_options(given: dict[str, Any] | None) -> dict[str, Any] | None:
+def driver_storage_options(given: dict[str, Any] | None) -> dict[str, Any] | None:
     """The driver's S3 settings, handed to each task as an argument: task arguments stay in
     the object store, while a runtime_env's env_vars are written into Ray's logs."""
     if given is not None:
@@ -249,7 +250,7 @@ def warm_cluster(
     topology = Topology(len(ranked) * ranks_per_node, ranks_per_node)
     cache_kwargs = {
         **cache_kwargs,
-        "storage_options": _driver_storage_options(cache_kwargs.get("storage_options")),
+        "storage_options": driver_storage_options(cache_kwargs.get("storage_options")),
     }
     shares = [NodeShare(options, topology, rank, epochs) for rank in range(len(ranked))]
     if cache_kwargs.get("peers") is not None:

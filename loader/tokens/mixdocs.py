@@ -14,7 +14,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.inplace import FileChangedError
 
-from ..unitread import DocTokens, UnitReader, _list_tokens
+from ..unitread import DocTokens, UnitReader, list_tokens
 
 __all__ = ["ArrowDocReader", "MixDocReader", "document_check", "source_columns"]
 
@@ -98,7 +98,7 @@ class ArrowDocReader(UnitReader):
                 raise CorruptShardError(
                     f"{name}: column {self.column!r} is {col.type}, not lists of token ids"
                 )
-            got = _list_tokens(col)
+            got = list_tokens(col)
         else:
             got = self._tokens([("text", v) for v in col.to_pylist()], name)
         return DocTokens(got.offsets, got.values, got.skipped, extra)
