@@ -8,19 +8,19 @@ from __future__ import annotations
 import subprocess
 import sys
 
-_CODE = """
+#: every module's name, as the walk of the product's packages finds them: ``names``
+_WALK = """
 import importlib, pkgutil, sys
-for blocked in ("webdataset", "filelock"):
-    sys.modules[blocked] = None  # any import of it now raises ImportError
-import flashfeed
-names = []
+names = set()
 for pkg in ("flashfeed", "flashfeed.ingest", "flashfeed.cache", "flashfeed.loader",
             "flashfeed.monitor"):
     mod = importlib.import_module(pkg)
-    for info in pkgutil.walk_packages(mod.__path__, pkg + "."):
-        names.append(info.name)
+    names.update(i.name for i in pkgutil.walk_packages(mod.__path__, pkg + "."))
+"""
+
+_BLOCKED = """
 failed = {}
-for name in names:
+for name in sorted(names):
     try:
         importlib.import_module(name)
     except ImportError as e:
@@ -29,23 +29,7 @@ for name in names:
 print(len(names), failed)
 """
 
-
-def test_every_flashfeed_module_imports_without_webdataset_or_filelock() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", _CODE], capture_output=True, text=True, timeout=600, check=True
-    )
-    count, failed = out.stdout.strip().split(" ", 1)
-    assert int(count) > 50  # the walk found the product's modules
-    assert failed == "{}"
-
-
 _FIRST = """
-import importlib, pkgutil, sys
-names = set()
-for pkg in ("flashfeed", "flashfeed.ingest", "flashfeed.cache", "flashfeed.loader",
-            "flashfeed.monitor"):
-    mod = importlib.import_module(pkg)
-    names.update(i.name for i in pkgutil.walk_packages(mod.__path__, pkg + "."))
 failed = {}
 for name in sorted(names):
     for loaded in [m for m in sys.modules if m == "flashfeed" or m.startswith("flashfeed.")]:
@@ -58,12 +42,24 @@ print(len(names), failed)
 """
 
 
-def test_every_module_imports_first_so_no_import_circles() -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", _FIRST], capture_output=True, text=True, timeout=600, check=True
-    )
+def _walk(code: str, *, before: str = "") -> tuple[int, str]:
+    """(modules walked, the failures ``code`` printed) in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", before + _WALK + code], capture_output=True,
+                         text=True, timeout=600, check=True)  # fmt: skip
     count, failed = out.stdout.strip().split(" ", 1)
-    assert int(count) > 200  # the walk found the product's modules
+    return int(count), failed
+
+
+def test_every_flashfeed_module_imports_without_webdataset_or_filelock() -> None:
+    block = 'import sys\nfor b in ("webdataset", "filelock"):\n    sys.modules[b] = None\n'
+    count, failed = _walk(_BLOCKED, before=block)  # any import of them raises ImportError
+    assert count > 200  # the walk found the product's modules
+    assert failed == "{}"
+
+
+def test_every_module_imports_first_so_no_import_circles() -> None:
+    count, failed = _walk(_FIRST)
+    assert count > 200  # the walk found the product's modules
     assert failed == "{}"
 
 

@@ -9,16 +9,13 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer
 
-from flashfeed import storage
-from flashfeed.dataset import Dataset
 from flashfeed.ingest import IngestConfig, run
 from flashfeed.ingest.tokenize import TokenPacker, shared_packer, tokenizer_threads
 
-from support.token_docs import byte_bpe, mixed_documents
+from support.token_docs import byte_bpe, ingested_pieces, mixed_documents
 
 
 @pytest.fixture
@@ -83,19 +80,7 @@ def test_a_text_source_tokenized_into_many_shards_per_task(
         )
     )  # fmt: skip
     assert len(result.manifest.shards) == 8 and result.manifest.extra["tokens"]["documents"] == 160
-    ds = Dataset.open(s3_prefix)
-    pieces: dict[int, dict[int, list[int]]] = {}
-    for i in range(len(ds.shards)):
-        table = pa.ipc.open_file(pa.BufferReader(storage.read_bytes(ds.shard_url(i)))).read_all()
-        for row, lens, ids, starts in zip(
-            table["tokens"].to_pylist(), table["doc_lens"].to_pylist(),
-            table["doc_ids"].to_pylist(), table["doc_starts"].to_pylist(), strict=True,
-        ):  # fmt: skip
-            at = 0
-            for n, d, s in zip(lens, ids, starts, strict=True):
-                assert s not in pieces.setdefault(d, {})  # no piece placed twice
-                pieces[d][s] = row[at : at + n]
-                at += n
+    pieces = ingested_pieces(s3_prefix)
     assert sorted(pieces) == list(range(len(docs)))
     decoder = Tokenizer.from_file(tok)
     for d, text in enumerate(docs):

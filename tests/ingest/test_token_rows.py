@@ -9,17 +9,14 @@ import pickle
 import unicodedata
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer
 
-from flashfeed import storage
-from flashfeed.dataset import Dataset
 from flashfeed.ingest import IngestConfig, run, runner, shardtask
 from flashfeed.ingest.shardtask import ShardResult
 from flashfeed.ingest.sources import StorageContext, scan_source
 
-from support.token_docs import byte_bpe, mixed_documents
+from support.token_docs import byte_bpe, ingested_pieces, mixed_documents
 
 #: documents a reader or the tokenizer has an opinion on, beside plain ones
 AWKWARD = [
@@ -96,19 +93,7 @@ def test_every_document_comes_back_as_its_own_encoding(
         text = unicodedata.normalize("NFC", str(v)).strip() if v is not None else ""
         if text and "\ud800" not in text:
             want[i] = [*encoder.encode(text, add_special_tokens=False).ids, eos]
-    got: dict[int, dict[int, list[int]]] = {}
-    ds = Dataset.open(s3_prefix)
-    for i in range(len(ds.shards)):
-        table = pa.ipc.open_file(pa.BufferReader(storage.read_bytes(ds.shard_url(i)))).read_all()
-        for row, lens, ids, starts in zip(
-            table["tokens"].to_pylist(), table["doc_lens"].to_pylist(),
-            table["doc_ids"].to_pylist(), table["doc_starts"].to_pylist(), strict=True,
-        ):  # fmt: skip
-            at = 0
-            for n, d, s in zip(lens, ids, starts, strict=True):
-                assert s not in got.setdefault(d, {})
-                got[d][s] = row[at : at + n]
-                at += n
+    got = ingested_pieces(s3_prefix)
     assert {d: [t for s in sorted(p) for t in p[s]] for d, p in got.items()} == want
     skipped = result.manifest.skipped
     assert skipped == {"empty_text": 3, "lone_surrogate": 1}

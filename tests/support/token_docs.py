@@ -117,3 +117,27 @@ def make_doc_token_dataset(
     )
     commit_manifest(prefix, manifest)
     return manifest
+
+
+def ingested_pieces(url: str) -> dict[int, dict[int, list[int]]]:
+    """The pieces of every document of an ingested token dataset, read from its shards'
+    segment columns: document id -> {token the piece starts at: its tokens}; fails on a
+    piece placed twice."""
+    import pyarrow as pa
+
+    from flashfeed.dataset import Dataset
+
+    ds = Dataset.open(url)
+    pieces: dict[int, dict[int, list[int]]] = {}
+    for i in range(len(ds.shards)):
+        table = pa.ipc.open_file(pa.BufferReader(storage.read_bytes(ds.shard_url(i)))).read_all()
+        for row, lens, ids, starts in zip(
+            table["tokens"].to_pylist(), table["doc_lens"].to_pylist(),
+            table["doc_ids"].to_pylist(), table["doc_starts"].to_pylist(), strict=True,
+        ):  # fmt: skip
+            at = 0
+            for n, d, s in zip(lens, ids, starts, strict=True):
+                assert s not in pieces.setdefault(d, {}), f"document {d}: token {s} twice"
+                pieces[d][s] = row[at : at + n]
+                at += n
+    return pieces
