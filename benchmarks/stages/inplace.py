@@ -42,37 +42,20 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.benchmath import fmt, ratio
+from benchmarks.benchmath import ratio
 from benchmarks.harness.results import write_json
-from benchmarks.harness.rounds import best_median, run_rounds
+from benchmarks.harness.rounds import run_rounds
+from benchmarks.harness.textpeers import (
+    hf_map_cached,
+    litdata_dir,
+    run_decode,
+    run_hf_cached,
+    run_hf_streaming,
+    run_litdata,
+    run_tokenizer,
+)
+from benchmarks.harness.tokenrates import Measure, progress, rates_table, timed, write_corpus
 from benchmarks.stages.tokenize_bench import machine_documents, train_tokenizer
-
-Measure = dict[str, float]
-
-
-def _timed(fn: Callable[[], int]) -> Measure:
-    """tokens/s and tokens per CPU second (this process: every thread it ran) of ``fn``."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    tokens = fn()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"tokens": tokens, "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu}
-
-
-def write_corpus(prefix: str, columns: dict[str, Any], files: int, rows: int, codec: str) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from flashfeed import storage
-
-    n = len(next(iter(columns.values())))
-    bounds = np.linspace(0, n, files + 1).astype(int)
-    for k in range(files):
-        lo, hi = int(bounds[k]), int(bounds[k + 1])
-        table = pa.table({c: v[lo:hi] for c, v in columns.items()})
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, row_group_size=rows, compression=codec)
-        name = f"data/train-{k:05d}-of-{files:05d}.parquet"
-        storage.write_bytes(storage.join(prefix, name), sink.getvalue().to_pybytes())
 
 
 def run_packed(
@@ -89,23 +72,6 @@ def run_packed(
     return n
 
 
-def _hf(tok: str) -> tuple[Any, Callable[[dict[str, list[str]]], dict[str, Any]]] | None:
-    """``datasets`` (None when not installed) and the batched tokenize its ``.map`` runs."""
-    try:
-        import datasets
-    except ImportError:
-        return None
-    from tokenizers import Tokenizer
-
-    datasets.disable_progress_bars()
-    t = Tokenizer.from_file(tok)
-
-    def tokenize(batch: dict[str, list[str]]) -> dict[str, Any]:
-        return {"input_ids": [e.ids for e in t.encode_batch_fast(batch["text"])]}
-
-    return datasets, tokenize
-
-
 def _later_epoch(url: str, tok: str | None, args: argparse.Namespace, **kw: Any) -> Measure:
     """A loader's second epoch, timed alone (the loader made and its first epoch read before
     the timer), as ``datasets``' second pass over its cache is."""
@@ -117,116 +83,9 @@ def _later_epoch(url: str, tok: str | None, args: argparse.Namespace, **kw: Any)
         for _ in loader:
             pass
         loader.set_epoch(1)
-        return _timed(lambda: sum(int(b["tokens"].numel()) for b in loader))
+        return timed(lambda: sum(int(b["tokens"].numel()) for b in loader))
     finally:
         loader.close()
-
-
-def run_hf_streaming(files: list[str], tok: str, opts: dict[str, Any] | None) -> int | None:
-    hf = _hf(tok)
-    if hf is None:
-        return None
-    datasets, tokenize = hf
-    ds = datasets.load_dataset(
-        "parquet", data_files=files, split="train", streaming=True, storage_options=opts
-    ).map(tokenize, batched=True, remove_columns=["text"])
-    return sum(len(r["input_ids"]) + 1 for r in ds)  # + EOS: flashfeed's documents carry one
-
-
-def hf_map_cached(files: list[str], tok: str, work: Path) -> Any:
-    """``datasets``' own way to tokenize once: ``load_dataset`` (not streaming) and
-    ``.map(tokenize, batched=True)``, both written to its Arrow cache, outside the rounds;
-    None when ``datasets`` is not installed."""
-    hf = _hf(tok)
-    if hf is None:
-        return None
-    datasets, tokenize = hf
-    ds = datasets.load_dataset("parquet", data_files=files, split="train",
-                               cache_dir=str(work / "hf-cache"))  # fmt: skip
-    return ds.map(tokenize, batched=True, remove_columns=["text"])
-
-
-def run_hf_cached(ds: Any, args: argparse.Namespace) -> int | None:
-    """An epoch over ``hf_map_cached``'s tokens in its cheapest form, packed as a
-    ``group_texts`` map packs them: Arrow batches of 1,000 rows (no Python step per row),
-    their tokens laid end to end and cut into (batch, seq_len) int64 tensors (no document
-    outputs, no EOS: less work than flashfeed's rows)."""
-    if ds is None:
-        return None
-    import torch
-
-    need, n = args.batch * args.seq_len, 0
-    rows, filled = np.empty(need, np.int64), 0
-    for table in ds.with_format("arrow").iter(batch_size=1000):
-        ids = table["input_ids"].combine_chunks().flatten().to_numpy()  # a slice: its own
-        at = 0
-        while at < len(ids):  # each token copied once, into its batch's own array
-            k = min(need - filled, len(ids) - at)
-            rows[filled : filled + k] = ids[at : at + k]
-            filled, at = filled + k, at + k
-            if filled == need:
-                n += int(torch.from_numpy(rows.reshape(args.batch, -1)).numel())
-                rows, filled = np.empty(need, np.int64), 0
-    return n
-
-
-def run_tokenizer(docs: list[str], tok: str) -> int:
-    """The ceiling of a text column tokenized in the loader: the bare tokenizer's call over
-    the same texts, batched as ``UnitReader`` batches a row group, in one process (+ EOS)."""
-    from tokenizers import Tokenizer
-
-    t = Tokenizer.from_file(tok)
-    n = 0
-    for k in range(0, len(docs), 1000):
-        enc = t.encode_batch_fast(docs[k : k + 1000], add_special_tokens=False)
-        n += sum(len(e.ids) + 1 for e in enc)
-    return n
-
-
-def run_decode(prefix: str, column: str) -> int:
-    """The ceiling of a token column read from Parquet: each row group's list column
-    decoded by pyarrow alone (no check, no packing, no batches), in one process."""
-    import pyarrow.parquet as pq
-
-    n = 0
-    for f in sorted((Path(prefix) / "data").iterdir()):
-        pf = pq.ParquetFile(f)
-        for g in range(pf.num_row_groups):
-            n += len(pf.read_row_group(g, columns=[column]).column(column).combine_chunks().values)
-    return n
-
-
-def litdata_dir(files: list[str], work: Path) -> str | None:
-    """The files linked into a folder of their own, indexed by LitData (its ``index.json``
-    beside them, outside the timed rounds, as flashfeed's index is); None when LitData is
-    not installed."""
-    try:
-        from litdata import index_parquet_dataset
-    except ImportError:
-        return None
-    folder = work / "litdata"
-    folder.mkdir(exist_ok=True)
-    for f in files:
-        os.link(f, folder / Path(f).name)
-    index_parquet_dataset(str(folder))
-    return str(folder)
-
-
-def run_litdata(folder: str | None, tok: str, batch: int = 1000) -> int | None:
-    """LitData's ``ParquetLoader`` through its ``StreamingDataLoader``, each batch of texts
-    tokenized with the same call (+ EOS, as flashfeed's documents carry one)."""
-    if folder is None:
-        return None
-    from litdata import StreamingDataLoader, StreamingDataset
-    from litdata.streaming.item_loader import ParquetLoader
-    from tokenizers import Tokenizer
-
-    t = Tokenizer.from_file(tok)
-    ds = StreamingDataset(input_dir=folder, item_loader=ParquetLoader())
-    n = 0
-    for b in StreamingDataLoader(ds, batch_size=batch, num_workers=0):
-        n += sum(len(e.ids) + 1 for e in t.encode_batch_fast(b["text"], add_special_tokens=False))
-    return n
 
 
 def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
@@ -244,12 +103,12 @@ def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
     kept = str(work / "kept-text")
     run_packed(local, tok, args, keep_decoded=kept)  # an epoch before: every unit kept
     sides: dict[str, Callable[[], Measure | None]] = {
-        "flashfeed local": lambda: _timed(lambda: run_packed(local, tok, args)),
+        "flashfeed local": lambda: timed(lambda: run_packed(local, tok, args)),
         KEPT_TEXT: lambda: _later_epoch(local, tok, args, keep_decoded=kept),
         "datasets streaming local": lambda: _maybe(run_hf_streaming, files, tok, None),
         "litdata ParquetLoader local": lambda: _maybe(run_litdata, lit, tok),
         "datasets map-cached epoch 2+, local": lambda: _maybe(run_hf_cached, cached, args),
-        CEILING_TEXT: lambda: _timed(lambda: run_tokenizer(docs, tok)),
+        CEILING_TEXT: lambda: timed(lambda: run_tokenizer(docs, tok)),
     }
     if store is not None:
         remote = f"{store}/text"
@@ -262,7 +121,7 @@ def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
         def cold() -> Measure:
             cache = tempfile.mkdtemp(dir=work, prefix="cache-")
             try:
-                return _timed(lambda: run_packed(remote, tok, args, cache_dir=cache))
+                return timed(lambda: run_packed(remote, tok, args, cache_dir=cache))
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
 
@@ -270,8 +129,8 @@ def bench_text(work: Path, docs: list[str], tok: str, args: argparse.Namespace,
         sides["datasets streaming S3 cold"] = lambda: _maybe(
             run_hf_streaming, remote_files, tok, opts
         )
-    got = run_rounds(sides, args.rounds, after_each=_progress)
-    rows = _table(
+    got = run_rounds(sides, args.rounds, after_each=progress)
+    rows = rates_table(
         "text column tokenized in the loader",
         got,
         ("flashfeed local", KEPT_TEXT, "flashfeed S3 cold", CEILING_TEXT),
@@ -305,7 +164,7 @@ def _of_ceiling(
 
 def _maybe(fn: Callable[..., int | None], *a: Any) -> Measure | None:
     out: list[int | None] = []
-    m = _timed(lambda: (out.append(fn(*a)), out[0] or 0)[1])
+    m = timed(lambda: (out.append(fn(*a)), out[0] or 0)[1])
     return None if out[0] is None else m
 
 
@@ -333,23 +192,23 @@ def bench_tokens(work: Path, docs: list[str], tok: str, args: argparse.Namespace
         return n
 
     def packed(codec: str) -> Callable[[], Measure]:
-        return lambda: _timed(lambda: run_packed(local[codec], None, args, column="input_ids"))
+        return lambda: timed(lambda: run_packed(local[codec], None, args, column="input_ids"))
 
     kept = str(work / "kept-ids")
     run_packed(local["zstd"], None, args, column="input_ids", keep_decoded=kept)  # kept once
     sides = {
         "PackedLoader, Parquet ids zstd": packed("zstd"),
-        KEPT_IDS: lambda: _timed(
+        KEPT_IDS: lambda: timed(
             lambda: run_packed(local["zstd"], None, args, column="input_ids", keep_decoded=kept)
         ),
         "PackedLoader, Parquet ids snappy": packed("snappy"),
-        "TokenLoader, ingested Arrow": lambda: _timed(token_loader),
-        CEILING_IDS: lambda: _timed(lambda: run_decode(local["zstd"], "input_ids")),
+        "TokenLoader, ingested Arrow": lambda: timed(token_loader),
+        CEILING_IDS: lambda: timed(lambda: run_decode(local["zstd"], "input_ids")),
     }
-    got = run_rounds(sides, args.rounds, after_each=_progress)
+    got = run_rounds(sides, args.rounds, after_each=progress)
     ours = ("PackedLoader, Parquet ids zstd", "PackedLoader, Parquet ids snappy", KEPT_IDS,
             CEILING_IDS)  # fmt: skip
-    rows = _table("pre-tokenized column vs ingested Arrow", got, ours)
+    rows = rates_table("pre-tokenized column vs ingested Arrow", got, ours)
     _of_ceiling(rows, got, CEILING_IDS, ours[:1])
     return rows
 
@@ -400,7 +259,7 @@ def bench_images(work: Path, args: argparse.Namespace) -> dict[str, Any]:
             loader.close()
             return n
 
-        m = _timed(count)  # "tokens" are images here
+        m = timed(count)  # "tokens" are images here
         return m
 
     sides = {
@@ -409,8 +268,8 @@ def bench_images(work: Path, args: argparse.Namespace) -> dict[str, Any]:
         ),
         "Loader, tar shards": lambda: run(str(tar_prefix), {"image": "jpg", "caption": "txt"}),
     }
-    got = run_rounds(sides, args.rounds, after_each=_progress)
-    return _table("image bytes in Parquet vs tar shards (images/s)", got,
+    got = run_rounds(sides, args.rounds, after_each=progress)
+    return rates_table("image bytes in Parquet vs tar shards (images/s)", got,
                   ("Loader, Parquet image bytes",))  # fmt: skip
 
 
@@ -434,46 +293,6 @@ def bench_index(work: Path, store: str, args: argparse.Namespace) -> dict[str, A
           f"{seconds:.2f} s, {report.requests} requests "
           f"({out['requests_per_file']:.2f} per file), {args.index_workers} workers")  # fmt: skip
     return out
-
-
-def _progress(r: int, name: str, m: Measure | None) -> None:
-    if m is not None:
-        print(f"  round {r} {name}: {fmt(m['tokens_per_s'])} tokens/s", flush=True)
-
-
-def _table(
-    title: str, got: dict[str, list[Measure | None]], ours: tuple[str, ...]
-) -> dict[str, Any]:
-    rows: dict[str, Any] = {}
-    print(f"\n{title}")
-    print(f"{'side':44} {'tokens/s':>12} {'tokens/CPU s':>13} {'x best peer':>12}")
-    peers = [n for n in got if n not in ours and all(m is not None for m in got[n])]
-    for name, ms in got.items():
-        if any(m is None for m in ms):
-            rows[name] = "not installed"
-            print(f"{name:44} {'not installed':>12}")
-            continue
-        rate = [m["tokens_per_s"] for m in ms]  # type: ignore[index]
-        cpu = [m["tokens_per_cpu_s"] for m in ms]  # type: ignore[index]
-        row: dict[str, Any] = {
-            "tokens_per_s": best_median(rate),
-            "tokens_per_cpu_s": best_median(cpu),
-        }
-        rel = ""
-        # a side is compared with the best peer reading from where it reads (local, S3)
-        # ... and in the same epochs (a later epoch's tokens kept, or every epoch's work)
-        alike = [p for p in peers if ("epoch 2+" in p) == ("epoch 2+" in name)] or peers
-        near = [p for p in alike if p.split()[-1] == name.split()[-1]] or alike
-        if name in ours and near:
-            best = max(near, key=lambda p: np.median([m["tokens_per_s"] for m in got[p]]))
-            row["vs"] = best
-            row["ratio"] = ratio(rate, [m["tokens_per_s"] for m in got[best]])  # type: ignore[index]
-            row["cpu_ratio"] = ratio(cpu, [m["tokens_per_cpu_s"] for m in got[best]])  # type: ignore[index]
-            rel = f"{row['ratio']['ratio']:.2f}x / {row['cpu_ratio']['ratio']:.2f}x cpu"
-        rows[name] = row
-        print(f"{name:44} {fmt(row['tokens_per_s']['median']):>12} "
-              f"{fmt(row['tokens_per_cpu_s']['median']):>13} {rel:>12}")  # fmt: skip
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

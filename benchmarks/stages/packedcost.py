@@ -24,7 +24,8 @@ import numpy as np
 from benchmarks.benchmath import ratio
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import run_rounds
-from benchmarks.stages.inplace import _table, _timed, run_packed, write_corpus
+from benchmarks.harness.tokenrates import rates_table, timed, write_corpus
+from benchmarks.stages.inplace import run_packed
 from benchmarks.stages.tokenize_bench import machine_documents, train_tokenizer
 
 PACKED = "PackedLoader epoch 2+, keep_decoded"
@@ -92,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
     packed()  # kept once
     token_loader()
-    sides = {PACKED: lambda: _timed(packed), TOKENS: lambda: _timed(token_loader)}
+    sides = {PACKED: lambda: timed(packed), TOKENS: lambda: timed(token_loader)}
     got = run_rounds(sides, args.rounds)
-    rows = _table("PackedLoader (kept) vs TokenLoader", got, (PACKED,))  # type: ignore[arg-type]
+    rows = rates_table("PackedLoader (kept) vs TokenLoader", got, (PACKED,))  # type: ignore[arg-type]
     for key in ("tokens_per_s", "tokens_per_cpu_s"):
         r = ratio([m[key] for m in got[PACKED]], [m[key] for m in got[TOKENS]])
         print(f"{key}: PackedLoader / TokenLoader {r['ratio']:.2f}x")
