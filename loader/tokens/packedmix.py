@@ -17,7 +17,7 @@ from typing import Any
 
 from ..distributed import DistContext
 from ..mixposition import MixPosition
-from .packedstate import check_job
+from .packedstate import check_job, merge_deliveries
 
 __all__ = ["as_mixture_state", "merge_mix_states", "plan_state"]
 
@@ -62,24 +62,14 @@ def merge_mix_states(
             "its states were saved with (their deal's mixture differs from this one's)"
         )
     taken = [_consumed(s) for s in states]
-    m = min(taken)
-    lowest = states[taken.index(m)]
-    skip: set[int] = set()
-    resume: dict[int, int] = {}
+    lowest = states[taken.index(min(taken))]
+    shares = []
     for s in states:
-        skip.update(int(d) for d in s.get("skip", []))
-        resume.update((int(d), int(o)) for d, o in s.get("resume_at", []))
-    for s, c in zip(states, taken, strict=True):
         rank = int(s["rank"])
         old = MixPosition(position.mix, DistContext(rank, world, rpn), position.options)
         old.load_state_dict(as_mixture_state(s))  # the same deal, exactly: checks the state
-        share = old.planner.rank_plan(replace(old.progress, consumed=0), rank).samples
-        skip.update(share[m:c].tolist())
-        offset = s.get("doc_offset") or 0
-        if offset and c < len(share):
-            resume[int(share[c])] = int(offset)
-    for d in skip:
-        resume.pop(d, None)
+        shares.append(old.planner.rank_plan(replace(old.progress, consumed=0), rank).samples)
+    skip, resume = merge_deliveries(states, taken, shares)
     return as_mixture_state(lowest), skip, resume
 
 

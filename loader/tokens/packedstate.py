@@ -18,7 +18,7 @@ import numpy as np
 
 from flashfeed.plan.plan import PlanOptions, Segment, Topology, rank_plan
 
-__all__ = ["check_job", "merge_states"]
+__all__ = ["check_job", "merge_deliveries", "merge_states"]
 
 
 def _int(state: dict[str, Any], name: str) -> int:
@@ -61,25 +61,44 @@ def merge_states(
     )
     first = states[0]
     prior = [Segment(int(a), int(b), int(c)) for a, b, c in first["prior"]]
-    m = min(_int(s, "consumed") for s in states)
+    taken = [_int(s, "consumed") for s in states]
+    m = min(taken)
+    shares = [
+        rank_plan(
+            shard_sizes,
+            options=options,
+            epoch=_int(s, "epoch"),
+            topology=Topology(world, rpn),
+            rank=s["rank"],
+            segments=prior,
+        ).samples
+        for s in states
+    ]
+    skip, resume = merge_deliveries(states, taken, shares)
+    segments = [*prior, Segment(world, rpn, m)] if m else prior
+    position = dict(first)
+    position["segments"] = [[g.world_size, g.ranks_per_node, g.samples_per_rank] for g in segments]
+    return position, skip, resume
+
+
+def merge_deliveries(
+    states: Sequence[dict[str, Any]], taken: Sequence[int], shares: Sequence[np.ndarray]
+) -> tuple[set[int], dict[int, int]]:
+    """``(documents to skip, document -> token to continue at)`` of a job whose ranks took
+    ``taken`` documents of their ``shares`` (plan order): what a rank delivered beyond the
+    fewest any took, the document each stopped inside, and what the states already carried
+    from an earlier resume."""
+    m = min(taken)
     skip: set[int] = set()
     resume: dict[int, int] = {}
     for s in states:
         skip.update(int(d) for d in s.get("skip", []))
         resume.update((int(d), int(o)) for d, o in s.get("resume_at", []))
-    for s in sorted(states, key=lambda s: s["rank"]):
-        plan = rank_plan(
-            shard_sizes, options=options, epoch=_int(s, "epoch"),
-            topology=Topology(world, rpn), rank=s["rank"], segments=prior,
-        ).samples  # fmt: skip
-        c = _int(s, "consumed")
-        skip.update(plan[m:c].tolist())
+    for s, c, share in zip(states, taken, shares, strict=True):
+        skip.update(share[m:c].tolist())
         offset = _int(s, "doc_offset")
-        if offset and c < len(plan):
-            resume[int(plan[c])] = offset
+        if offset and c < len(share):
+            resume[int(share[c])] = offset
     for d in skip:
         resume.pop(d, None)
-    segments = [*prior, Segment(world, rpn, m)] if m else prior
-    position = dict(first)
-    position["segments"] = [[g.world_size, g.ranks_per_node, g.samples_per_rank] for g in segments]
-    return position, skip, resume
+    return skip, resume
