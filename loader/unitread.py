@@ -202,7 +202,11 @@ class UnitReader:
         table = read_row_group(data, entry, unit, [self.column, *others], metadata=md, name=name)
         for c in self.extra:
             extra[c] = table.column(c).to_pylist()
-        col = table.column(self.column)
+        return self.column_values(table.column(self.column), name)
+
+    def column_values(self, col: pa.ChunkedArray, name: str) -> list[Any] | DocTokens:
+        """A table's column of documents: lists of token ids as ``DocTokens`` (no Python
+        step per row), text as ``("text", value)`` rows for ``_tokens``."""
         if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
             if not pa.types.is_integer(col.type.value_type):
                 raise CorruptShardError(

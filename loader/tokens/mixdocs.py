@@ -14,7 +14,7 @@ from flashfeed.dataset import Dataset
 from flashfeed.errors import CorruptShardError
 from flashfeed.format.inplace import FileChangedError
 
-from ..unitread import DocTokens, UnitReader, list_tokens
+from ..unitread import DocTokens, UnitReader
 
 __all__ = ["ArrowDocReader", "MixDocReader", "document_check", "source_columns"]
 
@@ -92,15 +92,8 @@ class ArrowDocReader(UnitReader):
                 f"{name}: holds {table.num_rows} rows, the index says {info.samples}"
             )
         extra = {c: table.column(c).to_pylist() for c in self.extra}
-        col = table.column(self.column)
-        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-            if not pa.types.is_integer(col.type.value_type):
-                raise CorruptShardError(
-                    f"{name}: column {self.column!r} is {col.type}, not lists of token ids"
-                )
-            got = list_tokens(col)
-        else:
-            got = self._tokens([("text", v) for v in col.to_pylist()], name)
+        values = self.column_values(table.column(self.column), name)
+        got = values if isinstance(values, DocTokens) else self._tokens(values, name)
         return DocTokens(got.offsets, got.values, got.skipped, extra)
 
 
