@@ -1,7 +1,8 @@
 """A ``PackedLoader`` pass, batch by batch: the layout of the run of documents a batch takes
 and its tokens and document outputs come from two compiled passes (``packkernel.py``), so
-what is left in Python per batch is a few calls, the units the batch reads from, and the
-keys (one string per segment).
+what is left in Python per batch is a few calls and the units the batch reads from. The
+keys (one string per segment) are made when the batch's ``__key__`` is first read
+(``SegmentKeys``): a training step that never reads them does not pay for them.
 
 Units of a batch whose ids are not all of one integer type are copied by numpy steps per
 piece instead; the outputs are the same either way. ``PassDocs``: the pass's documents as
@@ -11,8 +12,8 @@ resume on another world size left to skip or continue.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from .packkernel import (
     warm_packing,
 )
 
-__all__ = ["PassDocs", "packed_batches"]
+__all__ = ["PassDocs", "SegmentKeys", "packed_batches"]
 
 _BITS = {
     "position_ids": POSITIONS,
@@ -111,13 +112,13 @@ def packed_batches(
         for u in units[:used].tolist():
             if u not in names:
                 names[u] = loader.dataset.manifest.shard_path(u) + "/"
-        # flat lists of ints (no container per segment: those would wake the collector)
-        where = (seg[:nseg, 0].tolist(), seg[:nseg, 1].tolist())
-        seg_keys = [f"{names[s]}{r}" for s, r in zip(*where, strict=True)]
-        cut = bounds.tolist()
-        keys = [seg_keys[cut[r] : cut[r + 1]] for r in range(B)]
+        used_names = {u: names[u] for u in units[:used].tolist()}
+        keys = SegmentKeys(used_names, seg[:nseg].copy(), bounds.tolist())
         batch: dict[str, Any] = {"tokens": torch.from_numpy(tokens), "__key__": keys}
         if columns:
+            # flat lists of ints (no container per segment: those would wake the collector)
+            where = (seg[:nseg, 0].tolist(), seg[:nseg, 1].tolist())
+            cut = bounds.tolist()
             values = [got_units[u].extra for u in range(used)]
             slot = dict(zip(units[:used].tolist(), range(used), strict=True))
             for c in columns:
@@ -142,6 +143,59 @@ def packed_batches(
         if at < need:
             loader._end([])
             return
+
+
+class SegmentKeys(Sequence[list[str]]):
+    """A packed batch's ``__key__``: per row, the ``<unit>/<row>`` key of each of its
+    segments, in order. A sequence of lists of strings, made from the batch's (unit, row)
+    pairs when first read; equal to the list of lists it stands for (``tolist()``)."""
+
+    __slots__ = ("_cut", "_names", "_rows", "_seg")
+
+    def __init__(self, names: dict[int, str], seg: np.ndarray, cut: list[int]) -> None:
+        self._names = names  # each unit of the batch: its path and "/"
+        self._seg = seg  # (segments, 2): unit and row of each segment, rows end to end
+        self._cut = cut  # row r's segments are seg[cut[r]:cut[r + 1]]
+        self._rows: list[list[str]] | None = None
+
+    def tolist(self) -> list[list[str]]:
+        """The keys, one list per row."""
+        if self._rows is None:
+            names, cut = self._names, self._cut
+            flat = [
+                f"{names[s]}{r}"
+                for s, r in zip(self._seg[:, 0].tolist(), self._seg[:, 1].tolist(), strict=True)
+            ]
+            self._rows = [flat[cut[r] : cut[r + 1]] for r in range(len(cut) - 1)]
+        return self._rows
+
+    def __len__(self) -> int:
+        return len(self._cut) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> list[str]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[list[str]]: ...
+    def __getitem__(self, i: int | slice) -> list[str] | list[list[str]]:
+        return self.tolist()[i]
+
+    def __iter__(self) -> Iterator[list[str]]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SegmentKeys):
+            other = other.tolist()
+        if isinstance(other, list):
+            return self.tolist() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.tolist())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SegmentKeys, (self._names, self._seg, self._cut))
 
 
 def _addresses(
@@ -176,6 +230,14 @@ def _started(
     return [f"{names[s]}{r}" for s, r in zip(shards[at].tolist(), rows[at].tolist(), strict=True)]
 
 
+def _group_order(shards: np.ndarray) -> np.ndarray:
+    """The order that groups documents by unit, keeping pass order within each: a radix
+    sort when unit numbers fit 16 bits (a pass holds hundreds of thousands of documents)."""
+    if len(shards) and shards.min() >= 0 and shards.max() < 1 << 16:
+        return np.argsort(shards.astype(np.uint16), kind="stable")
+    return np.argsort(shards, kind="stable")
+
+
 class PassDocs:
     """Documents ``ids`` (rows ``rows`` of units ``shards``) of one pass of ``loader``."""
 
@@ -184,8 +246,10 @@ class PassDocs:
         n = len(ids)
         self.lens = np.full(n, -1, np.int64)  # -1: its unit not read yet
         self.starts = np.zeros(n, np.int64)
-        self._order = np.argsort(shards, kind="stable")
-        self._units, at = np.unique(shards[self._order], return_index=True)
+        self._order = _group_order(shards)
+        grouped = shards[self._order]
+        at = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if n else _NONE1
+        self._units = grouped[at]
         self._bounds = np.append(at, n)
         skip = loader.skip
         self.skipped = (

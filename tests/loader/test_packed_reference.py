@@ -5,6 +5,7 @@ token by token; and a resume inside a document continues that packing."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,23 @@ def test_batches_are_the_plain_packing_of_the_plan(tmp_path: Path, seed: int) ->
         again = PackedLoader(prefix, **kw)
         again.load_state_dict(states[k])
         assert [_plain(b) for b in again] == want[k + 1 :]
+
+
+def test_a_batch_keeps_its_own_keys_after_later_batches(tmp_path: Path) -> None:
+    """A batch's ``__key__`` is made when first read, from its own (unit, row) pairs: read
+    after the epoch it equals what was read batch by batch, it pickles, and it indexes as
+    the list of lists it stands for."""
+    prefix = str(tmp_path / "corpus")
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(0, 900, int(rng.integers(1, 30))).tolist() for _ in range(120)]
+    write_parquet_corpus(prefix, {"ids": docs}, files=2, row_group_size=16)
+    index_in_place(prefix)
+    kw: dict[str, Any] = dict(batch_size=3, seq_len=16, column="ids", seed=1)
+    eager = [b["__key__"].tolist() for b in PackedLoader(prefix, **kw)]
+    late = list(PackedLoader(prefix, **kw))
+    assert [b["__key__"] for b in late] == eager
+    assert len(eager) > 2 and all(eager[1])  # a middle batch: each row holds documents
+    keys = late[1]["__key__"]
+    assert len(keys) == 3 and keys[0] == eager[1][0] and keys[1:] == eager[1][1:]
+    assert list(keys) == eager[1] and pickle.loads(pickle.dumps(keys)) == eager[1]
+    assert keys != eager[0]
