@@ -34,6 +34,8 @@ from flashfeed.format.inplace import (
     split_unit_path,
 )
 
+from .sources import reads_in_place
+
 __all__ = ["DocTokens", "LocalUnitSource", "UnitReader", "list_tokens", "unit_bytes"]
 
 
@@ -102,6 +104,10 @@ class LocalUnitSource:
         return {"kind": "in-place", "hits": self._reads, "misses": 0}
 
 
+def _none(shard: int) -> None:
+    return None
+
+
 def unit_bytes(source: Any, shard: int) -> bytes | memoryview:
     """The bytes of unit ``shard``: read in place, or the cache's verified copy."""
     if isinstance(source, LocalUnitSource):
@@ -147,6 +153,14 @@ class UnitReader:
         if self.kept is None or not checksum:
             return None
         return self.kept.get(self.digest, checksum)  # type: ignore[no-any-return]
+
+    def at_hand(self, source: Any, shard: int) -> bool:
+        """Reading unit ``shard`` is a check of bytes at hand and a map of its kept decode:
+        nothing fetched, nothing decoded."""
+        checksum = self.dataset.shards[shard].checksum
+        if self.kept is None or not checksum or not self.kept.has(self.digest, checksum):
+            return False
+        return reads_in_place(source) or getattr(source, "ready_path", _none)(shard) is not None
 
     def keep(self, shard: int, docs: DocTokens) -> DocTokens:
         checksum = self.dataset.shards[shard].checksum

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--docs", choices=("long", "short"), default="long")
     p.add_argument("--outputs", action="store_true", help="every document output")
+    p.add_argument("--row-group", type=int, default=1000, help="rows per Parquet row group")
+    p.add_argument("--files", type=int, default=4, help="Parquet files")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None, help="JSON file to write")
     args = p.parse_args(argv)
@@ -70,9 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         ids = short_documents(ids)
     arrow = ingested_tokens(work / "arrow", ids, tok, seq_len=args.seq_len)
     print(f"{sum(map(len, ids)):,} tokens in {len(ids):,} documents, batch {args.batch} x "
-          f"{args.seq_len}, outputs {'all' if args.outputs else 'none'}")  # fmt: skip
+          f"{args.seq_len}, outputs {'all' if args.outputs else 'none'}, {args.files} files "
+          f"of row groups of {args.row_group:,} rows")  # fmt: skip
     local = str(work / "ids")
-    write_corpus(local, {"input_ids": pa.array(ids, pa.list_(pa.int32()))}, 4, 1000, "zstd")
+    write_corpus(local, {"input_ids": pa.array(ids, pa.list_(pa.int32()))}, args.files,
+                 args.row_group, "zstd")  # fmt: skip
     index_in_place(local)
     del ids, docs
     gc.collect()

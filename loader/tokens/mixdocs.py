@@ -118,6 +118,10 @@ class MixDocReader:
             for n, ds in zip(mix.names, mix.datasets, strict=True)
         ]
 
+    def at_hand(self, source: Any, shard: int) -> bool:
+        s, local = self.mix.locate_shard(shard)
+        return self.readers[s].at_hand(source.sources[s], local)
+
     def read(self, source: Any, shard: int) -> DocTokens:
         s, local = self.mix.locate_shard(shard)
         try:

@@ -153,7 +153,7 @@ class PackedLoader:
         self.resume_at: dict[int, int] = {}
         self._finished = False
         #: units read (or being read) in plan order, the least recently used dropped first
-        self._units: OrderedDict[int, Future[DocTokens]] = OrderedDict()
+        self._units: OrderedDict[int, Future[DocTokens] | _Later] = OrderedDict()
         self._got: dict[int, DocTokens] = {}  # the units of ``_units`` already read
         self._counted: set[int] = set()  # units whose skips are counted
         self.decode_ahead = decode_ahead
@@ -255,17 +255,15 @@ class PackedLoader:
 
     # --- reading ----------------------------------------------------------------------------
 
-    def _submit(self, shard: int) -> Future[DocTokens]:
-        """Unit ``shard`` read and tokenized, in the background when ``decode_ahead``."""
+    def _submit(self, shard: int) -> Future[DocTokens] | _Later:
+        """Unit ``shard`` read and tokenized, in the background when ``decode_ahead``; a unit
+        kept decoded whose bytes are at hand is read where it is first needed (a check and a
+        map: cheaper than a thread's round trip)."""
         if self._pool is None and self.decode_ahead:
             self._pool = ThreadPoolExecutor(self.decode_ahead, thread_name_prefix="ff-unit")
-        if self._pool is None:
-            done: Future[DocTokens] = Future()
-            try:
-                done.set_result(self.reader.read(self.source, shard))
-            except BaseException as exc:  # raised where the unit is needed, as if inline
-                done.set_exception(exc)
-            fut = done
+        fut: Future[DocTokens] | _Later
+        if self._pool is None or self.reader.at_hand(self.source, shard):
+            fut = _Later(self.reader, self.source, shard)
         else:
             fut = self._pool.submit(self.reader.read, self.source, shard)
         self._units[shard] = fut
@@ -354,3 +352,27 @@ class PackedLoader:
             self._pool = None
         self._units.clear()
         self._got.clear()
+
+
+class _Later:
+    """A unit read when its result is first asked for, in the asking thread; what the read
+    raised is raised there, as a future's would be."""
+
+    __slots__ = ("_args", "_error", "_got")
+
+    def __init__(self, reader: Any, source: Any, shard: int) -> None:
+        self._args: tuple[Any, Any, int] | None = (reader, source, shard)
+        self._got: list[DocTokens] = []
+        self._error: BaseException | None = None
+
+    def result(self) -> DocTokens:
+        if self._args is not None:
+            reader, source, shard = self._args
+            self._args = None
+            try:
+                self._got.append(reader.read(source, shard))
+            except BaseException as exc:
+                self._error = exc
+        if self._error is not None:
+            raise self._error
+        return self._got[0]

@@ -4,6 +4,7 @@ is still refused; a mixture's sources keep theirs too."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,27 @@ def test_keep_decoded_is_checked(corpus: str, tok: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep_decoded_bytes"):
         PackedLoader(corpus, batch_size=2, seq_len=32, tokenizer=tok,
                      keep_decoded=str(tmp_path), keep_decoded_bytes="lots")  # fmt: skip
+
+
+def _unit_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("ff-unit")}
+
+
+def test_kept_units_at_hand_are_read_where_needed_not_in_threads(
+    corpus: str, tmp_path: Path
+) -> None:
+    kw: dict[str, Any] = dict(batch_size=2, seq_len=40, column="input_ids", seed=3,
+                              decode_ahead=2, outputs=DOC_OUTPUTS,
+                              keep_decoded=str(tmp_path / "kept"))  # fmt: skip
+    first = PackedLoader(corpus, **kw)
+    cold = list(first)
+    assert _unit_threads(), "units decoded for the first time are read in background threads"
+    first.close()
+    assert not _unit_threads()
+    again = PackedLoader(corpus, **kw)
+    got = list(again)
+    # every unit kept and its file local: checked and mapped in this thread, no pool started
+    assert not _unit_threads()
+    assert again.stats()["kept"]["hits"] == len(Dataset.open(corpus).shards)
+    assert _same([cold], [got])
+    again.close()
