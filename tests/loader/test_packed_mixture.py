@@ -18,7 +18,7 @@ from flashfeed.loader import DOC_OUTPUTS, PackedLoader, TokenLoader
 
 from support.loader_helpers import make_image_dataset, make_token_dataset
 from support.packed_mix import all_keys, documents_by_key, ingest_documents, proof, source_texts
-from support.parquet_corpus import corpus_texts, write_parquet_corpus
+from support.parquet_corpus import corpus_texts, write_jsonl_corpus, write_parquet_corpus
 from support.token_docs import byte_bpe
 
 WEB = corpus_texts(120, seed=1)
@@ -76,6 +76,53 @@ def test_each_document_of_each_source_once_and_whole(corpora: dict[str, Any], tm
                 ids.setdefault(key, set()).add(d)
     assert all(len(v) == 1 for v in ids.values())
     assert len({d for v in ids.values() for d in v}) == 210
+
+
+def test_an_in_place_jsonl_source_beside_parquet_and_arrow(
+    corpora: dict[str, Any], tmp_path: Path
+) -> None:
+    """A third source, JSONL indexed in place: a plain file cut in blocks of lines and a
+    zstd file that is one unit. Each document of each source once and whole, and a resume
+    on the same world size continues with the same batches."""
+    notes = [f"note {i}: " + t[: 40 + i] for i, t in enumerate(corpus_texts(70, seed=5))]
+    where = str(tmp_path / "notes")
+    write_jsonl_corpus(where, [{"body": t} for t in notes[:50]], files=1)
+    write_jsonl_corpus(str(tmp_path / "z"), [{"body": t} for t in notes[50:]], files=1,
+                       codec="zstd")  # fmt: skip
+    Path(tmp_path / "z" / "part-000.jsonl.zst").rename(Path(where) / "part-001.jsonl.zst")
+    index_in_place(where, block_bytes=1024)
+    ds = Dataset.open(where)
+    assert ds.manifest.shard_format == "jsonl" and len(ds.shards) > 3
+    assert sum(".zst#" in info.path for info in ds.shards) == 1  # not splittable: one unit
+    root = corpora["root"]
+    mix = Mixture(sources=(Source(str(root / "web"), 120, "web"),
+                           Source(str(root / "books"), 90, "books"),
+                           Source(where, 70, "notes")))  # fmt: skip
+    keys = {**corpora["keys"], "notes": all_keys("notes", ds)}
+    ledger = str(tmp_path / "ledger")
+    kw = _kw(corpora, column={**COLUMNS, "notes": "body"}, ledger_dir=ledger)
+    batches = []
+    for rank in range(2):
+        batches += list(PackedLoader(mix, rank=rank, world_size=2, **kw))
+    assert proof(ledger, keys) == {"web": (120, 0, 0), "books": (90, 0, 0), "notes": (70, 0, 0)}
+    got = documents_by_key(batches, Tokenizer.from_file(corpora["tok"]))
+    want = {**corpora["texts"], **source_texts("notes", ds, column="body")}
+    assert got == want and sorted(want.values()) == sorted(WEB + BOOKS + notes)
+
+    kw = _kw(corpora, column={**COLUMNS, "notes": "body"})
+    whole = list(PackedLoader(mix, rank=0, world_size=2, **kw))
+    first = PackedLoader(mix, rank=0, world_size=2, **kw)
+    it = iter(first)
+    head = [next(it) for _ in range(7)]
+    state = first.state_dict()
+    it.close()
+    again = PackedLoader(mix, rank=0, world_size=2, **kw)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert [b["__key__"] for b in head + rest] == [b["__key__"] for b in whole]
+    assert all(
+        torch.equal(a["tokens"], b["tokens"]) for a, b in zip(head + rest, whole, strict=True)
+    )
 
 
 def test_resume_on_the_same_world_size_gives_the_same_batches(corpora: dict[str, Any]) -> None:

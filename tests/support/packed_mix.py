@@ -55,12 +55,38 @@ def source_texts(name: str, ds: Dataset, *, column: str) -> dict[str, str]:
 
     files = ds.in_place
     assert files is not None, f"{ds.url} is neither Arrow nor indexed in place"
+    if ds.manifest.shard_format == "jsonl":
+        return _jsonl_texts(name, ds, column=column)
     for i, info in enumerate(ds.shards):
         url, _, _ = files.location(info.path)
         group = int(info.path.rpartition("#")[2])
         parquet = pq.ParquetFile(io.BytesIO(storage.read_bytes(url)))
         rows = parquet.read_row_group(group, columns=[column]).column(column).to_pylist()
         out.update((f"{name}:{ds.manifest.shard_path(i)}/{r}", t) for r, t in enumerate(rows))
+    return out
+
+
+def _jsonl_texts(name: str, ds: Dataset, *, column: str) -> dict[str, str]:
+    """Each key of a JSONL corpus indexed in place and its text: a unit's lines are those
+    its byte range of the file holds (a compressed file: the whole file, one unit)."""
+    import gzip
+
+    import zstandard
+
+    out: dict[str, str] = {}
+    for i, info in enumerate(ds.shards):
+        url, offset = ds.shard_range(info)
+        data = storage.read_bytes(url)[offset : offset + info.bytes]
+        if url.endswith(".gz"):
+            data = gzip.decompress(data)
+        elif url.endswith(".zst"):
+            data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+        lines = [line for line in data.split(b"\n") if line.strip()]
+        assert len(lines) == info.samples, f"unit {info.path}: {len(lines)} lines"
+        out.update(
+            (f"{name}:{ds.manifest.shard_path(i)}/{r}", json.loads(line)[column])
+            for r, line in enumerate(lines)
+        )
     return out
 
 
