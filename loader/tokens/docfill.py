@@ -105,6 +105,26 @@ def _fence_typed(typingctx: Any) -> Any:  # pragma: no cover - compiled
 _fence: Any = intrinsic(_fence_typed)
 
 
+def _prefetch_typed(typingctx: Any, address: Any) -> Any:  # pragma: no cover - compiled
+    """A hint to fetch the cache line at ``address`` (an address numpy gave) for reading:
+    a gather of pieces from shuffled places asks for the next ones while it copies this
+    one, instead of waiting on each piece's first cache line in turn."""
+    sig = types.void(address)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        # a read (0), kept in every cache level (3), of data (1)
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_prefetch: Any = intrinsic(_prefetch_typed)
+
+
 def _widen_py(src: np.ndarray, dst: np.ndarray, stream: bool) -> None:
     """``dst[:] = src``, any integer types (a loop the compiler vectorises); ``stream``:
     with stores that bypass the cache (``_stream``)."""

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 from numba import carray
 
-from .docfill import _at_like, _compile, _const, _ramp, _widen
+from .docfill import _at_like, _compile, _const, _prefetch, _ramp, _widen
 from .segments import IGNORE_INDEX
 
 __all__ = ["PIECE_COLUMNS", "fill_jit", "layout_jit", "warm_packing"]
@@ -21,6 +21,8 @@ __all__ = ["PIECE_COLUMNS", "fill_jit", "layout_jit", "warm_packing"]
 #: columns of the piece table: document (from ``p``), its first token, tokens, place in the
 #: flattened batch, slot of its unit (in ``units``)
 PIECE_COLUMNS = 5
+#: pieces between the one copied and the one whose first tokens are fetched ahead
+AHEAD = 8
 #: the outputs the fill writes (a bit each)
 POSITIONS, DOCUMENTS, LABELS, OFFSETS = 1, 2, 4, 8
 
@@ -137,6 +139,9 @@ def _fill(  # pragma: no cover - compiled; run through packbatch
     for j in range(pieces):
         d = p + piece[j, 0]
         a, n = piece[j, 3], piece[j, 2]
+        if copy and j + AHEAD < pieces:  # the piece AHEAD on: its first tokens asked for now
+            q = piece[j + AHEAD]
+            _prefetch(addrs[q[4]] + (starts[p + q[0]] + q[1]) * item)
         if copy:
             src = carray(_at_like(addrs[piece[j, 4]] + (starts[d] + piece[j, 1]) * item, like), n)
             if n < 128:  # a short piece: no slice made
