@@ -100,7 +100,8 @@ class DecodedUnits:
             return None
         self.hits += 1
         tokens = batch.column(_TOKENS)
-        offsets = np.asarray(tokens.offsets, dtype=np.int64)
+        # the offsets buffer as it lies (``tokens.offsets`` builds an array first: 10-90 us)
+        offsets = np.frombuffer(tokens.buffers()[1], np.int64, len(tokens) + 1, tokens.offset * 8)
         values = tokens.values.to_numpy(zero_copy_only=True)
         extra = {c: batch.column(f"extra:{c}").to_pylist() for c in meta["extra"]}
         return DocTokens(offsets, values, Counter(meta["skipped"]), extra)
