@@ -9,12 +9,12 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .datasetinfo import ShardNames, check_version, dataset_id, shard_samples
-from .mixposition import MixPosition
+from .datasetinfo import ShardNames, check_version
+from .mixposition import plan_position
 from .mixsource import MixtureDataset, status_root
 from .parts import LoaderParts
 from .passorder import PassOrder, make_pass_order
-from .position import PlanPosition, Position
+from .position import PlanPosition
 from .readahead import StreamFeeder
 from .sources import reads_in_place
 from .telemetry.ledger import Ledger
@@ -41,24 +41,16 @@ class PlannedLoader:
         part ``i % per_sample`` of sample ``i // per_sample``; one dataset only."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 (an integer), got {batch_size!r}")
-        if per_sample != 1 and isinstance(parts.dataset, MixtureDataset):
-            raise ValueError("several plan entries per sample need one dataset, not a mixture")
         self.parts = parts
         self.dataset = dataset = parts.dataset
         self.ctx = ctx = parts.ctx
         self.batch_size = batch_size
         self.drop_last = parts.options.drop_last
         self.source = parts.source
-        self.position: PlanPosition = (
-            MixPosition(dataset, ctx, parts.options, batch=batch_size if self.drop_last else 1)
-            if isinstance(dataset, MixtureDataset)
-            else Position(
-                shard_samples(dataset) * per_sample,
-                ctx,
-                parts.options,
-                dataset_id=dataset_id(dataset),
-            )
-        )
+        self.position: PlanPosition = plan_position(
+            dataset, ctx, parts.options, batch=batch_size if self.drop_last else 1,
+            per_sample=per_sample,
+        )  # fmt: skip
         telemetry = parts.telemetry
         self.ledger = (
             Ledger(telemetry.ledger_dir, rank=ctx.rank, world_size=ctx.world_size)

@@ -23,10 +23,13 @@ import numpy as np
 from flashfeed.plan.mixplan import Cursor, MixPlanner, MixProgress, MixRankPlan
 from flashfeed.plan.plan import PlanOptions, RankPlan, Topology
 
+from .datasetinfo import dataset_id, shard_samples
 from .distributed import DistContext
 from .mixsource import MixtureDataset
 from .position import (
     STATE_VERSION,
+    PlanPosition,
+    Position,
     _field,
     _segments,
     check_state,
@@ -34,10 +37,24 @@ from .position import (
     read_options,
 )
 
-__all__ = ["COUNT_AHEAD", "MixPosition"]
+__all__ = ["COUNT_AHEAD", "MixPosition", "plan_position"]
 
 #: batches whose samples per source ``MixPosition.source_counts`` counts at once
 COUNT_AHEAD = 64
+
+
+def plan_position(
+    dataset: Any, ctx: DistContext, options: PlanOptions, *, batch: int = 1, per_sample: int = 1
+) -> PlanPosition:
+    """A loader's place in the plan of ``dataset``: a mixture's (``MixPosition``, its deals
+    cut to ``batch``) or one dataset's (``Position``, ``per_sample`` plan entries per stored
+    sample). The one place a loader's kind of dataset picks its position."""
+    if isinstance(dataset, MixtureDataset):
+        if per_sample != 1:
+            raise ValueError("several plan entries per sample need one dataset, not a mixture")
+        return MixPosition(dataset, ctx, options, batch=batch)
+    sizes = shard_samples(dataset) * per_sample
+    return Position(sizes, ctx, options, dataset_id=dataset_id(dataset))
 
 
 class MixPosition:

@@ -34,11 +34,11 @@ import numpy as np
 from flashfeed.dataset import Dataset
 from flashfeed.plan.mixture import Mixture
 
-from ..datasetinfo import check_version, dataset_id, shard_samples
-from ..mixposition import MixPosition
+from ..datasetinfo import check_version
+from ..mixposition import MixPosition, plan_position
 from ..mixsource import MixtureDataset
 from ..parts import loader_parts
-from ..position import Position
+from ..position import PlanPosition
 from ..telemetry.ledger import Ledger
 from ..unitread import DocTokens, UnitReader
 from .decoded import keep_units
@@ -128,20 +128,17 @@ class PackedLoader:
         self.outputs = tuple(o for o in DOC_OUTPUTS if o in outputs)
         self.max_open = max_open
         tokenizer_json, eos_id = tokenizer_eos(tokenizer, eos_token)
-        self.position: Position | MixPosition
+        self.position: PlanPosition
         self.reader: UnitReader | MixDocReader
         self.mixed = isinstance(ds, MixtureDataset)
         if isinstance(ds, MixtureDataset):  # documents have virtual ids: sources end to end
             self.column = source_columns(ds.names, column)
             self.reader = MixDocReader(ds, self.column, tokenizer_json=tokenizer_json,
                                        eos_id=eos_id, extra=self.columns)  # fmt: skip
-            self.position = MixPosition(ds, parts.ctx, parts.options)
         else:
             self.reader = UnitReader(ds, column=own_column, tokenizer_json=tokenizer_json,
                                      eos_id=eos_id, extra=self.columns)  # fmt: skip
-            self.position = Position(
-                shard_samples(ds), parts.ctx, parts.options, dataset_id=dataset_id(ds)
-            )
+        self.position = plan_position(ds, parts.ctx, parts.options)
         self.kept = keep_units(self.reader, keep_decoded, keep_decoded_bytes)
         warm_packing()  # the batch passes compiled meanwhile (``packbatch.py``)
         sizes = np.asarray(ds.manifest.shard_samples, np.int64)
