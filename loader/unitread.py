@@ -62,11 +62,15 @@ class LocalUnitSource:
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
         self._reads = 0
+        self._where: dict[int, tuple[str, str, int]] = {}  # unit -> url, local path, offset
 
     def read(self, shard: int) -> bytes:
         info = self.dataset.shards[shard]
-        url, offset = self.dataset.shard_range(info)
-        _, path = storage.filesystem(url)
+        where = self._where.get(shard)
+        if where is None:  # worked out once per unit: each epoch reads every unit again
+            url, offset = self.dataset.shard_range(info)
+            where = self._where[shard] = (url, storage.filesystem(url)[1], offset)
+        url, path, offset = where
         try:
             with open(path, "rb") as f:
                 data = os.pread(f.fileno(), info.bytes, offset)

@@ -40,6 +40,9 @@ __all__ = ["DecodedUnits", "keep_units", "reader_digest"]
 _TOKENS = "tokens"
 _META = b"flashfeed.decoded"
 _I32 = (-(1 << 31), (1 << 31) - 1)
+#: a unit's metadata when nothing was skipped and no column is carried (the common case)
+_PLAIN: dict[str, Any] = {"skipped": {}, "extra": []}
+_PLAIN_RAW = json.dumps(_PLAIN).encode()
 
 
 def reader_digest(
@@ -89,7 +92,8 @@ class DecodedUnits:
             with open(path, "rb") as f:  # a buffer over mmap opens in a third of the
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # time pa's file does
             batch = pa.ipc.open_file(pa.py_buffer(mapped)).get_batch(0)
-            meta = json.loads(batch.schema.metadata[_META])
+            raw = batch.schema.metadata[_META]
+            meta = _PLAIN if raw == _PLAIN_RAW else json.loads(raw)
             os.utime(path)  # read now: the last to go
         except FileNotFoundError:
             self.misses += 1
