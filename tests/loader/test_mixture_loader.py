@@ -13,6 +13,8 @@ import pytest
 from flashfeed.dataset import Dataset
 from flashfeed.format.manifest import Manifest, commit_manifest
 from flashfeed.loader import TokenLoader
+from flashfeed.loader.mixposition import MixPosition, plan_position
+from flashfeed.loader.position import Position
 from flashfeed.loader.telemetry.ledger import read_ledger
 from flashfeed.loader.telemetry.mixledger import check_mixture
 from flashfeed.plan.mixture import Mixture, Source
@@ -401,3 +403,17 @@ def test_mixture_states_record_the_arrival_windows_and_old_ones_keep_the_first(c
     assert loader.state_dict()["arrival_windows"] == "first"
     with pytest.raises(ValueError, match="state field 'arrival_windows' must be one of"):
         loader.load_state_dict({**state, "arrival_windows": "every"})
+
+
+def test_one_place_picks_a_loaders_position(corpora):
+    """``plan_position``: a mixture's deals for a mixture, one dataset's plan (its plan
+    entries per sample counted) for a dataset; plan entries per sample refused for a
+    mixture."""
+    mixed = TokenLoader(_mix(corpora), batch_size=4)
+    one = TokenLoader(corpora["web"], batch_size=4)
+    assert isinstance(mixed.position, MixPosition) and isinstance(one.position, Position)
+    ctx, options = one.ctx, one.parts.options
+    clips = plan_position(one.dataset, ctx, options, per_sample=3)
+    assert clips.shard_sizes.tolist() == [3 * n for n in SIZES["web"]]
+    with pytest.raises(ValueError, match="several plan entries per sample need one dataset"):
+        plan_position(mixed.dataset, ctx, options, per_sample=2)
