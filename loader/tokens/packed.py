@@ -56,7 +56,8 @@ __all__ = ["PackedLoader"]
 class PackedLoader:
     """Batches ``{"tokens": (batch_size, seq_len) int64, "__key__": [[<unit>/<row>, ...] per
     row], **outputs}`` from a Parquet or JSONL dataset indexed in place, or from a mixture of
-    such datasets and ingested Arrow datasets of documents (``mixdocs.py``).
+    such datasets and ingested Arrow datasets of documents (``mixdocs.py``). ``__key__`` is a
+    ``SegmentKeys``: that list of lists, its strings made when first read.
 
     ``column``: a column of token ids (lists of ints) or of text; text needs ``tokenizer``
     (a ``tokenizer.json`` path). A mixture's sources may name it apart: ``{source: column}``.
