@@ -113,9 +113,7 @@ class DecodedUnits:
     def put(self, reader: str, checksum: str, docs: DocTokens) -> None:
         """Keep ``docs``, making room by removing the files read least recently."""
         values = np.asarray(docs.values)
-        if values.dtype == np.int64 and (
-            not len(values) or (values.min() >= _I32[0] and values.max() <= _I32[1])
-        ):
+        if values.dtype == np.int64 and _fits_int32(values):
             values = values.astype(np.int32)  # as a Parquet column of int32 ids reads
         tokens = pa.LargeListArray.from_arrays(
             pa.array(np.asarray(docs.offsets, np.int64)), pa.array(values)

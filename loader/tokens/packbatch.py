@@ -93,12 +93,13 @@ def packed_batches(
             begun = piece[:pieces][piece[:pieces, 1] == 0, 0] + p
             loader._end(ids[begun].tolist())
             return
-        got_units = [loader._unit(u) for u in units[:used].tolist()]
+        used_units = units[:used].tolist()
+        got_units = [loader._unit(u) for u in used_units]
         # the tokens and the (B, L) outputs: planes of one pooled block, reused once
         # nothing refers to its batch (``HostPool``): no new pages to fault in per batch
         planes = iter(pool.array((len(wanted) + 1, B, L), np.dtype(np.int64)))
         tokens = next(planes)
-        like, addrs = _addresses(got_units, units[:used].tolist(), seen)
+        like, addrs = _addresses(got_units, used_units, seen)
         if like is None:  # units of several types: copied here
             flat = tokens.reshape(-1)
             for d, f, k, a, u in piece[:pieces].tolist():
@@ -109,18 +110,15 @@ def packed_batches(
             like if like is not None else _NONE1, addrs, piece, pieces, p, starts, ids,
             shards, rows, like is not None, pad, want, tokens, *outs, seg, bounds,
         )  # fmt: skip
-        for u in units[:used].tolist():
-            if u not in names:
-                names[u] = loader.dataset.manifest.shard_path(u) + "/"
-        used_names = {u: names[u] for u in units[:used].tolist()}
-        keys = SegmentKeys(used_names, seg[:nseg].copy(), bounds.tolist())
+        used_names = {u: loader.key_prefix(u) for u in used_units}
+        cut = bounds.tolist()
+        keys = SegmentKeys(used_names, seg[:nseg].copy(), cut)
         batch: dict[str, Any] = {"tokens": torch.from_numpy(tokens), "__key__": keys}
         if columns:
             # flat lists of ints (no container per segment: those would wake the collector)
             where = (seg[:nseg, 0].tolist(), seg[:nseg, 1].tolist())
-            cut = bounds.tolist()
             values = [got_units[u].extra for u in range(used)]
-            slot = dict(zip(units[:used].tolist(), range(used), strict=True))
+            slot = dict(zip(used_units, range(used), strict=True))
             for c in columns:
                 got_c = [values[slot[s]][c][r] for s, r in zip(*where, strict=True)]
                 batch[c] = [got_c[cut[r] : cut[r + 1]] for r in range(B)]

@@ -292,10 +292,14 @@ class PackedLoader:
 
     def key(self, shard: int, row: int) -> str:
         """``<unit path>/<row>``: the document's key in batches and the ledger."""
+        return f"{self.key_prefix(shard)}{row}"
+
+    def key_prefix(self, shard: int) -> str:
+        """``<unit path>/``: what the keys of unit ``shard``'s documents start with."""
         name = self._names.get(shard)
         if name is None:
             name = self._names[shard] = self.dataset.manifest.shard_path(shard) + "/"
-        return f"{name}{row}"
+        return name
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._finished:
