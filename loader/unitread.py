@@ -108,10 +108,6 @@ class LocalUnitSource:
         return {"kind": "in-place", "hits": self._reads, "misses": 0}
 
 
-def _none(shard: int) -> None:
-    return None
-
-
 def unit_bytes(source: Any, shard: int) -> bytes | memoryview:
     """The bytes of unit ``shard``: read in place, or the cache's verified copy."""
     if isinstance(source, LocalUnitSource):
@@ -164,7 +160,8 @@ class UnitReader:
         checksum = self.dataset.shards[shard].checksum
         if self.kept is None or not checksum or not self.kept.has(self.digest, checksum):
             return False
-        return reads_in_place(source) or getattr(source, "ready_path", _none)(shard) is not None
+        ready = getattr(source, "ready_path", None)  # a cache's: its complete copy, if any
+        return reads_in_place(source) or (ready is not None and ready(shard) is not None)
 
     def keep(self, shard: int, docs: DocTokens) -> DocTokens:
         checksum = self.dataset.shards[shard].checksum
