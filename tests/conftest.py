@@ -20,7 +20,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("FLASHFEED_RETRY_DEADLINE", "20")
 
 from flashfeed.cli.devstore import EmbeddedStore, StoreInfo
-from flashfeed.ingest.raysetup import RAY_PREFIX
+from flashfeed.ingest.raysetup import RAY_PREFIX, worker_malloc
 from flashfeed.runtime.scratch import make_owned_dir, remove_owned
 
 REALDATA = Path(__file__).resolve().parents[2] / "shared" / "realdata"
@@ -91,14 +91,15 @@ def ray_session() -> Iterator[None]:
 
     # named for this process, so a later run sweeps it if this one is killed
     temp = make_owned_dir(RAY_PREFIX, "/tmp")
-    ray.init(
-        num_cpus=2,
-        object_store_memory=300 * 1024 * 1024,
-        include_dashboard=False,
-        _temp_dir=temp,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    with worker_malloc():  # as ingest's embedded Ray starts
+        ray.init(
+            num_cpus=2,
+            object_store_memory=300 * 1024 * 1024,
+            include_dashboard=False,
+            _temp_dir=temp,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     try:
         yield
     finally:

@@ -1,7 +1,8 @@
 """Where token ingest's CPU goes, stage by stage, in one process and without Ray: the same
 functions a run calls (the driver's scan, assignment and job pickling; a task's unpickling,
-reading back, tokenizing, the ids gathered into one array, the packing plan, the rows,
-the Arrow write and the PUT), each timed in CPU seconds, best of ``repeat`` calls. Part of
+reading back, tokenizing in calls of ``CALL_CHARS`` with the ids gathered into one array,
+the packing plan, the rows, the Arrow write and the PUT), each timed in CPU seconds, best
+of ``repeat`` calls; beside them the bare tokenizer in one call. Part of
 ``tokenize_bench``'s ``per_cpu`` output."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["STAGES", "stage_profile"]
+__all__ = ["KERNEL", "STAGES", "stage_profile"]
 
+#: the bare tokenizer: one ``encode_batch_fast`` call over every text (not a stage of a run)
+KERNEL = "encode_batch_fast"
 #: the stages, in the order a run meets them: (name, where it runs)
 STAGES = (
     ("scan", "driver"),
@@ -23,8 +26,7 @@ STAGES = (
     ("job pickle", "driver"),
     ("job unpickle", "task"),
     ("read back + NFC", "task"),
-    ("encode_batch_fast", "task"),
-    ("ids into one array", "task"),
+    ("encode, ids into one array", "task"),
     ("special-token count", "task"),
     ("best-fit plan", "task"),
     ("rows + segment columns", "task"),
@@ -45,7 +47,8 @@ def _best(fn: Callable[[], Any], repeat: int) -> tuple[Any, float]:
 def stage_profile(
     src: Path, tok: Path, dest: str, *, seq_len: int, repeat: int = 5
 ) -> dict[str, float]:
-    """CPU seconds of each of ``STAGES`` for the whole corpus at ``src`` made one shard."""
+    """CPU seconds of each of ``STAGES`` for the whole corpus at ``src`` made one shard, and
+    of the bare tokenizer (``KERNEL``) over the same texts."""
     from flashfeed.ingest import IngestConfig, runner, shardtask
     from flashfeed.ingest.packing import plan_packing
     from flashfeed.ingest.shardtask import ShardResult
@@ -83,10 +86,12 @@ def stage_profile(
         texts = [rec[spec.text_field] for _, rec, _ in found]
     packer = shared_packer(str(tok), seq_len=seq_len, packing="best-fit")
     with tokenizer_threads(False):
-        encoded, t["encode_batch_fast"] = _best(
+        _, t[KERNEL] = _best(
             lambda: packer.tokenizer.encode_batch_fast(texts, add_special_tokens=False), repeat
         )
-    (stream, lengths), t["ids into one array"] = _best(lambda: packer.stream(encoded), repeat)
+        (stream, lengths), t["encode, ids into one array"] = _best(
+            lambda: packer.encode(texts), repeat
+        )
     _, t["special-token count"] = _best(lambda: packer.specials.documents_with(texts), repeat)
     plan, t["best-fit plan"] = _best(lambda: plan_packing(lengths, packer.options), repeat)
     ids = np.arange(len(texts))

@@ -14,6 +14,8 @@ What is measured, in CPU seconds (the machine's wall clock is shared with other 
                      a worker's is): its CPU seconds, on one thread (``fast 1 thread``)
                      and on every core (``fast all threads``)
   encode_batch       the same with character offsets, one thread
+  ... jemalloc       ``encode_batch_fast`` on one thread with Ray's jemalloc preloaded, as
+                     an embedded Ray starts ingest's workers (``fast je``)
 
 Rate per CPU = MB of text / CPU seconds. Ray's start-up (``ray.init``) and the first,
 cold run on fresh workers (their imports) are reported apart. Then where the CPU goes,
@@ -37,22 +39,35 @@ from typing import Any
 from benchmarks.harness.cputime import TreeCPU
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.textshapes import SHAPES, machine_text, shaped_documents
-from benchmarks.harness.tokstages import STAGES, stage_profile
+from benchmarks.harness.tokstages import KERNEL, STAGES, stage_profile
 
 __all__ = ["bench_per_cpu", "per_cpu_on_own_store", "print_per_cpu"]
 
-KERNELS = {  # name -> (kernel, all threads)
-    "encode_batch_fast": ("fast", False),
-    "encode_batch_fast all threads": ("fast", True),
-    "encode_batch": ("batch", False),
+JEMALLOC_FAST = "encode_batch_fast jemalloc"
+KERNELS = {  # name -> (kernel, all threads, Ray's jemalloc preloaded as ingest's workers do)
+    "encode_batch_fast": ("fast", False, False),
+    "encode_batch_fast all threads": ("fast", True, False),
+    "encode_batch": ("batch", False, False),
+    JEMALLOC_FAST: ("fast", False, True),
 }
 INGEST = "ingest"
 
 
-def kernel_cpu(src: Path, tok: Path, kernel: str, threads: bool) -> dict[str, float]:
+def kernel_cpu(
+    src: Path, tok: Path, kernel: str, threads: bool, jemalloc: bool = False
+) -> dict[str, float]:
     """CPU and wall seconds of one bare tokenizer call over the texts of ``src``, in a
-    fresh process (its start and the reading of the texts are not counted)."""
+    fresh process (its start and the reading of the texts are not counted); ``jemalloc``:
+    with Ray's jemalloc preloaded, as an embedded Ray starts ingest's workers."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="true" if threads else "false")
+    env.pop("LD_PRELOAD", None)
+    if jemalloc:
+        from flashfeed.ingest.raysetup import ray_jemalloc
+
+        lib = ray_jemalloc()
+        if lib is None:
+            raise RuntimeError("this Ray build ships no libjemalloc.so")
+        env["LD_PRELOAD"] = lib
     cmd = [sys.executable, "-m", "benchmarks.stages.tokpercpu", str(src), str(tok)]
     out = subprocess.run(
         [*cmd, "--kernel", kernel], env=env, capture_output=True, text=True, check=True
@@ -208,11 +223,13 @@ def per_cpu_table(out: dict[str, Any]) -> list[dict[str, Any]]:
                     "vs_fast": ingest / k["encode_batch_fast"],
                     "vs_fast_all_threads": ingest / k["encode_batch_fast all threads"],
                     "vs_encode_batch": ingest / k["encode_batch"],
+                    "vs_fast_jemalloc": ingest / k[JEMALLOC_FAST],
                     # best of rounds: other jobs only ever add CPU time (caches, memory)
                     "ingest_best_mb_per_cpu_s": ingest_best,
                     "kernel_best_mb_per_cpu_s": best,
                     "vs_fast_best": ingest_best / best["encode_batch_fast"],
                     "vs_fast_all_threads_best": ingest_best / best["encode_batch_fast all threads"],
+                    "vs_fast_jemalloc_best": ingest_best / best[JEMALLOC_FAST],
                     "driver_cpu_s": _med(runs, "driver"),
                     "workers_cpu_s": _med(runs, "workers"),
                     "ray_daemons_cpu_s": _med(runs, "ray_daemons"),
@@ -229,8 +246,8 @@ def print_per_cpu(p: dict[str, Any]) -> None:
     head = (
         f"  {'shape':6s} {'Ray CPUs':>8s} {'docs':>6s} {'shards':>6s} {'ingest':>7s} "
         f"{'fast':>7s} {'fast all':>8s} {'batch':>7s} {'vs fast':>7s} {'best':>6s} "
-        f"{'vs fast all':>11s} {'best':>6s} {'vs batch':>8s} {'daemons s':>9s} "
-        f"{'wall MB/s/CPU':>13s}"
+        f"{'vs fast all':>11s} {'best':>6s} {'vs batch':>8s} {'fast je':>7s} "
+        f"{'vs fast je':>10s} {'best':>6s} {'daemons s':>9s} {'wall MB/s/CPU':>13s}"
     )
     print(head)
     for r in p["table"]:
@@ -241,7 +258,9 @@ def print_per_cpu(p: dict[str, Any]) -> None:
             f"{k['encode_batch_fast all threads']:8.2f} {k['encode_batch']:7.2f} "
             f"{r['vs_fast']:6.2f}x {r['vs_fast_best']:5.2f}x "
             f"{r['vs_fast_all_threads']:10.2f}x {r['vs_fast_all_threads_best']:5.2f}x "
-            f"{r['vs_encode_batch']:7.2f}x {r['ray_daemons_cpu_s']:9.2f} "
+            f"{r['vs_encode_batch']:7.2f}x {k[JEMALLOC_FAST]:7.2f} "
+            f"{r['vs_fast_jemalloc']:9.2f}x {r['vs_fast_jemalloc_best']:5.2f}x "
+            f"{r['ray_daemons_cpu_s']:9.2f} "
             f"{r['ingest_wall_mb_s_per_ray_cpu']:13.2f}"
         )
     if p.get("stages"):
@@ -259,20 +278,23 @@ def print_stages(p: dict[str, Any]) -> None:
     what a run on 1 Ray CPU spent beyond them (Ray's task round trip, the commit, ...)."""
     shapes = list(p["stages"])
     print("\nwhere the CPU goes, one process, no Ray: CPU s (% of encode_batch_fast)")
-    print(f"  {'stage':24s} {'where':6s}" + "".join(f" {s:>16s}" for s in shapes))
+    print(f"  {'stage':28s} {'where':6s}" + "".join(f" {s:>16s}" for s in shapes))
+    kernel = [f"{p['stages'][shape][KERNEL]:7.3f} (100.0%)" for shape in shapes]
+    print(f"  {'the kernel, one call':28s} {'':6s}" + "".join(f" {c:>16s}" for c in kernel))
     for name, where in STAGES:
         cells = []
         for shape in shapes:
             st = p["stages"][shape]
-            cells.append(f"{st[name]:7.3f} ({100 * st[name] / st['encode_batch_fast']:5.1f}%)")
-        print(f"  {name:24s} {where:6s}" + "".join(f" {c:>16s}" for c in cells))
+            cells.append(f"{st[name]:7.3f} ({100 * st[name] / st[KERNEL]:5.1f}%)")
+        print(f"  {name:28s} {where:6s}" + "".join(f" {c:>16s}" for c in cells))
     cells = []
     for shape in shapes:
         st = p["stages"][shape]
         runs = p["runs"][shape].get("1")
-        rest = _med(runs, "cpu") - sum(st.values()) if runs else float("nan")
-        cells.append(f"{rest:7.3f} ({100 * rest / st['encode_batch_fast']:5.1f}%)")
-    print(f"  {'1 Ray CPU run, the rest':24s} {'both':6s}" + "".join(f" {c:>16s}" for c in cells))
+        staged = sum(st[name] for name, _ in STAGES)
+        rest = _med(runs, "cpu") - staged if runs else float("nan")
+        cells.append(f"{rest:7.3f} ({100 * rest / st[KERNEL]:5.1f}%)")
+    print(f"  {'1 Ray CPU run, the rest':28s} {'both':6s}" + "".join(f" {c:>16s}" for c in cells))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from flashfeed.ingest import IngestConfig, run
+from flashfeed.ingest import IngestConfig, run, tokenize
+from flashfeed.ingest.raysetup import JEMALLOC_VARIABLE, ray_jemalloc, worker_malloc
 from flashfeed.ingest.tokenize import TokenPacker, shared_packer, tokenizer_threads
 
 from support.token_docs import byte_bpe, ingested_pieces, mixed_documents
@@ -24,7 +25,12 @@ def tok(tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
-def test_the_stream_is_each_documents_ids_then_eos(tok: str, dtype) -> None:
+@pytest.mark.parametrize("call_chars", [1, 300, 1 << 16])
+def test_the_stream_is_each_documents_ids_then_eos(
+    tok: str, dtype, call_chars: int, monkeypatch
+) -> None:
+    """The same stream whether the tokenizer sees a document per call, a few, or all."""
+    monkeypatch.setattr(tokenize, "CALL_CHARS", call_chars)
     packer = TokenPacker(tok, seq_len=32)
     packer.dtype = dtype  # a vocabulary over 65,536 ids is stored as uint32
     docs = mixed_documents(50, seed=4)
@@ -34,6 +40,36 @@ def test_the_stream_is_each_documents_ids_then_eos(tok: str, dtype) -> None:
         want += [*e.ids, packer.eos_id]
     assert stream.dtype == dtype and stream.tolist() == want
     assert lengths.tolist() == [len(e.ids) + 1 for e in packer.tokenizer.encode_batch(docs)]
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_documents_go_to_the_tokenizer_in_order_in_calls_of_about_call_chars(
+    tok: str, monkeypatch, parallel: bool
+) -> None:
+    """Every document once, in order; a call holds ``CALL_CHARS`` of text per thread the
+    tokenizer may use, or one document that alone is longer."""
+    docs = [*mixed_documents(80, seed=2), "x" * 5000, *mixed_documents(40, seed=3)]
+    threads = (os.cpu_count() or 1) if parallel else 1
+    per_thread = max(1, sum(map(len, docs)) // (8 * threads))  # several calls on any machine
+    monkeypatch.setattr(tokenize, "CALL_CHARS", per_thread)
+    packer = TokenPacker(tok, seq_len=32)
+    calls: list[list[str]] = []
+    real = packer.tokenizer.encode_batch_fast
+
+    class Recording:
+        def encode_batch_fast(self, batch: list[str], **kw):
+            calls.append(batch)
+            return real(batch, **kw)
+
+    packer.tokenizer = Recording()
+    with tokenizer_threads(parallel):
+        packer.encode(docs)
+    assert [d for c in calls for d in c] == docs
+    per_call = per_thread * threads
+    for c in calls[:-1]:
+        size = sum(map(len, c))
+        assert size >= per_call and size - len(c[-1]) < per_call
+    assert len(calls) > 1
 
 
 def test_a_packer_is_loaded_once_per_process_and_again_when_its_file_changes(
@@ -99,3 +135,39 @@ def test_a_shard_job_pickles_back_equal_through_rays_pickler() -> None:
     back = ray.cloudpickle.loads(ray.cloudpickle.dumps(job))
     assert back == job and [type(it) for it in back.items] == [Item, Item]
     assert back.items[1].ref == {} and back.items[0].ref is not job.items[0].ref
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_an_embedded_rays_task_workers_run_on_rays_jemalloc() -> None:
+    """A task worker holds Ray's threads beside the task; glibc's malloc is fast only in a
+    process of one thread, so the workers an embedded Ray starts preload Ray's jemalloc."""
+    import ray
+
+    lib = ray_jemalloc()
+    if lib is None:
+        pytest.skip("this Ray build ships no libjemalloc.so")
+
+    def mapped_jemalloc() -> list[str]:  # defined here: Ray ships it by value
+        with open("/proc/self/maps") as f:
+            return sorted({ln.split()[-1] for ln in f if "jemalloc" in ln.rsplit("/", 1)[-1]})
+
+    in_worker = ray.get(ray.remote(mapped_jemalloc).remote())
+    assert in_worker == [os.path.realpath(lib)] or in_worker == [lib]
+    assert "LD_PRELOAD" not in os.environ  # the driver's environment is its own again
+
+
+def test_worker_malloc_leaves_a_set_preload_and_can_be_turned_off(monkeypatch) -> None:
+    if ray_jemalloc() is None:
+        pytest.skip("this Ray build ships no libjemalloc.so")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    with worker_malloc() as lib:
+        assert lib is not None and os.environ["LD_PRELOAD"] == lib
+    assert "LD_PRELOAD" not in os.environ
+    monkeypatch.setenv(JEMALLOC_VARIABLE, "0")
+    with worker_malloc() as lib:
+        assert lib is None and "LD_PRELOAD" not in os.environ
+    monkeypatch.delenv(JEMALLOC_VARIABLE)
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libmine.so")
+    with worker_malloc() as lib:
+        assert lib is None and os.environ["LD_PRELOAD"] == "/usr/lib/libmine.so"
+    assert os.environ["LD_PRELOAD"] == "/usr/lib/libmine.so"
