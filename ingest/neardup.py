@@ -249,7 +249,7 @@ def clusters(edges: np.ndarray) -> dict[int, int]:
 
 
 def screen(
-    items: list[Item],
+    items: Sequence[Item],
     *,
     fmt: str,
     shared: dict[str, Any],

@@ -11,7 +11,9 @@ import io
 import json
 import pickle
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import Any
 
 import xxhash
@@ -30,6 +32,7 @@ from .raysetup import ray_map, ray_session
 from .screening import exact_duplicates, screen_text
 from .shardtask import WORK_DIR, ShardJob, ShardResult, TaskSpec, done_url, run_shards
 from .sources import Item, SourceScan, StorageContext, scan_source
+from .sources.base import ItemRows, item_rows
 from .taskerrors import get as get_results
 from .tokenize import TokenPacker, shared_packer, text_field
 from .transforms import TransformOptions, output_fields
@@ -37,12 +40,18 @@ from .transforms import TransformOptions, output_fields
 __all__ = ["IngestResult", "run"]
 
 
-def _fingerprint(config: IngestConfig, out_fields: dict[str, str], items: list[Item]) -> str:
-    h = xxhash.xxh3_128()
-    h.update(json.dumps([config.provenance(), out_fields], sort_keys=True, default=str).encode())
-    # the items in one call: a call per item cost more than the encoding itself
-    h.update(_content_bytes([[it.index, it.source, it.size, it.ref] for it in items]))
-    return h.hexdigest()
+def _fingerprints(
+    config: IngestConfig, out_fields: dict[str, str], shards: list[list[tuple[Any, ...]]]
+) -> list[str]:
+    """One fingerprint per shard: the run's settings and the shard's item rows."""
+    head = json.dumps([config.provenance(), out_fields], sort_keys=True, default=str).encode()
+    out = []
+    for rows in shards:
+        h = xxhash.xxh3_128(head)
+        # the rows in one call: a call per item cost more than the encoding itself
+        h.update(_content_bytes(rows))
+        out.append(h.hexdigest())
+    return out
 
 
 def _content_bytes(value: Any) -> bytes:
@@ -172,7 +181,7 @@ def _recorded(dest: str, ctx: StorageContext) -> set[str]:
 def _assign_shards(
     config: IngestConfig,
     scan: SourceScan,
-    items: list[Item],
+    items: Sequence[Item],
     ctx: StorageContext,
     recorded: set[str] | None = None,
 ) -> _ShardJobs:
@@ -194,8 +203,9 @@ def _assign_shards(
         )
     # a tar member costs a 512-byte header and up to 511 bytes of padding
     overhead = 768 * len(out_fields) if config.format == "webdataset" else 0
+    rows = item_rows(items)  # (index, source, size, ref): no Item per sample on the driver
     groups = assign_shards(
-        [it.size + overhead for it in items],
+        [r[2] + overhead for r in rows],
         target_bytes=config.shard_bytes,
         samples_per_shard=config.samples_per_shard,
         seed=config.seed,
@@ -219,14 +229,27 @@ def _assign_shards(
         encryption=config.encryption_key(),
         special_tokens=config.special_tokens,
     )
+    shards = [[rows[p] for p in group] for group in groups]
     jobs = []
-    for n, group in enumerate(groups):
-        shard_items = [items[p] for p in group]
+    for n, (shard, fingerprint) in enumerate(
+        zip(shards, _fingerprints(config, out_fields, shards), strict=True)
+    ):
         known = recorded is None or done_url(config.dest, n).rsplit("/", 1)[-1] in recorded
-        jobs.append(
-            ShardJob(n, tuple(shard_items), _fingerprint(config, out_fields, shard_items), known)
-        )
+        jobs.append(ShardJob(n, ItemRows(shard), fingerprint, known))
     return _ShardJobs(spec, jobs, packer)
+
+
+@cache
+def _shard_task() -> Any:
+    """``run_shards`` as a Ray task, retried on storage errors; made once per process: Ray
+    exports it at its first call in each session, and a new one each run cost the driver
+    its code's disassembly again."""
+    import ray
+
+    from flashfeed.errors import StorageError
+
+    retry: Any = {"max_retries": 3, "retry_exceptions": [StorageError]}
+    return ray.remote(**retry)(run_shards)
 
 
 def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResult]:
@@ -234,10 +257,7 @@ def _dispatch(spec: TaskSpec, jobs: list[ShardJob], mode: str) -> list[ShardResu
     (a retry reuses the shards its first try finished); results in shard order."""
     import ray
 
-    from flashfeed.errors import StorageError
-
-    retry: Any = {"max_retries": 3, "retry_exceptions": [StorageError]}
-    task = ray.remote(**retry)(run_shards)
+    task = _shard_task()
     slots = cpu_slots()
     groups = shard_groups(len(jobs), max(1, len(slots)))
     # fewer runs than CPUs: a run's tokenizer may spread over the CPUs no run holds

@@ -3,6 +3,7 @@ quality filter and near-duplicate removal, each as Ray tasks; what they reject i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -59,7 +60,7 @@ def exact_duplicates(scan: SourceScan, ctx: StorageContext) -> tuple[list[Item],
 def screen_text(
     config: IngestConfig,
     scan: SourceScan,
-    items: list[Item],
+    items: Sequence[Item],
     rejects: list[RejectInfo],
     ctx: StorageContext,
     phases: dict[str, float],

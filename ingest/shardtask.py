@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
@@ -88,7 +88,7 @@ class ShardJob:
     driver's one listing of ``_work/`` found one), so the task checks it before building."""
 
     number: int
-    items: tuple[Item, ...]
+    items: Sequence[Item]
     fingerprint: str
     recorded: bool = True
 
@@ -101,7 +101,7 @@ class ShardJob:
 
 
 def _job(number: int, items: list[tuple[Any, ...]], fingerprint: str, recorded: bool) -> ShardJob:
-    return ShardJob(number, ItemRows(items), fingerprint, recorded)  # type: ignore[arg-type]
+    return ShardJob(number, ItemRows(items), fingerprint, recorded)
 
 
 @dataclass

@@ -144,7 +144,7 @@ class SourceScan:
     already known (hostile tar members, for one)."""
 
     format: str
-    items: list[Item]
+    items: Sequence[Item]
     fields: dict[str, str]
     classes: tuple[str, ...] | None = None
     rejects: list[RejectInfo] = field(default_factory=list)

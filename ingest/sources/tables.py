@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from .base import (
     Item,
+    ItemRows,
     Mapper,
     Record,
     Reject,
@@ -151,13 +152,7 @@ def scan_table(url: str, fmt: str, ctx: StorageContext, fields: dict[str, str]) 
         rows.extend((t, n, row) for n, row in _rows(t, fmt, read(t, ctx)))
     if not rows:
         raise ValueError(f"{url}: the {fmt} source has no rows")
-    seen: dict[str, None] = {}
-    keys: Any = None
-    for _, _, row in rows:
-        if keys is None or row.keys() != keys:  # most rows have the columns of the last
-            keys = row.keys()
-            seen.update(dict.fromkeys(keys))
-    columns = list(seen)
+    columns = _columns([row for _, _, row in rows])
     mapping = _mapping(columns, fields)
     missing = [c for c in mapping.values() if c not in columns]
     if missing:
@@ -167,29 +162,56 @@ def scan_table(url: str, fmt: str, ctx: StorageContext, fields: dict[str, str]) 
         sample = next((r[col] for _, _, r in rows if r.get(col) is not None), None)
         kinds[name] = _kind(name, sample)
     sizes = _media_sizes(rows, mapping, kinds, ctx)
-    items = []
-    for i, (t, n, row) in enumerate(rows):
-        values: dict[str, Any] = {}
-        media: dict[str, str] = {}
-        size = 0
-        for name, col in mapping.items():
-            v = row.get(col)
-            if kinds[name] == "image" and isinstance(v, str):
-                media[name] = _resolve(t, v)
-                size += sizes.get(media[name], 0)
-            else:
-                values[name] = v
-                size += len(str(v)) if v is not None else 0
-        items.append(
-            Item(index=i, source=f"{t}:{n}", size=size, ref={"values": values, "media": media})
-        )
     return SourceScan(
         format=fmt,
-        items=items,
+        items=ItemRows(_item_rows(rows, mapping, kinds, sizes)),
         fields=kinds,
         description={"tables": len(tables), "columns": mapping},
         shared={"kinds": kinds},
     )
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Every column of ``rows``, in the order they first appear."""
+    if len(set().union(*rows)) == len(rows[0]):  # the common case: every row has the first's
+        return list(rows[0])
+    seen: dict[str, None] = {}
+    keys: Any = None
+    for row in rows:
+        if keys is None or row.keys() != keys:  # most rows have the columns of the last
+            keys = row.keys()
+            seen.update(dict.fromkeys(keys))
+    return list(seen)
+
+
+def _item_rows(
+    rows: list[tuple[str, int, dict[str, Any]]],
+    mapping: dict[str, str],
+    kinds: dict[str, str],
+    sizes: dict[str, int],
+) -> list[tuple[Any, ...]]:
+    """One item row ``(index, source, size, ref)`` per table row: its values, and the media
+    files its image fields name (sized from their listing). Rows, not ``Item``s: a corpus of
+    short documents has a row per few hundred bytes, and the driver handles each."""
+    pairs = list(mapping.items())
+    images = [name for name, kind in kinds.items() if kind == "image"]
+    out: list[tuple[Any, ...]] = []
+    append = out.append
+    for i, (t, n, row) in enumerate(rows):
+        values = {name: row.get(col) for name, col in pairs}
+        media: dict[str, str] = {}
+        size = 0
+        for name in images:
+            ref = values[name]
+            if isinstance(ref, str):
+                del values[name]
+                media[name] = url = _resolve(t, ref)
+                size += sizes.get(url, 0)
+        for v in values.values():
+            if v is not None:
+                size += len(v) if v.__class__ is str else len(str(v))
+        append((i, f"{t}:{n}", size, {"values": values, "media": media}))
+    return out
 
 
 def _resolve(table_url: str, ref: str) -> str:
