@@ -40,29 +40,34 @@ def assign_shards(
         raise ValueError(f"target_bytes must be > 0, got {target_bytes}")
     if samples_per_shard is not None and samples_per_shard <= 0:
         raise ValueError(f"samples_per_shard must be > 0, got {samples_per_shard}")
-    order = item_order(len(sizes), seed=seed, shuffle=shuffle).tolist()
+    order = item_order(len(sizes), seed=seed, shuffle=shuffle)
     if samples_per_shard is not None:
-        return [order[i : i + samples_per_shard] for i in range(0, len(order), samples_per_shard)]
-    shards: list[list[int]] = []
-    current: list[int] = []
-    total = 0
-    for pos in order:
-        size = max(0, int(sizes[pos]))
-        if (
-            current
-            and total + size > target_bytes
-            and total + size - target_bytes > (target_bytes - total)
-        ):
-            shards.append(current)
-            current, total = [], 0
-        current.append(pos)
-        total += size
-        if total >= target_bytes:
-            shards.append(current)
-            current, total = [], 0
-    if current:
-        shards.append(current)
-    return shards
+        listed = order.tolist()
+        return [listed[i : i + samples_per_shard] for i in range(0, len(listed), samples_per_shard)]
+    ordered = np.maximum(np.asarray(sizes, dtype=np.int64).reshape(-1)[order], 0)
+    return [order[a:b].tolist() for a, b in _cuts(ordered, target_bytes)]
+
+
+def _cuts(sizes: np.ndarray, target: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each shard over ``sizes`` in order: per shard, one search for the
+    item at which it reaches ``target``, not a step per item (a corpus of short documents
+    has a million). That item stays in the shard unless it would take the shard further
+    past the target than the shard stands below it without it."""
+    cum = np.cumsum(sizes)
+    n = len(sizes)
+    cuts = []
+    start, base = 0, 0
+    while start < n:
+        j = int(np.searchsorted(cum, base + target, side="left"))  # reaches the target
+        if j >= n:
+            cuts.append((start, n))
+            break
+        below = int(cum[j - 1]) - base if j > start else 0
+        over = below + int(sizes[j]) - target
+        end = j if j > start and over > 0 and over > target - below else j + 1
+        cuts.append((start, end))
+        start, base = end, int(cum[end - 1])
+    return cuts
 
 
 def size_spread(shard_sizes: Sequence[int], target_bytes: int) -> float:

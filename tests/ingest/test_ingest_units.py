@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from flashfeed.ingest import IngestConfig
-from flashfeed.ingest.assign import assign_shards, size_spread
+from flashfeed.ingest.assign import assign_shards, item_order, size_spread
 from flashfeed.ingest.samplecorpus import jpeg_bytes
 from flashfeed.ingest.sources.base import Reject
 from flashfeed.ingest.sources.tfrecord_format import (
@@ -60,6 +60,43 @@ def test_assignment_is_seeded_and_sized_within_ten_percent() -> None:
     shard_bytes = [sum(sizes[p] for p in s) for s in a]
     assert size_spread(shard_bytes, target) <= 0.10
     assert shard_bytes[-1] <= target * 1.1
+
+
+def _assigned_item_by_item(sizes: list[int], target: int, order: list[int]) -> list[list[int]]:
+    """The assignment rule, one item at a time: close the shard before an item that would
+    take it further past the target than it stands below it, and once it reaches it."""
+    shards: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for pos in order:
+        size = max(0, sizes[pos])
+        if current and total + size > target and total + size - target > target - total:
+            shards.append(current)
+            current, total = [], 0
+        current.append(pos)
+        total += size
+        if total >= target:
+            shards.append(current)
+            current, total = [], 0
+    return [*shards, current] if current else shards
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_assignment_follows_the_rule_item_by_item(seed: int) -> None:
+    """Sizes of every spread, zeros and items larger than the target among them."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    sizes = (rng.lognormal(5, 2, size=n) * rng.integers(0, 2, size=n)).astype(int).tolist()
+    sizes[: n // 10] = [0] * (n // 10)
+    for target in (1, 50, 300, 10_000, 10**9):
+        order = item_order(n, seed=seed, shuffle=True).tolist()
+        got = assign_shards(sizes, target_bytes=target, seed=seed)
+        assert got == _assigned_item_by_item(sizes, target, order)
+    assert assign_shards([], target_bytes=10) == []
+    assert assign_shards([5, 5, 5], target_bytes=10, shuffle=False) == [[0, 1], [2]]
+    assert assign_shards([4, 9, 4], target_bytes=10, shuffle=False) == [[0, 1], [2]]
+    assert assign_shards([8, 7, 1], target_bytes=10, shuffle=False) == [[0], [1, 2]]
+    assert assign_shards([30, 1], target_bytes=10, shuffle=False) == [[0], [1]]
 
 
 def test_assignment_shuffles_a_sorted_source_and_keeps_order_without_shuffle() -> None:
