@@ -42,16 +42,21 @@ __all__ = ["IngestResult", "run"]
 
 def _fingerprints(
     config: IngestConfig, out_fields: dict[str, str], shards: list[list[tuple[Any, ...]]]
-) -> list[str]:
-    """One fingerprint per shard: the run's settings and the shard's item rows."""
+) -> list[tuple[str, bytes | None]]:
+    """Per shard, its fingerprint (the run's settings and the shard's item rows) and the rows
+    pickled for it, which the shard's job ships as they are (None: not picklable so)."""
     head = json.dumps([config.provenance(), out_fields], sort_keys=True, default=str).encode()
     out = []
     for rows in shards:
         h = xxhash.xxh3_128(head)
         # the rows in one call: a call per item cost more than the encoding itself
-        h.update(_content_bytes(rows))
-        out.append(h.hexdigest())
+        blob = _content_bytes(rows)
+        h.update(blob)
+        out.append((h.hexdigest(), None if blob.startswith(_JSON) else blob))
     return out
+
+
+_JSON = b"json:"
 
 
 def _content_bytes(value: Any) -> bytes:
@@ -65,7 +70,7 @@ def _content_bytes(value: Any) -> bytes:
     try:
         pickler.dump(value)
     except (pickle.PicklingError, TypeError, ValueError, AttributeError, RecursionError):
-        return b"json:" + json.dumps(value, sort_keys=True, default=str).encode()
+        return _JSON + json.dumps(value, sort_keys=True, default=str).encode()
     return out.getvalue()
 
 
@@ -231,11 +236,11 @@ def _assign_shards(
     )
     shards = [[rows[p] for p in group] for group in groups]
     jobs = []
-    for n, (shard, fingerprint) in enumerate(
+    for n, (shard, (fingerprint, packed)) in enumerate(
         zip(shards, _fingerprints(config, out_fields, shards), strict=True)
     ):
         known = recorded is None or done_url(config.dest, n).rsplit("/", 1)[-1] in recorded
-        jobs.append(ShardJob(n, ItemRows(shard), fingerprint, known))
+        jobs.append(ShardJob(n, ItemRows(shard, packed), fingerprint, known))
     return _ShardJobs(spec, jobs, packer)
 
 

@@ -83,10 +83,12 @@ class ItemRows(Sequence[Item]):
     """Items as plain rows ``(index, source, size, ref)`` (how a shard job ships them), each
     made an ``Item`` only when asked for: a reader that takes the rows needs none."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("packed", "rows")
 
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+    def __init__(self, rows: list[tuple[Any, ...]], packed: bytes | None = None) -> None:
         self.rows = rows
+        #: the rows pickled already (the driver's fingerprint of a shard), shipped as they are
+        self.packed = packed
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,29 @@ def test_worker_malloc_leaves_a_set_preload_and_can_be_turned_off(monkeypatch) -
     with worker_malloc() as lib:
         assert lib is None and os.environ["LD_PRELOAD"] == "/usr/lib/libmine.so"
     assert os.environ["LD_PRELOAD"] == "/usr/lib/libmine.so"
+
+
+def test_a_shard_job_ships_the_rows_its_fingerprint_pickled(tmp_path: Path) -> None:
+    """The driver pickles a shard's rows once: for its fingerprint, and as what the job
+    ships; the task gets the same items back."""
+    import ray.cloudpickle
+
+    from flashfeed.ingest import runner
+    from flashfeed.ingest.sources import StorageContext, scan_source
+    from flashfeed.ingest.sources.base import ItemRows
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in mixed_documents(30, seed=6)))
+    config = IngestConfig(source=str(src), dest=str(tmp_path / "out"), samples_per_shard=8)
+    ctx = StorageContext.resolve(None)
+    scan = scan_source(str(src), "auto", ctx, fields={}, options={})
+    jobs = runner._assign_shards(config, scan, scan.items, ctx, set()).jobs
+    assert len(jobs) == 4
+    for job in jobs:
+        assert isinstance(job.items, ItemRows) and job.items.packed is not None
+        assert pickle.loads(job.items.packed) == job.items.rows
+        back = ray.cloudpickle.loads(ray.cloudpickle.dumps(job))
+        assert back == job and back.fingerprint == job.fingerprint
+        assert [it.ref["values"]["txt"] for it in back.items] == [
+            scan.items[it.index].ref["values"]["txt"] for it in job.items
+        ]
