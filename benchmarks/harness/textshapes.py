@@ -11,10 +11,12 @@ import os
 
 import numpy as np
 
-__all__ = ["SHAPES", "machine_text", "shaped_documents"]
+__all__ = ["DEFAULT_SHAPES", "SHAPES", "machine_text", "shaped_documents"]
 
 #: the corpus shapes: name -> median document bytes
-SHAPES = {"300B": 300, "3KB": 3_000, "100KB": 100_000}
+SHAPES = {"100B": 100, "300B": 300, "1KB": 1_000, "3KB": 3_000, "30KB": 30_000, "100KB": 100_000}
+#: the shapes measured unless others are asked for
+DEFAULT_SHAPES = ("300B", "3KB", "100KB")
 _SOURCES = (
     "/usr/share/common-licenses/*",
     "/usr/share/doc/*/*",

@@ -46,7 +46,7 @@ import numpy as np
 from benchmarks.harness.results import write_json
 from benchmarks.harness.rounds import rotated
 from benchmarks.harness.rowgather import row_gather_rate
-from benchmarks.harness.textshapes import SHAPES
+from benchmarks.harness.textshapes import DEFAULT_SHAPES, SHAPES
 
 SOURCES = ("/usr/share/doc/*/*", "/usr/lib/python3*/**/*.py")
 CHUNK = 256 << 10
@@ -326,13 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         "percpu: only the per-CPU table",
     )  # fmt: skip
     p.add_argument(
-        "--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES),
+        "--shapes", nargs="+", choices=tuple(SHAPES), default=list(DEFAULT_SHAPES),
         help="per_cpu: the corpus shapes (median document size)",
     )  # fmt: skip
     p.add_argument(
         "--ray-cpus", type=int, nargs="+", default=[1, 2], help="per_cpu: Ray CPU counts"
     )
     p.add_argument("--percpu-mb", type=float, default=4.0, help="per_cpu: MB of each corpus")
+    p.add_argument(
+        "--percpu-input", choices=("jsonl", "parquet"), default="jsonl",
+        help="per_cpu: the corpora's file format (one text column)",
+    )  # fmt: skip
     p.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     p.add_argument("--out")
     args = p.parse_args(argv)

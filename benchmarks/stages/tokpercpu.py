@@ -17,6 +17,7 @@ What is measured, in CPU seconds (the machine's wall clock is shared with other 
   ... jemalloc       ``encode_batch_fast`` on one thread with Ray's jemalloc preloaded, as
                      an embedded Ray starts ingest's workers (``fast je``)
 
+The corpora are JSONL (``--percpu-input parquet``: Parquet) with one ``text`` column.
 Rate per CPU = MB of text / CPU seconds. Ray's start-up (``ray.init``) and the first,
 cold run on fresh workers (their imports) are reported apart. Then where the CPU goes,
 stage by stage, in one process (``benchmarks.harness.tokstages``).
@@ -75,11 +76,34 @@ def kernel_cpu(
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def write_corpus(stem: Path, docs: list[str], fmt: str) -> Path:
+    """``docs`` as one file of a ``text`` column: ``<stem>.jsonl`` or ``<stem>.parquet``."""
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        src = stem.with_suffix(".parquet")
+        pq.write_table(pa.table({"text": docs}), src)
+        return src
+    src = stem.with_suffix(".jsonl")
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    return src
+
+
+def read_texts(src: str) -> list[str]:
+    """The ``text`` column of a corpus ``write_corpus`` made."""
+    if src.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(src, columns=["text"]).column("text").to_pylist()
+    with open(src) as f:
+        return [json.loads(line)["text"] for line in f]
+
+
 def _kernel_main(src: str, tok: str, kernel: str) -> None:
     from tokenizers import Tokenizer
 
-    with open(src) as f:
-        texts = [json.loads(line)["text"] for line in f]
+    texts = read_texts(src)
     t = Tokenizer.from_file(tok)
     t.encode_special_tokens = True  # as ingest encodes by default (special_tokens="text")
     fn = t.encode_batch_fast if kernel == "fast" else t.encode_batch
@@ -124,8 +148,7 @@ def make_corpora(work: Path, args: argparse.Namespace) -> dict[str, dict[str, An
     out = {}
     for k, shape in enumerate(args.shapes):
         docs = shaped_documents(pool, median=SHAPES[shape], total_bytes=int(args.mb * 1e6), seed=k)
-        src = work / f"corpus-{shape}.jsonl"
-        src.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+        src = write_corpus(work / f"corpus-{shape}", docs, getattr(args, "percpu_input", "jsonl"))
         sizes = sorted(len(d.encode()) for d in docs)
         out[shape] = {
             "src": src,
