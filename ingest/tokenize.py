@@ -212,14 +212,8 @@ class TokenPacker:
             self._extend(encoded, flat, counts)
         return self._arrays(flat, counts)
 
-    def stream(self, encoded: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """``(stream, lengths)`` of ``tokenizers`` encodings: each one's ids, then EOS."""
-        flat = array.array(_U32)
-        counts: list[int] = []
-        self._extend(encoded, flat, counts)
-        return self._arrays(flat, counts)
-
     def _extend(self, encoded: Iterable[Any], flat: array.array, counts: list[int]) -> None:
+        """Each encoding's ids, then EOS, onto ``flat``; its length onto ``counts``."""
         extend, append, eos = flat.extend, flat.append, self.eos_id
         for e in encoded:
             ids = e.ids
